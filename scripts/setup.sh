@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Installs every Debian package lumen needs to build, test and make goldens.
+# Idempotent: a second run checks dpkg and installs nothing when all is present.
+set -euo pipefail
+
+PKGS=(
+  build-essential cmake ninja-build pkg-config git
+  libhwy-dev libopenblas-dev nlohmann-json3-dev libcpp-httplib-dev
+  libcli11-dev libfmt-dev libpcre2-dev
+  libgtest-dev libgmock-dev libbenchmark-dev
+  clang libclang-rt-14-dev clang-format clang-tidy
+  python3 python3-numpy python3-jinja2 python3-sentencepiece
+  nodejs  # the nodejs package ships npm on this distribution
+)
+
+missing=()
+for p in "${PKGS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "setup: all ${#PKGS[@]} packages present"
+  exit 0
+fi
+
+echo "setup: installing ${missing[*]}"
+SUDO=""
+[ "$(id -u)" -ne 0 ] && SUDO="sudo"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"

@@ -1,0 +1,107 @@
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cmath>
+#include <vector>
+
+#include "lumen/core/buffer.h"
+#include "lumen/core/half.h"
+#include "lumen/core/status.h"
+#include "lumen/core/tensor.h"
+#include "lumen/core/thread_pool.h"
+
+namespace lumen {
+namespace {
+
+TEST(Half, F16RoundTripsEveryBitPattern) {
+  for (uint32_t h = 0; h < 65536; ++h) {
+    const float f = F16ToF32(uint16_t(h));
+    if (std::isnan(f)) {
+      EXPECT_TRUE(std::isnan(F16ToF32(F32ToF16(f)))) << h;
+      continue;
+    }
+    ASSERT_EQ(F32ToF16(f), h) << "half bits " << h << " -> " << f;
+  }
+}
+
+TEST(Half, F16KnownValuesAndRounding) {
+  EXPECT_EQ(F16ToF32(0x3c00), 1.0f);
+  EXPECT_EQ(F16ToF32(0xc000), -2.0f);
+  EXPECT_EQ(F16ToF32(0x0001), std::ldexp(1.0f, -24));
+  EXPECT_EQ(F16ToF32(0x7bff), 65504.0f);
+  EXPECT_EQ(F32ToF16(65520.0f), 0x7c00);                   // rounds up to inf
+  EXPECT_EQ(F32ToF16(1.0f + std::ldexp(1.0f, -11)), 0x3c00);  // tie -> even
+  EXPECT_EQ(F32ToF16(1.0f + 3 * std::ldexp(1.0f, -11)), 0x3c02);
+  EXPECT_EQ(F32ToF16(std::ldexp(1.0f, -25)), 0x0000);      // tie -> even (0)
+  EXPECT_EQ(F32ToF16(std::ldexp(3.0f, -26)), 0x0001);
+}
+
+TEST(Half, BF16RoundTripAndRounding) {
+  for (uint32_t b = 0; b < 65536; ++b) {
+    const float f = BF16ToF32(uint16_t(b));
+    if (std::isnan(f)) continue;
+    ASSERT_EQ(F32ToBF16(f), b);
+  }
+  EXPECT_EQ(F32ToBF16(BitsToF32(0x3f808000)), 0x3f80);  // tie -> even
+  EXPECT_EQ(F32ToBF16(BitsToF32(0x3f818000)), 0x3f82);
+}
+
+TEST(Status, ContextAndMacros) {
+  auto fail = []() -> Result<int> { return Errorf("bad {}", 7); };
+  auto wrap = [&]() -> Result<int> {
+    LUMEN_ASSIGN_OR_RETURN(int v, fail());
+    return v + 1;
+  };
+  Result<int> r = wrap();
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().WithContext("file.gguf").message(), "file.gguf: bad 7");
+  Result<int> good = 3;
+  EXPECT_EQ(*good, 3);
+}
+
+TEST(Tensor, ContiguousStridesAndQuantRows) {
+  std::vector<float> buf(24);
+  auto v = TensorView::Contiguous(buf.data(), DType::kF32, {2, 3, 4});
+  EXPECT_EQ(v.numel(), 24);
+  EXPECT_EQ(v.rows(), 6);
+  EXPECT_EQ(v.stride[0], 48);
+  EXPECT_EQ(v.stride[1], 16);
+  EXPECT_TRUE(v.is_contiguous());
+  auto q = TensorView::Contiguous(nullptr, DType::kQ4_K, {10, 512});
+  EXPECT_EQ(q.row_bytes(), 288u);
+  EXPECT_EQ(q.byte_size(), 2880u);
+  EXPECT_FALSE(RowBytes(DType::kQ4_0, 33).has_value());
+  EXPECT_EQ(ParseDType("Q6_K"), DType::kQ6_K);
+  EXPECT_EQ(v.Slice0(1, 2).as<float>(), buf.data() + 12);
+}
+
+TEST(ThreadPool, CoversRangeExactlyOnce) {
+  for (int threads : {1, 2, 3, 8}) {
+    ThreadPool pool(threads);
+    for (int64_t n : {0, 1, 5, 64, 1001}) {
+      std::vector<std::atomic<int>> hits(n);
+      pool.ParallelFor(n, [&](int64_t b, int64_t e, int) {
+        for (int64_t i = b; i < e; ++i) hits[i]++;
+      }, 4);
+      for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[i].load(), 1) << threads << " " << n;
+    }
+  }
+}
+
+TEST(Buffer, MappedFileErrorsNameThePath) {
+  auto r = MappedFile::Open("/nonexistent/x.gguf");
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("/nonexistent/x.gguf"), std::string::npos);
+}
+
+TEST(Buffer, WriteFileAtomicRoundTrip) {
+  const std::string path = ::testing::TempDir() + "/lumen_atomic.bin";
+  ASSERT_TRUE(WriteFileAtomic(path, "hello").ok());
+  auto r = ReadFile(path);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(*r, "hello");
+  EXPECT_FALSE(WriteFileAtomic("/nonexistent/dir/f", "x").ok());
+}
+
+}  // namespace
+}  // namespace lumen

@@ -1,0 +1,41 @@
+// Element types: plain scalars and the GGUF quantized block types.
+//
+// A quantized type packs `BlockElems()` consecutive elements of a row into
+// `BlockBytes()` bytes; rows of quantized tensors are whole blocks. Plain types
+// have BlockElems() == 1. MLX affine quantization is not a block dtype: it is a
+// U32 packed tensor plus separate scales/biases (formats/mlx.h).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string_view>
+
+namespace lumen {
+
+enum class DType : uint8_t {
+  kF32, kF16, kBF16, kF64,
+  kI8, kU8, kI16, kU16, kI32, kU32, kI64, kBool,
+  kQ4_0, kQ4_1, kQ5_0, kQ5_1, kQ8_0, kQ8_1,
+  kQ2_K, kQ3_K, kQ4_K, kQ5_K, kQ6_K, kQ8_K,
+};
+
+struct DTypeInfo {
+  std::string_view name;  // lower-case, as printed by `lumen inspect` ("f16", "q4_k")
+  int block_elems;        // elements per block (1 for plain types)
+  int block_bytes;        // bytes per block
+  bool quantized;
+};
+
+const DTypeInfo& Info(DType t);
+inline std::string_view Name(DType t) { return Info(t).name; }
+inline bool IsQuantized(DType t) { return Info(t).quantized; }
+
+// Parses a name as printed by Name(), case-insensitively ("Q4_K" ok).
+std::optional<DType> ParseDType(std::string_view name);
+
+// Bytes for `n` elements of a row; nullopt if n is not a whole number of blocks
+// or the size overflows.
+std::optional<size_t> RowBytes(DType t, int64_t n);
+
+}  // namespace lumen

@@ -1,0 +1,49 @@
+// ThreadPool: a fixed set of workers for data-parallel loops.
+//
+// ParallelFor(n, fn) splits [0, n) into one contiguous chunk per thread and calls
+// fn(begin, end, thread_index); the caller's thread takes chunk 0, so a pool of
+// size 1 runs inline with no synchronization. Size defaults to LUMEN_THREADS or
+// the number of online CPUs. Not reentrant: fn must not call ParallelFor.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace lumen {
+
+class ThreadPool {
+ public:
+  using Fn = std::function<void(int64_t begin, int64_t end, int thread)>;
+
+  explicit ThreadPool(int num_threads = DefaultThreads());
+  ~ThreadPool();
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  int size() const { return static_cast<int>(workers_.size()) + 1; }
+
+  // Calls fn over [0, n) in up to size() chunks; chunk boundaries are multiples
+  // of `grain` (except the last) so SIMD kernels keep aligned tiles.
+  void ParallelFor(int64_t n, const Fn& fn, int64_t grain = 1);
+
+  // LUMEN_THREADS if set and valid, else the online CPU count.
+  static int DefaultThreads();
+
+ private:
+  void WorkerLoop(int index);
+
+  std::vector<std::thread> workers_;
+  std::mutex mu_;
+  std::condition_variable start_cv_, done_cv_;
+  const Fn* fn_ = nullptr;
+  int64_t n_ = 0, chunk_ = 0;
+  uint64_t generation_ = 0;
+  int pending_ = 0;
+  bool stop_ = false;
+};
+
+}  // namespace lumen

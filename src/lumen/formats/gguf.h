@@ -26,8 +26,19 @@ namespace lumen::formats {
 
 // GGUF metadata value types, numbered as in the file.
 enum class GgufType : uint32_t {
-  kU8 = 0, kI8 = 1, kU16 = 2, kI16 = 3, kU32 = 4, kI32 = 5, kF32 = 6, kBool = 7,
-  kString = 8, kArray = 9, kU64 = 10, kI64 = 11, kF64 = 12,
+  kU8 = 0,
+  kI8 = 1,
+  kU16 = 2,
+  kI16 = 3,
+  kU32 = 4,
+  kI32 = 5,
+  kF32 = 6,
+  kBool = 7,
+  kString = 8,
+  kArray = 9,
+  kU64 = 10,
+  kI64 = 11,
+  kF64 = 12,
 };
 
 // One metadata value. Arrays hold their element type and values (arrays of
@@ -37,9 +48,9 @@ struct GgufValue {
   std::variant<uint64_t, int64_t, double, bool, std::string, std::vector<GgufValue>> v;
   GgufType array_type = GgufType::kU8;  // element type when type == kArray
 
-  std::optional<int64_t> AsInt() const;      // any integer type (and bool)
-  std::optional<double> AsFloat() const;     // any numeric type
-  const std::string* AsString() const;       // kString only
+  std::optional<int64_t> AsInt() const;           // any integer type (and bool)
+  std::optional<double> AsFloat() const;          // any numeric type
+  const std::string* AsString() const;            // kString only
   const std::vector<GgufValue>* AsArray() const;  // kArray only
 };
 
@@ -49,6 +60,7 @@ struct GgufTensorInfo {
   std::vector<int64_t> ne;  // as stored: ne[0] innermost
   uint64_t offset;          // relative to the data section
   TensorView view;          // row-major view into the mapping
+  size_t nbytes = 0;        // bytes of tensor data (whole blocks)
 };
 
 class GgufFile {
@@ -60,6 +72,8 @@ class GgufFile {
   uint32_t version() const { return version_; }
   uint64_t alignment() const { return alignment_; }
   const std::string& path() const { return path_; }
+  // Absolute file offset of the tensor data section (aligned).
+  uint64_t data_offset() const { return data_offset_; }
 
   // Metadata in file order, and lookup by key.
   const std::vector<std::pair<std::string, GgufValue>>& metadata() const { return kv_; }
@@ -76,10 +90,14 @@ class GgufFile {
   const GgufTensorInfo* FindTensor(const std::string& name) const;
 
  private:
+  // Validates and indexes `bytes` (the whole file) into *this.
+  Status Parse(const uint8_t* bytes, size_t size);
+
   MappedFile file_;
   std::string path_;
   uint32_t version_ = 0;
   uint64_t alignment_ = 32;
+  uint64_t data_offset_ = 0;
   std::vector<std::pair<std::string, GgufValue>> kv_;
   std::map<std::string, size_t> kv_index_;
   std::vector<GgufTensorInfo> tensors_;
@@ -109,7 +127,12 @@ class GgufWriter {
 
  private:
   std::vector<std::pair<std::string, GgufValue>> kv_;
-  struct Pending { std::string name; DType dtype; std::vector<int64_t> shape; std::string data; };
+  struct Pending {
+    std::string name;
+    DType dtype;
+    std::vector<int64_t> shape;
+    std::string data;
+  };
   std::vector<Pending> tensors_;
 };
 

@@ -92,6 +92,9 @@ Result<json> ParseHeader(std::string_view text) {
     }
     return true;
   };
+  // nlohmann stops at a NUL byte; JSON never contains a raw one.
+  if (const size_t nul = text.find('\0'); nul != std::string_view::npos)
+    return Errorf("header is not valid JSON: NUL byte at header offset {}", nul);
   json header;
   try {
     header = json::parse(text.begin(), text.end(), callback, /*allow_exceptions=*/true);

@@ -51,7 +51,7 @@ struct SafetensorsTensor {
   std::vector<int64_t> shape;  // as stored, outermost first; [] for a scalar
   uint64_t data_begin = 0;     // offsets within the data section
   uint64_t data_end = 0;
-  TensorView view;             // zero-copy into the file's bytes
+  TensorView view;  // zero-copy into the file's bytes
 };
 
 class SafetensorsFile {

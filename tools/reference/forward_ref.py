@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """Independent float64 numpy reference of the dense decoder-only forward pass.
 
 Written from the papers and the Hugging Face `transformers` config semantics

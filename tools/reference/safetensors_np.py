@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """Minimal safetensors reader/writer in plain numpy (no `safetensors` package).
 
 Format (https://huggingface.co/docs/safetensors): 8-byte little-endian u64

@@ -8,8 +8,12 @@ int g_exit_code = 0;  // set once by the verb that ran
 void SetExitCode(int code) { g_exit_code = code; }
 int ExitCode() { return g_exit_code; }
 
+void RegisterInspect(CLI::App& app);
+void RegisterGenerate(CLI::App& app);
+
 void RegisterVerbs(CLI::App& app) {
-  (void)app;
+  RegisterInspect(app);
+  RegisterGenerate(app);
 }
 
 }  // namespace lumen::cli

@@ -1,0 +1,68 @@
+#include "lumen/cli/common.h"
+
+#include <cstdio>
+
+#include "lumen/cli/verbs.h"
+#include "lumen/engine/default_model.h"
+
+namespace lumen::cli {
+
+void AddModelArgs(CLI::App* app, ModelArgs& args, bool positional) {
+  if (positional)
+    app->add_option("model", args.model,
+                    "model: .gguf file, Hugging Face directory, or llama2.c .bin "
+                    "(default: the embedded stories260K)");
+  app->add_option("--tokenizer", args.tokenizer, "tokenizer file for llama2.c .bin models");
+  app->add_option("-t,--threads", args.threads, "threads (default: LUMEN_THREADS or all cores)")
+      ->check(CLI::Range(1, 1024));
+  app->add_option("-c,--ctx", args.ctx, "context size in tokens (default: the model's, max 4096)")
+      ->check(CLI::Range(int64_t(1), int64_t(1) << 24));
+  app->add_option("--kv-type", args.kv_type, "KV cache element type: f16, bf16 or f32")
+      ->check(CLI::IsMember({"f16", "bf16", "f32"}));
+}
+
+Result<std::unique_ptr<engine::Model>> LoadModel(const ModelArgs& args) {
+  engine::LoadOptions opts;
+  opts.tokenizer_path = args.tokenizer;
+  opts.threads = args.threads;
+  return engine::LoadModelOrDefault(args.model, opts);
+}
+
+Result<engine::SessionOptions> SessionOptionsFrom(const ModelArgs& args) {
+  engine::SessionOptions s;
+  s.ctx = args.ctx;
+  auto t = ParseDType(args.kv_type);
+  if (!t) return Errorf("--kv-type: unknown type '{}'", args.kv_type);
+  s.kv_dtype = *t;
+  return s;
+}
+
+void AddSamplerFlags(CLI::App* app, SamplerArgs& args) {
+  for (std::string_view flag : sample::SamplerFlags()) {
+    auto& slot = args.storage.emplace_back(std::make_unique<std::string>());
+    std::string name(flag);
+    std::string* dst = slot.get();
+    app->add_option_function<std::string>(
+           name, [&args, name, dst](const std::string& v) {
+             *dst = v;
+             args.given.emplace_back(name, v);
+           },
+           "sampler setting (docs/reference/sampling.md)")
+        ->group("Sampling");
+  }
+}
+
+Result<sample::SamplerConfig> BuildSamplerConfig(const CLI::App*, SamplerArgs& args,
+                                                 sample::SamplerConfig base) {
+  for (const auto& [flag, value] : args.given)
+    LUMEN_RETURN_IF_ERROR(sample::ApplyFlag(base, flag, value));
+  LUMEN_RETURN_IF_ERROR(sample::Validate(base));
+  return base;
+}
+
+void ReportError(const Status& s) {
+  std::fprintf(stderr, "lumen: error: %s\n", s.message().c_str());
+  SetExitCode(1);
+}
+
+}  // namespace lumen::cli

@@ -1,0 +1,75 @@
+// Model: everything loaded from one model file or directory, immutable after
+// Load and shared by every Session (CLI, server slots, trainer).
+//
+// Sources: a .gguf file, a Hugging Face directory (safetensors, sharded or MLX
+// quantized), a llama2.c .bin with its tokenizer, or GGUF bytes in memory (the
+// embedded default model). Weights stay in the file mapping; nothing
+// dequantizes the model into memory.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "lumen/core/status.h"
+#include "lumen/core/thread_pool.h"
+#include "lumen/model/config.h"
+#include "lumen/model/weights.h"
+#include "lumen/tokenize/tokenizer.h"
+
+namespace lumen::engine {
+
+struct LoadOptions {
+  std::string tokenizer_path;  // llama2.c .bin models: their tokenizer file
+  int threads = 0;             // 0: LUMEN_THREADS or all cores
+};
+
+// One stored tensor, for `lumen inspect` and `lumen convert`.
+struct StoredTensor {
+  std::string name;            // canonical (GGUF-style) name
+  std::string source_name;     // name in the file
+  kernels::Matrix matrix;      // view into the file
+  std::vector<int64_t> shape;  // row-major, as stored
+};
+
+class Model {
+ public:
+  static Result<std::unique_ptr<Model>> Load(const std::string& path, const LoadOptions& opts = {});
+  static Result<std::unique_ptr<Model>> LoadGgufBytes(const uint8_t* data, size_t size,
+                                                      const std::string& name,
+                                                      const LoadOptions& opts = {});
+  ~Model();
+
+  const model::ModelConfig& config() const { return config_; }
+  const model::Weights& weights() const { return weights_; }
+  const tokenize::Tokenizer& tokenizer() const { return *tokenizer_; }
+  const std::string& chat_template() const { return chat_template_; }
+  const nlohmann::json& generation_config() const { return generation_config_; }
+  ThreadPool* pool() const { return pool_.get(); }
+  const std::string& name() const { return name_; }
+  const std::string& format() const { return format_; }  // "gguf", "hf", "mlx", "llama2c"
+  const std::vector<StoredTensor>& tensors() const { return tensors_; }
+  int64_t parameter_count() const;
+  size_t weight_bytes() const;  // bytes streamed per decoded token
+
+  struct Sources;  // the open files, kept alive for the mappings
+
+ private:
+  Model();
+  Status InitGguf(const LoadOptions& opts);
+  Status Finish(const LoadOptions& opts);
+
+  std::unique_ptr<Sources> sources_;
+  model::ModelConfig config_;
+  model::Weights weights_;
+  std::optional<tokenize::Tokenizer> tokenizer_;
+  std::string chat_template_;
+  nlohmann::json generation_config_ = nlohmann::json::object();
+  std::unique_ptr<ThreadPool> pool_;
+  std::string name_, format_;
+  std::vector<StoredTensor> tensors_;
+};
+
+}  // namespace lumen::engine

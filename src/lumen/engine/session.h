@@ -1,0 +1,52 @@
+// Session: one sequence being generated: its KV cache, token history and the
+// logits of its last token. Many Sessions share one Model. Append runs the
+// forward in chunks of at most model::kMaxChunk tokens (prefill is
+// matrix-matrix, decode is one token).
+#pragma once
+
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "lumen/engine/model.h"
+#include "lumen/model/forward.h"
+#include "lumen/model/kv_cache.h"
+
+namespace lumen::engine {
+
+struct SessionOptions {
+  int64_t ctx = 0;              // 0: the model's context, capped at kDefaultCtx
+  DType kv_dtype = DType::kF16;
+  static constexpr int64_t kDefaultCtx = 4096;
+};
+
+class Session {
+ public:
+  static Result<std::unique_ptr<Session>> Create(const Model& model, const SessionOptions& opts);
+
+  // Appends tokens; afterwards logits() is the distribution after the last one.
+  // If all_logits is given it receives [n, V] logits of every appended token.
+  Status Append(std::span<const int32_t> tokens, std::vector<float>* all_logits = nullptr);
+  // Forgets tokens from position n on (their KV is overwritten later) and
+  // returns how many tokens are kept: n, or 0 when a sliding-window ring has
+  // already evicted keys that position n would need (then the caller appends
+  // the history again). logits() is invalid until the next Append.
+  int64_t Truncate(int64_t n);
+
+  std::span<float> logits() { return logits_; }
+  const std::vector<int32_t>& tokens() const { return tokens_; }
+  int64_t ctx() const { return cache_.ctx(); }
+  const Model& model() const { return model_; }
+  const model::KvCache& cache() const { return cache_; }
+
+ private:
+  Session(const Model& m, model::KvCache cache);
+  const Model& model_;
+  model::KvCache cache_;
+  model::Forward forward_;
+  std::vector<int32_t> tokens_;
+  std::vector<float> logits_;
+  int64_t high_water_ = 0;  // most positions ever written since the last reset
+};
+
+}  // namespace lumen::engine

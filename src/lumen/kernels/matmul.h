@@ -1,0 +1,29 @@
+// MatMul: Y[M, N] = X[M, K] * W[N, K]^T for a weight W of any dtype.
+//
+// M = 1 is decode (a matvec, memory-bound: each weight byte is read once);
+// M > 1 is prefill or batched decode, and still reads each weight row once for
+// all M rows. Quantized rows are dequantized on the fly, one row at a time, into
+// per-thread scratch; nothing dequantizes a whole tensor. Threads split N.
+// MatMulT is the transposed product dX[M, K] = dY[M, N] * W[N, K] that a
+// backward through a frozen (possibly quantized) weight needs.
+//
+// Tier: L2 against MatMulRef (the scalar oracle in matmul_ref.h); the bound is
+// in matmul_test.cc.
+#pragma once
+
+#include <cstdint>
+
+#include "lumen/kernels/matrix.h"
+#include "lumen/core/thread_pool.h"
+
+namespace lumen::kernels {
+
+// W: [N, K] (any storage, matrix.h); X: [M, K] f32 rows with stride ldx floats; Y: [M, N] with
+// stride ldy floats (Y is overwritten). pool may be null (single-threaded).
+void MatMul(const Matrix& W, const float* X, int64_t M, int64_t ldx, float* Y, int64_t ldy,
+            ThreadPool* pool);
+
+// dX[M, K] = dY[M, N] * W[N, K]; dX is overwritten.
+void MatMulT(const Matrix& W, const float* dY, int64_t M, float* dX, ThreadPool* pool);
+
+}  // namespace lumen::kernels

@@ -1,0 +1,457 @@
+#include "lumen/model/config.h"
+
+#include <cmath>
+
+namespace lumen::model {
+namespace {
+
+using nlohmann::json;
+using kernels::RopeScaling;
+
+struct FamilyEntry {
+  Family family;
+  std::string_view name;
+};
+constexpr FamilyEntry kFamilies[] = {
+    {Family::kLlama, "llama"},   {Family::kMistral, "mistral"}, {Family::kQwen2, "qwen2"},
+    {Family::kQwen3, "qwen3"},   {Family::kGemma2, "gemma2"},   {Family::kGemma3, "gemma3"},
+    {Family::kMiniCpm, "minicpm"}, {Family::kPhi3, "phi3"},
+};
+
+// Reads a required number from config.json.
+template <typename T>
+Status Need(const json& j, const char* key, T& out) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return Errorf("config.json: missing key '{}'", key);
+  if (!it->is_number()) return Errorf("config.json: key '{}' must be a number", key);
+  out = it->get<T>();
+  return Status::Ok();
+}
+
+template <typename T>
+Status Opt(const json& j, const char* key, T& out) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return Status::Ok();
+  if (!it->is_number() && !it->is_boolean())
+    return Errorf("config.json: key '{}' must be a number", key);
+  out = it->get<T>();
+  return Status::Ok();
+}
+
+Result<RopeScaling> RopeScalingFromHf(const json& j) {
+  RopeScaling s;
+  auto it = j.find("rope_scaling");
+  if (it == j.end() || it->is_null()) return s;
+  if (!it->is_object()) return Error("config.json: 'rope_scaling' must be an object");
+  const json& r = *it;
+  std::string type = r.value("rope_type", r.value("type", std::string("default")));
+  if (type == "default") return s;
+  LUMEN_RETURN_IF_ERROR(Opt(r, "factor", s.factor));
+  if (type == "linear") {
+    s.type = RopeScaling::Type::kLinear;
+  } else if (type == "dynamic") {
+    s.type = RopeScaling::Type::kDynamic;
+  } else if (type == "llama3") {
+    s.type = RopeScaling::Type::kLlama3;
+    LUMEN_RETURN_IF_ERROR(Opt(r, "low_freq_factor", s.low_freq_factor));
+    LUMEN_RETURN_IF_ERROR(Opt(r, "high_freq_factor", s.high_freq_factor));
+    LUMEN_RETURN_IF_ERROR(Need(r, "original_max_position_embeddings", s.original_max_pos));
+  } else if (type == "yarn") {
+    s.type = RopeScaling::Type::kYarn;
+    LUMEN_RETURN_IF_ERROR(Opt(r, "original_max_position_embeddings", s.original_max_pos));
+    LUMEN_RETURN_IF_ERROR(Opt(r, "beta_fast", s.beta_fast));
+    LUMEN_RETURN_IF_ERROR(Opt(r, "beta_slow", s.beta_slow));
+    LUMEN_RETURN_IF_ERROR(Opt(r, "attention_factor", s.attention_factor));
+  } else {
+    return Errorf("config.json: rope_scaling type '{}' is not supported "
+                  "(supported: linear, dynamic, llama3, yarn)", type);
+  }
+  if (!(s.factor > 0)) return Error("config.json: rope_scaling.factor must be > 0");
+  return s;
+}
+
+std::string_view RopeTypeName(RopeScaling::Type t) {
+  switch (t) {
+    case RopeScaling::Type::kLinear: return "linear";
+    case RopeScaling::Type::kDynamic: return "dynamic";
+    case RopeScaling::Type::kLlama3: return "llama3";
+    case RopeScaling::Type::kYarn: return "yarn";
+    default: return "none";
+  }
+}
+
+}  // namespace
+
+std::string_view FamilyName(Family f) {
+  for (const auto& e : kFamilies)
+    if (e.family == f) return e.name;
+  return "?";
+}
+
+Result<Family> ParseFamily(std::string_view name) {
+  for (const auto& e : kFamilies)
+    if (e.name == name) return e.family;
+  if (name == "gemma3_text") return Family::kGemma3;
+  return Errorf("unknown architecture '{}' (supported: llama, mistral, qwen2, qwen3, gemma2, "
+                "gemma3, minicpm, phi3)", name);
+}
+
+Status ModelConfig::Finalize() {
+  if (n_layers <= 0 || dim <= 0 || n_heads <= 0 || ffn_dim <= 0 || vocab_size <= 0)
+    return Errorf("model config: layers, width, heads, ffn and vocab must be positive "
+                  "(got L={} D={} H={} F={} V={})", n_layers, dim, n_heads, ffn_dim, vocab_size);
+  if (n_kv_heads <= 0) n_kv_heads = n_heads;
+  if (n_heads % n_kv_heads != 0)
+    return Errorf("model config: {} heads is not a multiple of {} kv heads", n_heads, n_kv_heads);
+  if (head_dim <= 0) {
+    if (dim % n_heads != 0)
+      return Errorf("model config: width {} not divisible by {} heads", dim, n_heads);
+    head_dim = dim / n_heads;
+  }
+  if (rope_dim <= 0) rope_dim = head_dim;
+  if (rope_dim > head_dim || rope_dim % 2 != 0)
+    return Errorf("model config: rotary dim {} must be even and <= head dim {}", rope_dim,
+                  head_dim);
+  if (attn_scale == 0.0f) attn_scale = float(1.0 / std::sqrt(double(head_dim)));
+  if (max_ctx <= 0) max_ctx = 2048;
+  if (rope_theta_local <= 0) rope_theta_local = rope_theta;
+  if (layer_sliding.empty()) layer_sliding.assign(n_layers, sliding_window > 0);
+  if (int(layer_sliding.size()) != n_layers)
+    return Errorf("model config: {} layer types for {} layers", layer_sliding.size(), n_layers);
+  if (sliding_window <= 0)
+    for (bool s : layer_sliding)
+      if (s) return Error("model config: sliding layers but no sliding_window");
+  return Status::Ok();
+}
+
+Result<ModelConfig> ConfigFromHf(const json& j) {
+  if (!j.is_object()) return Error("config.json: not a JSON object");
+  ModelConfig c;
+  std::string type = j.value("model_type", std::string());
+  if (type.empty()) return Error("config.json: missing key 'model_type'");
+  LUMEN_ASSIGN_OR_RETURN(c.family, ParseFamily(type).WithContext("config.json: model_type"));
+  LUMEN_RETURN_IF_ERROR(Need(j, "num_hidden_layers", c.n_layers));
+  LUMEN_RETURN_IF_ERROR(Need(j, "hidden_size", c.dim));
+  LUMEN_RETURN_IF_ERROR(Need(j, "num_attention_heads", c.n_heads));
+  LUMEN_RETURN_IF_ERROR(Opt(j, "num_key_value_heads", c.n_kv_heads));
+  LUMEN_RETURN_IF_ERROR(Opt(j, "head_dim", c.head_dim));
+  LUMEN_RETURN_IF_ERROR(Need(j, "intermediate_size", c.ffn_dim));
+  LUMEN_RETURN_IF_ERROR(Need(j, "vocab_size", c.vocab_size));
+  LUMEN_RETURN_IF_ERROR(Opt(j, "max_position_embeddings", c.max_ctx));
+  LUMEN_RETURN_IF_ERROR(Opt(j, "rms_norm_eps", c.norm_eps));
+  LUMEN_RETURN_IF_ERROR(Opt(j, "rope_theta", c.rope_theta));
+  LUMEN_RETURN_IF_ERROR(Opt(j, "tie_word_embeddings", c.tied_embeddings));
+  LUMEN_ASSIGN_OR_RETURN(c.rope_scaling, RopeScalingFromHf(j));
+  c.rope_style = kernels::RopeStyle::kHalf;  // HF rotate_half
+  const std::string act = j.value("hidden_activation", j.value("hidden_act", std::string("silu")));
+  if (act == "silu" || act == "swish") {
+    c.act = kernels::Activation::kSilu;
+  } else if (act == "gelu_pytorch_tanh" || act == "gelu_tanh") {
+    c.act = kernels::Activation::kGeluTanh;
+  } else {
+    return Errorf("config.json: activation '{}' is not supported", act);
+  }
+
+  switch (c.family) {
+    case Family::kLlama:
+      break;
+    case Family::kMistral:
+      LUMEN_RETURN_IF_ERROR(Opt(j, "sliding_window", c.sliding_window));
+      break;
+    case Family::kQwen2:
+      if (j.value("use_sliding_window", false))
+        LUMEN_RETURN_IF_ERROR(Opt(j, "sliding_window", c.sliding_window));
+      break;
+    case Family::kQwen3:
+      c.qk_norm = true;
+      if (j.value("use_sliding_window", false))
+        LUMEN_RETURN_IF_ERROR(Opt(j, "sliding_window", c.sliding_window));
+      break;
+    case Family::kGemma2:
+    case Family::kGemma3: {
+      c.norm_offset = 1.0f;
+      c.post_norms = true;
+      c.qk_norm = c.family == Family::kGemma3;
+      c.embed_scale = std::sqrt(float(c.dim));
+      double qpas = 0;
+      LUMEN_RETURN_IF_ERROR(Opt(j, "query_pre_attn_scalar", qpas));
+      if (qpas > 0) c.attn_scale = float(1.0 / std::sqrt(qpas));
+      LUMEN_RETURN_IF_ERROR(Opt(j, "attn_logit_softcapping", c.attn_softcap));
+      LUMEN_RETURN_IF_ERROR(Opt(j, "final_logit_softcapping", c.final_softcap));
+      LUMEN_RETURN_IF_ERROR(Opt(j, "sliding_window", c.sliding_window));
+      c.tied_embeddings = j.value("tie_word_embeddings", true);
+      c.layer_sliding.assign(c.n_layers, false);
+      if (auto it = j.find("layer_types"); it != j.end() && it->is_array()) {
+        if (int(it->size()) != c.n_layers)
+          return Error("config.json: 'layer_types' length differs from num_hidden_layers");
+        for (int i = 0; i < c.n_layers; ++i)
+          c.layer_sliding[i] = (*it)[i] == "sliding_attention";
+      } else if (c.family == Family::kGemma2) {
+        for (int i = 0; i < c.n_layers; ++i) c.layer_sliding[i] = i % 2 == 0;
+      } else {
+        int pattern = 6;
+        LUMEN_RETURN_IF_ERROR(Opt(j, "sliding_window_pattern", pattern));
+        for (int i = 0; i < c.n_layers; ++i)
+          c.layer_sliding[i] = pattern > 0 && (i + 1) % pattern != 0;
+      }
+      if (c.family == Family::kGemma3) {
+        c.rope_theta_local = 10000.0;
+        LUMEN_RETURN_IF_ERROR(Opt(j, "rope_local_base_freq", c.rope_theta_local));
+      }
+      if (c.sliding_window <= 0) c.layer_sliding.assign(c.n_layers, false);
+      break;
+    }
+    case Family::kMiniCpm: {
+      double scale_emb = 1, scale_depth = 1, dim_model_base = 0;
+      LUMEN_RETURN_IF_ERROR(Opt(j, "scale_emb", scale_emb));
+      LUMEN_RETURN_IF_ERROR(Opt(j, "scale_depth", scale_depth));
+      LUMEN_RETURN_IF_ERROR(Opt(j, "dim_model_base", dim_model_base));
+      c.embed_scale = float(scale_emb);
+      c.residual_scale = float(scale_depth / std::sqrt(double(c.n_layers)));
+      if (dim_model_base > 0) c.logit_scale = float(dim_model_base / double(c.dim));
+      break;
+    }
+    case Family::kPhi3: {
+      c.fused_qkv = true;
+      c.fused_gate_up = true;
+      double partial = 1.0;
+      LUMEN_RETURN_IF_ERROR(Opt(j, "partial_rotary_factor", partial));
+      LUMEN_RETURN_IF_ERROR(Opt(j, "sliding_window", c.sliding_window));
+      if (c.head_dim <= 0 && c.n_heads > 0) c.head_dim = c.dim / c.n_heads;
+      c.rope_dim = int(c.head_dim * partial);
+      break;
+    }
+  }
+  LUMEN_RETURN_IF_ERROR(c.Finalize());
+  return c;
+}
+
+Result<ModelConfig> ConfigFromGguf(const formats::GgufFile& g) {
+  LUMEN_ASSIGN_OR_RETURN(std::string arch, g.GetString("general.architecture"));
+  ModelConfig c;
+  LUMEN_ASSIGN_OR_RETURN(c.family, ParseFamily(arch).WithContext("general.architecture"));
+  const std::string p = arch + ".";
+  auto need = [&](const std::string& k, auto& out) -> Status {
+    auto r = g.GetInt(p + k);
+    if (!r.ok()) return r.status();
+    out = static_cast<std::decay_t<decltype(out)>>(*r);
+    return Status::Ok();
+  };
+  auto opt_i = [&](const std::string& k, auto& out) -> Status {
+    auto r = g.GetInt(p + k, int64_t(out));
+    if (!r.ok()) return r.status();
+    out = static_cast<std::decay_t<decltype(out)>>(*r);
+    return Status::Ok();
+  };
+  auto opt_f = [&](const std::string& k, auto& out) -> Status {
+    auto r = g.GetFloat(p + k, double(out));
+    if (!r.ok()) return r.status();
+    out = static_cast<std::decay_t<decltype(out)>>(*r);
+    return Status::Ok();
+  };
+  LUMEN_RETURN_IF_ERROR(need("block_count", c.n_layers));
+  LUMEN_RETURN_IF_ERROR(need("embedding_length", c.dim));
+  LUMEN_RETURN_IF_ERROR(need("attention.head_count", c.n_heads));
+  c.n_kv_heads = c.n_heads;
+  LUMEN_RETURN_IF_ERROR(opt_i("attention.head_count_kv", c.n_kv_heads));
+  LUMEN_RETURN_IF_ERROR(need("feed_forward_length", c.ffn_dim));
+  LUMEN_RETURN_IF_ERROR(opt_i("context_length", c.max_ctx));
+  LUMEN_RETURN_IF_ERROR(opt_i("attention.key_length", c.head_dim));
+  LUMEN_RETURN_IF_ERROR(opt_i("rope.dimension_count", c.rope_dim));
+  LUMEN_RETURN_IF_ERROR(opt_f("attention.layer_norm_rms_epsilon", c.norm_eps));
+  LUMEN_RETURN_IF_ERROR(opt_f("rope.freq_base", c.rope_theta));
+  LUMEN_RETURN_IF_ERROR(opt_i("attention.sliding_window", c.sliding_window));
+  // vocab: metadata key if present, else the token list, else the embedding rows.
+  c.vocab_size = 0;
+  LUMEN_RETURN_IF_ERROR(opt_i("vocab_size", c.vocab_size));
+  if (c.vocab_size == 0) {
+    if (const auto* v = g.Find("tokenizer.ggml.tokens"); v && v->AsArray())
+      c.vocab_size = int(v->AsArray()->size());
+    else if (const auto* t = g.FindTensor("token_embd.weight"))
+      c.vocab_size = int(t->view.dim(0));
+  }
+  if (const auto* v = g.Find(p + "rope.scaling.type"); v && v->AsString()) {
+    const std::string& t = *v->AsString();
+    auto& s = c.rope_scaling;
+    if (t == "linear") s.type = RopeScaling::Type::kLinear;
+    else if (t == "yarn") s.type = RopeScaling::Type::kYarn;
+    else if (t == "dynamic") s.type = RopeScaling::Type::kDynamic;
+    else if (t == "llama3") s.type = RopeScaling::Type::kLlama3;
+    else if (t != "none") return Errorf("{}rope.scaling.type: '{}' is not supported", p, t);
+    LUMEN_RETURN_IF_ERROR(opt_f("rope.scaling.factor", s.factor));
+    LUMEN_RETURN_IF_ERROR(opt_i("rope.scaling.original_context_length", s.original_max_pos));
+    LUMEN_RETURN_IF_ERROR(opt_f("rope.scaling.low_freq_factor", s.low_freq_factor));
+    LUMEN_RETURN_IF_ERROR(opt_f("rope.scaling.high_freq_factor", s.high_freq_factor));
+    LUMEN_RETURN_IF_ERROR(opt_f("rope.scaling.beta_fast", s.beta_fast));
+    LUMEN_RETURN_IF_ERROR(opt_f("rope.scaling.beta_slow", s.beta_slow));
+    LUMEN_RETURN_IF_ERROR(opt_f("rope.scaling.attn_factor", s.attention_factor));
+  }
+  c.tied_embeddings = g.FindTensor("output.weight") == nullptr;
+  // ggml rotates adjacent pairs for llama-style archs, halves for the rest.
+  c.rope_style = (c.family == Family::kLlama || c.family == Family::kMistral ||
+                  c.family == Family::kMiniCpm)
+                     ? kernels::RopeStyle::kInterleaved
+                     : kernels::RopeStyle::kHalf;
+  switch (c.family) {
+    case Family::kQwen3:
+      c.qk_norm = true;
+      break;
+    case Family::kGemma2:
+    case Family::kGemma3: {
+      c.post_norms = true;
+      c.qk_norm = c.family == Family::kGemma3;
+      c.act = kernels::Activation::kGeluTanh;
+      c.embed_scale = std::sqrt(float(c.dim));
+      LUMEN_RETURN_IF_ERROR(opt_f("attn_logit_softcapping", c.attn_softcap));
+      LUMEN_RETURN_IF_ERROR(opt_f("final_logit_softcapping", c.final_softcap));
+      double qpas = 0;
+      LUMEN_RETURN_IF_ERROR(opt_f("attention.query_pre_attn_scalar", qpas));
+      if (qpas > 0) c.attn_scale = float(1.0 / std::sqrt(qpas));
+      int pattern = c.family == Family::kGemma2 ? 2 : 6;
+      LUMEN_RETURN_IF_ERROR(opt_i("attention.sliding_window_pattern", pattern));
+      c.layer_sliding.assign(c.n_layers, false);
+      for (int i = 0; i < c.n_layers; ++i)
+        c.layer_sliding[i] = c.sliding_window > 0 &&
+                             (c.family == Family::kGemma2 ? i % 2 == 0 : (i + 1) % pattern != 0);
+      if (c.family == Family::kGemma3) {
+        c.rope_theta_local = 10000.0;
+        LUMEN_RETURN_IF_ERROR(opt_f("rope.freq_base_swa", c.rope_theta_local));
+      }
+      break;
+    }
+    case Family::kMiniCpm:
+      LUMEN_RETURN_IF_ERROR(opt_f("embedding_scale", c.embed_scale));
+      LUMEN_RETURN_IF_ERROR(opt_f("residual_scale", c.residual_scale));
+      LUMEN_RETURN_IF_ERROR(opt_f("logit_scale", c.logit_scale));
+      break;
+    case Family::kPhi3:
+      c.fused_qkv = g.FindTensor("blk.0.attn_qkv.weight") != nullptr;
+      c.fused_gate_up = g.FindTensor("blk.0.ffn_gate.weight") == nullptr;
+      break;
+    default:
+      break;
+  }
+  LUMEN_RETURN_IF_ERROR(c.Finalize().WithContext(g.path()));
+  return c;
+}
+
+void ConfigToGguf(const ModelConfig& c, formats::GgufWriter& w) {
+  // Mistral has no GGUF arch of its own in llama.cpp; it is "llama" + window.
+  const std::string arch(c.family == Family::kMistral ? "llama" : FamilyName(c.family));
+  const std::string p = arch + ".";
+  w.SetString("general.architecture", arch);
+  w.SetU32(p + "block_count", c.n_layers);
+  w.SetU32(p + "embedding_length", c.dim);
+  w.SetU32(p + "attention.head_count", c.n_heads);
+  w.SetU32(p + "attention.head_count_kv", c.n_kv_heads);
+  w.SetU32(p + "feed_forward_length", c.ffn_dim);
+  w.SetU32(p + "context_length", uint32_t(c.max_ctx));
+  w.SetU32(p + "attention.key_length", c.head_dim);
+  w.SetU32(p + "attention.value_length", c.head_dim);
+  w.SetU32(p + "rope.dimension_count", c.rope_dim);
+  w.SetU32(p + "vocab_size", c.vocab_size);
+  w.SetF32(p + "attention.layer_norm_rms_epsilon", c.norm_eps);
+  w.SetF32(p + "rope.freq_base", float(c.rope_theta));
+  if (c.sliding_window > 0) w.SetU32(p + "attention.sliding_window", uint32_t(c.sliding_window));
+  const auto& s = c.rope_scaling;
+  if (s.type != RopeScaling::Type::kNone) {
+    w.SetString(p + "rope.scaling.type", std::string(RopeTypeName(s.type)));
+    w.SetF32(p + "rope.scaling.factor", float(s.factor));
+    w.SetU32(p + "rope.scaling.original_context_length", uint32_t(s.original_max_pos));
+    w.SetF32(p + "rope.scaling.low_freq_factor", float(s.low_freq_factor));
+    w.SetF32(p + "rope.scaling.high_freq_factor", float(s.high_freq_factor));
+    w.SetF32(p + "rope.scaling.beta_fast", float(s.beta_fast));
+    w.SetF32(p + "rope.scaling.beta_slow", float(s.beta_slow));
+    if (s.attention_factor > 0) w.SetF32(p + "rope.scaling.attn_factor", float(s.attention_factor));
+  }
+  if (c.family == Family::kGemma2 || c.family == Family::kGemma3) {
+    if (c.attn_softcap > 0) w.SetF32(p + "attn_logit_softcapping", c.attn_softcap);
+    if (c.final_softcap > 0) w.SetF32(p + "final_logit_softcapping", c.final_softcap);
+    w.SetF32(p + "attention.query_pre_attn_scalar", 1.0f / (c.attn_scale * c.attn_scale));
+    if (c.family == Family::kGemma3) {
+      w.SetF32(p + "rope.freq_base_swa", float(c.rope_theta_local));
+      int pattern = 0;  // first global layer index + 1
+      for (int i = 0; i < c.n_layers && !pattern; ++i)
+        if (!c.layer_sliding[i]) pattern = i + 1;
+      if (pattern) w.SetU32(p + "attention.sliding_window_pattern", pattern);
+    }
+  }
+  if (c.family == Family::kMiniCpm) {
+    w.SetF32(p + "embedding_scale", c.embed_scale);
+    w.SetF32(p + "residual_scale", c.residual_scale);
+    w.SetF32(p + "logit_scale", c.logit_scale);
+  }
+}
+
+nlohmann::json ConfigToHf(const ModelConfig& c) {
+  static const char* kArch[] = {"LlamaForCausalLM",  "MistralForCausalLM", "Qwen2ForCausalLM",
+                                "Qwen3ForCausalLM",  "Gemma2ForCausalLM",  "Gemma3ForCausalLM",
+                                "MiniCPMForCausalLM", "Phi3ForCausalLM"};
+  json j;
+  j["architectures"] = {kArch[int(c.family)]};
+  j["model_type"] = c.family == Family::kGemma3 ? "gemma3_text" : std::string(FamilyName(c.family));
+  j["num_hidden_layers"] = c.n_layers;
+  j["hidden_size"] = c.dim;
+  j["num_attention_heads"] = c.n_heads;
+  j["num_key_value_heads"] = c.n_kv_heads;
+  j["head_dim"] = c.head_dim;
+  j["intermediate_size"] = c.ffn_dim;
+  j["vocab_size"] = c.vocab_size;
+  j["max_position_embeddings"] = c.max_ctx;
+  j["rms_norm_eps"] = c.norm_eps;
+  j["rope_theta"] = c.rope_theta;
+  j["tie_word_embeddings"] = c.tied_embeddings;
+  j["hidden_act"] = c.act == kernels::Activation::kSilu ? "silu" : "gelu_pytorch_tanh";
+  const auto& s = c.rope_scaling;
+  if (s.type != RopeScaling::Type::kNone) {
+    json r = {{"rope_type", RopeTypeName(s.type)}, {"factor", s.factor}};
+    if (s.type == RopeScaling::Type::kLlama3) {
+      r["low_freq_factor"] = s.low_freq_factor;
+      r["high_freq_factor"] = s.high_freq_factor;
+      r["original_max_position_embeddings"] = s.original_max_pos;
+    } else if (s.type == RopeScaling::Type::kYarn) {
+      r["original_max_position_embeddings"] = s.original_max_pos;
+      r["beta_fast"] = s.beta_fast;
+      r["beta_slow"] = s.beta_slow;
+      if (s.attention_factor > 0) r["attention_factor"] = s.attention_factor;
+    }
+    j["rope_scaling"] = r;
+  }
+  switch (c.family) {
+    case Family::kMistral:
+      j["sliding_window"] = c.sliding_window > 0 ? json(c.sliding_window) : json(nullptr);
+      break;
+    case Family::kQwen2:
+    case Family::kQwen3:
+      j["use_sliding_window"] = c.sliding_window > 0;
+      if (c.sliding_window > 0) j["sliding_window"] = c.sliding_window;
+      break;
+    case Family::kGemma2:
+    case Family::kGemma3: {
+      j["hidden_activation"] = "gelu_pytorch_tanh";
+      j["query_pre_attn_scalar"] = 1.0 / (double(c.attn_scale) * c.attn_scale);
+      j["attn_logit_softcapping"] = c.attn_softcap > 0 ? json(c.attn_softcap) : json(nullptr);
+      j["final_logit_softcapping"] = c.final_softcap > 0 ? json(c.final_softcap) : json(nullptr);
+      j["sliding_window"] = c.sliding_window;
+      json types = json::array();
+      for (bool s2 : c.layer_sliding) types.push_back(s2 ? "sliding_attention" : "full_attention");
+      j["layer_types"] = types;
+      if (c.family == Family::kGemma3) j["rope_local_base_freq"] = c.rope_theta_local;
+      break;
+    }
+    case Family::kMiniCpm:
+      j["scale_emb"] = c.embed_scale;
+      j["scale_depth"] = c.residual_scale * std::sqrt(double(c.n_layers));
+      j["dim_model_base"] = c.logit_scale * c.dim;
+      break;
+    case Family::kPhi3:
+      j["partial_rotary_factor"] = double(c.rope_dim) / c.head_dim;
+      if (c.sliding_window > 0) j["sliding_window"] = c.sliding_window;
+      break;
+    default:
+      break;
+  }
+  return j;
+}
+
+}  // namespace lumen::model

@@ -1,0 +1,191 @@
+#include "lumen/model/forward.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "lumen/kernels/activation.h"
+#include "lumen/kernels/attention.h"
+#include "lumen/kernels/matmul.h"
+#include "lumen/kernels/norm.h"
+
+namespace lumen::model {
+
+using kernels::MatMul;
+
+Activations::Activations(const ModelConfig& c, int threads)
+    : x(kMaxChunk * c.dim * sizeof(float)),
+      xn(kMaxChunk * c.dim * sizeof(float)),
+      qkv(kMaxChunk * (c.q_dim() + 2 * c.kv_dim()) * sizeof(float)),
+      att(kMaxChunk * c.q_dim() * sizeof(float)),
+      tmp(kMaxChunk * c.dim * sizeof(float)),
+      gate(kMaxChunk * 2 * int64_t(c.ffn_dim) * sizeof(float)),
+      up(kMaxChunk * int64_t(c.ffn_dim) * sizeof(float)) {
+  const int64_t S = c.max_ctx;  // longest visible range
+  attn_scratch_per_thread = S * (c.n_heads + 1) + 2 * c.kv_dim();
+  attn_scratch = AlignedBuffer(size_t(threads) * attn_scratch_per_thread * sizeof(float));
+}
+
+Forward::Forward(const ModelConfig& c, const Weights& w, ThreadPool* pool)
+    : c_(c), w_(w), pool_(pool), a_(c, pool ? pool->size() : 1) {}
+
+const kernels::RopeTable& Forward::Rope(bool sliding, int64_t seq_len) {
+  // Only dynamic NTK depends on the sequence length; rebuild when it grows.
+  const bool dynamic = c_.rope_scaling.type == kernels::RopeScaling::Type::kDynamic;
+  if (rope_seq_len_ < 0 || (dynamic && seq_len > rope_seq_len_)) {
+    rope_seq_len_ = seq_len;
+    rope_global_ = kernels::MakeRopeTable(c_.rope_dim, c_.rope_theta, c_.rope_scaling, c_.max_ctx,
+                                          seq_len);
+    rope_local_ = kernels::MakeRopeTable(c_.rope_dim, c_.rope_theta_local, {}, c_.max_ctx, seq_len);
+  }
+  // Gemma3 rotates sliding layers with the local base; other families use one base.
+  return sliding && c_.family == Family::kGemma3 ? rope_local_ : rope_global_;
+}
+
+void Forward::Embed(std::span<const int32_t> tokens, float* x) const {
+  for (size_t t = 0; t < tokens.size(); ++t) {
+    float* row = x + t * c_.dim;
+    kernels::DequantizeMatrixRow(w_.tok_embd, tokens[t], row);
+    if (c_.embed_scale != 1.0f)
+      for (int i = 0; i < c_.dim; ++i) row[i] *= c_.embed_scale;
+  }
+}
+
+void Forward::AttentionBlock(int l, int64_t T, int64_t pos0, KvCache& cache) {
+  const LayerWeights& L = w_.layers[l];
+  const int64_t D = c_.dim, Q = c_.q_dim(), KV = c_.kv_dim(), QKV = Q + 2 * KV;
+  float* x = a_.x.as<float>();
+  float* xn = a_.xn.as<float>();
+  float* qkv = a_.qkv.as<float>();
+  float* att = a_.att.as<float>();
+  float* tmp = a_.tmp.as<float>();
+
+  for (int64_t t = 0; t < T; ++t)
+    kernels::RmsNormForward(x + t * D, L.attn_norm, c_.norm_offset, c_.norm_eps, D, xn + t * D);
+  if (L.wqkv.valid()) {
+    MatMul(L.wqkv, xn, T, D, qkv, QKV, pool_);
+  } else {
+    MatMul(L.wq, xn, T, D, qkv, QKV, pool_);
+    MatMul(L.wk, xn, T, D, qkv + Q, QKV, pool_);
+    MatMul(L.wv, xn, T, D, qkv + Q + KV, QKV, pool_);
+  }
+  const bool sliding = c_.layer_sliding[l];
+  const kernels::RopeTable& rope = Rope(sliding, pos0 + T);
+  const kernels::KvRing& ring = cache.layer(l);
+  for (int64_t t = 0; t < T; ++t) {
+    float* q = qkv + t * QKV;
+    float* k = q + Q;
+    float* v = k + KV;
+    if (L.bq) for (int64_t i = 0; i < Q; ++i) q[i] += L.bq[i];
+    if (L.bk) for (int64_t i = 0; i < KV; ++i) k[i] += L.bk[i];
+    if (L.bv) for (int64_t i = 0; i < KV; ++i) v[i] += L.bv[i];
+    if (L.q_norm) {
+      for (int h = 0; h < c_.n_heads; ++h) {
+        float* qh = q + int64_t(h) * c_.head_dim;
+        kernels::RmsNormForward(qh, L.q_norm, c_.norm_offset, c_.norm_eps, c_.head_dim, qh);
+      }
+      for (int h = 0; h < c_.n_kv_heads; ++h) {
+        float* kh = k + int64_t(h) * c_.head_dim;
+        kernels::RmsNormForward(kh, L.k_norm, c_.norm_offset, c_.norm_eps, c_.head_dim, kh);
+      }
+    }
+    kernels::ApplyRope(q, c_.n_heads, c_.head_dim, c_.rope_dim, rope, pos0 + t, c_.rope_style);
+    kernels::ApplyRope(k, c_.n_kv_heads, c_.head_dim, c_.rope_dim, rope, pos0 + t, c_.rope_style);
+    kernels::StoreKv(ring, KV, pos0 + t, k, v);
+  }
+
+  const kernels::AttentionShape shape{c_.n_heads, c_.n_kv_heads, c_.head_dim, c_.attn_scale,
+                                      c_.attn_softcap};
+  const int64_t window = sliding ? c_.sliding_window : 0;
+  auto attend = [&](int64_t b, int64_t e, int thread) {
+    float* scratch = a_.attn_scratch.as<float>() + thread * a_.attn_scratch_per_thread;
+    for (int64_t t = b; t < e; ++t) {
+      const int64_t p = pos0 + t;
+      const int64_t begin = window > 0 ? std::max<int64_t>(0, p - window + 1) : 0;
+      kernels::AttendOne(qkv + t * QKV, shape, ring, begin, p + 1, att + t * Q, scratch);
+    }
+  };
+  if (pool_) pool_->ParallelFor(T, attend); else attend(0, T, 0);
+
+  MatMul(L.wo, att, T, Q, tmp, D, pool_);
+  for (int64_t t = 0; t < T; ++t) {
+    float* o = tmp + t * D;
+    if (L.post_attn_norm)
+      kernels::RmsNormForward(o, L.post_attn_norm, c_.norm_offset, c_.norm_eps, D, o);
+    float* xr = x + t * D;
+    for (int64_t i = 0; i < D; ++i) xr[i] += o[i] * c_.residual_scale;
+  }
+}
+
+void Forward::FfnBlock(int l, int64_t T) {
+  const LayerWeights& L = w_.layers[l];
+  const int64_t D = c_.dim, F = c_.ffn_dim;
+  float* x = a_.x.as<float>();
+  float* xn = a_.xn.as<float>();
+  float* gate = a_.gate.as<float>();
+  float* up = a_.up.as<float>();
+  float* tmp = a_.tmp.as<float>();
+
+  for (int64_t t = 0; t < T; ++t)
+    kernels::RmsNormForward(x + t * D, L.ffn_norm, c_.norm_offset, c_.norm_eps, D, xn + t * D);
+  if (L.w_gate.valid()) {
+    MatMul(L.w_gate, xn, T, D, gate, F, pool_);
+    MatMul(L.w_up, xn, T, D, up, F, pool_);
+    for (int64_t t = 0; t < T; ++t) kernels::GatedActivation(c_.act, gate + t * F, up + t * F, F);
+  } else {  // fused [gate; up] rows: one row of output is [gate F | up F]
+    MatMul(L.w_up, xn, T, D, gate, 2 * F, pool_);
+    for (int64_t t = 0; t < T; ++t) {
+      float* g = gate + t * 2 * F;
+      kernels::GatedActivation(c_.act, g, g + F, F);
+      std::memmove(gate + t * F, g, F * sizeof(float));  // compact to [T, F]
+    }
+  }
+  MatMul(L.w_down, gate, T, F, tmp, D, pool_);
+  for (int64_t t = 0; t < T; ++t) {
+    float* o = tmp + t * D;
+    if (L.post_ffn_norm)
+      kernels::RmsNormForward(o, L.post_ffn_norm, c_.norm_offset, c_.norm_eps, D, o);
+    float* xr = x + t * D;
+    for (int64_t i = 0; i < D; ++i) xr[i] += o[i] * c_.residual_scale;
+  }
+}
+
+Status Forward::Run(std::span<const int32_t> tokens, int64_t pos0, KvCache& cache,
+                    LogitsFor which, float* logits) {
+  const int64_t T = static_cast<int64_t>(tokens.size());
+  if (T == 0) return Error("forward: no tokens");
+  if (T > kMaxChunk) return Errorf("forward: chunk of {} tokens exceeds {}", T, kMaxChunk);
+  if (pos0 < 0 || pos0 + T > cache.ctx())
+    return Errorf("context full: positions {}..{} do not fit the context of {} tokens", pos0,
+                  pos0 + T - 1, cache.ctx());
+  for (int64_t t = 0; t < T; ++t)
+    if (tokens[t] < 0 || tokens[t] >= c_.vocab_size)
+      return Errorf("token id {} at index {} is outside the vocabulary (size {})", tokens[t], t,
+                    c_.vocab_size);
+
+  const int64_t need = cache.ctx() * (c_.n_heads + 1) + 2 * c_.kv_dim();
+  if (need > a_.attn_scratch_per_thread) {  // a longer --ctx than the model's default
+    a_.attn_scratch_per_thread = need;
+    a_.attn_scratch = AlignedBuffer(size_t(pool_ ? pool_->size() : 1) * need * sizeof(float));
+  }
+  float* x = a_.x.as<float>();
+  Embed(tokens, x);
+  for (int l = 0; l < c_.n_layers; ++l) {
+    AttentionBlock(l, T, pos0, cache);
+    FfnBlock(l, T);
+  }
+  const int64_t D = c_.dim, V = c_.vocab_size;
+  const int64_t first = which == LogitsFor::kAll ? 0 : T - 1;
+  const int64_t rows = T - first;
+  float* xn = a_.xn.as<float>();
+  for (int64_t t = 0; t < rows; ++t) {
+    float* o = xn + t * D;
+    kernels::RmsNormForward(x + (first + t) * D, w_.output_norm, c_.norm_offset, c_.norm_eps, D, o);
+    if (c_.logit_scale != 1.0f)
+      for (int64_t i = 0; i < D; ++i) o[i] *= c_.logit_scale;
+  }
+  MatMul(w_.output, xn, rows, D, logits, V, pool_);
+  if (c_.final_softcap > 0) kernels::SoftCap(logits, rows * V, c_.final_softcap);
+  return Status::Ok();
+}
+
+}  // namespace lumen::model

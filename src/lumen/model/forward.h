@@ -1,0 +1,64 @@
+// The transformer forward for every dense family (config-driven, one code path).
+//
+// Forward::Run takes a chunk of T <= kMaxChunk tokens of one sequence at
+// positions pos0..pos0+T-1, writes their keys/values into the KvCache and
+// returns logits for the last token or for every token. Each token attends to
+// [max(0, p - window + 1), p] of its layer, given to the attention kernel as an
+// explicit range (kernels/attention.h), so other masks need no new kernel.
+// Layers are free functions over the weights and preallocated Activations.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "lumen/core/buffer.h"
+#include "lumen/core/thread_pool.h"
+#include "lumen/kernels/rope.h"
+#include "lumen/model/config.h"
+#include "lumen/model/kv_cache.h"
+#include "lumen/model/weights.h"
+
+namespace lumen::model {
+
+// Scratch for one chunk; sized once for kMaxChunk tokens.
+struct Activations {
+  explicit Activations(const ModelConfig& c, int threads);
+  AlignedBuffer x;     // [T, D] residual stream
+  AlignedBuffer xn;    // [T, D] normed input of the current block
+  AlignedBuffer qkv;   // [T, H*Dh + 2*Hkv*Dh]
+  AlignedBuffer att;   // [T, H*Dh] attention output (pre o_proj)
+  AlignedBuffer tmp;   // [T, D] block output before the residual add
+  AlignedBuffer gate;  // [T, 2F] gate (and up for fused), then act(gate)*up
+  AlignedBuffer up;    // [T, F]
+  AlignedBuffer attn_scratch;  // per thread: see kernels::AttendOne
+  int64_t attn_scratch_per_thread = 0;
+};
+
+enum class LogitsFor { kLast, kAll };
+
+class Forward {
+ public:
+  Forward(const ModelConfig& c, const Weights& w, ThreadPool* pool);
+
+  // logits: [1, V] (kLast) or [T, V] (kAll). Errors when pos0 + T > cache ctx.
+  Status Run(std::span<const int32_t> tokens, int64_t pos0, KvCache& cache, LogitsFor which,
+             float* logits);
+
+  const ModelConfig& config() const { return c_; }
+
+ private:
+  void Embed(std::span<const int32_t> tokens, float* x) const;
+  void AttentionBlock(int l, int64_t T, int64_t pos0, KvCache& cache);
+  void FfnBlock(int l, int64_t T);
+  const kernels::RopeTable& Rope(bool sliding, int64_t seq_len);
+
+  const ModelConfig& c_;
+  const Weights& w_;
+  ThreadPool* pool_;
+  Activations a_;
+  kernels::RopeTable rope_global_, rope_local_;
+  int64_t rope_seq_len_ = -1;
+};
+
+}  // namespace lumen::model

@@ -1,0 +1,57 @@
+#include "lumen/model/kv_cache.h"
+
+#include <algorithm>
+#include <cstring>
+
+namespace lumen::model {
+
+Result<KvCache> KvCache::Create(const ModelConfig& c, int64_t ctx, DType dtype) {
+  if (dtype != DType::kF16 && dtype != DType::kBF16 && dtype != DType::kF32)
+    return Errorf("KV cache type must be f16, bf16 or f32, got {}", Name(dtype));
+  if (ctx <= 0) return Errorf("context size must be positive, got {}", ctx);
+  KvCache kv;
+  kv.ctx_ = ctx;
+  kv.dtype_ = dtype;
+  kv.row_elems_ = c.kv_dim();
+  const size_t elem = Info(dtype).block_bytes;
+  std::vector<int64_t> caps(c.n_layers);
+  size_t total = 0;
+  for (int l = 0; l < c.n_layers; ++l) {
+    caps[l] = c.layer_sliding[l] ? std::min(ctx, c.sliding_window + kMaxChunk) : ctx;
+    total += 2 * size_t(caps[l]) * kv.row_elems_ * elem;
+  }
+  kv.buf_ = AlignedBuffer(total);
+  char* p = kv.buf_.as<char>();
+  for (int l = 0; l < c.n_layers; ++l) {
+    kernels::KvRing r;
+    r.dtype = dtype;
+    r.capacity = caps[l];
+    const size_t bytes = size_t(caps[l]) * kv.row_elems_ * elem;
+    r.k = p;
+    r.v = p + bytes;
+    p += 2 * bytes;
+    kv.rings_.push_back(r);
+  }
+  return kv;
+}
+
+void KvCache::CopyPrefix(const KvCache& other, int64_t n) {
+  LUMEN_CHECK(other.rings_.size() == rings_.size() && other.row_elems_ == row_elems_ &&
+              other.dtype_ == dtype_);
+  const size_t row_bytes = row_elems_ * Info(dtype_).block_bytes;
+  for (size_t l = 0; l < rings_.size(); ++l) {
+    const auto& src = other.rings_[l];
+    const auto& dst = rings_[l];
+    LUMEN_CHECK(src.capacity == dst.capacity);
+    const int64_t rows = std::min(n, dst.capacity);
+    for (int64_t pos = n - rows; pos < n; ++pos) {
+      const int64_t slot = pos % dst.capacity;
+      std::memcpy(static_cast<char*>(const_cast<void*>(dst.k)) + slot * row_bytes,
+                  static_cast<const char*>(src.k) + slot * row_bytes, row_bytes);
+      std::memcpy(static_cast<char*>(const_cast<void*>(dst.v)) + slot * row_bytes,
+                  static_cast<const char*>(src.v) + slot * row_bytes, row_bytes);
+    }
+  }
+}
+
+}  // namespace lumen::model

@@ -1,0 +1,135 @@
+#include "lumen/model/weights.h"
+
+#include <cstring>
+#include <regex>
+
+#include "lumen/formats/quant.h"
+
+namespace lumen::model {
+namespace {
+
+struct SmallTensor {
+  const float** dst;
+  Matrix m;
+  int64_t n;
+};
+
+Status CheckShape(const std::string& name, const Matrix& m, int64_t n, int64_t k) {
+  if (m.n != n || m.k != k)
+    return Errorf("tensor '{}': shape [{}, {}], expected [{}, {}]", name, m.n, m.k, n, k);
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<Weights> BindWeights(const ModelConfig& c, const TensorLookup& lookup) {
+  Weights w;
+  std::vector<SmallTensor> small;
+  auto matrix = [&](const std::string& name, Matrix& dst, int64_t n, int64_t k,
+                    bool required) -> Status {
+    LUMEN_ASSIGN_OR_RETURN(dst, lookup(name));
+    if (!dst.valid()) {
+      return required ? Errorf("tensor '{}' is missing", name) : Status::Ok();
+    }
+    return CheckShape(name, dst, n, k);
+  };
+  auto vec = [&](const std::string& name, const float** dst, int64_t n, bool required) -> Status {
+    LUMEN_ASSIGN_OR_RETURN(Matrix m, lookup(name));
+    if (!m.valid()) return required ? Errorf("tensor '{}' is missing", name) : Status::Ok();
+    if (m.w.numel() != n || m.mlx_bits)
+      return Errorf("tensor '{}': {} elements, expected {}", name, m.w.numel(), n);
+    small.push_back({dst, m, n});
+    return Status::Ok();
+  };
+
+  const int64_t D = c.dim, F = c.ffn_dim, V = c.vocab_size, Q = c.q_dim(), KV = c.kv_dim();
+  LUMEN_RETURN_IF_ERROR(matrix("token_embd.weight", w.tok_embd, V, D, true));
+  LUMEN_RETURN_IF_ERROR(vec("output_norm.weight", &w.output_norm, D, true));
+  LUMEN_RETURN_IF_ERROR(matrix("output.weight", w.output, V, D, !c.tied_embeddings));
+  if (!w.output.valid()) w.output = w.tok_embd;
+  w.layers.resize(c.n_layers);
+  for (int l = 0; l < c.n_layers; ++l) {
+    LayerWeights& L = w.layers[l];
+    const std::string p = "blk." + std::to_string(l) + ".";
+    LUMEN_RETURN_IF_ERROR(vec(p + "attn_norm.weight", &L.attn_norm, D, true));
+    if (c.fused_qkv) {
+      LUMEN_RETURN_IF_ERROR(matrix(p + "attn_qkv.weight", L.wqkv, Q + 2 * KV, D, true));
+    } else {
+      LUMEN_RETURN_IF_ERROR(matrix(p + "attn_q.weight", L.wq, Q, D, true));
+      LUMEN_RETURN_IF_ERROR(matrix(p + "attn_k.weight", L.wk, KV, D, true));
+      LUMEN_RETURN_IF_ERROR(matrix(p + "attn_v.weight", L.wv, KV, D, true));
+      LUMEN_RETURN_IF_ERROR(vec(p + "attn_q.bias", &L.bq, Q, false));
+      LUMEN_RETURN_IF_ERROR(vec(p + "attn_k.bias", &L.bk, KV, false));
+      LUMEN_RETURN_IF_ERROR(vec(p + "attn_v.bias", &L.bv, KV, false));
+    }
+    if (c.qk_norm) {
+      LUMEN_RETURN_IF_ERROR(vec(p + "attn_q_norm.weight", &L.q_norm, c.head_dim, true));
+      LUMEN_RETURN_IF_ERROR(vec(p + "attn_k_norm.weight", &L.k_norm, c.head_dim, true));
+    }
+    LUMEN_RETURN_IF_ERROR(matrix(p + "attn_output.weight", L.wo, D, Q, true));
+    LUMEN_RETURN_IF_ERROR(vec(p + "ffn_norm.weight", &L.ffn_norm, D, true));
+    if (c.post_norms) {
+      LUMEN_RETURN_IF_ERROR(vec(p + "post_attention_norm.weight", &L.post_attn_norm, D, true));
+      LUMEN_RETURN_IF_ERROR(vec(p + "post_ffw_norm.weight", &L.post_ffn_norm, D, true));
+    }
+    if (c.fused_gate_up) {
+      LUMEN_RETURN_IF_ERROR(matrix(p + "ffn_up.weight", L.w_up, 2 * F, D, true));
+    } else {
+      LUMEN_RETURN_IF_ERROR(matrix(p + "ffn_gate.weight", L.w_gate, F, D, true));
+      LUMEN_RETURN_IF_ERROR(matrix(p + "ffn_up.weight", L.w_up, F, D, true));
+    }
+    LUMEN_RETURN_IF_ERROR(matrix(p + "ffn_down.weight", L.w_down, D, F, true));
+  }
+
+  // Small vectors: use f32 in place when contiguous, else convert once.
+  int64_t total = 0;
+  for (const auto& s : small)
+    if (s.m.w.dtype != DType::kF32) total += s.n;
+  w.small_f32 = AlignedBuffer(size_t(total) * sizeof(float));
+  float* out = w.small_f32.as<float>();
+  for (const auto& s : small) {
+    if (s.m.w.dtype == DType::kF32) {
+      *s.dst = static_cast<const float*>(s.m.w.data);
+    } else {
+      formats::DequantizeRow(s.m.w.dtype, s.m.w.data, out, s.n);
+      *s.dst = out;
+      out += s.n;
+    }
+  }
+  return w;
+}
+
+std::string HfName(Family f, const std::string& canonical) {
+  static const std::pair<const char*, const char*> kGlobal[] = {
+      {"token_embd.weight", "model.embed_tokens.weight"},
+      {"output_norm.weight", "model.norm.weight"},
+      {"output.weight", "lm_head.weight"},
+  };
+  for (const auto& [g, h] : kGlobal)
+    if (canonical == g) return h;
+  const bool gemma = f == Family::kGemma2 || f == Family::kGemma3;
+  // blk.N.<name>.<weight|bias>
+  static const std::regex kBlk(R"(blk\.(\d+)\.([a-z_]+)\.(weight|bias))");
+  std::smatch m;
+  if (!std::regex_match(canonical, m, kBlk)) return canonical;
+  const std::string layer = m[1], part = m[2], kind = m[3];
+  std::string hf;
+  if (part == "attn_norm") hf = "input_layernorm";
+  else if (part == "attn_q") hf = "self_attn.q_proj";
+  else if (part == "attn_k") hf = "self_attn.k_proj";
+  else if (part == "attn_v") hf = "self_attn.v_proj";
+  else if (part == "attn_qkv") hf = "self_attn.qkv_proj";
+  else if (part == "attn_output") hf = "self_attn.o_proj";
+  else if (part == "attn_q_norm") hf = "self_attn.q_norm";
+  else if (part == "attn_k_norm") hf = "self_attn.k_norm";
+  else if (part == "post_attention_norm") hf = "post_attention_layernorm";
+  else if (part == "ffn_norm") hf = gemma ? "pre_feedforward_layernorm" : "post_attention_layernorm";
+  else if (part == "post_ffw_norm") hf = "post_feedforward_layernorm";
+  else if (part == "ffn_gate") hf = "mlp.gate_proj";
+  else if (part == "ffn_up") hf = f == Family::kPhi3 ? "mlp.gate_up_proj" : "mlp.up_proj";
+  else if (part == "ffn_down") hf = "mlp.down_proj";
+  else return canonical;
+  return "model.layers." + layer + "." + hf + "." + kind;
+}
+
+}  // namespace lumen::model

@@ -1,0 +1,58 @@
+// Weights: every tensor the forward reads, bound by canonical (GGUF-style)
+// name from whichever file holds them. Views point into the model file's
+// mapping; only small 1-D tensors (norms, biases) stored in f16/bf16 are
+// converted to f32 at load, into `small_f32`. Absent optional tensors
+// (biases, q/k norms, post norms) have null data.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "lumen/core/buffer.h"
+#include "lumen/core/status.h"
+#include "lumen/kernels/matrix.h"
+#include "lumen/model/config.h"
+
+namespace lumen::model {
+
+using kernels::Matrix;
+
+struct LayerWeights {
+  const float* attn_norm = nullptr;       // [D]
+  Matrix wq, wk, wv;                      // [H*Dh, D], [Hkv*Dh, D], [Hkv*Dh, D]
+  Matrix wqkv;                            // Phi3 fused [(H + 2 Hkv) Dh, D]
+  const float* bq = nullptr;              // [H*Dh]   (Qwen2)
+  const float* bk = nullptr;              // [Hkv*Dh]
+  const float* bv = nullptr;              // [Hkv*Dh]
+  const float* q_norm = nullptr;          // [Dh]     (Qwen3, Gemma3)
+  const float* k_norm = nullptr;          // [Dh]
+  Matrix wo;                              // [D, H*Dh]
+  const float* post_attn_norm = nullptr;  // [D]      (Gemma2/3)
+  const float* ffn_norm = nullptr;        // [D]
+  Matrix w_gate, w_up;                    // [F, D] (Phi3: w_up is [2F, D], gate first)
+  Matrix w_down;                          // [D, F]
+  const float* post_ffn_norm = nullptr;   // [D]      (Gemma2/3)
+};
+
+struct Weights {
+  Matrix tok_embd;                     // [V, D]
+  const float* output_norm = nullptr;  // [D]
+  Matrix output;                       // [V, D] (tok_embd when tied)
+  std::vector<LayerWeights> layers;    // [L]
+  AlignedBuffer small_f32;             // owns converted norms/biases
+};
+
+// A source of named tensors: returns the matrix for a canonical name or an
+// invalid Matrix when absent. Implemented over GGUF, HF (name-mapped, MLX
+// aware) and llama2.c files by the loader.
+using TensorLookup = std::function<Result<Matrix>(const std::string& canonical_name)>;
+
+// Binds and shape-checks every tensor the config needs. Errors name the tensor.
+Result<Weights> BindWeights(const ModelConfig& c, const TensorLookup& lookup);
+
+// Canonical name -> Hugging Face name for a family ("blk.3.attn_q.weight" ->
+// "model.layers.3.self_attn.q_proj.weight"); used by the HF loader and converter.
+std::string HfName(Family f, const std::string& canonical);
+
+}  // namespace lumen::model

@@ -1,0 +1,142 @@
+// Tokenizer tests against third-party references: llama.cpp / HF / transformers.js
+// test vectors (fixtures/tokenizers/test-vectors) and corpus goldens made by
+// tools/reference/js/tokenize_corpus.mjs and tools/reference/spm_goldens.py.
+#include "lumen/tokenize/tokenizer.h"
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "lumen/core/buffer.h"
+#include "lumen/formats/gguf.h"
+#include "lumen/tokenize/unicode.h"
+
+namespace lumen::tokenize {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+std::string Fixtures() {
+  if (const char* e = std::getenv("LUMEN_FIXTURES")) return e;
+  return std::string(LUMEN_SOURCE_DIR) + "/../shared/fixtures";
+}
+
+const json& Vectors() {
+  static const json j = [] {
+    auto r = ReadFile(Fixtures() + "/tokenizers/test-vectors/test-vectors.json");
+    return r.ok() ? json::parse(*r) : json();
+  }();
+  return j;
+}
+
+// Loads each tokenizer once per process.
+const Tokenizer* Load(const std::string& name) {
+  static std::map<std::string, std::unique_ptr<Tokenizer>> cache;
+  auto it = cache.find(name);
+  if (it != cache.end()) return it->second.get();
+  std::unique_ptr<Tokenizer> tok;
+  std::string fx = Fixtures();
+  if (name == "qwen3" || name == "llama3_1" || name == "gemma3") {
+    if (fs::exists(fx + "/tokenizers/" + name)) {
+      auto r = Tokenizer::FromHf(fx + "/tokenizers/" + name);
+      EXPECT_TRUE(r.ok()) << r.status().message();
+      if (r.ok()) tok = std::make_unique<Tokenizer>(std::move(*r));
+    }
+  } else if (name == "llama2") {
+    std::string p = fx + "/llama-2-tiny-random-gguf/llama-2-tiny-random.gguf";
+    if (fs::exists(p)) {
+      auto g = formats::GgufFile::Open(p);
+      EXPECT_TRUE(g.ok()) << g.status().message();
+      if (g.ok()) {
+        auto r = Tokenizer::FromGguf(*g);
+        EXPECT_TRUE(r.ok()) << r.status().message();
+        if (r.ok()) tok = std::make_unique<Tokenizer>(std::move(*r));
+      }
+    }
+  } else if (name == "tok512") {
+    std::string p = fx + "/stories260K/tok512.bin";
+    if (fs::exists(p)) {
+      auto r = Tokenizer::FromLlama2c(p, 512);
+      EXPECT_TRUE(r.ok()) << r.status().message();
+      if (r.ok()) tok = std::make_unique<Tokenizer>(std::move(*r));
+    }
+  }
+  return (cache[name] = std::move(tok)).get();
+}
+
+std::string Show(const std::vector<int32_t>& v) {
+  std::string s;
+  for (int32_t x : v) s += " " + std::to_string(x);
+  return s;
+}
+
+struct VectorCase {
+  const char* tok;
+  const char* key;
+};
+
+class TestVectors : public ::testing::TestWithParam<VectorCase> {};
+
+TEST_P(TestVectors, MatchesReferenceIds) {
+  const json& v = Vectors();
+  if (v.is_null()) GTEST_SKIP() << "fixtures missing: " << Fixtures();
+  const Tokenizer* tok = Load(GetParam().tok);
+  if (!tok) GTEST_SKIP() << "fixture missing for " << GetParam().tok;
+  const json& inputs = v["inputs"];
+  const json& expected = v["expected_ids"][GetParam().key];
+  ASSERT_EQ(inputs.size(), expected.size());
+  int bad = 0;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    std::string text = inputs[i].get<std::string>();
+    auto want = expected[i].get<std::vector<int32_t>>();
+    auto got = tok->Encode(text, /*add_special=*/false);
+    EXPECT_EQ(Show(got), Show(want)) << "case " << i << ": '" << text << "'";
+    bad += got != want;
+  }
+  EXPECT_EQ(bad, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, TestVectors,
+                         ::testing::Values(VectorCase{"qwen3", "qwen3"},
+                                           VectorCase{"llama3_1", "llama3_1"},
+                                           VectorCase{"gemma3", "gemma3"},
+                                           VectorCase{"llama2", "llama2-spm"},
+                                           VectorCase{"tok512", "tok512-runc"}),
+                         [](const auto& info) { return std::string(info.param.tok); });
+
+TEST(Tokenizer, AddSpecialFollowsPostProcessor) {
+  for (auto [name, bos] :
+       {std::pair<const char*, int>{"llama3_1", 128000}, {"gemma3", 2}, {"qwen3", -1}}) {
+    const Tokenizer* tok = Load(name);
+    if (!tok) GTEST_SKIP() << "fixture missing";
+    auto ids = tok->Encode("Hello", true);
+    auto plain = tok->Encode("Hello", false);
+    if (bos >= 0) {
+      ASSERT_EQ(ids.size(), plain.size() + 1) << name;
+      EXPECT_EQ(ids[0], bos) << name;
+    } else {
+      EXPECT_EQ(ids, plain) << name;
+    }
+  }
+}
+
+TEST(Tokenizer, SpecialTokensParsedOnlyWhenAsked) {
+  const Tokenizer* tok = Load("qwen3");
+  if (!tok) GTEST_SKIP() << "fixture missing";
+  auto ids = tok->Encode("<|im_start|>user", false, true);
+  ASSERT_FALSE(ids.empty());
+  EXPECT_EQ(ids[0], 151644);
+  auto plain = tok->Encode("<|im_start|>user", false, false);
+  EXPECT_NE(plain[0], 151644);
+  EXPECT_GT(plain.size(), ids.size());
+  EXPECT_TRUE(tok->IsEog(151645));  // <|im_end|>
+  EXPECT_EQ(tok->Decode(plain), "<|im_start|>user");
+}
+
+}  // namespace
+}  // namespace lumen::tokenize

@@ -38,8 +38,10 @@ constexpr GgmlType kGgmlTypes[] = {
     {26, DType::kI32},  {27, DType::kI64},  {28, DType::kF64},  {30, DType::kBF16},
 };
 
+}  // namespace
+
 // Strict UTF-8: no overlong forms, no surrogates, nothing above U+10FFFF.
-bool ValidUtf8(std::string_view s) {
+bool detail::ValidUtf8(std::string_view s) {
   size_t i = 0;
   const size_t n = s.size();
   while (i < n) {
@@ -75,6 +77,8 @@ bool ValidUtf8(std::string_view s) {
   }
   return true;
 }
+
+namespace {
 
 // Printable form of an untrusted name for error messages.
 std::string Escape(std::string_view s) {
@@ -384,7 +388,7 @@ Status GgufFile::Parse(const uint8_t* bytes, size_t size) {
     std::string key;
     LUMEN_RETURN_IF_ERROR(c.ReadString(&key, fmt::format("key #{}", i), at, "key"));
     const std::string what = fmt::format("key '{}'", Escape(key));
-    if (!ValidUtf8(key)) return c.Fail(what, at, "key is not valid UTF-8");
+    if (!detail::ValidUtf8(key)) return c.Fail(what, at, "key is not valid UTF-8");
     if (kv_index_.count(key)) return c.Fail(what, at, "duplicate key");
     uint32_t type = 0;
     LUMEN_RETURN_IF_ERROR(c.Read(&type, what, at, "value type"));
@@ -420,7 +424,7 @@ Status GgufFile::Parse(const uint8_t* bytes, size_t size) {
     GgufTensorInfo t;
     LUMEN_RETURN_IF_ERROR(c.ReadString(&t.name, fmt::format("tensor #{}", i), at, "name"));
     const std::string what = fmt::format("tensor '{}'", Escape(t.name));
-    if (!ValidUtf8(t.name)) return c.Fail(what, at, "name is not valid UTF-8");
+    if (!detail::ValidUtf8(t.name)) return c.Fail(what, at, "name is not valid UTF-8");
     if (tensor_index_.count(t.name)) return c.Fail(what, at, "duplicate tensor name");
     uint32_t n_dims = 0;
     LUMEN_RETURN_IF_ERROR(c.Read(&n_dims, what, at, "n_dims"));

@@ -15,6 +15,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <variant>
 #include <vector>
 
@@ -139,5 +140,10 @@ class GgufWriter {
 // GGML type id <-> DType (e.g. 0 = F32, 1 = F16, 2 = Q4_0, 12 = Q4_K, 30 = BF16).
 std::optional<DType> DTypeFromGgml(uint32_t ggml_type);
 std::optional<uint32_t> GgmlFromDType(DType t);
+
+namespace detail {
+// Strict UTF-8 check (no overlong forms, surrogates or code points > U+10FFFF).
+bool ValidUtf8(std::string_view s);
+}  // namespace detail
 
 }  // namespace lumen::formats

@@ -235,7 +235,7 @@ TEST(SamplerFlags, ErrorsNameTheFlag) {
   EXPECT_EQ(FlagError("--mirostat", "1"),
             "--mirostat: mirostat v1 is not supported; use 0 (off) or 2");
   EXPECT_EQ(FlagError("--frobnicate", "1"), "--frobnicate: unknown sampler flag");
-  EXPECT_EQ(FlagError("--curve", "/nonexistent/c.json").substr(0, 30),
+  EXPECT_EQ(FlagError("--curve", "/nonexistent/c.json").substr(0, 29),
             "--curve: /nonexistent/c.json:");
 }
 

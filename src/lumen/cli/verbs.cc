@@ -10,10 +10,12 @@ int ExitCode() { return g_exit_code; }
 
 void RegisterInspect(CLI::App& app);
 void RegisterGenerate(CLI::App& app);
+void RegisterConvert(CLI::App& app);
 
 void RegisterVerbs(CLI::App& app) {
   RegisterInspect(app);
   RegisterGenerate(app);
+  RegisterConvert(app);
 }
 
 }  // namespace lumen::cli

@@ -3,12 +3,18 @@
 #include <filesystem>
 #include <map>
 
+#include "lumen/core/log.h"
 #include "lumen/formats/gguf.h"
+#include "lumen/formats/hf_dir.h"
+#include "lumen/formats/llama2c.h"
+#include "lumen/formats/mlx.h"
 
 namespace lumen::engine {
 
 struct Model::Sources {
   std::optional<formats::GgufFile> gguf;
+  std::optional<formats::HfModelDir> hf;
+  std::optional<formats::Llama2cModel> l2c;
   std::map<std::string, size_t> index;  // canonical name -> tensors_ index
 };
 
@@ -63,6 +69,86 @@ Status Model::InitGguf(const LoadOptions& opts) {
   return Finish(opts);
 }
 
+Status Model::InitHf(const LoadOptions& opts) {
+  const formats::HfModelDir& hf = *sources_->hf;
+  LUMEN_ASSIGN_OR_RETURN(config_, model::ConfigFromHf(hf.config()));
+  LUMEN_ASSIGN_OR_RETURN(auto mlx, formats::ParseMlxQuantization(hf.config(), "config.json"));
+  format_ = mlx ? "mlx" : "hf";
+  for (const std::string& canonical : model::CanonicalTensorNames(config_)) {
+    const std::string name = model::HfName(config_.family, canonical);
+    const formats::HfTensor* t = hf.Find(name);
+    if (!t) continue;
+    StoredTensor st;
+    st.name = canonical;
+    st.source_name = name;
+    st.shape = t->shape;
+    const std::string module = name.substr(0, name.rfind('.'));
+    if (mlx && hf.Find(module + ".scales") && name.ends_with(".weight")) {
+      auto params = mlx->For(module);
+      if (!params) return Errorf("tensor '{}': has scales but quantization says none", name);
+      LUMEN_ASSIGN_OR_RETURN(formats::MlxLinear lin, formats::MlxLinear::Bind(hf, module, *params));
+      st.matrix.w = lin.weight;
+      st.matrix.scales = lin.scales;
+      st.matrix.biases = lin.biases;
+      st.matrix.mlx_bits = lin.bits;
+      st.matrix.mlx_group = lin.group_size;
+      st.matrix.n = lin.out_features;
+      st.matrix.k = lin.in_features;
+      st.shape = {lin.out_features, lin.in_features};
+    } else {
+      TensorView v = t->view;
+      if (v.ndim == 1) v = v.Reshape({1, v.dim(0)});
+      if (v.ndim != 2) return Errorf("tensor '{}': rank {} is not supported", name, t->view.ndim);
+      st.matrix = kernels::Matrix::Plain(v);
+    }
+    sources_->index[st.name] = tensors_.size();
+    tensors_.push_back(std::move(st));
+  }
+  if (hf.generation_config()) generation_config_ = *hf.generation_config();
+  if (!hf.tokenizer_json_path())
+    return Error("no tokenizer.json in the model directory");
+  LUMEN_ASSIGN_OR_RETURN(tokenize::Tokenizer tok, tokenize::Tokenizer::FromHf(hf.dir()));
+  tokenizer_.emplace(std::move(tok));
+  return Finish(opts);
+}
+
+Status Model::InitLlama2c(const LoadOptions& opts) {
+  format_ = "llama2c";
+  const formats::Llama2cModel& l = *sources_->l2c;
+  const formats::Llama2cConfig& lc = l.config();
+  // run.c's fixed hyperparameters: RMSNorm eps 1e-5, RoPE theta 1e4 on adjacent
+  // pairs, SiLU gated FFN (fixture README).
+  config_.family = model::Family::kLlama;
+  config_.n_layers = int(lc.n_layers);
+  config_.dim = int(lc.dim);
+  config_.n_heads = int(lc.n_heads);
+  config_.n_kv_heads = int(lc.n_kv_heads);
+  config_.ffn_dim = int(lc.hidden_dim);
+  config_.vocab_size = int(lc.vocab_size);
+  config_.max_ctx = lc.seq_len;
+  config_.norm_eps = 1e-5f;
+  config_.rope_theta = 10000.0;
+  config_.rope_style = kernels::RopeStyle::kInterleaved;
+  config_.tied_embeddings = lc.shared_classifier;
+  LUMEN_RETURN_IF_ERROR(config_.Finalize());
+  for (const auto& t : l.tensors()) {
+    StoredTensor st;
+    st.name = st.source_name = t.name;
+    st.shape.assign(t.view.shape.begin(), t.view.shape.begin() + t.view.ndim);
+    TensorView v = t.view;
+    if (v.ndim == 1) v = v.Reshape({1, v.dim(0)});
+    st.matrix = kernels::Matrix::Plain(v);
+    sources_->index[st.name] = tensors_.size();
+    tensors_.push_back(std::move(st));
+  }
+  if (opts.tokenizer_path.empty())
+    return Error("llama2.c models need their tokenizer: pass --tokenizer tokenizer.bin");
+  LUMEN_ASSIGN_OR_RETURN(tokenize::Tokenizer tok,
+                         tokenize::Tokenizer::FromLlama2c(opts.tokenizer_path, config_.vocab_size));
+  tokenizer_.emplace(std::move(tok));
+  return Finish(opts);
+}
+
 Result<std::unique_ptr<Model>> Model::LoadGgufBytes(const uint8_t* data, size_t size,
                                                     const std::string& name,
                                                     const LoadOptions& opts) {
@@ -81,7 +167,16 @@ Result<std::unique_ptr<Model>> Model::Load(const std::string& path, const LoadOp
   std::unique_ptr<Model> m(new Model());
   m->name_ = fs::path(path).filename().string();
   if (fs::is_directory(path, ec)) {
-    return Errorf("{}: Hugging Face directories are not supported yet", path);
+    LUMEN_ASSIGN_OR_RETURN(formats::HfModelDir hf, formats::HfModelDir::Open(path));
+    m->sources_->hf.emplace(std::move(hf));
+    LUMEN_RETURN_IF_ERROR(m->InitHf(opts).WithContext(path));
+    return m;
+  }
+  if (path.ends_with(".bin")) {
+    LUMEN_ASSIGN_OR_RETURN(formats::Llama2cModel l, formats::Llama2cModel::Open(path));
+    m->sources_->l2c.emplace(std::move(l));
+    LUMEN_RETURN_IF_ERROR(m->InitLlama2c(opts).WithContext(path));
+    return m;
   }
   LUMEN_ASSIGN_OR_RETURN(formats::GgufFile g, formats::GgufFile::Open(path));
   m->sources_->gguf.emplace(std::move(g));

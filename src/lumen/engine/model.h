@@ -59,6 +59,8 @@ class Model {
  private:
   Model();
   Status InitGguf(const LoadOptions& opts);
+  Status InitHf(const LoadOptions& opts);
+  Status InitLlama2c(const LoadOptions& opts);
   Status Finish(const LoadOptions& opts);
 
   std::unique_ptr<Sources> sources_;

@@ -133,3 +133,38 @@ std::string HfName(Family f, const std::string& canonical) {
 }
 
 }  // namespace lumen::model
+
+namespace lumen::model {
+
+std::vector<std::string> CanonicalTensorNames(const ModelConfig& c) {
+  std::vector<std::string> names = {"token_embd.weight"};
+  static const char* kLayer[] = {
+      "attn_norm.weight",  "attn_q.weight",      "attn_q.bias",         "attn_k.weight",
+      "attn_k.bias",       "attn_v.weight",      "attn_v.bias",         "attn_qkv.weight",
+      "attn_q_norm.weight", "attn_k_norm.weight", "attn_output.weight",
+      "post_attention_norm.weight", "ffn_norm.weight", "ffn_gate.weight", "ffn_up.weight",
+      "ffn_down.weight",   "post_ffw_norm.weight"};
+  for (int l = 0; l < c.n_layers; ++l)
+    for (const char* n : kLayer) names.push_back("blk." + std::to_string(l) + "." + n);
+  names.push_back("output_norm.weight");
+  names.push_back("output.weight");
+  return names;
+}
+
+std::vector<int64_t> RopeRowPermutation(int n_heads, int head_dim, bool to_interleaved) {
+  const int half = head_dim / 2;
+  std::vector<int64_t> src(int64_t(n_heads) * head_dim);
+  for (int h = 0; h < n_heads; ++h)
+    for (int i = 0; i < half; ++i)
+      for (int j = 0; j < 2; ++j) {
+        const int64_t inter = int64_t(h) * head_dim + 2 * i + j;
+        const int64_t halfr = int64_t(h) * head_dim + j * half + i;
+        if (to_interleaved)
+          src[inter] = halfr;
+        else
+          src[halfr] = inter;
+      }
+  return src;
+}
+
+}  // namespace lumen::model

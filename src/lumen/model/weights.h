@@ -56,3 +56,17 @@ Result<Weights> BindWeights(const ModelConfig& c, const TensorLookup& lookup);
 std::string HfName(Family f, const std::string& canonical);
 
 }  // namespace lumen::model
+
+namespace lumen::model {
+
+// Every canonical tensor name a config can use (required and optional), in
+// file order: token_embd, per layer blk.N.*, output_norm, output.
+std::vector<std::string> CanonicalTensorNames(const ModelConfig& c);
+
+// Row order of q/k projections. GGUF llama/mistral/minicpm store them for
+// adjacent-pair RoPE; HF for rotate_half. Permuting rows converts: row
+// h*Dh + 2i + j (interleaved) <-> h*Dh + j*Dh/2 + i (half).
+// Returns the source row for each destination row.
+std::vector<int64_t> RopeRowPermutation(int n_heads, int head_dim, bool to_interleaved);
+
+}  // namespace lumen::model

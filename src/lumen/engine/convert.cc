@@ -1,0 +1,76 @@
+#include "lumen/engine/convert.h"
+
+#include "lumen/kernels/matrix.h"
+
+namespace lumen::engine {
+namespace {
+
+bool IsNorm(const std::string& name) {
+  return name.find("norm.weight") != std::string::npos;
+}
+
+}  // namespace
+
+std::vector<TensorPlan> PlansFor(const Model& m, OutputFormat format, model::ModelConfig& target) {
+  const model::ModelConfig& src = m.config();
+  target = src;
+  using model::Family;
+  const bool pairs_family = src.family == Family::kLlama || src.family == Family::kMistral ||
+                            src.family == Family::kMiniCpm;
+  target.rope_style = format == OutputFormat::kGguf && pairs_family ? kernels::RopeStyle::kInterleaved
+                                                                    : kernels::RopeStyle::kHalf;
+  const bool gemma = src.family == Family::kGemma2 || src.family == Family::kGemma3;
+  target.norm_offset = format == OutputFormat::kHf && gemma ? 1.0f : 0.0f;
+  const float norm_add = src.norm_offset - target.norm_offset;
+  const bool permute = src.rope_style != target.rope_style;
+  const bool to_pairs = target.rope_style == kernels::RopeStyle::kInterleaved;
+
+  std::vector<TensorPlan> plans;
+  for (const StoredTensor& t : m.tensors()) {
+    if (format == OutputFormat::kGguf && t.name == "output.weight" && src.tied_embeddings) continue;
+    TensorPlan p;
+    p.name = t.name;
+    p.shape = t.shape;
+    p.source_dtype = t.matrix.mlx_bits ? DType::kF16 : t.matrix.w.dtype;
+    const kernels::Matrix mat = t.matrix;
+    std::vector<int64_t> perm;
+    int heads = 0;
+    if (permute && (t.name.ends_with("attn_q.weight") || t.name.ends_with("attn_q.bias")))
+      heads = src.n_heads;
+    if (permute && (t.name.ends_with("attn_k.weight") || t.name.ends_with("attn_k.bias")))
+      heads = src.n_kv_heads;
+    if (heads) perm = model::RopeRowPermutation(heads, src.head_dim, to_pairs);
+    const bool is_bias = t.name.ends_with(".bias");
+    const float add = IsNorm(t.name) ? norm_add : 0.0f;
+    p.row = [mat, perm, is_bias, add](int64_t r, float* out) {
+      if (!perm.empty() && is_bias) {  // a bias is one row; permute its elements
+        std::vector<float> tmp(mat.k);
+        kernels::DequantizeMatrixRow(mat, r, tmp.data());
+        for (size_t i = 0; i < perm.size(); ++i) out[i] = tmp[perm[i]];
+        return;
+      }
+      kernels::DequantizeMatrixRow(mat, perm.empty() ? r : perm[r], out);
+      if (add != 0.0f)
+        for (int64_t i = 0; i < mat.k; ++i) out[i] += add;
+    };
+    plans.push_back(std::move(p));
+  }
+  return plans;
+}
+
+Status ConvertModel(const Model& m, OutputFormat format, const std::string& out,
+                    std::optional<DType> dtype) {
+  const model::ModelConfig& c = m.config();
+  if (c.rope_dim != c.head_dim &&
+      (c.family == model::Family::kLlama || c.family == model::Family::kMistral))
+    return Error("convert: partial rotary llama models are not supported");
+  model::ModelConfig target;
+  std::vector<TensorPlan> plans = PlansFor(m, format, target);
+  WriteOptions opts;
+  opts.dtype = dtype;
+  opts.chat_template = m.chat_template();
+  if (format == OutputFormat::kGguf) return WriteGgufModel(target, m.tokenizer(), plans, opts, out);
+  return WriteHfModel(target, m.tokenizer(), plans, opts, out);
+}
+
+}  // namespace lumen::engine

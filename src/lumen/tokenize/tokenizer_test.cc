@@ -109,6 +109,70 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, TestVectors,
                                            VectorCase{"tok512", "tok512-runc"}),
                          [](const auto& info) { return std::string(info.param.tok); });
 
+std::vector<std::string> CorpusCases() {
+  auto r = ReadFile(std::string(LUMEN_SOURCE_DIR) + "/tests/goldens/tokenizers/corpus.txt");
+  std::vector<std::string> out;
+  if (!r.ok()) return out;
+  const std::string sep = "\n__lumen_case__\n";
+  size_t start = 0;
+  for (size_t i; (i = r->find(sep, start)) != std::string::npos; start = i + sep.size()) {
+    out.push_back(r->substr(start, i - start));
+  }
+  if (start < r->size()) out.push_back(r->substr(start));
+  return out;
+}
+
+std::vector<json> Golden(const std::string& name) {
+  auto r = ReadFile(std::string(LUMEN_SOURCE_DIR) + "/tests/goldens/tokenizers/" + name + ".jsonl");
+  std::vector<json> out;
+  if (!r.ok()) return out;
+  size_t start = 0;
+  for (size_t i; (i = r->find('\n', start)) != std::string::npos; start = i + 1) {
+    out.push_back(json::parse(r->substr(start, i - start)));
+  }
+  return out;
+}
+
+class CorpusGoldens : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(CorpusGoldens, EncodeAndDecodeMatchReference) {
+  const Tokenizer* tok = Load(GetParam());
+  if (!tok) GTEST_SKIP() << "fixture missing for " << GetParam();
+  std::vector<std::string> cases = CorpusCases();
+  std::vector<json> gold = Golden(GetParam());
+  ASSERT_GT(cases.size(), 50u);
+  ASSERT_EQ(gold.size(), cases.size() + 1);  // header line first
+  ASSERT_TRUE(gold[0].contains("generated_by"));
+  int bad = 0;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const json& g = gold[i + 1];
+    EXPECT_EQ(SanitizeUtf8(cases[i]), g["text"].get<std::string>()) << "case " << i;
+    auto want = g["ids"].get<std::vector<int32_t>>();
+    // SentencePiece treats "<s>" in text as text; llama.cpp does too when
+    // parse_special is off.
+    bool parse_special = std::string(GetParam()) != "llama2";
+    auto got = tok->Encode(cases[i], /*add_special=*/false, parse_special);
+    EXPECT_EQ(Show(got), Show(want)) << "case " << i << ": " << g["text"].dump();
+    std::string dec = tok->Decode(want);
+    EXPECT_EQ(dec, g["decoded"].get<std::string>()) << "case " << i;
+    bad += got != want || dec != g["decoded"].get<std::string>();
+    // Streaming decode equals whole decode.
+    StreamingDetokenizer sd(*tok);
+    std::string streamed;
+    for (int32_t id : want) {
+      std::string part = sd.Push(id);
+      EXPECT_TRUE(IsValidUtf8(part)) << "case " << i;
+      streamed += part;
+    }
+    streamed += sd.Flush();
+    EXPECT_EQ(streamed, dec) << "streaming, case " << i;
+  }
+  EXPECT_EQ(bad, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Goldens, CorpusGoldens,
+                         ::testing::Values("qwen3", "llama3_1", "gemma3", "llama2", "tok512"));
+
 TEST(Tokenizer, AddSpecialFollowsPostProcessor) {
   for (auto [name, bos] :
        {std::pair<const char*, int>{"llama3_1", 128000}, {"gemma3", 2}, {"qwen3", -1}}) {

@@ -173,6 +173,60 @@ TEST_P(CorpusGoldens, EncodeAndDecodeMatchReference) {
 INSTANTIATE_TEST_SUITE_P(Goldens, CorpusGoldens,
                          ::testing::Values("qwen3", "llama3_1", "gemma3", "llama2", "tok512"));
 
+TEST(Synthetic, RoundTripsAndIsDeterministic) {
+  for (SyntheticKind kind : {SyntheticKind::kByteBpe, SyntheticKind::kSpm}) {
+    auto a = MakeSyntheticTokenizer(kind, 512, 1);
+    ASSERT_TRUE(a.ok()) << a.status().message();
+    auto b = MakeSyntheticTokenizer(kind, 512, 1);
+    ASSERT_TRUE(b.ok());
+    EXPECT_LE(a->vocab_size(), 512);
+    EXPECT_GT(a->vocab_size(), 300);
+    EXPECT_FALSE(a->chat_template().empty());
+    const std::string text =
+        "<|im_start|>user\nOnce upon a time, Lily played. 42 \xF0\x9F\x98\x80<|im_end|>";
+    auto ids = a->Encode(text, false);
+    EXPECT_EQ(ids, b->Encode(text, false));
+    EXPECT_LT(ids.size(), text.size() / 2);  // merges were learned
+    auto im_end = a->TokenId("<|im_end|>");
+    ASSERT_TRUE(im_end);
+    EXPECT_EQ(ids.back(), *im_end);
+    EXPECT_TRUE(a->IsEog(*im_end));
+    std::string dec = a->Decode(ids);
+    // llama.cpp SPM semantics: text after a special token gets the dummy-prefix space.
+    EXPECT_EQ(
+        dec, kind == SyntheticKind::kSpm
+                 ? "<|im_start|> user\nOnce upon a time, Lily played. 42 \xF0\x9F\x98\x80<|im_end|>"
+                 : text);
+  }
+}
+
+TEST(Export, GgufAndHfRoundTripsEncodeIdentically) {
+  const char* names[] = {"qwen3", "llama3_1", "llama2"};
+  std::vector<std::string> cases = CorpusCases();
+  for (const char* name : names) {
+    const Tokenizer* tok = Load(name);
+    if (!tok) continue;
+    std::string dir = ::testing::TempDir() + "/tok_export_" + name;
+    Status s = tok->ExportHf(dir);
+    ASSERT_TRUE(s.ok()) << s.message();
+    auto hf = Tokenizer::FromHf(dir);
+    ASSERT_TRUE(hf.ok()) << hf.status().message();
+    formats::GgufWriter w;
+    ASSERT_TRUE(tok->ExportGguf(w).ok()) << name;
+    std::string path = ::testing::TempDir() + "/tok_export_" + name + ".gguf";
+    ASSERT_TRUE(w.Write(path).ok());
+    auto g = formats::GgufFile::Open(path);
+    ASSERT_TRUE(g.ok()) << g.status().message();
+    auto gg = Tokenizer::FromGguf(*g);
+    ASSERT_TRUE(gg.ok()) << gg.status().message();
+    for (size_t i = 0; i < cases.size(); ++i) {
+      auto want = tok->Encode(cases[i], true);
+      EXPECT_EQ(Show(hf->Encode(cases[i], true)), Show(want)) << name << " hf case " << i;
+      EXPECT_EQ(Show(gg->Encode(cases[i], true)), Show(want)) << name << " gguf case " << i;
+    }
+  }
+}
+
 TEST(Tokenizer, AddSpecialFollowsPostProcessor) {
   for (auto [name, bos] :
        {std::pair<const char*, int>{"llama3_1", 128000}, {"gemma3", 2}, {"qwen3", -1}}) {

@@ -2,24 +2,41 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <limits>
+#include <numeric>
 #include <random>
 
 #include "lumen/core/check.h"
-#include "lumen/sample/hlg.h"
+#include "lumen/sample/fast_math.h"
 
 namespace lumen::sample {
 
 namespace {
 
+using fastmath::Exp4;
+using fastmath::ExpF;
+using fastmath::Load;
+using fastmath::Log4;
+using fastmath::Splat;
+using fastmath::Store;
+using fastmath::V4;
+using fastmath::V4i;
+
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 constexpr float kFloatMax = std::numeric_limits<float>::max();
+constexpr size_t kBlock = 256;  // Draw's block size (a multiple of 4)
 
 // Finite logit or -inf: NaN counts as -inf, +inf as the largest float.
 inline float Clean(float x) {
   if (!(x > kNegInf)) return kNegInf;
   return x > kFloatMax ? kFloatMax : x;
 }
+inline V4 Clean4(V4 x) {
+  x = x > Splat(kFloatMax) ? Splat(kFloatMax) : x;
+  return x > Splat(kNegInf) ? x : Splat(kNegInf);  // NaN compares false
+}
+inline float HMax(V4 v) { return std::max(std::max(v[0], v[1]), std::max(v[2], v[3])); }
 
 // "a ranks above b": higher value, then lower id.
 template <typename C>
@@ -27,9 +44,40 @@ bool Better(const C& a, const C& b) {
   return a.lp > b.lp || (a.lp == b.lp && a.id < b.id);
 }
 
+float MaxOf(const float* x, size_t n, bool clean) {
+  V4 m = Splat(kNegInf);
+  size_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    V4 v = Load(x + i);
+    if (clean) v = Clean4(v);
+    m = v > m ? v : m;
+  }
+  float r = HMax(m);
+  for (; i < n; ++i) r = std::max(r, clean ? Clean(x[i]) : x[i]);
+  return r;
+}
+
+// Sum of a float array: float lanes within each block of kBlock, blocks in double.
+// `blocks` receives each block's sum when non-null.
+double BlockSum(const float* e, size_t n, std::vector<double>* blocks) {
+  double total = 0;
+  if (blocks) blocks->clear();
+  for (size_t b = 0; b < n; b += kBlock) {
+    const size_t end = std::min(n, b + kBlock);
+    V4 acc = Splat(0.0f);
+    size_t i = b;
+    for (; i + 4 <= end; i += 4) acc += Load(e + i);
+    double s = (static_cast<double>(acc[0]) + acc[1]) + (static_cast<double>(acc[2]) + acc[3]);
+    for (; i < end; ++i) s += e[i];
+    if (blocks) blocks->push_back(s);
+    total += s;
+  }
+  return total;
+}
+
 // Median-pivot histogram: 16 bins per nat over [-64, 0], then one catch-all.
 // Mass below e^-64 relative to the top token cannot move a 50% boundary.
-constexpr double kBinsPerNat = 16.0;
+constexpr float kBinsPerNat = 16.0f;
 constexpr int kBins = 64 * 16 + 1;
 
 }  // namespace
@@ -40,7 +88,7 @@ Sampler::Sampler(SamplerConfig config) : config_(std::move(config)) {
   LUMEN_CHECK(st.ok());
   seed_ = config_.seed ? *config_.seed
                        : (uint64_t{std::random_device{}()} << 32) ^ std::random_device{}();
-  gain_ = config_.temperature > 0 ? 1.0 / config_.temperature : 0.0;
+  gain_ = config_.temperature > 0 ? static_cast<float>(1.0 / config_.temperature) : 0.0f;
   if (config_.curve.enabled) curve_ = Pchip(config_.curve);
   Reset();
 }
@@ -55,60 +103,103 @@ void Sampler::Reset() {
   mu_ = 2.0 * config_.mirostat_tau;
 }
 
-// --- candidate collection ----------------------------------------------------
+// --- candidates ----------------------------------------------------------------
 
+// Every token in id order, -inf ones included (they end with probability 0).
 void Sampler::CollectAll(std::span<const float> logits) {
-  float x_max = kNegInf;
-  for (float x : logits) x_max = std::max(x_max, Clean(x));
-  cands_.clear();
-  if (x_max == kNegInf) return;
-  for (size_t i = 0; i < logits.size(); ++i) {
-    const float x = Clean(logits[i]);
-    if (x == kNegInf) continue;
-    cands_.push_back({x - x_max, static_cast<int32_t>(i)});
+  const size_t n = logits.size();
+  const float x_max = MaxOf(logits.data(), n, /*clean=*/true);
+  if (x_max == kNegInf) {
+    id_.clear();
+    lp_.clear();
+    return;
   }
+  id_.resize(n);
+  std::iota(id_.begin(), id_.end(), 0);
+  lp_.resize(n);
+  const float* x = logits.data();
+  float* lp = lp_.data();
+  size_t i = 0;
+  for (; i + 4 <= n; i += 4) Store(lp + i, Clean4(Load(x + i)) - x_max);
+  for (; i < n; ++i) lp[i] = Clean(x[i]) - x_max;
 }
 
-// The k best (value desc, id asc) finite logits, sorted, as raw values in .lp.
-// One pass with a size-k heap whose worst element is the running threshold:
-// almost every logit fails the single compare.
+// The k best (value desc, id asc) finite logits, sorted, raw values in .lp.
+// One pass with a size-k heap whose worst element is the running threshold;
+// blocks of 16 with no logit above it are skipped with vector compares.
 void Sampler::CollectTopK(std::span<const float> logits, size_t k, std::vector<Cand>& out) {
   out.clear();
   if (k == 0) return;
   auto worse_first = [](const Cand& a, const Cand& b) { return Better(a, b); };
+  const size_t n = logits.size();
+  const float* x = logits.data();
   size_t i = 0;
-  for (; i < logits.size() && out.size() < k; ++i) {
-    const float x = Clean(logits[i]);
-    if (x == kNegInf) continue;
-    out.push_back({x, static_cast<int32_t>(i)});
+  for (; i < n && out.size() < k; ++i) {
+    const float v = Clean(x[i]);
+    if (v == kNegInf) continue;
+    out.push_back({v, static_cast<int32_t>(i)});
     std::push_heap(out.begin(), out.end(), worse_first);
   }
-  if (out.size() == k) {
-    float thresh = out.front().lp;
-    for (; i < logits.size(); ++i) {
-      const float x = logits[i];
-      if (!(x > thresh)) continue;  // also skips NaN; equal values keep the lower id
-      std::pop_heap(out.begin(), out.end(), worse_first);
-      out.back() = {std::min(x, kFloatMax), static_cast<int32_t>(i)};
-      std::push_heap(out.begin(), out.end(), worse_first);
-      thresh = out.front().lp;
-    }
+  if (out.size() < k) {
+    std::sort_heap(out.begin(), out.end(), worse_first);
+    return;
   }
+  float thresh = out.front().lp;
+  auto consider = [&](size_t j) {
+    const float v = x[j];
+    if (!(v > thresh)) return;  // also skips NaN; equal values keep the lower id
+    std::pop_heap(out.begin(), out.end(), worse_first);
+    out.back() = {std::min(v, kFloatMax), static_cast<int32_t>(j)};
+    std::push_heap(out.begin(), out.end(), worse_first);
+    thresh = out.front().lp;
+  };
+  for (; i < n && i % 4 != 0; ++i) consider(i);
+  for (; i + 16 <= n; i += 16) {
+    const V4 t = Splat(thresh);
+    const V4i hit =
+        (Load(x + i) > t) | (Load(x + i + 4) > t) | (Load(x + i + 8) > t) | (Load(x + i + 12) > t);
+    if ((hit[0] | hit[1] | hit[2] | hit[3]) == 0) continue;
+    for (size_t j = i; j < i + 16; ++j) consider(j);
+  }
+  for (; i < n; ++i) consider(i);
   std::sort_heap(out.begin(), out.end(), worse_first);
 }
 
-float Sampler::CandMax() const {
-  float m = kNegInf;
-  for (const Cand& c : cands_) m = std::max(m, c.lp);
-  return m;
+void Sampler::FromCands(const std::vector<Cand>& c) {
+  id_.resize(c.size());
+  lp_.resize(c.size());
+  for (size_t i = 0; i < c.size(); ++i) {
+    id_[i] = c[i].id;
+    lp_[i] = c[i].lp;
+  }
 }
+
+void Sampler::ToCands(std::vector<Cand>& c) const {
+  c.resize(id_.size());
+  for (size_t i = 0; i < id_.size(); ++i) c[i] = {lp_[i], id_[i]};
+}
+
+// Keeps the candidates whose keep_ flag is set, in order.
+void Sampler::Compact(size_t n) {
+  size_t w = 0;
+  for (size_t i = 0; i < n; ++i) {
+    if (!keep_[i]) continue;
+    id_[w] = id_[i];
+    lp_[w] = lp_[i];
+    ++w;
+  }
+  id_.resize(w);
+  lp_.resize(w);
+}
+
+float Sampler::CandMax() const { return MaxOf(lp_.data(), lp_.size(), false); }
 
 double Sampler::T1Probs() {
   const float m = CandMax();
-  p_.resize(cands_.size());
+  p_.resize(lp_.size());
   double z = 0;
-  for (size_t i = 0; i < cands_.size(); ++i) {
-    p_[i] = std::exp(static_cast<double>(cands_[i].lp - m));
+  for (size_t i = 0; i < lp_.size(); ++i) {
+    p_[i] = std::exp(static_cast<double>(lp_[i] - m));
     z += p_[i];
   }
   for (double& p : p_) p /= z;
@@ -117,70 +208,83 @@ double Sampler::T1Probs() {
 
 // --- final softmax and draw ------------------------------------------------
 
-void Sampler::ScoreAll(double gain) {
-  s_.resize(cands_.size());
-  for (size_t i = 0; i < cands_.size(); ++i) s_[i] = Score(cands_[i].lp, gain, 0.0);
+void Sampler::ScoreAll(float gain) {
+  const size_t n = lp_.size();
+  s_.resize(n);
+  const float* lp = lp_.data();
+  float* s = s_.data();
+  size_t i = 0;
+  for (; i + 4 <= n; i += 4) Store(s + i, Load(lp + i) * gain + 0.0f);
+  for (; i < n; ++i) s[i] = Score(lp[i], gain, 0.0f);
 }
 
 void Sampler::Finalize() {
   const size_t n = s_.size();
-  float m = kNegInf;
-  for (size_t i = 0; i < n; ++i) m = std::max(m, s_[i]);
-  s_max_ = m;
+  s_max_ = MaxOf(s_.data(), n, false);
   e_.resize(n);
-  double sum = 0;
-  for (size_t i = 0; i < n; ++i) {
-    e_[i] = std::exp(s_[i] - m);
-    sum += e_[i];
-  }
-  sum_ = sum;
+  const float* s = s_.data();
+  float* e = e_.data();
+  size_t i = 0;
+  for (; i + 4 <= n; i += 4) Store(e + i, Exp4(Load(s + i) - s_max_));
+  for (; i < n; ++i) e[i] = ExpF(s[i] - s_max_);
+  sum_ = BlockSum(e, n, &blocks_);
 }
 
 size_t Sampler::Draw(double u) const {
   const double target = u * sum_;
   double cum = 0;
+  size_t b = 0;
+  for (; b + 1 < blocks_.size(); ++b) {
+    if (cum + blocks_[b] > target) break;
+    cum += blocks_[b];
+  }
   size_t last_positive = 0;
-  for (size_t i = 0; i < e_.size(); ++i) {
+  for (size_t i = b * kBlock; i < e_.size(); ++i) {
     if (e_[i] <= 0) continue;
     cum += e_[i];
     last_positive = i;
     if (cum > target) return i;
   }
-  return last_positive;  // rounding left the target just above the total
+  if (e_[last_positive] > 0) return last_positive;  // rounding left the target above the total
+  for (size_t i = e_.size(); i-- > 0;) {
+    if (e_[i] > 0) return i;
+  }
+  return 0;
 }
 
 // --- routes ------------------------------------------------------------------
 
 void Sampler::StandardPath(std::span<const float> logits, bool sampling) {
   const SamplerConfig& c = config_;
-  // 5. top-k (the heap pass), else every finite logit in id order.
-  bool sorted = false;  // cands_ descending by (lp, -id)
+  // 5. top-k (the heap pass), else every token in id order.
+  bool sorted = false;  // candidates descending by (lp, -id)
   if (c.top_k > 0 && static_cast<size_t>(c.top_k) < logits.size()) {
-    sorted = true;
     CollectTopK(logits, static_cast<size_t>(c.top_k), cands_);
     if (!cands_.empty()) {
       const float x_max = cands_[0].lp;
       for (Cand& cd : cands_) cd.lp -= x_max;
     }
+    FromCands(cands_);
+    sorted = true;
   } else {
     CollectAll(logits);
   }
 
   // 6. typical-p: keep the tokens whose surprise is closest to the entropy.
-  if (c.typical_p < 1.0 && cands_.size() > 1) {
+  if (c.typical_p < 1.0 && lp_.size() > 1) {
     const double log_z = T1Probs();
     double h = 0;
-    for (size_t i = 0; i < cands_.size(); ++i) {
-      if (p_[i] > 0) h -= p_[i] * (cands_[i].lp - log_z);
+    for (size_t i = 0; i < lp_.size(); ++i) {
+      if (p_[i] > 0) h -= p_[i] * (lp_[i] - log_z);
     }
-    // Sort candidates by |surprise - H| together with p: reuse heap_ as (score, index).
-    heap_.resize(cands_.size());
-    for (size_t i = 0; i < cands_.size(); ++i) {
-      heap_[i] = {static_cast<float>(std::fabs(-(cands_[i].lp - log_z) - h)),
-                  static_cast<int32_t>(i)};
+    // (|surprise - H|, index) pairs, ordered by score then token id.
+    heap_.resize(lp_.size());
+    for (size_t i = 0; i < lp_.size(); ++i) {
+      const double surprise = p_[i] > 0 ? -(lp_[i] - log_z) : INFINITY;
+      heap_[i] = {static_cast<float>(std::fabs(surprise - h)), static_cast<int32_t>(i)};
     }
     std::sort(heap_.begin(), heap_.end(), [&](const Cand& a, const Cand& b) {
-      return a.lp < b.lp || (a.lp == b.lp && cands_[a.id].id < cands_[b.id].id);
+      return a.lp < b.lp || (a.lp == b.lp && id_[a.id] < id_[b.id]);
     });
     double cum = 0;
     size_t keep = heap_.size();
@@ -191,16 +295,16 @@ void Sampler::StandardPath(std::span<const float> logits, bool sampling) {
         break;
       }
     }
-    std::vector<Cand>& tmp = bin_items_;
-    tmp.clear();
-    for (size_t i = 0; i < keep; ++i) tmp.push_back(cands_[heap_[i].id]);
-    cands_.swap(tmp);
+    cands_.clear();
+    for (size_t i = 0; i < keep; ++i) cands_.push_back({lp_[heap_[i].id], id_[heap_[i].id]});
+    FromCands(cands_);
     sorted = false;
   }
 
   // 7. top-p: the smallest prefix (by probability) with mass >= top_p. Only the
   // prefix is sorted: nth_element on a growing window.
-  if (c.top_p < 1.0 && cands_.size() > 1) {
+  if (c.top_p < 1.0 && lp_.size() > 1) {
+    ToCands(cands_);
     const float m = CandMax();
     double z = 0;
     for (const Cand& cd : cands_) z += std::exp(static_cast<double>(cd.lp - m));
@@ -230,46 +334,55 @@ void Sampler::StandardPath(std::span<const float> logits, bool sampling) {
       window = std::min(n, window * 8);
     }
     cands_.resize(keep);
+    FromCands(cands_);
     sorted = true;
   }
 
   // 8. min-p: p_i >= min_p * p_max, i.e. lp_i >= lp_max + ln(min_p).
-  if (c.min_p > 0.0 && cands_.size() > 1) {
+  if (c.min_p > 0.0 && lp_.size() > 1) {
     const float thresh = CandMax() + static_cast<float>(std::log(c.min_p));
-    std::erase_if(cands_, [&](const Cand& cd) { return cd.lp < thresh; });
+    keep_.resize(lp_.size());
+    for (size_t i = 0; i < lp_.size(); ++i) keep_[i] = lp_[i] >= thresh;
+    Compact(lp_.size());
   }
 
-  // 9. top-n-sigma: keep logits within n standard deviations of the max.
-  if (c.top_n_sigma > 0.0 && cands_.size() > 1) {
-    double mean = 0;
-    for (const Cand& cd : cands_) mean += cd.lp;
-    mean /= static_cast<double>(cands_.size());
+  // 9. top-n-sigma: keep logits within n standard deviations of the max (the
+  // mean and deviation over the finite logits).
+  if (c.top_n_sigma > 0.0 && lp_.size() > 1) {
+    double mean = 0, count = 0;
+    for (float v : lp_) {
+      if (v != kNegInf) mean += v, count += 1;
+    }
+    mean /= count;
     double var = 0;
-    for (const Cand& cd : cands_) var += (cd.lp - mean) * (cd.lp - mean);
-    const double sd = std::sqrt(var / static_cast<double>(cands_.size()));
-    const double thresh = CandMax() - c.top_n_sigma * sd;
-    std::erase_if(cands_, [&](const Cand& cd) { return cd.lp < thresh; });
+    for (float v : lp_) {
+      if (v != kNegInf) var += (v - mean) * (v - mean);
+    }
+    const double thresh = CandMax() - c.top_n_sigma * std::sqrt(var / count);
+    keep_.resize(lp_.size());
+    for (size_t i = 0; i < lp_.size(); ++i) keep_[i] = lp_[i] != kNegInf && lp_[i] >= thresh;
+    Compact(lp_.size());
   }
 
   // 10. XTC: with probability xtc_probability, if two or more tokens have
   // p >= threshold, remove all of them but the least likely.
   if (sampling && c.xtc_probability > 0.0) {
     const double u = rng_.NextDouble();
-    if (u < c.xtc_probability && cands_.size() > 1) {
+    if (u < c.xtc_probability && lp_.size() > 1) {
       T1Probs();
       size_t above = 0, least = 0;
-      for (size_t i = 0; i < cands_.size(); ++i) {
+      for (size_t i = 0; i < lp_.size(); ++i) {
         if (p_[i] < c.xtc_threshold) continue;
-        if (above == 0 || !Better(cands_[i], cands_[least])) least = i;
+        const Cand ci{lp_[i], id_[i]}, cl{lp_[least], id_[least]};
+        if (above == 0 || !Better(ci, cl)) least = i;
         ++above;
       }
       if (above >= 2) {
-        size_t w = 0;
-        for (size_t i = 0; i < cands_.size(); ++i) {
-          if (p_[i] >= c.xtc_threshold && i != least) continue;
-          cands_[w++] = cands_[i];
+        keep_.resize(lp_.size());
+        for (size_t i = 0; i < lp_.size(); ++i) {
+          keep_[i] = p_[i] < c.xtc_threshold || i == least;
         }
-        cands_.resize(w);
+        Compact(lp_.size());
       }
     }
   }
@@ -282,43 +395,57 @@ void Sampler::StandardPath(std::span<const float> logits, bool sampling) {
 void Sampler::MirostatPath() {
   ScoreAll(gain_);
   Finalize();
-  if (cands_.empty()) return;
+  if (id_.empty()) return;
   // Keep tokens with surprise -log2 p <= mu; the argmax always survives.
   const double log_thresh = -mu_ * std::log(2.0) + std::log(sum_);  // on s - s_max
-  size_t w = 0;
-  double sum = 0;
   size_t best = 0;
   for (size_t i = 0; i < s_.size(); ++i) {
     if (s_[i] > s_[best]) best = i;
   }
+  size_t w = 0;
   for (size_t i = 0; i < s_.size(); ++i) {
     if (static_cast<double>(s_[i] - s_max_) < log_thresh && i != best) continue;
-    cands_[w] = cands_[i];
+    id_[w] = id_[i];
+    lp_[w] = lp_[i];
     s_[w] = s_[i];
     e_[w] = e_[i];
-    sum += e_[i];
     ++w;
   }
-  cands_.resize(w);
+  id_.resize(w);
+  lp_.resize(w);
   s_.resize(w);
   e_.resize(w);
-  sum_ = sum;
+  sum_ = BlockSum(e_.data(), w, &blocks_);
 }
 
-double Sampler::MedianPivot() {
+float Sampler::MedianPivot() {
   // e_i = exp(lp_i) and a mass histogram by lp; the 50% boundary's bin is then
   // sorted alone. Ties in lp share a bin, so the boundary value is exact.
-  const size_t n = cands_.size();
+  const size_t n = lp_.size();
   e_.resize(n);
-  bins_.assign(kBins, 0.0);
-  double z = 0;
-  for (size_t i = 0; i < n; ++i) {
-    const float lp = cands_[i].lp;
-    e_[i] = std::exp(lp);
-    z += e_[i];
-    const double b = -static_cast<double>(lp) * kBinsPerNat;
-    bins_[b < kBins - 1 ? static_cast<int>(b) : kBins - 1] += e_[i];
+  bin_idx_.resize(n);
+  const float* lp = lp_.data();
+  float* e = e_.data();
+  int32_t* bi = bin_idx_.data();
+  size_t i = 0;
+  const V4 scale = Splat(-kBinsPerNat), top = Splat(static_cast<float>(kBins - 1));
+  for (; i + 4 <= n; i += 4) {
+    const V4 v = Load(lp + i);
+    Store(e + i, Exp4(v));
+    V4 b = v * scale;
+    b = b < top ? b : top;  // -inf lp gives +inf here: the catch-all bin
+    const V4i bint = __builtin_convertvector(b, V4i);
+    std::memcpy(bi + i, &bint, sizeof(bint));
   }
+  for (; i < n; ++i) {
+    e[i] = ExpF(lp[i]);
+    const float b = lp[i] * -kBinsPerNat;
+    bi[i] = b < kBins - 1 ? static_cast<int32_t>(b) : kBins - 1;
+  }
+  bins_.assign(kBins, 0.0);
+  for (i = 0; i < n; ++i) bins_[bi[i]] += e[i];
+  double z = 0;
+  for (double b : bins_) z += b;
   const double half = 0.5 * z;
   double cum = 0;
   int bin = 0;
@@ -327,65 +454,102 @@ double Sampler::MedianPivot() {
     cum += bins_[bin];
   }
   bin_items_.clear();
-  for (size_t i = 0; i < n; ++i) {
-    const double b = -static_cast<double>(cands_[i].lp) * kBinsPerNat;
-    if ((b < kBins - 1 ? static_cast<int>(b) : kBins - 1) == bin) bin_items_.push_back(cands_[i]);
+  for (i = 0; i < n; ++i) {
+    if (bi[i] == bin) bin_items_.push_back({lp[i], id_[i]});
   }
   std::sort(bin_items_.begin(), bin_items_.end(),
             [](const Cand& a, const Cand& b) { return Better(a, b); });
   for (const Cand& cd : bin_items_) {
-    cum += std::exp(cd.lp);
+    cum += std::exp(static_cast<double>(cd.lp));
     if (cum >= half) return cd.lp;
   }
-  return bin_items_.empty() ? 0.0 : bin_items_.back().lp;
+  return bin_items_.empty() ? 0.0f : bin_items_.back().lp;
 }
 
 void Sampler::HlgPath() {
   const HlgConfig& h = config_.hlg;
-  const size_t n = cands_.size();
+  const size_t n = lp_.size();
   s_.resize(n);
   if (n == 0) return Finalize();
   // Pivot mu in the lp frame (lp = l + const, and z = l - mu is frame-free).
-  double mu = 0;
+  float mu = 0;
   switch (h.pivot) {
     case HlgPivot::kTop:
-      mu = 0.0 - h.pivot_offset;  // lp_max == 0
+      mu = static_cast<float>(0.0 - h.pivot_offset);  // lp_max == 0
       break;
     case HlgPivot::kEntropy: {
-      double z = 0, zl = 0;
-      for (const Cand& cd : cands_) {
-        const double e = std::exp(static_cast<double>(cd.lp));
-        z += e;
-        zl += e * cd.lp;
+      // mu = sum p l = (sum e lp) / (sum e), e = exp(lp); -inf terms are 0.
+      e_.resize(n);
+      s_.resize(n);  // scratch for e * lp
+      size_t i = 0;
+      for (; i + 4 <= n; i += 4) {
+        const V4 v = Load(lp_.data() + i);
+        const V4 ev = Exp4(v);
+        Store(e_.data() + i, ev);
+        Store(s_.data() + i, v > Splat(kNegInf) ? ev * v : Splat(0.0f));
       }
-      mu = zl / z;
+      for (; i < n; ++i) {
+        e_[i] = ExpF(lp_[i]);
+        s_[i] = lp_[i] > kNegInf ? e_[i] * lp_[i] : 0.0f;
+      }
+      mu = static_cast<float>(BlockSum(s_.data(), n, nullptr) / BlockSum(e_.data(), n, nullptr));
       break;
     }
     case HlgPivot::kMedian:
       mu = MedianPivot();
       break;
   }
-  const double m = gain_;
+  const float m = gain_;
   if (!h.rolloff) {
     ScoreAll(m);
-  } else {
-    for (size_t i = 0; i < n; ++i) {
-      const float lp = cands_[i].lp;
-      s_[i] = Score(lp, m, HlgOffset(static_cast<double>(lp) - mu, m, h));
-    }
+    return Finalize();
+  }
+  // s = m lp + offset, offset = g(z) - m z (hlg.h): m (ut - bt ln(1 + ut/bt))
+  // below the mids, -m (uh - bh ln(1 + uh/bh)) above, exactly 0 inside since
+  // then ut = uh = 0 and ln(1) == 0.
+  const float w = static_cast<float>(h.width);
+  const float bt = static_cast<float>(h.toe), bh = static_cast<float>(h.shoulder);
+  const float ibt = 1.0f / bt, ibh = 1.0f / bh;
+  const float* lp = lp_.data();
+  float* s = s_.data();
+  size_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    const V4 l = Load(lp + i);
+    const V4 z = l - mu;
+    V4 ut = -z - w;
+    ut = ut > 0.0f ? ut : Splat(0.0f);
+    V4 uh = z - w;
+    uh = uh > 0.0f ? uh : Splat(0.0f);
+    const V4 off = m * (ut - bt * Log4(1.0f + ut * ibt)) - m * (uh - bh * Log4(1.0f + uh * ibh));
+    const V4 sc = m * l + off;
+    Store(s + i, l > Splat(kNegInf) ? sc : Splat(kNegInf));
+  }
+  for (; i < n; ++i) {
+    const float l = lp[i];
+    const float z = l - mu;
+    const float ut = std::max(-z - w, 0.0f), uh = std::max(z - w, 0.0f);
+    const float off = m * (ut - bt * fastmath::LogF(1.0f + ut * ibt)) -
+                      m * (uh - bh * fastmath::LogF(1.0f + uh * ibh));
+    s[i] = l > kNegInf ? Score(l, m, off) : kNegInf;
   }
   Finalize();
 }
 
 void Sampler::CurvePath() {
-  const size_t n = cands_.size();
+  const size_t n = lp_.size();
   s_.resize(n);
-  double z = 0;
-  for (const Cand& cd : cands_) z += std::exp(static_cast<double>(cd.lp));
-  const double log_z = std::log(z);
-  for (size_t i = 0; i < n; ++i) {
-    const float lp = cands_[i].lp;
-    s_[i] = Score(lp, 1.0, curve_.Offset(static_cast<double>(lp) - log_z));
+  e_.resize(n);
+  size_t i = 0;
+  for (; i + 4 <= n; i += 4) Store(e_.data() + i, Exp4(Load(lp_.data() + i)));
+  for (; i < n; ++i) e_[i] = ExpF(lp_[i]);
+  const double log_z = std::log(BlockSum(e_.data(), n, nullptr));
+  for (i = 0; i < n; ++i) {
+    const float lp = lp_[i];
+    // One rounding, from double: a flat piece of the curve then gives equal
+    // scores rather than float noise. For the identity curve the offset is
+    // exactly 0.0, so the score is lp itself, as Score(lp, 1, 0) is.
+    const double off = curve_.Offset(static_cast<double>(lp) - log_z);
+    s_[i] = lp > kNegInf ? static_cast<float>(static_cast<double>(lp) + off) : kNegInf;
   }
   Finalize();
 }
@@ -432,7 +596,7 @@ int32_t Sampler::Sample(std::span<float> logits, std::span<const int32_t> histor
     return greedy_;
   }
   const double u = rng_.NextDouble();  // exactly one uniform per token for the draw
-  if (cands_.empty()) {
+  if (id_.empty()) {
     if (out) *out = {{0, kNegInf}, {}};
     return 0;
   }
@@ -442,7 +606,7 @@ int32_t Sampler::Sample(std::span<float> logits, std::span<const int32_t> histor
     mu_ -= config_.mirostat_eta * (surprise - config_.mirostat_tau);
   }
   if (out) FillLogprobs(idx, *out);
-  return cands_[idx].id;
+  return id_[idx];
 }
 
 void Sampler::Distribution(std::span<const float> logits, std::span<const int32_t> history,
@@ -454,8 +618,8 @@ void Sampler::Distribution(std::span<const float> logits, std::span<const int32_
     probs[greedy_] = 1.0f;
     return;
   }
-  for (size_t i = 0; i < cands_.size(); ++i) {
-    probs[cands_[i].id] = static_cast<float>(e_[i] / sum_);
+  for (size_t i = 0; i < id_.size(); ++i) {
+    probs[id_[i]] = static_cast<float>(e_[i] / sum_);
   }
 }
 
@@ -466,16 +630,18 @@ void Sampler::FillLogprobs(size_t chosen, TokenLogprobs& out) {
   auto lp_of = [&](size_t i) {
     return static_cast<float>(static_cast<double>(s_[i] - s_max_) - log_sum);
   };
-  out.chosen = {cands_[chosen].id, lp_of(chosen)};
+  out.chosen = {id_[chosen], lp_of(chosen)};
   out.top.clear();
-  const size_t k = std::min<size_t>(config_.top_logprobs, cands_.size());
+  const size_t k = std::min<size_t>(config_.top_logprobs, id_.size());
   if (k == 0) return;
-  // Select the k best candidates by score (ids break ties) with a small heap.
+  // The k best candidates by score (ids break ties) with a small heap;
+  // excluded (-inf) tokens are not alternatives.
   auto better = [&](size_t a, size_t b) {
-    return s_[a] > s_[b] || (s_[a] == s_[b] && cands_[a].id < cands_[b].id);
+    return s_[a] > s_[b] || (s_[a] == s_[b] && id_[a] < id_[b]);
   };
   order_.clear();
-  for (size_t i = 0; i < cands_.size(); ++i) {
+  for (size_t i = 0; i < id_.size(); ++i) {
+    if (s_[i] == kNegInf) continue;
     if (order_.size() < k) {
       order_.push_back(i);
       std::push_heap(order_.begin(), order_.end(), better);
@@ -486,7 +652,7 @@ void Sampler::FillLogprobs(size_t chosen, TokenLogprobs& out) {
     }
   }
   std::sort_heap(order_.begin(), order_.end(), better);
-  for (size_t i : order_) out.top.push_back({cands_[i].id, lp_of(i)});
+  for (size_t i : order_) out.top.push_back({id_[i], lp_of(i)});
 }
 
 void Sampler::FillGreedyLogprobs(std::span<const float> logits, TokenLogprobs& out) {

@@ -58,11 +58,10 @@ struct TokenLogprobs {
   std::vector<TokenLogprob> top;  // most likely first, ties by lower id
 };
 
-// The score every route feeds to the final softmax. gain * lp is exact in
-// double (24-bit by 53-bit-friendly product), so the one rounding is the cast.
-inline float Score(float lp, double gain, double offset) {
-  return static_cast<float>(gain * static_cast<double>(lp) + offset);
-}
+// The score every route feeds to the final softmax: gain * lp + offset in
+// float, one expression for every route (and the same per SIMD lane; ISO C++
+// mode does not contract it into an FMA). Plain temperature passes offset 0.
+inline float Score(float lp, float gain, float offset) { return gain * lp + offset; }
 
 class Sampler {
  public:
@@ -92,7 +91,7 @@ class Sampler {
 
  private:
   struct Cand {
-    float lp;  // logit - max logit (a log-prob up to a constant)
+    float lp;
     int32_t id;
   };
 
@@ -100,15 +99,18 @@ class Sampler {
   void Prepare(std::span<float> logits, std::span<const int32_t> history, bool sampling);
   void CollectAll(std::span<const float> logits);
   void CollectTopK(std::span<const float> logits, size_t k, std::vector<Cand>& out);
+  void FromCands(const std::vector<Cand>& c);  // AoS -> id_/lp_
+  void ToCands(std::vector<Cand>& c) const;
+  void Compact(size_t keep_if_mask_size);
   void StandardPath(std::span<const float> logits, bool sampling);
   void HlgPath();
   void CurvePath();
   void MirostatPath();
-  double MedianPivot();
-  void ScoreAll(double gain);
-  void Finalize();  // e_ = exp(s_ - s_max), sum_
+  float MedianPivot();
+  void ScoreAll(float gain);
+  void Finalize();  // e_ = exp(s_ - s_max), block sums, sum_
   float CandMax() const;
-  double T1Probs();  // p_ = softmax(lp) over cands_; returns log of the normalizer
+  double T1Probs();  // p_ = softmax(lp) over candidates; returns log of the normalizer
   size_t Draw(double u) const;
   void FillLogprobs(size_t chosen, TokenLogprobs& out);
   void FillGreedyLogprobs(std::span<const float> logits, TokenLogprobs& out);
@@ -117,22 +119,29 @@ class Sampler {
   uint64_t seed_ = 0;
   Rng rng_;
   double mu_ = 0;  // mirostat v2 state
-  double gain_ = 1;
+  float gain_ = 1;
   Pchip curve_;
 
   PenaltyScratch penalty_scratch_;
   int32_t greedy_ = -1;
-  std::vector<Cand> cands_;
-  std::vector<float> s_;   // [n] final scores, parallel to cands_
-  std::vector<float> e_;   // [n] exp(s - s_max), the unnormalized distribution
-  std::vector<double> p_;  // [n] temperature-1 probabilities for truncation steps
+  // Candidates, structure of arrays [n]: token id, lp = logit - max logit (a
+  // log-prob up to a constant; -inf allowed), final score, exp(score - max).
+  std::vector<int32_t> id_;
+  std::vector<float> lp_;
+  std::vector<float> s_;
+  std::vector<float> e_;
+  std::vector<double> blocks_;  // sums of e_ per kBlock candidates, for Draw
+  std::vector<double> p_;       // [n] temperature-1 probabilities for truncation steps
   float s_max_ = 0;
   double sum_ = 0;
-  std::vector<float> work_;      // Distribution's copy of the logits
-  std::vector<Cand> heap_;       // top-k / top-logprobs selection
-  std::vector<double> bins_;     // median pivot mass histogram
-  std::vector<Cand> bin_items_;  // median pivot boundary bin
-  std::vector<size_t> order_;    // top-logprobs selection over candidates
+  std::vector<float> work_;       // Distribution's copy of the logits
+  std::vector<Cand> cands_;       // sorting work (top-k, top-p, typical)
+  std::vector<Cand> heap_;        // top-k / top-logprobs selection
+  std::vector<double> bins_;      // median pivot mass histogram
+  std::vector<Cand> bin_items_;   // median pivot boundary bin
+  std::vector<int32_t> bin_idx_;  // median pivot: bin of each candidate
+  std::vector<size_t> order_;     // top-logprobs selection over candidates
+  std::vector<uint8_t> keep_;     // compaction mask
 };
 
 }  // namespace lumen::sample

@@ -5,6 +5,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "lumen/core/half.h"
+#include "lumen/formats/quant.h"
 
 namespace lumen::formats {
 namespace {
@@ -665,6 +667,36 @@ TEST(GgufBadInput, KeyErrors) {
   std::string nest;
   for (int i = 0; i < 100; ++i) nest += std::string("\x09\0\0\0\x01\0\0\0\0\0\0\0", 12);
   EXPECT_THAT(Parse(one_key("k", 9, nest)).status().message(), HasSubstr("nested deeper"));
+}
+
+// Every input in the fuzz corpus (seeds and kept crashers) goes through the
+// same steps as tests/fuzz/gguf_fuzz.cc; under the asan-ubsan preset this is
+// the regression check for past crashes.
+TEST(GgufFuzzCorpus, ReplayEveryInput) {
+  const std::string dir = std::string(LUMEN_SOURCE_DIR) + "/tests/fuzz/corpus/gguf";
+  if (!std::filesystem::exists(dir)) GTEST_SKIP() << "no corpus at " << dir;
+  int files = 0, parsed = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    if (!entry.is_regular_file()) continue;
+    auto bytes = ReadFile(entry.path().string());
+    ASSERT_TRUE(bytes.ok()) << bytes.status().message();
+    std::vector<uint8_t> copy(bytes->begin(), bytes->end());  // exact-size buffer
+    auto f = GgufFile::FromBytes(copy.data(), copy.size(), entry.path().filename().string());
+    ++files;
+    if (!f.ok()) {
+      EXPECT_THAT(f.status().message(), HasSubstr(entry.path().filename().string() + ": "));
+      continue;
+    }
+    ++parsed;
+    std::vector<float> row;
+    for (const auto& t : f->tensors()) {
+      const int64_t n = std::min<int64_t>(t.view.cols(), 4096);
+      row.resize(static_cast<size_t>(n));
+      DequantizeRow(t.dtype, t.view.data, row.data(), n);
+    }
+  }
+  EXPECT_GE(files, 10);
+  EXPECT_GE(parsed, 4);  // the valid seeds
 }
 
 }  // namespace

@@ -520,7 +520,16 @@ void Sampler::HlgPath() {
     ut = ut > 0.0f ? ut : Splat(0.0f);
     V4 uh = z - w;
     uh = uh > 0.0f ? uh : Splat(0.0f);
-    const V4 off = m * (ut - bt * Log4(1.0f + ut * ibt)) - m * (uh - bh * Log4(1.0f + uh * ibh));
+    // Most of a large vocabulary sits in the toe and few tokens in the
+    // shoulder: skip a log when no lane needs it (the skipped term is 0).
+    const V4i in_toe = ut > 0.0f, in_shoulder = uh > 0.0f;
+    V4 off = Splat(0.0f);
+    if ((in_toe[0] | in_toe[1] | in_toe[2] | in_toe[3]) != 0) {
+      off = m * (ut - bt * Log4(1.0f + ut * ibt));
+    }
+    if ((in_shoulder[0] | in_shoulder[1] | in_shoulder[2] | in_shoulder[3]) != 0) {
+      off = off - m * (uh - bh * Log4(1.0f + uh * ibh));
+    }
     const V4 sc = m * l + off;
     Store(s + i, l > Splat(kNegInf) ? sc : Splat(kNegInf));
   }
@@ -528,8 +537,9 @@ void Sampler::HlgPath() {
     const float l = lp[i];
     const float z = l - mu;
     const float ut = std::max(-z - w, 0.0f), uh = std::max(z - w, 0.0f);
-    const float off = m * (ut - bt * fastmath::LogF(1.0f + ut * ibt)) -
-                      m * (uh - bh * fastmath::LogF(1.0f + uh * ibh));
+    float off = 0.0f;
+    if (ut > 0.0f) off = m * (ut - bt * fastmath::LogF(1.0f + ut * ibt));
+    if (uh > 0.0f) off = off - m * (uh - bh * fastmath::LogF(1.0f + uh * ibh));
     s[i] = l > kNegInf ? Score(l, m, off) : kNegInf;
   }
   Finalize();

@@ -116,6 +116,43 @@ TEST(QuantKnown, Q8_0AndQ8_1) {
   for (int j = 0; j < 32; ++j) EXPECT_EQ(z[j], (127 - j) * 2.0f) << j;
 }
 
+// ggml's reference quantizers reproduce a block from its own values when the
+// block uses its extreme code (q = 0 for Q4_0/Q5_0, both ends for Q4_1/Q5_1).
+template <typename B>
+void ExpectRequantizesToSameBytes(DType t, const B& b) {
+  const auto y = Dequant(t, b);
+  B again{};
+  QuantizeRow(t, y.data(), &again, 32);
+  EXPECT_EQ(std::memcmp(&b, &again, sizeof(B)), 0) << Name(t);
+}
+
+TEST(QuantKnown, LegacyQuantizersReproduceKnownBlocks) {
+  BlockQ4_0 a{};
+  a.d = kHalf0_5;
+  for (int j = 0; j < 16; ++j) a.qs[j] = static_cast<uint8_t>(j | (((j + 3) & 15) << 4));
+  ExpectRequantizesToSameBytes(DType::kQ4_0, a);
+  BlockQ4_1 b{};
+  b.d = kHalf0_25;
+  b.m = kHalfM1;
+  for (int j = 0; j < 16; ++j) b.qs[j] = static_cast<uint8_t>(j | ((15 - j) << 4));
+  ExpectRequantizesToSameBytes(DType::kQ4_1, b);
+  BlockQ5_0 c{};
+  c.d = kHalf1;
+  for (int k = 0; k < 4; ++k) c.qh[k] = 0xAA;
+  for (int j = 0; j < 16; ++j) c.qs[j] = static_cast<uint8_t>(j | ((15 - j) << 4));
+  ExpectRequantizesToSameBytes(DType::kQ5_0, c);
+  BlockQ5_1 e{};
+  e.d = kHalf0_5;
+  e.m = kHalf2;
+  e.qh[3] = 0x80;
+  for (int j = 0; j < 16; ++j) e.qs[j] = static_cast<uint8_t>(0xF0 | j);
+  ExpectRequantizesToSameBytes(DType::kQ5_1, e);
+  BlockQ8_0 g{};
+  g.d = kHalf2;
+  for (int j = 0; j < 32; ++j) g.qs[j] = static_cast<int8_t>(127 - 5 * j);
+  ExpectRequantizesToSameBytes(DType::kQ8_0, g);
+}
+
 // ---------------------------------------------------------------------------
 // K-quants: hand-computed values, then a per-element index oracle on random
 // blocks. The oracles restate ggml's layout as "element i lives at ...".

@@ -6,8 +6,12 @@
 // view's shape is row-major (GGUF ne reversed): ne=[in, out] becomes [out, in].
 // Any problem is an error naming the file, the key or tensor, the offset, and why.
 //
-// GgufWriter builds a file in memory-bounded fashion and commits it atomically
-// (temp + fsync + rename), so a failed write leaves nothing behind.
+// The views point into read-only memory (the mapping, or the caller's bytes for
+// FromBytes); blocks may sit at any byte offset when the alignment is small.
+//
+// GgufWriter keeps the added tensors' bytes, then streams header, metadata and
+// data (aligned, zero-padded) through a small buffer to a temp file beside the
+// target, fsyncs and renames it, so a failed write leaves nothing behind.
 #pragma once
 
 #include <cstdint>

@@ -186,7 +186,8 @@ std::string TinyV0(int32_t vocab, bool with_wcls) {
 }
 
 TEST(Llama2c, LegacyUnsharedClassifierAndOffsets) {
-  auto m = FromString(TinyV0(-10, true));
+  const std::string bytes = TinyV0(-10, true);  // views point into it
+  auto m = FromString(bytes);
   ASSERT_TRUE(m.ok()) << m.status().message();
   const auto& c = m->config();
   EXPECT_EQ(c.vocab_size, 10);

@@ -255,7 +255,8 @@ TEST(SafetensorsWriter, AddViewAndErrors) {
   EXPECT_THAT(w.Add("q", DType::kQ4_0, {32}, std::string(18, '\0')).message(),
               HasSubstr("cannot be stored"));
   EXPECT_THAT(w.Add("n", DType::kU8, {-1}, "").message(), HasSubstr("negative"));
-  auto f = Parse(w.Serialize());
+  const std::string bytes = w.Serialize();  // views point into it
+  auto f = Parse(bytes);
   ASSERT_TRUE(f.ok()) << f.status().message();
   EXPECT_EQ(At<float>(*f->Find("x"), 5), 6.0f);
   // A failed write leaves nothing behind.

@@ -15,8 +15,8 @@ using json = nlohmann::json;
 // Token text from a string or an AddedToken object ({"content": ...}).
 std::string TokenText(const json& j) {
   if (j.is_string()) return j.get<std::string>();
-  if (j.is_object() && j.contains("content") && j["content"].is_string()) {
-    return j["content"].get<std::string>();
+  if (j.is_object() && j.contains("content") && j.at("content").is_string()) {
+    return j.at("content").get<std::string>();
   }
   return {};
 }
@@ -24,13 +24,13 @@ std::string TokenText(const json& j) {
 Result<Regex> PatternOf(const json& p, const std::string& where, bool* is_regex) {
   if (p.contains("Regex")) {
     *is_regex = true;
-    auto r = Regex::Compile(p["Regex"].get<std::string>());
+    auto r = Regex::Compile(p.at("Regex").get<std::string>());
     if (!r.ok()) return r.status().WithContext(where);
     return r;
   }
   if (p.contains("String")) {
     *is_regex = false;
-    return Regex::Literal(p["String"].get<std::string>());
+    return Regex::Literal(p.at("String").get<std::string>());
   }
   return Errorf("{}: pattern needs \"Regex\" or \"String\"", where);
 }
@@ -39,7 +39,7 @@ Status ParseNormalizer(const json& j, std::vector<NormalizerStep>& out) {
   if (j.is_null()) return Status::Ok();
   std::string type = j.value("type", "");
   if (type == "Sequence") {
-    for (const json& s : j["normalizers"]) LUMEN_RETURN_IF_ERROR(ParseNormalizer(s, out));
+    for (const json& s : j.at("normalizers")) LUMEN_RETURN_IF_ERROR(ParseNormalizer(s, out));
     return Status::Ok();
   }
   NormalizerStep st;
@@ -59,7 +59,7 @@ Status ParseNormalizer(const json& j, std::vector<NormalizerStep>& out) {
   } else if (type == "Replace") {
     st.kind = NormalizerKind::kReplace;
     LUMEN_ASSIGN_OR_RETURN(st.pattern,
-                           PatternOf(j["pattern"], "normalizer Replace", &st.pattern_is_regex));
+                           PatternOf(j.at("pattern"), "normalizer Replace", &st.pattern_is_regex));
     st.content = j.value("content", "");
   } else if (type == "Strip") {
     st.kind = NormalizerKind::kStrip;
@@ -84,14 +84,14 @@ Status ParsePreTokenizer(const json& j, std::vector<PreTokenizerStep>& out) {
   if (j.is_null()) return Status::Ok();
   std::string type = j.value("type", "");
   if (type == "Sequence") {
-    for (const json& s : j["pretokenizers"]) LUMEN_RETURN_IF_ERROR(ParsePreTokenizer(s, out));
+    for (const json& s : j.at("pretokenizers")) LUMEN_RETURN_IF_ERROR(ParsePreTokenizer(s, out));
     return Status::Ok();
   }
   PreTokenizerStep st;
   if (type == "Split") {
     st.kind = PreTokenizerKind::kSplit;
     LUMEN_ASSIGN_OR_RETURN(st.pattern,
-                           PatternOf(j["pattern"], "pre_tokenizer Split", &st.pattern_is_regex));
+                           PatternOf(j.at("pattern"), "pre_tokenizer Split", &st.pattern_is_regex));
     st.behavior = BehaviorOf(j.value("behavior", "Isolated"));
     st.invert = j.value("invert", false);
   } else if (type == "ByteLevel") {
@@ -122,7 +122,7 @@ Status ParseDecoder(const json& j, std::vector<DecoderStep>& out) {
   if (j.is_null()) return Status::Ok();
   std::string type = j.value("type", "");
   if (type == "Sequence") {
-    for (const json& s : j["decoders"]) LUMEN_RETURN_IF_ERROR(ParseDecoder(s, out));
+    for (const json& s : j.at("decoders")) LUMEN_RETURN_IF_ERROR(ParseDecoder(s, out));
     return Status::Ok();
   }
   DecoderStep d;
@@ -139,10 +139,10 @@ Status ParseDecoder(const json& j, std::vector<DecoderStep>& out) {
     d.stop = j.value("stop", 0);
   } else if (type == "Replace") {
     d.kind = DecoderKind::kReplace;
-    if (!j["pattern"].contains("String")) {
+    if (!j.at("pattern").contains("String")) {
       return Error("decoder Replace: only {\"String\": ...} patterns are supported");
     }
-    d.a = j["pattern"]["String"].get<std::string>();
+    d.a = j.at("pattern").at("String").get<std::string>();
     d.b = j.value("content", "");
   } else if (type == "Metaspace") {
     d.kind = DecoderKind::kMetaspace;
@@ -159,13 +159,13 @@ void ParsePostProcessor(const json& j, TokenizerImpl& impl) {
   if (j.is_null()) return;
   std::string type = j.value("type", "");
   if (type == "Sequence") {
-    for (const json& s : j["processors"]) ParsePostProcessor(s, impl);
+    for (const json& s : j.at("processors")) ParsePostProcessor(s, impl);
     return;
   }
   auto id_of = [&](const std::string& name) -> int32_t {
-    if (j.contains("special_tokens") && j["special_tokens"].contains(name)) {
-      const json& ids = j["special_tokens"][name]["ids"];
-      if (ids.is_array() && !ids.empty()) return ids[0].get<int32_t>();
+    if (j.contains("special_tokens") && j.at("special_tokens").contains(name)) {
+      const json& ids = j.at("special_tokens").at(name).at("ids");
+      if (ids.is_array() && !ids.empty()) return ids.at(0).get<int32_t>();
     }
     return impl.model.Find(name).value_or(-1);
   };
@@ -173,17 +173,17 @@ void ParsePostProcessor(const json& j, TokenizerImpl& impl) {
     impl.prefix_ids.clear();
     impl.suffix_ids.clear();
     bool after = false;
-    for (const json& item : j["single"]) {
+    for (const json& item : j.at("single")) {
       if (item.contains("Sequence")) {
         after = true;
       } else if (item.contains("SpecialToken")) {
-        int32_t id = id_of(item["SpecialToken"]["id"].get<std::string>());
+        int32_t id = id_of(item.at("SpecialToken").at("id").get<std::string>());
         if (id >= 0) (after ? impl.suffix_ids : impl.prefix_ids).push_back(id);
       }
     }
   } else if (type == "BertProcessing" || type == "RobertaProcessing") {
-    impl.prefix_ids = {j["cls"][1].get<int32_t>()};
-    impl.suffix_ids = {j["sep"][1].get<int32_t>()};
+    impl.prefix_ids = {j.at("cls").at(1).get<int32_t>()};
+    impl.suffix_ids = {j.at("sep").at(1).get<int32_t>()};
   }
 }
 
@@ -191,12 +191,12 @@ Status LoadModel(const json& m, TokenizerImpl& impl) {
   std::string type = m.value("type", "BPE");
   if (type != "BPE") return Errorf("model type '{}' is not supported (only BPE)", type);
   BpeModel& bpe = impl.model;
-  const json& vocab = m["vocab"];
+  const json& vocab = m.at("vocab");
   if (!vocab.is_object()) return Error("model.vocab: expected an object");
   int64_t max_id = -1;
   for (auto it = vocab.begin(); it != vocab.end(); ++it) {
     int64_t id = it.value().get<int64_t>();
-    if (id < 0 || id > (1 << 24))
+    if (id < 0 || id > (1 << 22))
       return Errorf("model.vocab['{}']: id {} out of range", it.key(), id);
     max_id = std::max(max_id, id);
   }
@@ -216,16 +216,16 @@ Status LoadModel(const json& m, TokenizerImpl& impl) {
   bpe.byte_fallback = m.value("byte_fallback", false);
   bpe.ignore_merges = m.value("ignore_merges", false);
   bpe.fuse_unk = m.value("fuse_unk", false);
-  if (m.contains("continuing_subword_prefix") && m["continuing_subword_prefix"].is_string()) {
-    bpe.continuing_subword_prefix = m["continuing_subword_prefix"].get<std::string>();
+  if (m.contains("continuing_subword_prefix") && m.at("continuing_subword_prefix").is_string()) {
+    bpe.continuing_subword_prefix = m.at("continuing_subword_prefix").get<std::string>();
   }
-  if (m.contains("end_of_word_suffix") && m["end_of_word_suffix"].is_string()) {
-    bpe.end_of_word_suffix = m["end_of_word_suffix"].get<std::string>();
+  if (m.contains("end_of_word_suffix") && m.at("end_of_word_suffix").is_string()) {
+    bpe.end_of_word_suffix = m.at("end_of_word_suffix").get<std::string>();
   }
-  if (m.contains("unk_token") && m["unk_token"].is_string()) {
-    bpe.unk_id = bpe.Find(m["unk_token"].get<std::string>()).value_or(-1);
+  if (m.contains("unk_token") && m.at("unk_token").is_string()) {
+    bpe.unk_id = bpe.Find(m.at("unk_token").get<std::string>()).value_or(-1);
   }
-  const json& merges = m["merges"];
+  const json& merges = m.at("merges");
   if (!merges.is_array()) return Error("model.merges: expected an array");
   bpe.merges.Reserve(merges.size());
   bpe.merge_list.reserve(merges.size());
@@ -260,8 +260,8 @@ Result<Tokenizer> Build(std::string_view tj, std::string_view cj, const std::str
   try {
     json j = json::parse(tj);
     if (!j.is_object()) return Error("tokenizer.json: expected an object");
-    if (j.contains("added_tokens") && j["added_tokens"].is_array()) {
-      for (const json& a : j["added_tokens"]) {
+    if (j.contains("added_tokens") && j.at("added_tokens").is_array()) {
+      for (const json& a : j.at("added_tokens")) {
         AddedToken t;
         t.content = a.value("content", "");
         t.id = a.value("id", -1);
@@ -270,14 +270,14 @@ Result<Tokenizer> Build(std::string_view tj, std::string_view cj, const std::str
         t.rstrip = a.value("rstrip", false);
         t.normalized = a.value("normalized", false);
         t.single_word = a.value("single_word", false);
-        if (t.id < 0 || t.id > (1 << 24) || t.content.empty()) {
+        if (t.id < 0 || t.id > (1 << 22) || t.content.empty()) {
           return Errorf("added_tokens: bad entry '{}'", a.dump());
         }
         impl->added.push_back(std::move(t));
       }
     }
     if (!j.contains("model")) return Error("tokenizer.json: no \"model\"");
-    LUMEN_RETURN_IF_ERROR(LoadModel(j["model"], *impl).WithContext("model"));
+    LUMEN_RETURN_IF_ERROR(LoadModel(j.at("model"), *impl).WithContext("model"));
     LUMEN_RETURN_IF_ERROR(ParseNormalizer(j.value("normalizer", json()), impl->normalizers));
     LUMEN_RETURN_IF_ERROR(ParsePreTokenizer(j.value("pre_tokenizer", json()), impl->pretokenizers));
     LUMEN_RETURN_IF_ERROR(ParseDecoder(j.value("decoder", json()), impl->decoders));
@@ -290,21 +290,21 @@ Result<Tokenizer> Build(std::string_view tj, std::string_view cj, const std::str
       json c = json::parse(cj);
       if (!c.is_object()) return Error("tokenizer_config.json: expected an object");
       if (c.contains("clean_up_tokenization_spaces") &&
-          c["clean_up_tokenization_spaces"].is_boolean()) {
-        impl->clean_up_spaces = c["clean_up_tokenization_spaces"].get<bool>();
+          c.at("clean_up_tokenization_spaces").is_boolean()) {
+        impl->clean_up_spaces = c.at("clean_up_tokenization_spaces").get<bool>();
       }
-      if (c.contains("bos_token")) impl->bos_text = TokenText(c["bos_token"]);
-      if (c.contains("eos_token")) impl->eos_text = TokenText(c["eos_token"]);
-      if (c.contains("add_bos_token") && c["add_bos_token"].is_boolean()) {
-        impl->add_bos = c["add_bos_token"].get<bool>();
+      if (c.contains("bos_token")) impl->bos_text = TokenText(c.at("bos_token"));
+      if (c.contains("eos_token")) impl->eos_text = TokenText(c.at("eos_token"));
+      if (c.contains("add_bos_token") && c.at("add_bos_token").is_boolean()) {
+        impl->add_bos = c.at("add_bos_token").get<bool>();
       }
-      if (c.contains("add_eos_token") && c["add_eos_token"].is_boolean()) {
-        impl->add_eos = c["add_eos_token"].get<bool>();
+      if (c.contains("add_eos_token") && c.at("add_eos_token").is_boolean()) {
+        impl->add_eos = c.at("add_eos_token").get<bool>();
       }
       if (c.contains("pad_token"))
-        impl->pad = impl->model.Find(TokenText(c["pad_token"])).value_or(-1);
-      if (c.contains("additional_special_tokens") && c["additional_special_tokens"].is_array()) {
-        for (const json& s : c["additional_special_tokens"]) {
+        impl->pad = impl->model.Find(TokenText(c.at("pad_token"))).value_or(-1);
+      if (c.contains("additional_special_tokens") && c.at("additional_special_tokens").is_array()) {
+        for (const json& s : c.at("additional_special_tokens")) {
           std::string t = TokenText(s);
           for (AddedToken& a : impl->added) {
             if (a.content == t) a.special = true;
@@ -312,7 +312,7 @@ Result<Tokenizer> Build(std::string_view tj, std::string_view cj, const std::str
         }
       }
       if (c.contains("chat_template")) {
-        const json& ct = c["chat_template"];
+        const json& ct = c.at("chat_template");
         if (ct.is_string()) {
           impl->chat_template = ct.get<std::string>();
         } else if (ct.is_array()) {

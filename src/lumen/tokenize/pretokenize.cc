@@ -18,7 +18,13 @@ const char kQwen2Pattern[] =
 
 struct Regex::Code {
   pcre2_code* code = nullptr;
-  ~Code() { pcre2_code_free(code); }
+  // Bounds backtracking so a hostile pattern from a file cannot hang us;
+  // only read while matching, so sharing it across threads is safe.
+  pcre2_match_context* ctx = nullptr;
+  ~Code() {
+    pcre2_match_context_free(ctx);
+    pcre2_code_free(code);
+  }
 };
 
 namespace {
@@ -77,6 +83,9 @@ Result<Regex> Regex::Compile(std::string_view pattern, bool js_compat) {
   Regex r;
   r.code_ = std::make_shared<Code>();
   r.code_->code = code;
+  r.code_->ctx = pcre2_match_context_create(nullptr);
+  pcre2_set_match_limit(r.code_->ctx, 1000000);
+  pcre2_set_depth_limit(r.code_->ctx, 10000);
   r.source_ = std::string(pattern);
   return r;
 }

@@ -10,6 +10,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "lumen/formats/gguf.h"
+
 namespace lumen::formats {
 namespace {
 
@@ -97,6 +99,31 @@ TEST(Llama2c, ImportsStories260K) {
   EXPECT_EQ(At(*m, "blk.4.ffn_up.weight", 171, 63), 0.10603193938732147f);
   EXPECT_EQ(At(*m, "output_norm.weight", 0, 0), 2.4583089351654053f);
   EXPECT_EQ(At(*m, "output_norm.weight", 0, 63), 1.7077769041061401f);
+}
+
+// llama.cpp's converter turned the same .bin into stories260K.gguf: every
+// tensor we import must equal the GGUF's, bit for bit, under the same name
+// and shape (GGUF writes the shared classifier out as output.weight).
+TEST(Llama2c, MatchesLlamaCppConversion) {
+  const std::string gguf_path = Fixtures() + "/stories260K-gguf/stories260K.gguf";
+  REQUIRE_FIXTURE(Stories());
+  REQUIRE_FIXTURE(gguf_path);
+  auto m = Llama2cModel::Open(Stories());
+  auto g = GgufFile::Open(gguf_path);
+  ASSERT_TRUE(m.ok()) << m.status().message();
+  ASSERT_TRUE(g.ok()) << g.status().message();
+  EXPECT_EQ(g->tensors().size(), m->tensors().size() + 1);
+  for (const Llama2cTensor& t : m->tensors()) {
+    const GgufTensorInfo* gt = g->FindTensor(t.name);
+    ASSERT_NE(gt, nullptr) << t.name;
+    EXPECT_EQ(gt->view.ShapeString(), t.view.ShapeString()) << t.name;
+    ASSERT_EQ(gt->view.byte_size(), t.view.byte_size()) << t.name;
+    EXPECT_EQ(std::memcmp(gt->view.data, t.view.data, t.view.byte_size()), 0) << t.name;
+  }
+  const GgufTensorInfo* out = g->FindTensor("output.weight");
+  ASSERT_NE(out, nullptr);
+  const auto& emb = m->Find("token_embd.weight")->view;
+  EXPECT_EQ(std::memcmp(out->view.data, emb.data, emb.byte_size()), 0);
 }
 
 // Bytes of an array of the v0 file, by its float offset and count.

@@ -459,6 +459,13 @@ Status SafetensorsWriter::Write(const std::string& path) const {
     ::unlink(tmp.c_str());
     return Errorf("{}: rename failed: {}", path, std::strerror(e));
   }
+  // Best effort: make the rename itself durable.
+  const size_t slash = path.rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : path.substr(0, slash + 1);
+  if (const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC); dfd >= 0) {
+    (void)::fsync(dfd);
+    ::close(dfd);
+  }
   return Status::Ok();
 }
 

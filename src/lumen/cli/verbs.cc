@@ -11,11 +11,15 @@ int ExitCode() { return g_exit_code; }
 void RegisterInspect(CLI::App& app);
 void RegisterGenerate(CLI::App& app);
 void RegisterConvert(CLI::App& app);
+void RegisterSynth(CLI::App& app);
+void RegisterTokenize(CLI::App& app);
 
 void RegisterVerbs(CLI::App& app) {
   RegisterInspect(app);
   RegisterGenerate(app);
   RegisterConvert(app);
+  RegisterSynth(app);
+  RegisterTokenize(app);
 }
 
 }  // namespace lumen::cli

@@ -92,9 +92,10 @@ class [[nodiscard]] Result {
   } while (0)
 
 // `LUMEN_ASSIGN_OR_RETURN(auto x, MakeX());` declares x or returns the error.
-#define LUMEN_ASSIGN_OR_RETURN(lhs, expr) \
-  LUMEN_ASSIGN_OR_RETURN_IMPL_(LUMEN_CONCAT_(lumen_result_, __LINE__), lhs, expr)
-#define LUMEN_ASSIGN_OR_RETURN_IMPL_(tmp, lhs, expr) \
-  auto tmp = (expr);                                 \
-  if (!tmp.ok()) return tmp.status();                \
+// Variadic so that braced initializers with commas may appear in the expression.
+#define LUMEN_ASSIGN_OR_RETURN(lhs, ...) \
+  LUMEN_ASSIGN_OR_RETURN_IMPL_(LUMEN_CONCAT_(lumen_result_, __COUNTER__), lhs, __VA_ARGS__)
+#define LUMEN_ASSIGN_OR_RETURN_IMPL_(tmp, lhs, ...) \
+  auto tmp = (__VA_ARGS__);                         \
+  if (!tmp.ok()) return tmp.status();               \
   lhs = std::move(tmp).value()

@@ -7,6 +7,7 @@
 #include "lumen/formats/gguf.h"
 #include "lumen/formats/quant.h"
 #include "lumen/formats/safetensors.h"
+#include "lumen/model/weights.h"
 
 namespace lumen::engine {
 namespace {

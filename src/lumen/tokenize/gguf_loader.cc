@@ -244,7 +244,23 @@ Result<Tokenizer> Tokenizer::FromLlama2c(const std::string& path, int vocab_size
 Status Tokenizer::ExportGguf(formats::GgufWriter& w) const {
   const TokenizerImpl& impl = *impl_;
   const BpeModel& m = impl.model;
-  w.SetStringArray("tokenizer.ggml.tokens", m.pieces);
+  if (impl.flavor == Flavor::kLlama2c) {
+    // llama2.c stores SentencePiece's '▁' as ' ' and BOS/EOS as "\n<s>\n" /
+    // "\n</s>\n"; GGUF "llama" vocabularies use the SentencePiece spelling.
+    std::vector<std::string> pieces = m.pieces;
+    for (size_t i = 0; i < pieces.size(); ++i) {
+      if (int32_t(i) == impl.bos) { pieces[i] = "<s>"; continue; }
+      if (int32_t(i) == impl.eos) { pieces[i] = "</s>"; continue; }
+      std::string out;
+      for (char c : pieces[i]) {
+        if (c == ' ') out += "\xe2\x96\x81"; else out += c;
+      }
+      pieces[i] = out;
+    }
+    w.SetStringArray("tokenizer.ggml.tokens", pieces);
+  } else {
+    w.SetStringArray("tokenizer.ggml.tokens", m.pieces);
+  }
   w.SetI32Array("tokenizer.ggml.token_type", impl.token_type);
   if (impl.bos >= 0) w.SetU32("tokenizer.ggml.bos_token_id", uint32_t(impl.bos));
   if (impl.eos >= 0) w.SetU32("tokenizer.ggml.eos_token_id", uint32_t(impl.eos));
@@ -255,11 +271,6 @@ Status Tokenizer::ExportGguf(formats::GgufWriter& w) const {
   w.SetBool("tokenizer.ggml.add_eos_token",
             impl.flavor == Flavor::kHf ? !impl.suffix_ids.empty() : impl.add_eos);
   if (impl.flavor == Flavor::kSpm || impl.flavor == Flavor::kLlama2c) {
-    if (impl.flavor == Flavor::kLlama2c) {
-      return Error(
-          "ExportGguf: llama2.c vocabularies store spaces as ' ' (not '▁'); "
-          "export is not supported");
-    }
     w.SetString("tokenizer.ggml.model", "llama");
     w.SetF32Array("tokenizer.ggml.scores", m.scores);
     w.SetBool("tokenizer.ggml.add_space_prefix", impl.add_space_prefix);

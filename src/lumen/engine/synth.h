@@ -1,0 +1,33 @@
+// Synthesize: random-weight models at real shapes (llama-3.2-1b, qwen3-0.6b,
+// gemma-3-1b) and tiny test shapes of every family (tiny-llama, tiny-qwen3, ...),
+// with a working synthetic vocabulary and a ChatML template. Deterministic from
+// the seed: row r of tensor t is drawn from a generator seeded by (seed, t, r),
+// so any row can be produced independently (and files are reproducible).
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "lumen/engine/convert.h"
+#include "lumen/model/config.h"
+
+namespace lumen::engine {
+
+struct SynthOptions {
+  std::string name;  // llama-3.2-1b, qwen3-0.6b, gemma-3-1b, tiny-<family>
+  std::string out;
+  OutputFormat format = OutputFormat::kGguf;
+  std::optional<DType> dtype;  // default f32 for tiny-*, f16 otherwise
+  uint64_t seed = 1;
+  // Shape overrides (0: keep the named shape's).
+  int layers = 0, dim = 0, ffn = 0, heads = 0, kv_heads = 0, vocab = 0;
+  int64_t ctx = 0;
+};
+
+// The named shapes, for help text.
+std::vector<std::string> SynthNames();
+Result<model::ModelConfig> SynthConfig(const SynthOptions& opts);
+Status Synthesize(const SynthOptions& opts);
+
+}  // namespace lumen::engine

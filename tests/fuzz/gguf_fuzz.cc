@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "lumen/formats/gguf.h"
-#include "lumen/formats/quant.h"
+#include "lumen/core/quant.h"
 
 namespace {
 
@@ -37,7 +37,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     // Rows are whole blocks; 4096 is a multiple of every block size.
     const int64_t n = t.view.cols() < 4096 ? t.view.cols() : 4096;
     row.resize(static_cast<size_t>(n));
-    lumen::formats::DequantizeRow(t.dtype, t.view.data, row.data(), n);
+    lumen::DequantizeRow(t.dtype, t.view.data, row.data(), n);
     sink += static_cast<uint64_t>(row[0] == row[0]);
   }
   volatile uint64_t keep = sink;

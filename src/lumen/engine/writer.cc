@@ -5,7 +5,7 @@
 #include "lumen/core/buffer.h"
 #include "lumen/core/progress.h"
 #include "lumen/formats/gguf.h"
-#include "lumen/formats/quant.h"
+#include "lumen/core/quant.h"
 #include "lumen/formats/safetensors.h"
 #include "lumen/model/weights.h"
 
@@ -24,7 +24,7 @@ Result<std::string> Encode(const TensorPlan& p, DType dtype) {
   std::vector<float> buf(cols);
   for (int64_t r = 0; r < rows; ++r) {
     p.row(r, buf.data());
-    formats::QuantizeRow(dtype, buf.data(), out.data() + r * *rb, cols);
+    QuantizeRow(dtype, buf.data(), out.data() + r * *rb, cols);
   }
   return out;
 }

@@ -3,7 +3,7 @@
 #include <vector>
 
 #include "lumen/core/half.h"
-#include "lumen/formats/quant.h"
+#include "lumen/core/quant.h"
 
 namespace lumen::formats {
 namespace {

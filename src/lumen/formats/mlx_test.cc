@@ -11,7 +11,7 @@
 #include <gtest/gtest.h>
 
 #include "lumen/core/half.h"
-#include "lumen/formats/quant.h"
+#include "lumen/core/quant.h"
 
 namespace lumen::formats {
 namespace {

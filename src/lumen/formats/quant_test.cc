@@ -1,8 +1,10 @@
+// Lives in formats/ (not beside core/quant.cc) because it also checks the
+// error budgets on real GGUF weights, which needs the GGUF reader.
 // Quant block tests: hand-built blocks with known values (derived from ggml's
 // block definitions, restated in quant.h), an index-formula oracle per
 // K-quant, quantize->dequantize error budgets, re-quantization stability, and
 // real weights from the fixtures.
-#include "lumen/formats/quant.h"
+#include "lumen/core/quant.h"
 
 #include <gtest/gtest.h>
 
@@ -18,7 +20,7 @@
 #include "lumen/core/half.h"
 #include "lumen/formats/gguf.h"
 
-namespace lumen::formats {
+namespace lumen {
 namespace {
 
 constexpr uint16_t kHalf1 = 0x3c00;     // 1.0
@@ -481,7 +483,7 @@ TEST(QuantRealData, DequantizeFixtureRowsAndQuantizeRealWeights) {
   const std::string stories = FixturesDir() + "/stories260K-gguf/stories260K.gguf";
   if (!std::filesystem::exists(tiny) || !std::filesystem::exists(stories))
     GTEST_SKIP() << "fixtures not found under " << FixturesDir();
-  auto t = GgufFile::Open(tiny);
+  auto t = formats::GgufFile::Open(tiny);
   ASSERT_TRUE(t.ok()) << t.status().message();
   const TensorView& emb = t->FindTensor("token_embd.weight")->view;
   std::vector<float> row(8);
@@ -489,7 +491,7 @@ TEST(QuantRealData, DequantizeFixtureRowsAndQuantizeRealWeights) {
   EXPECT_EQ(row[0], 0.034088134765625f);
   EXPECT_EQ(row[1], 0.0158843994140625f);
 
-  auto s = GgufFile::Open(stories);
+  auto s = formats::GgufFile::Open(stories);
   ASSERT_TRUE(s.ok()) << s.status().message();
   const TensorView& w = s->FindTensor("blk.0.ffn_gate.weight")->view;  // [172, 64]
   std::vector<float> x(static_cast<size_t>(w.numel()));
@@ -547,4 +549,4 @@ TEST(QuantMlx, RoundTripBudgets) {
 }
 
 }  // namespace
-}  // namespace lumen::formats
+}  // namespace lumen

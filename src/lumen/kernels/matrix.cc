@@ -2,13 +2,13 @@
 
 #include <vector>
 
-#include "lumen/formats/quant.h"
+#include "lumen/core/quant.h"
 
 namespace lumen::kernels {
 
 void DequantizeMatrixRow(const Matrix& m, int64_t r, float* dst) {
   if (m.mlx_bits == 0) {
-    formats::DequantizeRow(m.w.dtype, m.w.row(r), dst, m.k);
+    DequantizeRow(m.w.dtype, m.w.row(r), dst, m.k);
     return;
   }
   const int64_t groups = m.k / m.mlx_group;
@@ -19,9 +19,9 @@ void DequantizeMatrixRow(const Matrix& m, int64_t r, float* dst) {
     big.resize(2 * groups);
     s = big.data();
   }
-  formats::DequantizeRow(m.scales.dtype, m.scales.row(r), s, groups);
-  formats::DequantizeRow(m.biases.dtype, m.biases.row(r), s + groups, groups);
-  formats::DequantizeMlxRow(m.w.row<const uint32_t>(r), s, s + groups, m.mlx_bits, m.mlx_group,
+  DequantizeRow(m.scales.dtype, m.scales.row(r), s, groups);
+  DequantizeRow(m.biases.dtype, m.biases.row(r), s + groups, groups);
+  DequantizeMlxRow(m.w.row<const uint32_t>(r), s, s + groups, m.mlx_bits, m.mlx_group,
                             dst, m.k);
 }
 

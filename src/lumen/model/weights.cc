@@ -3,7 +3,7 @@
 #include <cstring>
 #include <regex>
 
-#include "lumen/formats/quant.h"
+#include "lumen/core/quant.h"
 
 namespace lumen::model {
 namespace {
@@ -91,7 +91,7 @@ Result<Weights> BindWeights(const ModelConfig& c, const TensorLookup& lookup) {
     if (s.m.w.dtype == DType::kF32) {
       *s.dst = static_cast<const float*>(s.m.w.data);
     } else {
-      formats::DequantizeRow(s.m.w.dtype, s.m.w.data, out, s.n);
+      DequantizeRow(s.m.w.dtype, s.m.w.data, out, s.n);
       *s.dst = out;
       out += s.n;
     }

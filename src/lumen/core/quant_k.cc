@@ -9,10 +9,10 @@
 #include <limits>
 
 #include "lumen/core/half.h"
-#include "lumen/formats/quant.h"
-#include "lumen/formats/quant_k.h"
+#include "lumen/core/quant.h"
+#include "lumen/core/quant_k.h"
 
-namespace lumen::formats::detail {
+namespace lumen::quant_detail {
 namespace {
 
 template <typename T>
@@ -453,4 +453,4 @@ void QuantizeQ8K(const float* x, uint8_t* dst, int64_t nb) {
   }
 }
 
-}  // namespace lumen::formats::detail
+}  // namespace lumen::quant_detail

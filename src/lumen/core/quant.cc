@@ -1,6 +1,6 @@
 // Plain types, the legacy 32-element block types (Q4_0 ... Q8_1) and MLX
 // affine groups. K-quants live in quant_k.cc.
-#include "lumen/formats/quant.h"
+#include "lumen/core/quant.h"
 
 #include <algorithm>
 #include <cmath>
@@ -8,12 +8,12 @@
 
 #include "lumen/core/check.h"
 #include "lumen/core/half.h"
-#include "lumen/formats/quant_k.h"
+#include "lumen/core/quant_k.h"
 
-namespace lumen::formats {
+namespace lumen {
 namespace {
 
-using detail::NearestInt;
+using quant_detail::NearestInt;
 
 template <typename T>
 T Load(const uint8_t* p) {
@@ -324,22 +324,22 @@ void DequantizeRow(DType t, const void* src_v, float* dst, int64_t n) {
       DequantizeQ8_1(src, dst, nb);
       return;
     case DType::kQ2_K:
-      detail::DequantizeQ2K(src, dst, nb);
+      quant_detail::DequantizeQ2K(src, dst, nb);
       return;
     case DType::kQ3_K:
-      detail::DequantizeQ3K(src, dst, nb);
+      quant_detail::DequantizeQ3K(src, dst, nb);
       return;
     case DType::kQ4_K:
-      detail::DequantizeQ4K(src, dst, nb);
+      quant_detail::DequantizeQ4K(src, dst, nb);
       return;
     case DType::kQ5_K:
-      detail::DequantizeQ5K(src, dst, nb);
+      quant_detail::DequantizeQ5K(src, dst, nb);
       return;
     case DType::kQ6_K:
-      detail::DequantizeQ6K(src, dst, nb);
+      quant_detail::DequantizeQ6K(src, dst, nb);
       return;
     case DType::kQ8_K:
-      detail::DequantizeQ8K(src, dst, nb);
+      quant_detail::DequantizeQ8K(src, dst, nb);
       return;
   }
   LUMEN_CHECK(false && "unknown dtype");
@@ -385,22 +385,22 @@ void QuantizeRow(DType t, const float* src, void* dst_v, int64_t n) {
       QuantizeQ8_1(src, dst, nb);
       return;
     case DType::kQ2_K:
-      detail::QuantizeQ2K(src, dst, nb);
+      quant_detail::QuantizeQ2K(src, dst, nb);
       return;
     case DType::kQ3_K:
-      detail::QuantizeQ3K(src, dst, nb);
+      quant_detail::QuantizeQ3K(src, dst, nb);
       return;
     case DType::kQ4_K:
-      detail::QuantizeQ4K(src, dst, nb);
+      quant_detail::QuantizeQ4K(src, dst, nb);
       return;
     case DType::kQ5_K:
-      detail::QuantizeQ5K(src, dst, nb);
+      quant_detail::QuantizeQ5K(src, dst, nb);
       return;
     case DType::kQ6_K:
-      detail::QuantizeQ6K(src, dst, nb);
+      quant_detail::QuantizeQ6K(src, dst, nb);
       return;
     case DType::kQ8_K:
-      detail::QuantizeQ8K(src, dst, nb);
+      quant_detail::QuantizeQ8K(src, dst, nb);
       return;
     default:
       break;
@@ -446,4 +446,4 @@ void QuantizeMlxRow(const float* src, int bits, int group_size, uint32_t* packed
   }
 }
 
-}  // namespace lumen::formats
+}  // namespace lumen

@@ -5,7 +5,7 @@
 #include <cmath>
 #include <cstdint>
 
-namespace lumen::formats::detail {
+namespace lumen::quant_detail {
 
 // Round to nearest (ties to even) and clamp to [lo, hi]; NaN maps to lo so a
 // hostile or broken input cannot reach an out-of-range integer conversion.
@@ -30,4 +30,4 @@ void QuantizeQ5K(const float* src, uint8_t* dst, int64_t nb);
 void QuantizeQ6K(const float* src, uint8_t* dst, int64_t nb);
 void QuantizeQ8K(const float* src, uint8_t* dst, int64_t nb);
 
-}  // namespace lumen::formats::detail
+}  // namespace lumen::quant_detail

@@ -12,7 +12,7 @@
 
 #include "lumen/core/dtype.h"
 
-namespace lumen::formats {
+namespace lumen {
 
 // ---------------------------------------------------------------------------
 // Block layouts, byte for byte as ggml's block_* structs. Half-precision
@@ -141,4 +141,4 @@ void DequantizeMlxRow(const uint32_t* packed, const float* scales, const float* 
 void QuantizeMlxRow(const float* src, int bits, int group_size, uint32_t* packed, float* scales,
                     float* biases, int64_t n);
 
-}  // namespace lumen::formats
+}  // namespace lumen

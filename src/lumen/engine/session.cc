@@ -47,6 +47,13 @@ Status Session::Append(std::span<const int32_t> tokens, std::vector<float>* all_
   return Status::Ok();
 }
 
+void Session::CommitBatchToken(int32_t token, std::span<const float> logits) {
+  LUMEN_CHECK(logits.size() == logits_.size());
+  tokens_.push_back(token);
+  high_water_ = std::max<int64_t>(high_water_, tokens_.size());
+  std::copy(logits.begin(), logits.end(), logits_.begin());
+}
+
 int64_t Session::Truncate(int64_t n) {
   n = std::clamp<int64_t>(n, 0, static_cast<int64_t>(tokens_.size()));
   const auto& c = model_.config();

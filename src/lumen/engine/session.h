@@ -34,6 +34,13 @@ class Session {
   int64_t Truncate(int64_t n);
 
   std::span<float> logits() { return logits_; }
+
+  // Continuous batching (engine/ schedulers): the caller runs one
+  // Forward::RunBatch over many sessions' caches, then hands each session its
+  // token and logits row. Equivalent to Append({token}).
+  model::KvCache& batch_cache() { return cache_; }
+  int64_t next_pos() const { return static_cast<int64_t>(tokens_.size()); }
+  void CommitBatchToken(int32_t token, std::span<const float> logits);
   const std::vector<int32_t>& tokens() const { return tokens_; }
   int64_t ctx() const { return cache_.ctx(); }
   const Model& model() const { return model_; }

@@ -41,16 +41,17 @@ const kernels::RopeTable& Forward::Rope(bool sliding, int64_t seq_len) {
   return sliding && c_.family == Family::kGemma3 ? rope_local_ : rope_global_;
 }
 
-void Forward::Embed(std::span<const int32_t> tokens, float* x) const {
-  for (size_t t = 0; t < tokens.size(); ++t) {
+void Forward::Embed(std::span<const BatchRow> rows, float* x) const {
+  for (size_t t = 0; t < rows.size(); ++t) {
     float* row = x + t * c_.dim;
-    kernels::DequantizeMatrixRow(w_.tok_embd, tokens[t], row);
+    kernels::DequantizeMatrixRow(w_.tok_embd, rows[t].token, row);
     if (c_.embed_scale != 1.0f)
       for (int i = 0; i < c_.dim; ++i) row[i] *= c_.embed_scale;
   }
 }
 
-void Forward::AttentionBlock(int l, int64_t T, int64_t pos0, KvCache& cache) {
+void Forward::AttentionBlock(int l, std::span<const BatchRow> rows) {
+  const int64_t T = static_cast<int64_t>(rows.size());
   const LayerWeights& L = w_.layers[l];
   const int64_t D = c_.dim, Q = c_.q_dim(), KV = c_.kv_dim(), QKV = Q + 2 * KV;
   float* x = a_.x.as<float>();
@@ -69,9 +70,11 @@ void Forward::AttentionBlock(int l, int64_t T, int64_t pos0, KvCache& cache) {
     MatMul(L.wv, xn, T, D, qkv + Q + KV, QKV, pool_);
   }
   const bool sliding = c_.layer_sliding[l];
-  const kernels::RopeTable& rope = Rope(sliding, pos0 + T);
-  const kernels::KvRing& ring = cache.layer(l);
+  int64_t max_pos = 0;
+  for (const auto& r : rows) max_pos = std::max(max_pos, r.pos);
+  const kernels::RopeTable& rope = Rope(sliding, max_pos + 1);
   for (int64_t t = 0; t < T; ++t) {
+    const int64_t pos = rows[t].pos;
     float* q = qkv + t * QKV;
     float* k = q + Q;
     float* v = k + KV;
@@ -88,9 +91,9 @@ void Forward::AttentionBlock(int l, int64_t T, int64_t pos0, KvCache& cache) {
         kernels::RmsNormForward(kh, L.k_norm, c_.norm_offset, c_.norm_eps, c_.head_dim, kh);
       }
     }
-    kernels::ApplyRope(q, c_.n_heads, c_.head_dim, c_.rope_dim, rope, pos0 + t, c_.rope_style);
-    kernels::ApplyRope(k, c_.n_kv_heads, c_.head_dim, c_.rope_dim, rope, pos0 + t, c_.rope_style);
-    kernels::StoreKv(ring, KV, pos0 + t, k, v);
+    kernels::ApplyRope(q, c_.n_heads, c_.head_dim, c_.rope_dim, rope, pos, c_.rope_style);
+    kernels::ApplyRope(k, c_.n_kv_heads, c_.head_dim, c_.rope_dim, rope, pos, c_.rope_style);
+    kernels::StoreKv(rows[t].cache->layer(l), KV, pos, k, v);
   }
 
   const kernels::AttentionShape shape{c_.n_heads, c_.n_kv_heads, c_.head_dim, c_.attn_scale,
@@ -99,9 +102,10 @@ void Forward::AttentionBlock(int l, int64_t T, int64_t pos0, KvCache& cache) {
   auto attend = [&](int64_t b, int64_t e, int thread) {
     float* scratch = a_.attn_scratch.as<float>() + thread * a_.attn_scratch_per_thread;
     for (int64_t t = b; t < e; ++t) {
-      const int64_t p = pos0 + t;
+      const int64_t p = rows[t].pos;
       const int64_t begin = window > 0 ? std::max<int64_t>(0, p - window + 1) : 0;
-      kernels::AttendOne(qkv + t * QKV, shape, ring, begin, p + 1, att + t * Q, scratch);
+      kernels::AttendOne(qkv + t * QKV, shape, rows[t].cache->layer(l), begin, p + 1, att + t * Q,
+                         scratch);
     }
   };
   if (pool_) pool_->ParallelFor(T, attend); else attend(0, T, 0);
@@ -157,34 +161,52 @@ Status Forward::Run(std::span<const int32_t> tokens, int64_t pos0, KvCache& cach
   if (pos0 < 0 || pos0 + T > cache.ctx())
     return Errorf("context full: positions {}..{} do not fit the context of {} tokens", pos0,
                   pos0 + T - 1, cache.ctx());
-  for (int64_t t = 0; t < T; ++t)
-    if (tokens[t] < 0 || tokens[t] >= c_.vocab_size)
-      return Errorf("token id {} at index {} is outside the vocabulary (size {})", tokens[t], t,
-                    c_.vocab_size);
+  BatchRow rows[kMaxChunk];
+  for (int64_t t = 0; t < T; ++t) rows[t] = {&cache, tokens[t], pos0 + t};
+  return RunRows(std::span<const BatchRow>(rows, T), which == LogitsFor::kAll ? 0 : T - 1, logits);
+}
 
-  const int64_t need = cache.ctx() * (c_.n_heads + 1) + 2 * c_.kv_dim();
+Status Forward::RunBatch(std::span<const BatchRow> rows, float* logits) {
+  const int64_t B = static_cast<int64_t>(rows.size());
+  if (B == 0) return Error("forward: empty batch");
+  if (B > kMaxChunk) return Errorf("forward: batch of {} rows exceeds {}", B, kMaxChunk);
+  for (int64_t b = 0; b < B; ++b)
+    if (rows[b].pos < 0 || rows[b].pos >= rows[b].cache->ctx())
+      return Errorf("context full: position {} does not fit the context of {} tokens (row {})",
+                    rows[b].pos, rows[b].cache->ctx(), b);
+  return RunRows(rows, 0, logits);
+}
+
+Status Forward::RunRows(std::span<const BatchRow> rows, int64_t first, float* logits) {
+  const int64_t T = static_cast<int64_t>(rows.size());
+  for (int64_t t = 0; t < T; ++t)
+    if (rows[t].token < 0 || rows[t].token >= c_.vocab_size)
+      return Errorf("token id {} at index {} is outside the vocabulary (size {})", rows[t].token, t,
+                    c_.vocab_size);
+  int64_t max_ctx = 0;
+  for (const auto& r : rows) max_ctx = std::max(max_ctx, r.cache->ctx());
+  const int64_t need = max_ctx * (c_.n_heads + 1) + 2 * c_.kv_dim();
   if (need > a_.attn_scratch_per_thread) {  // a longer --ctx than the model's default
     a_.attn_scratch_per_thread = need;
     a_.attn_scratch = AlignedBuffer(size_t(pool_ ? pool_->size() : 1) * need * sizeof(float));
   }
   float* x = a_.x.as<float>();
-  Embed(tokens, x);
+  Embed(rows, x);
   for (int l = 0; l < c_.n_layers; ++l) {
-    AttentionBlock(l, T, pos0, cache);
+    AttentionBlock(l, rows);
     FfnBlock(l, T);
   }
   const int64_t D = c_.dim, V = c_.vocab_size;
-  const int64_t first = which == LogitsFor::kAll ? 0 : T - 1;
-  const int64_t rows = T - first;
+  const int64_t nrows = T - first;
   float* xn = a_.xn.as<float>();
-  for (int64_t t = 0; t < rows; ++t) {
+  for (int64_t t = 0; t < nrows; ++t) {
     float* o = xn + t * D;
     kernels::RmsNormForward(x + (first + t) * D, w_.output_norm, c_.norm_offset, c_.norm_eps, D, o);
     if (c_.logit_scale != 1.0f)
       for (int64_t i = 0; i < D; ++i) o[i] *= c_.logit_scale;
   }
-  MatMul(w_.output, xn, rows, D, logits, V, pool_);
-  if (c_.final_softcap > 0) kernels::SoftCap(logits, rows * V, c_.final_softcap);
+  MatMul(w_.output, xn, nrows, D, logits, V, pool_);
+  if (c_.final_softcap > 0) kernels::SoftCap(logits, nrows * V, c_.final_softcap);
   return Status::Ok();
 }
 

@@ -37,6 +37,13 @@ struct Activations {
 
 enum class LogitsFor { kLast, kAll };
 
+// One row of a batched decode step: a token of some sequence at its position.
+struct BatchRow {
+  KvCache* cache;
+  int32_t token;
+  int64_t pos;
+};
+
 class Forward {
  public:
   Forward(const ModelConfig& c, const Weights& w, ThreadPool* pool);
@@ -45,11 +52,18 @@ class Forward {
   Status Run(std::span<const int32_t> tokens, int64_t pos0, KvCache& cache, LogitsFor which,
              float* logits);
 
+  // Continuous batching: B <= kMaxChunk rows, each from its own sequence (or
+  // consecutive positions of one), in one pass, so every weight is read once
+  // for all rows. logits: [B, V]. Row r gives the same logits as running it
+  // alone (L1: the per-row arithmetic is identical).
+  Status RunBatch(std::span<const BatchRow> rows, float* logits);
+
   const ModelConfig& config() const { return c_; }
 
  private:
-  void Embed(std::span<const int32_t> tokens, float* x) const;
-  void AttentionBlock(int l, int64_t T, int64_t pos0, KvCache& cache);
+  Status RunRows(std::span<const BatchRow> rows, int64_t first_logit_row, float* logits);
+  void Embed(std::span<const BatchRow> rows, float* x) const;
+  void AttentionBlock(int l, std::span<const BatchRow> rows);
   void FfnBlock(int l, int64_t T);
   const kernels::RopeTable& Rope(bool sliding, int64_t seq_len);
 

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "lumen/core/status.h"
+#include "lumen/kernels/vecmath.h"
 #include "lumen/sample/config.h"
 
 namespace lumen::sample {
@@ -41,6 +42,22 @@ class Pchip {
   std::span<const double> knots_x() const { return x_; }
   std::span<const double> knots_y() const { return y_; }
   std::span<const double> tangents() const { return m_; }
+  // The offset cubic for kernels::PchipScore (points into this object; the
+  // kernel evaluates exactly Offset's expression, bit for bit).
+  kernels::PchipSpan span() const {
+    const size_t n = x_.size();
+    return {x_.data(),
+            a_.data(),
+            b_.data(),
+            c_.data(),
+            d_.data(),
+            inv_h_.data(),
+            n,
+            y_[0] - x_[0],
+            y_[n - 1] - x_[n - 1],
+            low_slope_off_,
+            high_slope_off_};
+  }
 
  private:
   int Segment(double l) const;  // k with x_[k] <= l < x_[k+1], clamped

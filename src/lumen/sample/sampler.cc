@@ -8,35 +8,27 @@
 #include <random>
 
 #include "lumen/core/check.h"
+#include "lumen/kernels/vecmath.h"
 #include "lumen/sample/fast_math.h"
 
 namespace lumen::sample {
 
 namespace {
 
-using fastmath::Exp4;
-using fastmath::ExpF;
 using fastmath::Load;
-using fastmath::Log4;
 using fastmath::Splat;
-using fastmath::Store;
 using fastmath::V4;
 using fastmath::V4i;
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 constexpr float kFloatMax = std::numeric_limits<float>::max();
-constexpr size_t kBlock = 256;  // Draw's block size (a multiple of 4)
+constexpr size_t kBlock = kernels::kSumBlock;  // Draw's block size
 
 // Finite logit or -inf: NaN counts as -inf, +inf as the largest float.
 inline float Clean(float x) {
   if (!(x > kNegInf)) return kNegInf;
   return x > kFloatMax ? kFloatMax : x;
 }
-inline V4 Clean4(V4 x) {
-  x = x > Splat(kFloatMax) ? Splat(kFloatMax) : x;
-  return x > Splat(kNegInf) ? x : Splat(kNegInf);  // NaN compares false
-}
-inline float HMax(V4 v) { return std::max(std::max(v[0], v[1]), std::max(v[2], v[3])); }
 
 // "a ranks above b": higher value, then lower id.
 template <typename C>
@@ -44,35 +36,12 @@ bool Better(const C& a, const C& b) {
   return a.lp > b.lp || (a.lp == b.lp && a.id < b.id);
 }
 
-float MaxOf(const float* x, size_t n, bool clean) {
-  V4 m = Splat(kNegInf);
-  size_t i = 0;
-  for (; i + 4 <= n; i += 4) {
-    V4 v = Load(x + i);
-    if (clean) v = Clean4(v);
-    m = v > m ? v : m;
-  }
-  float r = HMax(m);
-  for (; i < n; ++i) r = std::max(r, clean ? Clean(x[i]) : x[i]);
-  return r;
-}
-
-// Sum of a float array: float lanes within each block of kBlock, blocks in double.
-// `blocks` receives each block's sum when non-null.
+// Sum of a float array in kBlock blocks (kernels::BlockSum); `blocks`
+// receives each block's sum when non-null.
 double BlockSum(const float* e, size_t n, std::vector<double>* blocks) {
-  double total = 0;
-  if (blocks) blocks->clear();
-  for (size_t b = 0; b < n; b += kBlock) {
-    const size_t end = std::min(n, b + kBlock);
-    V4 acc = Splat(0.0f);
-    size_t i = b;
-    for (; i + 4 <= end; i += 4) acc += Load(e + i);
-    double s = (static_cast<double>(acc[0]) + acc[1]) + (static_cast<double>(acc[2]) + acc[3]);
-    for (; i < end; ++i) s += e[i];
-    if (blocks) blocks->push_back(s);
-    total += s;
-  }
-  return total;
+  if (!blocks) return kernels::BlockSum(e, n, nullptr);
+  blocks->resize(kernels::SumBlocks(n));
+  return kernels::BlockSum(e, n, blocks->data());
 }
 
 // Median-pivot histogram: 16 bins per nat over [-64, 0], then one catch-all.
@@ -105,23 +74,25 @@ void Sampler::Reset() {
 
 // --- candidates ----------------------------------------------------------------
 
-// Every token in id order, -inf ones included (they end with probability 0).
+// Every token in id order, -inf ones included (they end with probability 0),
+// with the plain scores s = Score(lp, gain_, 0) and s_max_ in the same pass.
 void Sampler::CollectAll(std::span<const float> logits) {
   const size_t n = logits.size();
-  const float x_max = MaxOf(logits.data(), n, /*clean=*/true);
+  const float x_max = kernels::CleanMax(logits.data(), n);
   if (x_max == kNegInf) {
     id_.clear();
     lp_.clear();
+    s_.clear();
     return;
   }
-  id_.resize(n);
-  std::iota(id_.begin(), id_.end(), 0);
+  if (iota_n_ != n) {  // id_ is already 0..n-1 when the last call left it so
+    id_.resize(n);
+    std::iota(id_.begin(), id_.end(), 0);
+    iota_n_ = n;
+  }
   lp_.resize(n);
-  const float* x = logits.data();
-  float* lp = lp_.data();
-  size_t i = 0;
-  for (; i + 4 <= n; i += 4) Store(lp + i, Clean4(Load(x + i)) - x_max);
-  for (; i < n; ++i) lp[i] = Clean(x[i]) - x_max;
+  s_.resize(n);
+  s_max_ = kernels::CleanShiftScore(logits.data(), n, x_max, gain_, lp_.data(), s_.data());
 }
 
 // The k best (value desc, id asc) finite logits, sorted, raw values in .lp.
@@ -166,6 +137,7 @@ void Sampler::CollectTopK(std::span<const float> logits, size_t k, std::vector<C
 }
 
 void Sampler::FromCands(const std::vector<Cand>& c) {
+  iota_n_ = 0;
   id_.resize(c.size());
   lp_.resize(c.size());
   for (size_t i = 0; i < c.size(); ++i) {
@@ -181,6 +153,7 @@ void Sampler::ToCands(std::vector<Cand>& c) const {
 
 // Keeps the candidates whose keep_ flag is set, in order.
 void Sampler::Compact(size_t n) {
+  iota_n_ = 0;
   size_t w = 0;
   for (size_t i = 0; i < n; ++i) {
     if (!keep_[i]) continue;
@@ -192,7 +165,7 @@ void Sampler::Compact(size_t n) {
   lp_.resize(w);
 }
 
-float Sampler::CandMax() const { return MaxOf(lp_.data(), lp_.size(), false); }
+float Sampler::CandMax() const { return kernels::MaxF32(lp_.data(), lp_.size()); }
 
 double Sampler::T1Probs() {
   const float m = CandMax();
@@ -209,25 +182,16 @@ double Sampler::T1Probs() {
 // --- final softmax and draw ------------------------------------------------
 
 void Sampler::ScoreAll(float gain) {
-  const size_t n = lp_.size();
-  s_.resize(n);
-  const float* lp = lp_.data();
-  float* s = s_.data();
-  size_t i = 0;
-  for (; i + 4 <= n; i += 4) Store(s + i, Load(lp + i) * gain + 0.0f);
-  for (; i < n; ++i) s[i] = Score(lp[i], gain, 0.0f);
+  s_.resize(lp_.size());
+  s_max_ = kernels::ScaleScore(lp_.data(), lp_.size(), gain, s_.data());
 }
 
+// Needs s_ and s_max_ from the route's score kernel.
 void Sampler::Finalize() {
   const size_t n = s_.size();
-  s_max_ = MaxOf(s_.data(), n, false);
   e_.resize(n);
-  const float* s = s_.data();
-  float* e = e_.data();
-  size_t i = 0;
-  for (; i + 4 <= n; i += 4) Store(e + i, Exp4(Load(s + i) - s_max_));
-  for (; i < n; ++i) e[i] = ExpF(s[i] - s_max_);
-  sum_ = BlockSum(e, n, &blocks_);
+  blocks_.resize(kernels::SumBlocks(n));
+  sum_ = kernels::ExpShiftSum(s_.data(), n, s_max_, e_.data(), blocks_.data());
 }
 
 size_t Sampler::Draw(double u) const {
@@ -257,7 +221,8 @@ size_t Sampler::Draw(double u) const {
 void Sampler::StandardPath(std::span<const float> logits, bool sampling) {
   const SamplerConfig& c = config_;
   // 5. top-k (the heap pass), else every token in id order.
-  bool sorted = false;  // candidates descending by (lp, -id)
+  bool sorted = false;      // candidates descending by (lp, -id)
+  bool scored_all = false;  // s_ holds CollectAll's scores of the current candidates
   if (c.top_k > 0 && static_cast<size_t>(c.top_k) < logits.size()) {
     CollectTopK(logits, static_cast<size_t>(c.top_k), cands_);
     if (!cands_.empty()) {
@@ -268,6 +233,12 @@ void Sampler::StandardPath(std::span<const float> logits, bool sampling) {
     sorted = true;
   } else {
     CollectAll(logits);
+    scored_all = true;
+  }
+  // A step that runs may change the candidates: then they are scored again.
+  if (c.typical_p < 1.0 || c.top_p < 1.0 || c.min_p > 0.0 || c.top_n_sigma > 0.0 ||
+      (sampling && c.xtc_probability > 0.0)) {
+    scored_all = false;
   }
 
   // 6. typical-p: keep the tokens whose surprise is closest to the entropy.
@@ -387,14 +358,14 @@ void Sampler::StandardPath(std::span<const float> logits, bool sampling) {
     }
   }
 
-  // 11. temperature.
-  ScoreAll(gain_);
+  // 11. temperature. CollectAll already scored an untruncated candidate set
+  // (the same kernel expression ScaleScore uses).
+  if (lp_.size() != s_.size() || !scored_all) ScoreAll(gain_);
   Finalize();
 }
 
 void Sampler::MirostatPath() {
-  ScoreAll(gain_);
-  Finalize();
+  Finalize();  // on CollectAll's scores
   if (id_.empty()) return;
   // Keep tokens with surprise -log2 p <= mu; the argmax always survives.
   const double log_thresh = -mu_ * std::log(2.0) + std::log(sum_);  // on s - s_max
@@ -402,6 +373,7 @@ void Sampler::MirostatPath() {
   for (size_t i = 0; i < s_.size(); ++i) {
     if (s_[i] > s_[best]) best = i;
   }
+  iota_n_ = 0;
   size_t w = 0;
   for (size_t i = 0; i < s_.size(); ++i) {
     if (static_cast<double>(s_[i] - s_max_) < log_thresh && i != best) continue;
@@ -419,34 +391,29 @@ void Sampler::MirostatPath() {
 }
 
 float Sampler::MedianPivot() {
-  // e_i = exp(lp_i) and a mass histogram by lp; the 50% boundary's bin is then
-  // sorted alone. Ties in lp share a bin, so the boundary value is exact.
+  // e_i = exp(lp_i) and their total z; then a mass histogram by lp over the
+  // tokens that can hold the 50% boundary, and only the crossing bin sorted.
+  // Ties in lp share a bin, so the boundary value is exact. The boundary token
+  // b has every later token (at most n of them, each <= e_b) carry more than
+  // z/2, so e_b > z/(2n): tokens with lp below ln(z/(2n)) (minus a nat for
+  // rounding) are never reached and are not binned.
   const size_t n = lp_.size();
   e_.resize(n);
-  bin_idx_.resize(n);
   const float* lp = lp_.data();
-  float* e = e_.data();
-  int32_t* bi = bin_idx_.data();
-  size_t i = 0;
-  const V4 scale = Splat(-kBinsPerNat), top = Splat(static_cast<float>(kBins - 1));
-  for (; i + 4 <= n; i += 4) {
-    const V4 v = Load(lp + i);
-    Store(e + i, Exp4(v));
-    V4 b = v * scale;
-    b = b < top ? b : top;  // -inf lp gives +inf here: the catch-all bin
-    const V4i bint = __builtin_convertvector(b, V4i);
-    std::memcpy(bi + i, &bint, sizeof(bint));
-  }
-  for (; i < n; ++i) {
-    e[i] = ExpF(lp[i]);
-    const float b = lp[i] * -kBinsPerNat;
-    bi[i] = b < kBins - 1 ? static_cast<int32_t>(b) : kBins - 1;
-  }
-  bins_.assign(kBins, 0.0);
-  for (i = 0; i < n; ++i) bins_[bi[i]] += e[i];
-  double z = 0;
-  for (double b : bins_) z += b;
+  const float* e = e_.data();
+  const double z = kernels::ExpShiftSum(lp, n, 0.0f, e_.data(), nullptr);
   const double half = 0.5 * z;
+  const float lo = static_cast<float>(std::log(z / (2.0 * static_cast<double>(n)))) - 1.0f;
+  near_idx_.resize(n);
+  const size_t k = kernels::IndicesAtLeast(lp, n, lo, near_idx_.data());
+  bin_idx_.resize(k);
+  bins_.assign(kBins, 0.0);
+  for (size_t j = 0; j < k; ++j) {
+    const uint32_t i = near_idx_[j];
+    const float b = lp[i] * -kBinsPerNat;
+    bin_idx_[j] = b < kBins - 1 ? static_cast<int32_t>(b) : kBins - 1;
+    bins_[bin_idx_[j]] += e[i];
+  }
   double cum = 0;
   int bin = 0;
   for (; bin < kBins - 1; ++bin) {
@@ -454,13 +421,13 @@ float Sampler::MedianPivot() {
     cum += bins_[bin];
   }
   bin_items_.clear();
-  for (i = 0; i < n; ++i) {
-    if (bi[i] == bin) bin_items_.push_back({lp[i], id_[i]});
+  for (size_t j = 0; j < k; ++j) {
+    if (bin_idx_[j] == bin) bin_items_.push_back({lp[near_idx_[j]], id_[near_idx_[j]]});
   }
   std::sort(bin_items_.begin(), bin_items_.end(),
             [](const Cand& a, const Cand& b) { return Better(a, b); });
   for (const Cand& cd : bin_items_) {
-    cum += std::exp(static_cast<double>(cd.lp));
+    cum += kernels::ExpShiftSum(&cd.lp, 1, 0.0f, nullptr, nullptr);  // the same e as binned
     if (cum >= half) return cd.lp;
   }
   return bin_items_.empty() ? 0.0f : bin_items_.back().lp;
@@ -469,7 +436,6 @@ float Sampler::MedianPivot() {
 void Sampler::HlgPath() {
   const HlgConfig& h = config_.hlg;
   const size_t n = lp_.size();
-  s_.resize(n);
   if (n == 0) return Finalize();
   // Pivot mu in the lp frame (lp = l + const, and z = l - mu is frame-free).
   float mu = 0;
@@ -479,88 +445,40 @@ void Sampler::HlgPath() {
       break;
     case HlgPivot::kEntropy: {
       // mu = sum p l = (sum e lp) / (sum e), e = exp(lp); -inf terms are 0.
-      e_.resize(n);
-      s_.resize(n);  // scratch for e * lp
-      size_t i = 0;
-      for (; i + 4 <= n; i += 4) {
-        const V4 v = Load(lp_.data() + i);
-        const V4 ev = Exp4(v);
-        Store(e_.data() + i, ev);
-        Store(s_.data() + i, v > Splat(kNegInf) ? ev * v : Splat(0.0f));
-      }
-      for (; i < n; ++i) {
-        e_[i] = ExpF(lp_[i]);
-        s_[i] = lp_[i] > kNegInf ? e_[i] * lp_[i] : 0.0f;
-      }
-      mu = static_cast<float>(BlockSum(s_.data(), n, nullptr) / BlockSum(e_.data(), n, nullptr));
+      double se = 0, selp = 0;
+      kernels::ExpMoments(lp_.data(), n, &se, &selp);
+      mu = static_cast<float>(selp / se);
       break;
     }
     case HlgPivot::kMedian:
       mu = MedianPivot();
       break;
   }
-  const float m = gain_;
-  if (!h.rolloff) {
-    ScoreAll(m);
-    return Finalize();
-  }
-  // s = m lp + offset, offset = g(z) - m z (hlg.h): m (ut - bt ln(1 + ut/bt))
-  // below the mids, -m (uh - bh ln(1 + uh/bh)) above, exactly 0 inside since
-  // then ut = uh = 0 and ln(1) == 0.
-  const float w = static_cast<float>(h.width);
-  const float bt = static_cast<float>(h.toe), bh = static_cast<float>(h.shoulder);
-  const float ibt = 1.0f / bt, ibh = 1.0f / bh;
-  const float* lp = lp_.data();
-  float* s = s_.data();
-  size_t i = 0;
-  for (; i + 4 <= n; i += 4) {
-    const V4 l = Load(lp + i);
-    const V4 z = l - mu;
-    V4 ut = -z - w;
-    ut = ut > 0.0f ? ut : Splat(0.0f);
-    V4 uh = z - w;
-    uh = uh > 0.0f ? uh : Splat(0.0f);
-    // Most of a large vocabulary sits in the toe and few tokens in the
-    // shoulder: skip a log when no lane needs it (the skipped term is 0).
-    const V4i in_toe = ut > 0.0f, in_shoulder = uh > 0.0f;
-    V4 off = Splat(0.0f);
-    if ((in_toe[0] | in_toe[1] | in_toe[2] | in_toe[3]) != 0) {
-      off = m * (ut - bt * Log4(1.0f + ut * ibt));
-    }
-    if ((in_shoulder[0] | in_shoulder[1] | in_shoulder[2] | in_shoulder[3]) != 0) {
-      off = off - m * (uh - bh * Log4(1.0f + uh * ibh));
-    }
-    const V4 sc = m * l + off;
-    Store(s + i, l > Splat(kNegInf) ? sc : Splat(kNegInf));
-  }
-  for (; i < n; ++i) {
-    const float l = lp[i];
-    const float z = l - mu;
-    const float ut = std::max(-z - w, 0.0f), uh = std::max(z - w, 0.0f);
-    float off = 0.0f;
-    if (ut > 0.0f) off = m * (ut - bt * fastmath::LogF(1.0f + ut * ibt));
-    if (uh > 0.0f) off = off - m * (uh - bh * fastmath::LogF(1.0f + uh * ibh));
-    s[i] = l > kNegInf ? Score(l, m, off) : kNegInf;
-  }
+  // Rolloff off: CollectAll's scores Score(lp, m, 0) are the HLG scores, the
+  // very floats plain temperature uses (the bit-exact gate).
+  if (!h.rolloff) return Finalize();
+  // s = m lp + offset, offset = g(z) - m z (hlg.h), exactly +0.0 in the mids
+  // (kernels::HlgSpan), so there s == Score(lp, m, 0) too.
+  kernels::HlgSpan p;
+  p.mu = mu;
+  p.m = gain_;
+  p.width = static_cast<float>(h.width);
+  p.toe = static_cast<float>(h.toe);
+  p.shoulder = static_cast<float>(h.shoulder);
+  p.inv_toe = 1.0f / p.toe;
+  p.inv_shoulder = 1.0f / p.shoulder;
+  s_max_ = kernels::HlgScore(lp_.data(), n, p, s_.data());
   Finalize();
 }
 
 void Sampler::CurvePath() {
   const size_t n = lp_.size();
-  s_.resize(n);
-  e_.resize(n);
-  size_t i = 0;
-  for (; i + 4 <= n; i += 4) Store(e_.data() + i, Exp4(Load(lp_.data() + i)));
-  for (; i < n; ++i) e_[i] = ExpF(lp_[i]);
-  const double log_z = std::log(BlockSum(e_.data(), n, nullptr));
-  for (i = 0; i < n; ++i) {
-    const float lp = lp_[i];
-    // One rounding, from double: a flat piece of the curve then gives equal
-    // scores rather than float noise. For the identity curve the offset is
-    // exactly 0.0, so the score is lp itself, as Score(lp, 1, 0) is.
-    const double off = curve_.Offset(static_cast<double>(lp) - log_z);
-    s_[i] = lp > kNegInf ? static_cast<float>(static_cast<double>(lp) + off) : kNegInf;
-  }
+  if (n == 0) return Finalize();
+  const double log_z = std::log(kernels::ExpShiftSum(lp_.data(), n, 0.0f, nullptr, nullptr));
+  // One rounding, from double: a flat piece of the curve then gives equal
+  // scores rather than float noise. For the identity curve the offset is
+  // exactly 0.0, so the score is lp itself, as Score(lp, 1, 0) is.
+  s_max_ = kernels::PchipScore(lp_.data(), n, log_z, curve_.span(), s_.data());
   Finalize();
 }
 

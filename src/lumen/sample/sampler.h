@@ -134,14 +134,16 @@ class Sampler {
   std::vector<double> p_;       // [n] temperature-1 probabilities for truncation steps
   float s_max_ = 0;
   double sum_ = 0;
-  std::vector<float> work_;       // Distribution's copy of the logits
-  std::vector<Cand> cands_;       // sorting work (top-k, top-p, typical)
-  std::vector<Cand> heap_;        // top-k / top-logprobs selection
-  std::vector<double> bins_;      // median pivot mass histogram
-  std::vector<Cand> bin_items_;   // median pivot boundary bin
-  std::vector<int32_t> bin_idx_;  // median pivot: bin of each candidate
-  std::vector<size_t> order_;     // top-logprobs selection over candidates
-  std::vector<uint8_t> keep_;     // compaction mask
+  std::vector<float> work_;         // Distribution's copy of the logits
+  std::vector<Cand> cands_;         // sorting work (top-k, top-p, typical)
+  std::vector<Cand> heap_;          // top-k / top-logprobs selection
+  std::vector<double> bins_;        // median pivot mass histogram
+  std::vector<Cand> bin_items_;     // median pivot boundary bin
+  std::vector<int32_t> bin_idx_;    // median pivot: bin of each binned candidate
+  std::vector<uint32_t> near_idx_;  // median pivot: candidates that can hold the boundary
+  size_t iota_n_ = 0;               // id_ holds 0..iota_n_-1 (CollectAll skips rewriting it)
+  std::vector<size_t> order_;       // top-logprobs selection over candidates
+  std::vector<uint8_t> keep_;       // compaction mask
 };
 
 }  // namespace lumen::sample

@@ -1,7 +1,12 @@
 #include "lumen/kernels/matmul.h"
 
+#include <algorithm>
+#include <cstring>
 #include <vector>
 
+#include "lumen/core/buffer.h"
+#include "lumen/core/half.h"
+#include "lumen/core/quant.h"
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "lumen/kernels/matmul.cc"
@@ -10,30 +15,454 @@
 
 #include "lumen/kernels/dot-inl.h"
 
+// Design: one "row decoder" per storage type turns a weight row into f32
+// vectors of N consecutive elements and hands each to a sink, so the weight
+// bytes go from memory straight into registers. Decode (M <= 4) sinks FMA the
+// vector into one accumulator per activation row; prefill (M > 4) sinks store
+// a few decoded rows into an L1/L2-resident panel that a register-blocked
+// microkernel then reuses across all M rows. Every dequantized value equals
+// the scalar reference's (or differs by one rounding where we use an FMA for
+// scale * q + offset), so the only other error is f32 summation order.
+//
+// MLX 4-bit rows decode even and odd elements of each 2N-element chunk as two
+// separate vectors (no in-register interleave); X is permuted to match once
+// per call (PermuteMlx4), which costs K floats per activation row.
+
 HWY_BEFORE_NAMESPACE();
 namespace lumen::kernels::HWY_NAMESPACE {
+namespace {
 
-// Rows [n0, n1) of W against all M rows of X. f32 weights are read in place;
-// other dtypes are dequantized one row at a time into `scratch` (K floats).
-void MatMulRows(const Matrix& W, const float* X, int64_t M, int64_t ldx, float* Y,
-                int64_t ldy, int64_t n0, int64_t n1) {
-  const int64_t K = W.k;
-  std::vector<float> scratch(W.is_f32() ? 0 : K);
-  for (int64_t n = n0; n < n1; ++n) {
-    const float* w;
-    if (W.is_f32()) {
-      w = W.w.row<const float>(n);
-    } else {
-      DequantizeMatrixRow(W, n, scratch.data());
-      w = scratch.data();
-    }
-    for (int64_t m = 0; m < M; ++m) Y[m * ldy + n] = DotF32(w, X + m * ldx, K);
+using DF = hn::ScalableTag<float>;
+using VF = hn::Vec<DF>;
+using DI = hn::RebindToSigned<DF>;
+
+HWY_INLINE float LoadF16(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return F16ToF32(h);
+}
+
+// Unsigned bytes p[0..N) widened to int32 lanes.
+HWY_INLINE hn::Vec<DI> LoadU8(const uint8_t* p) {
+  const DI di;
+  const hn::Rebind<uint8_t, DI> d8;
+  return hn::PromoteTo(di, hn::LoadU(d8, p));
+}
+HWY_INLINE hn::Vec<DI> LoadI8(const int8_t* p) {
+  const DI di;
+  const hn::Rebind<int8_t, DI> d8;
+  return hn::PromoteTo(di, hn::LoadU(d8, p));
+}
+
+template <class Sink>
+HWY_INLINE void DecodeF32(const uint8_t* row, int64_t K, Sink& sink) {
+  const DF d;
+  const int64_t N = hn::Lanes(d);
+  const float* p = reinterpret_cast<const float*>(row);
+  for (int64_t k = 0; k < K; k += 2 * N) {
+    sink(k, hn::LoadU(d, p + k), 0);
+    sink(k + N, hn::LoadU(d, p + k + N), 1);
   }
 }
 
-// dX[M, K] for columns of dY in [n0, n1), accumulated into dX (caller zeroes).
-void MatMulTRows(const Matrix& W, const float* dY, int64_t M, float* dX, int64_t k0,
-                 int64_t k1) {
+template <class Sink>
+HWY_INLINE void DecodeF16(const uint8_t* row, int64_t K, Sink& sink) {
+  const DF d;
+  const hn::Rebind<hwy::float16_t, DF> dh;
+  const int64_t N = hn::Lanes(d);
+  const hwy::float16_t* p = reinterpret_cast<const hwy::float16_t*>(row);
+  for (int64_t k = 0; k < K; k += 2 * N) {
+    sink(k, hn::PromoteTo(d, hn::LoadU(dh, p + k)), 0);
+    sink(k + N, hn::PromoteTo(d, hn::LoadU(dh, p + k + N)), 1);
+  }
+}
+
+template <class Sink>
+HWY_INLINE void DecodeBF16(const uint8_t* row, int64_t K, Sink& sink) {
+  const DF d;
+  const hn::Rebind<hwy::bfloat16_t, DF> dh;
+  const int64_t N = hn::Lanes(d);
+  const hwy::bfloat16_t* p = reinterpret_cast<const hwy::bfloat16_t*>(row);
+  for (int64_t k = 0; k < K; k += 2 * N) {
+    sink(k, hn::PromoteTo(d, hn::LoadU(dh, p + k)), 0);
+    sink(k + N, hn::PromoteTo(d, hn::LoadU(dh, p + k + N)), 1);
+  }
+}
+
+template <class Sink>
+HWY_INLINE void DecodeQ8_0(const uint8_t* row, int64_t K, Sink& sink) {
+  const DF d;
+  const int64_t N = hn::Lanes(d);
+  for (int64_t b = 0; b < K / kQK; ++b) {
+    const uint8_t* blk = row + b * sizeof(BlockQ8_0);
+    const auto vd = hn::Set(d, LoadF16(blk));
+    const int8_t* qs = reinterpret_cast<const int8_t*>(blk + 2);
+    for (int64_t i = 0; i < kQK; i += 2 * N) {
+      sink(b * kQK + i, hn::Mul(hn::ConvertTo(d, LoadI8(qs + i)), vd), 0);
+      sink(b * kQK + i + N, hn::Mul(hn::ConvertTo(d, LoadI8(qs + i + N)), vd), 1);
+    }
+  }
+}
+
+template <class Sink>
+HWY_INLINE void DecodeQ4_0(const uint8_t* row, int64_t K, Sink& sink) {
+  const DF d;
+  const DI di;
+  const int64_t N = hn::Lanes(d);
+  const auto k15 = hn::Set(di, 15);
+  for (int64_t b = 0; b < K / kQK; ++b) {
+    const uint8_t* blk = row + b * sizeof(BlockQ4_0);
+    const float scale = LoadF16(blk);
+    const auto vd = hn::Set(d, scale);
+    const auto off = hn::Set(d, -8.0f * scale);  // d * (q - 8) == fma(q, d, -8d): one rounding
+    const uint8_t* qs = blk + 2;
+    for (int64_t i = 0; i < kQK / 2; i += N) {
+      const auto q = LoadU8(qs + i);
+      sink(b * kQK + i, hn::MulAdd(hn::ConvertTo(d, hn::And(q, k15)), vd, off), 0);
+      sink(b * kQK + 16 + i, hn::MulAdd(hn::ConvertTo(d, hn::ShiftRight<4>(q)), vd, off), 1);
+    }
+  }
+}
+
+template <class Sink>
+HWY_INLINE void DecodeQ4K(const uint8_t* row, int64_t K, Sink& sink) {
+  const DF d;
+  const DI di;
+  const int64_t N = hn::Lanes(d);
+  const auto k15 = hn::Set(di, 15);
+  for (int64_t b = 0; b < K / kQKK; ++b) {
+    const uint8_t* blk = row + b * sizeof(BlockQ4K);
+    const float dd = LoadF16(blk), dmin = LoadF16(blk + 2);
+    const uint8_t* sc = blk + 4;
+    const uint8_t* qs = blk + 16;
+    for (int j = 0; j < 4; ++j) {
+      uint8_t s1, m1, s2, m2;
+      GetScaleMinK4(2 * j, sc, &s1, &m1);
+      GetScaleMinK4(2 * j + 1, sc, &s2, &m2);
+      const auto d1 = hn::Set(d, dd * s1), o1 = hn::Set(d, -(dmin * m1));
+      const auto d2 = hn::Set(d, dd * s2), o2 = hn::Set(d, -(dmin * m2));
+      const int64_t base = b * kQKK + 64 * j;
+      for (int64_t l = 0; l < 32; l += N) {
+        const auto q = LoadU8(qs + 32 * j + l);
+        sink(base + l, hn::MulAdd(hn::ConvertTo(d, hn::And(q, k15)), d1, o1), 0);
+        sink(base + 32 + l, hn::MulAdd(hn::ConvertTo(d, hn::ShiftRight<4>(q)), d2, o2), 1);
+      }
+    }
+  }
+}
+
+template <class Sink>
+HWY_INLINE void DecodeQ6K(const uint8_t* row, int64_t K, Sink& sink) {
+  const DF d;
+  const DI di;
+  const int64_t N = hn::Lanes(d);
+  const auto k15 = hn::Set(di, 15), k3 = hn::Set(di, 3), k32 = hn::Set(di, 32);
+  for (int64_t b = 0; b < K / kQKK; ++b) {
+    const uint8_t* blk = row + b * sizeof(BlockQ6K);
+    const uint8_t* ql = blk;
+    const uint8_t* qh = blk + 128;
+    const int8_t* sc = reinterpret_cast<const int8_t*>(blk + 192);
+    const float dd = LoadF16(blk + 208);
+    for (int half = 0; half < 2; ++half) {
+      const int64_t base = b * kQKK + 128 * half;
+      for (int64_t l = 0; l < 32; l += N) {
+        const int is = static_cast<int>(l / 16);
+        const auto a = LoadU8(ql + l), c = LoadU8(ql + l + 32), h = LoadU8(qh + l);
+        const auto q1 = hn::Or(hn::And(a, k15), hn::ShiftLeft<4>(hn::And(h, k3)));
+        const auto q2 =
+            hn::Or(hn::And(c, k15), hn::ShiftLeft<4>(hn::And(hn::ShiftRight<2>(h), k3)));
+        const auto q3 =
+            hn::Or(hn::ShiftRight<4>(a), hn::ShiftLeft<4>(hn::And(hn::ShiftRight<4>(h), k3)));
+        const auto q4 = hn::Or(hn::ShiftRight<4>(c), hn::ShiftLeft<4>(hn::ShiftRight<6>(h)));
+        sink(base + l, hn::Mul(hn::ConvertTo(d, hn::Sub(q1, k32)), hn::Set(d, dd * sc[is])), 0);
+        sink(base + l + 32,
+             hn::Mul(hn::ConvertTo(d, hn::Sub(q2, k32)), hn::Set(d, dd * sc[is + 2])), 1);
+        sink(base + l + 64,
+             hn::Mul(hn::ConvertTo(d, hn::Sub(q3, k32)), hn::Set(d, dd * sc[is + 4])), 0);
+        sink(base + l + 96,
+             hn::Mul(hn::ConvertTo(d, hn::Sub(q4, k32)), hn::Set(d, dd * sc[is + 6])), 1);
+      }
+      ql += 64;
+      qh += 32;
+      sc += 8;
+    }
+  }
+}
+
+// MLX affine rows. ss/bb: the row's per-group scales and biases as f32.
+template <class Sink>
+HWY_INLINE void DecodeMlx(const Matrix& W, int64_t r, const float* ss, const float* bb,
+                          Sink& sink) {
+  const DF d;
+  const DI di;
+  const int64_t N = hn::Lanes(d), K = W.k, G = W.mlx_group;
+  const uint8_t* p = W.w.row<const uint8_t>(r);
+  if (W.mlx_bits == 4) {
+    const auto k15 = hn::Set(di, 15);
+    for (int64_t g = 0; g < K / G; ++g) {
+      const auto s = hn::Set(d, ss[g]), o = hn::Set(d, bb[g]);
+      for (int64_t i = 0; i < G; i += 2 * N) {  // bytes [i/2, i/2 + N) hold elements [i, i + 2N)
+        const auto q = LoadU8(p + (g * G + i) / 2);
+        sink(g * G + i, hn::MulAdd(hn::ConvertTo(d, hn::And(q, k15)), s, o), 0);
+        sink(g * G + i + N, hn::MulAdd(hn::ConvertTo(d, hn::ShiftRight<4>(q)), s, o), 1);
+      }
+    }
+  } else {  // 8 bits: byte i is element i
+    for (int64_t g = 0; g < K / G; ++g) {
+      const auto s = hn::Set(d, ss[g]), o = hn::Set(d, bb[g]);
+      for (int64_t i = 0; i < G; i += 2 * N) {
+        sink(g * G + i, hn::MulAdd(hn::ConvertTo(d, LoadU8(p + g * G + i)), s, o), 0);
+        sink(g * G + i + N, hn::MulAdd(hn::ConvertTo(d, LoadU8(p + g * G + i + N)), s, o), 1);
+      }
+    }
+  }
+}
+
+enum class Path { kF32, kF16, kBF16, kQ8_0, kQ4_0, kQ4K, kQ6K, kMlx, kGeneric };
+
+// The fused path for W on this target, or kGeneric (scalar dequant to scratch).
+Path PathFor(const Matrix& W) {
+  const int64_t N = hn::Lanes(DF());
+  if (W.mlx_bits != 0) {
+    const bool ok = (W.mlx_bits == 4 || W.mlx_bits == 8) && W.mlx_group % (2 * N) == 0 &&
+                    (W.mlx_bits == 8 || 2 * N <= W.mlx_group);
+    return ok ? Path::kMlx : Path::kGeneric;
+  }
+  switch (W.w.dtype) {
+    case DType::kF32:
+      return W.k % (2 * N) == 0 ? Path::kF32 : Path::kGeneric;
+    case DType::kF16:
+      return W.k % (2 * N) == 0 ? Path::kF16 : Path::kGeneric;
+    case DType::kBF16:
+      return W.k % (2 * N) == 0 ? Path::kBF16 : Path::kGeneric;
+    case DType::kQ8_0:
+      return kQK % (2 * N) == 0 ? Path::kQ8_0 : Path::kGeneric;
+    case DType::kQ4_0:
+      return 16 % N == 0 ? Path::kQ4_0 : Path::kGeneric;
+    case DType::kQ4_K:
+      return 32 % N == 0 ? Path::kQ4K : Path::kGeneric;
+    case DType::kQ6_K:
+      return 16 % N == 0 ? Path::kQ6K : Path::kGeneric;
+    default:
+      return Path::kGeneric;
+  }
+}
+
+// Per-thread state for decoding rows of one matrix.
+struct RowDecoder {
+  const Matrix& W;
+  Path path;
+  std::vector<float> scratch;  // generic: one dequantized row; MLX: scales + biases
+
+  explicit RowDecoder(const Matrix& w) : W(w), path(PathFor(w)) {
+    if (path == Path::kGeneric) scratch.resize(W.k);
+    if (path == Path::kMlx) scratch.resize(2 * (W.k / W.mlx_group));
+  }
+
+  template <class Sink>
+  HWY_INLINE void Decode(int64_t r, Sink& sink) {
+    const uint8_t* row = W.w.row<const uint8_t>(r);
+    switch (path) {
+      case Path::kF32:
+        return DecodeF32(row, W.k, sink);
+      case Path::kF16:
+        return DecodeF16(row, W.k, sink);
+      case Path::kBF16:
+        return DecodeBF16(row, W.k, sink);
+      case Path::kQ8_0:
+        return DecodeQ8_0(row, W.k, sink);
+      case Path::kQ4_0:
+        return DecodeQ4_0(row, W.k, sink);
+      case Path::kQ4K:
+        return DecodeQ4K(row, W.k, sink);
+      case Path::kQ6K:
+        return DecodeQ6K(row, W.k, sink);
+      case Path::kMlx: {
+        const int64_t groups = W.k / W.mlx_group;
+        DequantizeRow(W.scales.dtype, W.scales.row(r), scratch.data(), groups);
+        DequantizeRow(W.biases.dtype, W.biases.row(r), scratch.data() + groups, groups);
+        return DecodeMlx(W, r, scratch.data(), scratch.data() + groups, sink);
+      }
+      case Path::kGeneric: {
+        DequantizeMatrixRow(W, r, scratch.data());
+        const DF d;
+        const int64_t N = hn::Lanes(d);
+        int64_t k = 0;
+        for (; k + N <= W.k; k += N) sink(k, hn::LoadU(d, scratch.data() + k), 0);
+        if (k < W.k) {  // tail: zero-padded vector (callers pad X the same way)
+          HWY_ALIGN float t[hn::MaxLanes(d)] = {};
+          std::memcpy(t, scratch.data() + k, (W.k - k) * sizeof(float));
+          sink(k, hn::Load(d, t), 1);
+        }
+        return;
+      }
+    }
+  }
+};
+
+// X rows as the decoders index them: MLX 4-bit permuted within 2N chunks, and
+// every row padded to a whole vector so the generic tail can read past K.
+struct PreparedX {
+  const float* base;
+  int64_t ld;
+  std::vector<float> own;
+
+  PreparedX(const Matrix& W, Path path, const float* X, int64_t M, int64_t ldx) {
+    const int64_t N = hn::Lanes(DF()), K = W.k;
+    const bool permute = path == Path::kMlx && W.mlx_bits == 4;
+    const bool pad = path == Path::kGeneric && K % N != 0;
+    if (!permute && !pad) {
+      base = X;
+      ld = ldx;
+      return;
+    }
+    ld = (K + N - 1) / N * N;
+    own.assign(M * ld, 0.0f);
+    for (int64_t m = 0; m < M; ++m) {
+      const float* x = X + m * ldx;
+      float* o = own.data() + m * ld;
+      if (!permute) {
+        std::memcpy(o, x, K * sizeof(float));
+        continue;
+      }
+      for (int64_t c = 0; c < K; c += 2 * N)
+        for (int64_t j = 0; j < N; ++j) {
+          o[c + j] = x[c + 2 * j];
+          o[c + N + j] = x[c + 2 * j + 1];
+        }
+    }
+    base = own.data();
+  }
+  const float* row(int64_t m) const { return base + m * ld; }
+};
+
+// Y[m, n] for n in [n0, n1) and MB activation rows: each weight vector is
+// decoded once and FMA'd into MB pairs of accumulators.
+template <int MB>
+void SmallM(RowDecoder& dec, const PreparedX& X, int64_t m0, float* Y, int64_t ldy, int64_t n0,
+            int64_t n1) {
+  const DF d;
+  const float* x[MB];
+  for (int m = 0; m < MB; ++m) x[m] = X.row(m0 + m);
+  for (int64_t n = n0; n < n1; ++n) {
+    VF acc0[MB], acc1[MB];
+    for (int m = 0; m < MB; ++m) acc0[m] = acc1[m] = hn::Zero(d);
+    auto sink = [&](int64_t k, VF w, int parity) HWY_ATTR {
+      if (parity == 0) {
+        for (int m = 0; m < MB; ++m) acc0[m] = hn::MulAdd(w, hn::LoadU(d, x[m] + k), acc0[m]);
+      } else {
+        for (int m = 0; m < MB; ++m) acc1[m] = hn::MulAdd(w, hn::LoadU(d, x[m] + k), acc1[m]);
+      }
+    };
+    dec.Decode(n, sink);
+    for (int m = 0; m < MB; ++m)
+      Y[(m0 + m) * ldy + n] = hn::GetLane(hn::SumOfLanes(d, hn::Add(acc0[m], acc1[m])));
+  }
+}
+
+// Prefill microkernel: NB decoded weight rows (panel, stride ldp) times MB
+// activation rows, NB * MB accumulators held in registers across K.
+template <int NB, int MB>
+HWY_INLINE void Tile(const float* panel, int64_t ldp, const float* const* x, int64_t K,
+                     float* const* y, int64_t n) {
+  const DF d;
+  const int64_t N = hn::Lanes(d);
+  VF acc[NB][MB];
+  for (int i = 0; i < NB; ++i)
+    for (int j = 0; j < MB; ++j) acc[i][j] = hn::Zero(d);
+  for (int64_t k = 0; k < K; k += N) {
+    VF xv[MB];
+    for (int j = 0; j < MB; ++j) xv[j] = hn::LoadU(d, x[j] + k);
+    for (int i = 0; i < NB; ++i) {
+      const VF w = hn::Load(d, panel + i * ldp + k);
+      for (int j = 0; j < MB; ++j) acc[i][j] = hn::MulAdd(w, xv[j], acc[i][j]);
+    }
+  }
+  for (int i = 0; i < NB; ++i)
+    for (int j = 0; j < MB; ++j) y[j][n + i] = hn::GetLane(hn::SumOfLanes(d, acc[i][j]));
+}
+
+template <int NB>
+void PanelTimesX(const float* panel, int64_t ldp, const PreparedX& X, int64_t M, int64_t K,
+                 float* Y, int64_t ldy, int64_t n) {
+  constexpr int kMB = 3;  // NB=4 x MB=3: 12 accumulators + 3 x + 1 w fit 16+ registers
+  int64_t m = 0;
+  for (; m + kMB <= M; m += kMB) {
+    const float* x[kMB] = {X.row(m), X.row(m + 1), X.row(m + 2)};
+    float* y[kMB] = {Y + m * ldy, Y + (m + 1) * ldy, Y + (m + 2) * ldy};
+    Tile<NB, kMB>(panel, ldp, x, K, y, n);
+  }
+  for (; m < M; ++m) {
+    const float* x[1] = {X.row(m)};
+    float* y[1] = {Y + m * ldy};
+    Tile<NB, 1>(panel, ldp, x, K, y, n);
+  }
+}
+
+void LargeM(RowDecoder& dec, const PreparedX& X, int64_t M, float* Y, int64_t ldy, int64_t n0,
+            int64_t n1) {
+  const DF d;
+  const int64_t N = hn::Lanes(d);
+  const int64_t K = dec.W.k, ldp = (K + N - 1) / N * N;
+  constexpr int kNB = 4;
+  AlignedBuffer panel_buf(kNB * ldp * sizeof(float));
+  float* panel = panel_buf.as<float>();
+  std::fill(panel, panel + kNB * ldp, 0.0f);
+  for (int64_t n = n0; n < n1; n += kNB) {
+    const int nb = static_cast<int>(std::min<int64_t>(kNB, n1 - n));
+    for (int i = 0; i < nb; ++i) {
+      float* dst = panel + i * ldp;
+      auto store = [&](int64_t k, VF w, int) HWY_ATTR { hn::Store(w, d, dst + k); };
+      dec.Decode(n + i, store);
+    }
+    switch (nb) {
+      case 4:
+        PanelTimesX<4>(panel, ldp, X, M, ldp, Y, ldy, n);
+        break;
+      case 3:
+        PanelTimesX<3>(panel, ldp, X, M, ldp, Y, ldy, n);
+        break;
+      case 2:
+        PanelTimesX<2>(panel, ldp, X, M, ldp, Y, ldy, n);
+        break;
+      default:
+        PanelTimesX<1>(panel, ldp, X, M, ldp, Y, ldy, n);
+        break;
+    }
+  }
+}
+
+}  // namespace
+
+// Rows [n0, n1) of W against all M rows of X.
+void MatMulRows(const Matrix& W, const float* X, int64_t M, int64_t ldx, float* Y, int64_t ldy,
+                int64_t n0, int64_t n1) {
+  RowDecoder dec(W);
+  const PreparedX x(W, dec.path, X, M, ldx);
+  if (M > 4) {
+    // Tile reads X up to the padded K: only safe when X is padded or K % N == 0.
+    const int64_t N = hn::Lanes(DF());
+    if (W.k % N == 0 || x.base != X) return LargeM(dec, x, M, Y, ldy, n0, n1);
+  }
+  int64_t m = 0;
+  for (; m + 4 <= M; m += 4) SmallM<4>(dec, x, m, Y, ldy, n0, n1);
+  switch (M - m) {
+    case 3:
+      SmallM<3>(dec, x, m, Y, ldy, n0, n1);
+      break;
+    case 2:
+      SmallM<2>(dec, x, m, Y, ldy, n0, n1);
+      break;
+    case 1:
+      SmallM<1>(dec, x, m, Y, ldy, n0, n1);
+      break;
+    default:
+      break;
+  }
+}
+
+// dX[M, K] for columns [k0, k1), accumulated into dX (caller zeroes).
+void MatMulTRows(const Matrix& W, const float* dY, int64_t M, float* dX, int64_t k0, int64_t k1) {
   const int64_t N = W.n, K = W.k;
   std::vector<float> scratch(K);
   for (int64_t n = 0; n < N; ++n) {
@@ -43,6 +472,9 @@ void MatMulTRows(const Matrix& W, const float* dY, int64_t M, float* dX, int64_t
   }
 }
 
+// 0: generic (scalar dequantize to scratch); 1: fused decoder.
+int FusedPath(const Matrix& W) { return PathFor(W) == Path::kGeneric ? 0 : 1; }
+
 }  // namespace lumen::kernels::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 
@@ -51,6 +483,7 @@ namespace lumen::kernels {
 
 HWY_EXPORT(MatMulRows);
 HWY_EXPORT(MatMulTRows);
+HWY_EXPORT(FusedPath);
 
 void MatMul(const Matrix& W, const float* X, int64_t M, int64_t ldx, float* Y, int64_t ldy,
             ThreadPool* pool) {
@@ -58,12 +491,16 @@ void MatMul(const Matrix& W, const float* X, int64_t M, int64_t ldx, float* Y, i
   auto fn = [&](int64_t b, int64_t e, int) {
     HWY_DYNAMIC_DISPATCH(MatMulRows)(W, X, M, ldx, Y, ldy, b, e);
   };
-  if (pool) {
+  // Contiguous row ranges per thread (each thread streams its own part of W);
+  // grain 16 keeps the prefill panels (4 rows) and cache lines whole.
+  if (pool && N >= 32) {
     pool->ParallelFor(N, fn, 16);
   } else {
     fn(0, N, 0);
   }
 }
+
+bool MatMulIsFused(const Matrix& W) { return HWY_DYNAMIC_DISPATCH(FusedPath)(W) != 0; }
 
 void MatMulT(const Matrix& W, const float* dY, int64_t M, float* dX, ThreadPool* pool) {
   const int64_t K = W.k;

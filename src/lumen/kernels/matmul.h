@@ -2,8 +2,12 @@
 //
 // M = 1 is decode (a matvec, memory-bound: each weight byte is read once);
 // M > 1 is prefill or batched decode, and still reads each weight row once for
-// all M rows. Quantized rows are dequantized on the fly, one row at a time, into
-// per-thread scratch; nothing dequantizes a whole tensor. Threads split N.
+// all M rows. F32/F16/BF16, Q8_0, Q4_0, Q4_K, Q6_K and MLX 4/8-bit rows are
+// decoded straight into SIMD registers (runtime-dispatched Highway targets);
+// other types are dequantized one row at a time into per-thread scratch.
+// Nothing dequantizes a whole tensor. M <= 4 FMAs each decoded weight vector
+// into all M rows; M > 4 decodes 4 rows into a small panel and runs a
+// register-blocked microkernel over all M rows. Threads split N contiguously.
 // MatMulT is the transposed product dX[M, K] = dY[M, N] * W[N, K] that a
 // backward through a frozen (possibly quantized) weight needs.
 //
@@ -13,8 +17,8 @@
 
 #include <cstdint>
 
-#include "lumen/kernels/matrix.h"
 #include "lumen/core/thread_pool.h"
+#include "lumen/kernels/matrix.h"
 
 namespace lumen::kernels {
 
@@ -22,6 +26,10 @@ namespace lumen::kernels {
 // stride ldy floats (Y is overwritten). pool may be null (single-threaded).
 void MatMul(const Matrix& W, const float* X, int64_t M, int64_t ldx, float* Y, int64_t ldy,
             ThreadPool* pool);
+
+// True when W's storage has a fused decoder on the CPU's best target (false:
+// the scalar dequantize-to-scratch route). For benchmarks and reports.
+bool MatMulIsFused(const Matrix& W);
 
 // dX[M, K] = dY[M, N] * W[N, K]; dX is overwritten.
 void MatMulT(const Matrix& W, const float* dY, int64_t M, float* dX, ThreadPool* pool);

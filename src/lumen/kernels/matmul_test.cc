@@ -1,0 +1,228 @@
+// MatMul (every compiled SIMD target, every weight storage) against the scalar
+// oracle MatMulRef (reference dequantize + double accumulation).
+//
+// Error bound (per output, hence also in L2): the fast kernels use the same
+// dequantized weights as the reference up to one f32 rounding (scale*q+offset
+// fused into one FMA), then sum K products in f32 in some order. With unit
+// roundoff u = 2^-24, any summation order of K terms has |error| <=
+// (K-1) u sum|w x| (to first order), plus u sum|w x| for the weight rounding and
+// u for the final product rounding, so
+//   |y - y_ref| <= (K + 2) u sum_k |w_k x_k|      (kMatMulBound below).
+// Rows are stored at misaligned byte offsets (row stride = row bytes + 3) so no
+// kernel may assume aligned weight rows.
+#include "lumen/kernels/matmul.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <hwy/highway.h>
+#include <hwy/targets.h>
+
+#include "lumen/core/quant.h"
+#include "lumen/kernels/matmul_ref.h"
+
+namespace lumen::kernels {
+namespace {
+
+constexpr double kU = 1.0 / (1 << 24);
+double MatMulBound(int64_t K, double abs_dot) { return (K + 2) * kU * abs_dot + 1e-30; }
+
+// A weight matrix with its own storage, rows at misaligned addresses.
+struct OwnedMatrix {
+  std::vector<uint8_t> bytes, sbytes, bbytes;
+  Matrix m;
+};
+
+struct Spec {
+  std::string name;
+  DType dtype = DType::kF32;
+  int mlx_bits = 0, mlx_group = 0;
+  DType mlx_scale_type = DType::kF16;
+  int block = 1;  // K must be a multiple
+};
+
+OwnedMatrix Make(const Spec& s, int64_t N, int64_t K, std::mt19937& rng) {
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> w(N * K);
+  for (auto& v : w) v = nd(rng);
+  OwnedMatrix o;
+  if (s.mlx_bits == 0) {
+    const size_t rb = *RowBytes(s.dtype, K), stride = rb + 3;
+    o.bytes.assign(N * stride + 8, 0);
+    uint8_t* base = o.bytes.data() + 1;
+    for (int64_t n = 0; n < N; ++n) QuantizeRow(s.dtype, &w[n * K], base + n * stride, K);
+    o.m.w = TensorView::Contiguous(base, s.dtype, {N, K});
+    o.m.w.stride[0] = static_cast<int64_t>(stride);
+    o.m.n = N;
+    o.m.k = K;
+    return o;
+  }
+  const int64_t words = K * s.mlx_bits / 32, groups = K / s.mlx_group;
+  const size_t stride = words * 4 + 3;
+  o.bytes.assign(N * stride + 8, 0);
+  uint8_t* base = o.bytes.data() + 1;
+  const size_t ss = *RowBytes(s.mlx_scale_type, groups);
+  o.sbytes.assign(N * ss, 0);
+  o.bbytes.assign(N * ss, 0);
+  std::vector<uint32_t> packed(words);
+  std::vector<float> sc(groups), bi(groups);
+  for (int64_t n = 0; n < N; ++n) {
+    QuantizeMlxRow(&w[n * K], s.mlx_bits, s.mlx_group, packed.data(), sc.data(), bi.data(), K);
+    std::memcpy(base + n * stride, packed.data(), words * 4);
+    QuantizeRow(s.mlx_scale_type, sc.data(), o.sbytes.data() + n * ss, groups);
+    QuantizeRow(s.mlx_scale_type, bi.data(), o.bbytes.data() + n * ss, groups);
+  }
+  o.m.w = TensorView::Contiguous(base, DType::kU32, {N, words});
+  o.m.w.stride[0] = static_cast<int64_t>(stride);
+  o.m.scales = TensorView::Contiguous(o.sbytes.data(), s.mlx_scale_type, {N, groups});
+  o.m.biases = TensorView::Contiguous(o.bbytes.data(), s.mlx_scale_type, {N, groups});
+  o.m.mlx_bits = s.mlx_bits;
+  o.m.mlx_group = s.mlx_group;
+  o.m.n = N;
+  o.m.k = K;
+  return o;
+}
+
+std::vector<Spec> AllSpecs() {
+  std::vector<Spec> v;
+  for (DType t : {DType::kF32, DType::kF16, DType::kBF16, DType::kQ4_0, DType::kQ4_1, DType::kQ5_0,
+                  DType::kQ5_1, DType::kQ8_0, DType::kQ2_K, DType::kQ3_K, DType::kQ4_K,
+                  DType::kQ5_K, DType::kQ6_K}) {
+    Spec s;
+    s.name = std::string(Name(t));
+    s.dtype = t;
+    s.block = Info(t).block_elems;
+    v.push_back(s);
+  }
+  for (int bits : {4, 8})
+    for (int g : {32, 64, 128}) {
+      Spec s;
+      s.name = "mlx" + std::to_string(bits) + "_g" + std::to_string(g);
+      s.mlx_bits = bits;
+      s.mlx_group = g;
+      s.block = g;
+      s.mlx_scale_type = g == 64 ? DType::kBF16 : DType::kF16;
+      v.push_back(s);
+    }
+  return v;
+}
+
+// Every target compiled into the kernels that this CPU can run.
+std::vector<int64_t> Targets() {
+  std::vector<int64_t> out;
+  for (int64_t t : hwy::SupportedAndGeneratedTargets()) out.push_back(t);
+  return out;
+}
+
+// Runs MatMul on the current target and checks every output against the bound.
+void CheckOne(const Matrix& W, int64_t M, ThreadPool* pool, std::mt19937& rng,
+              const std::string& what) {
+  const int64_t N = W.n, K = W.k;
+  std::uniform_real_distribution<float> ud(-2.0f, 2.0f);
+  const int64_t ldx = K + 5, ldy = N + 2;  // strided X and Y
+  std::vector<float> X(M * ldx), Xc(M * K), Y(M * ldy, -7.0f), Yref(M * N);
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t k = 0; k < K; ++k) Xc[m * K + k] = X[m * ldx + k] = ud(rng);
+  MatMul(W, X.data(), M, ldx, Y.data(), ldy, pool);
+  MatMulRef(W, Xc.data(), M, Yref.data());
+  std::vector<float> w(K);
+  int bad = 0;
+  for (int64_t n = 0; n < N; ++n) {
+    DequantizeMatrixRow(W, n, w.data());
+    for (int64_t m = 0; m < M; ++m) {
+      double abs_dot = 0;
+      for (int64_t k = 0; k < K; ++k) abs_dot += std::fabs(double(w[k]) * Xc[m * K + k]);
+      const double err = std::fabs(double(Y[m * ldy + n]) - Yref[m * N + n]);
+      if (!(err <= MatMulBound(K, abs_dot)) && bad++ < 3)
+        ADD_FAILURE() << what << " M=" << M << " K=" << K << " n=" << n << " m=" << m << " got "
+                      << Y[m * ldy + n] << " want " << Yref[m * N + n] << " err " << err
+                      << " bound " << MatMulBound(K, abs_dot);
+    }
+  }
+}
+
+TEST(MatMulTest, EveryTargetDtypeAndShapeWithinBound) {
+  std::mt19937 rng(42);
+  ThreadPool pool(2);
+  const auto targets = Targets();
+  ASSERT_FALSE(targets.empty());
+  for (int64_t target : targets) {
+    hwy::SetSupportedTargetsForTest(target);
+    const std::string tname = hwy::TargetName(target);
+    for (const Spec& s : AllSpecs()) {
+      // Odd multiples of the block (and an odd plain K that no vector divides).
+      std::vector<int64_t> ks = {s.block * 1, s.block * 3};
+      if (s.block == 1) ks = {37, 96, 160};
+      if (s.block == 32) ks.push_back(32 * 7);
+      for (int64_t K : ks) {
+        if (s.mlx_bits == 0 && !RowBytes(s.dtype, K)) continue;
+        OwnedMatrix o = Make(s, /*N=*/37, K, rng);
+        for (int64_t M : {1, 2, 3, 7, 16})
+          CheckOne(o.m, M, M == 3 ? &pool : nullptr, rng, tname + " " + s.name);
+      }
+    }
+  }
+  hwy::SetSupportedTargetsForTest(0);
+}
+
+TEST(MatMulTest, ThreadSplitMatchesSingleThreadBitForBit) {
+  std::mt19937 rng(7);
+  Spec s;
+  s.name = "q4_k";
+  s.dtype = DType::kQ4_K;
+  OwnedMatrix o = Make(s, 301, 512, rng);
+  std::vector<float> X(5 * 512);
+  for (auto& v : X) v = std::uniform_real_distribution<float>(-1, 1)(rng);
+  ThreadPool pool(2);
+  for (int64_t M : {1, 5}) {
+    std::vector<float> a(M * 301), b(M * 301);
+    MatMul(o.m, X.data(), M, 512, a.data(), 301, nullptr);
+    MatMul(o.m, X.data(), M, 512, b.data(), 301, &pool);
+    EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float))) << "M=" << M;
+  }
+}
+
+TEST(MatMulTest, FusedRoutesOnTheBestTarget) {
+  std::mt19937 rng(3);
+  for (const Spec& s : AllSpecs()) {
+    const bool expect = (s.mlx_bits != 0) || s.dtype == DType::kF32 || s.dtype == DType::kF16 ||
+                        s.dtype == DType::kBF16 || s.dtype == DType::kQ8_0 ||
+                        s.dtype == DType::kQ4_0 || s.dtype == DType::kQ4_K ||
+                        s.dtype == DType::kQ6_K;
+    OwnedMatrix o = Make(s, 2, 512, rng);
+    EXPECT_EQ(expect, MatMulIsFused(o.m)) << s.name;
+  }
+}
+
+TEST(MatMulTest, TransposedWithinBound) {
+  std::mt19937 rng(11);
+  for (const Spec& s : AllSpecs()) {
+    const int64_t K = s.block == 1 ? 48 : s.block * 2, N = 9, M = 3;
+    if (s.mlx_bits == 0 && !RowBytes(s.dtype, K)) continue;
+    OwnedMatrix o = Make(s, N, K, rng);
+    std::vector<float> dY(M * N), dX(M * K), ref(M * K);
+    for (auto& v : dY) v = std::uniform_real_distribution<float>(-1, 1)(rng);
+    ThreadPool pool(2);
+    MatMulT(o.m, dY.data(), M, dX.data(), &pool);
+    MatMulTRef(o.m, dY.data(), M, ref.data());
+    std::vector<float> w(K);
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t k = 0; k < K; ++k) {
+        double abs_dot = 0;
+        for (int64_t n = 0; n < N; ++n) {
+          DequantizeMatrixRow(o.m, n, w.data());
+          abs_dot += std::fabs(double(w[k]) * dY[m * N + n]);
+        }
+        EXPECT_LE(std::fabs(dX[m * K + k] - ref[m * K + k]), MatMulBound(N, abs_dot))
+            << s.name << " m=" << m << " k=" << k;
+      }
+  }
+}
+
+}  // namespace
+}  // namespace lumen::kernels

@@ -43,7 +43,8 @@ void AddSamplerFlags(CLI::App* app, SamplerArgs& args) {
     std::string name(flag);
     std::string* dst = slot.get();
     app->add_option_function<std::string>(
-           name, [&args, name, dst](const std::string& v) {
+           name,
+           [&args, name, dst](const std::string& v) {
              *dst = v;
              args.given.emplace_back(name, v);
            },

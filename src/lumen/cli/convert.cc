@@ -16,8 +16,10 @@ struct ConvertArgs {
 void Run(ConvertArgs& a) {
   engine::OutputFormat format = engine::OutputFormat::kGguf;
   if (a.to.empty()) a.to = a.out.ends_with(".gguf") ? "gguf" : "hf";
-  if (a.to == "hf") format = engine::OutputFormat::kHf;
-  else if (a.to != "gguf") return ReportError(Errorf("--to: '{}' is not gguf or hf", a.to));
+  if (a.to == "hf")
+    format = engine::OutputFormat::kHf;
+  else if (a.to != "gguf")
+    return ReportError(Errorf("--to: '{}' is not gguf or hf", a.to));
   std::optional<DType> dtype;
   if (!a.type.empty()) {
     dtype = ParseDType(a.type);
@@ -34,7 +36,8 @@ void Run(ConvertArgs& a) {
 
 void RegisterConvert(CLI::App& app) {
   auto a = std::make_shared<ConvertArgs>();
-  auto* cmd = app.add_subcommand("convert", "convert a model between GGUF, Hugging Face, MLX and llama2.c");
+  auto* cmd =
+      app.add_subcommand("convert", "convert a model between GGUF, Hugging Face, MLX and llama2.c");
   cmd->add_option("in", a->model.model, "input model")->required();
   cmd->add_option("out", a->out, "output: a .gguf path or a directory")->required();
   cmd->add_option("--to", a->to, "output format: gguf or hf (default: from the OUT name)");

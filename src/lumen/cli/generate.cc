@@ -36,7 +36,8 @@ bool WriteOut(std::string_view s) {
 void PrintStats(const engine::GenerateResult& r) {
   const double pre = r.prefill_seconds > 0 ? r.prompt_tokens / r.prefill_seconds : 0;
   const double dec = r.decode_seconds > 0 ? r.tokens.size() / r.decode_seconds : 0;
-  std::fprintf(stderr, "\nprompt: %lld tokens, %.1f tok/s | generated: %zu tokens, %.1f tok/s | %s\n",
+  std::fprintf(stderr,
+               "\nprompt: %lld tokens, %.1f tok/s | generated: %zu tokens, %.1f tok/s | %s\n",
                static_cast<long long>(r.prompt_tokens), pre, r.tokens.size(), dec,
                std::string(engine::FinishReasonName(r.finish)).c_str());
 }

@@ -29,8 +29,8 @@ void Run(const ModelArgs& args, bool tensors) {
              model.parameter_count() / 1e6);
   fmt::print("layers {}  width {}  heads {}  kv heads {}  head dim {}  ffn {}  vocab {}\n",
              c.n_layers, c.dim, c.n_heads, c.n_kv_heads, c.head_dim, c.ffn_dim, c.vocab_size);
-  fmt::print("context {}  rope theta {}  rope dim {}  norm eps {}  tied embeddings {}\n",
-             c.max_ctx, c.rope_theta, c.rope_dim, c.norm_eps, c.tied_embeddings ? "yes" : "no");
+  fmt::print("context {}  rope theta {}  rope dim {}  norm eps {}  tied embeddings {}\n", c.max_ctx,
+             c.rope_theta, c.rope_dim, c.norm_eps, c.tied_embeddings ? "yes" : "no");
   if (c.sliding_window > 0) fmt::print("sliding window {}\n", c.sliding_window);
   const double kv_per_token = 2.0 * c.n_layers * c.kv_dim() * 2;  // f16
   const int64_t ctx = std::min<int64_t>(c.max_ctx, engine::SessionOptions::kDefaultCtx);
@@ -43,10 +43,11 @@ void Run(const ModelArgs& args, bool tensors) {
   fmt::print("\n{:<40} {:>6} {:>18} {:>12}\n", "tensor", "dtype", "shape", "bytes");
   for (const auto& t : model.tensors()) {
     std::string shape = "[";
-    for (size_t i = 0; i < t.shape.size(); ++i) shape += fmt::format("{}{}", i ? ", " : "", t.shape[i]);
+    for (size_t i = 0; i < t.shape.size(); ++i)
+      shape += fmt::format("{}{}", i ? ", " : "", t.shape[i]);
     shape += "]";
-    const std::string dtype =
-        t.matrix.mlx_bits ? fmt::format("mlx{}", t.matrix.mlx_bits) : std::string(Name(t.matrix.w.dtype));
+    const std::string dtype = t.matrix.mlx_bits ? fmt::format("mlx{}", t.matrix.mlx_bits)
+                                                : std::string(Name(t.matrix.w.dtype));
     fmt::print("{:<40} {:>6} {:>18} {:>12}\n", t.name, dtype, shape, t.matrix.bytes());
   }
 }

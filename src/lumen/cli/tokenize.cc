@@ -19,7 +19,9 @@ struct Loaded {
   std::unique_ptr<engine::Model> model;
   std::optional<tokenize::Tokenizer> tok;
   const tokenize::Tokenizer& get() const { return model ? model->tokenizer() : *tok; }
-  std::string chat_template() const { return model ? model->chat_template() : tok->chat_template(); }
+  std::string chat_template() const {
+    return model ? model->chat_template() : tok->chat_template();
+  }
 };
 
 Result<Loaded> LoadTok(const ModelArgs& a) {
@@ -27,7 +29,8 @@ Result<Loaded> LoadTok(const ModelArgs& a) {
   Loaded l;
   std::error_code ec;
   const bool json = a.model.ends_with(".json");
-  const bool tok_dir = fs::is_directory(a.model, ec) && fs::exists(a.model + "/tokenizer.json", ec) &&
+  const bool tok_dir = fs::is_directory(a.model, ec) &&
+                       fs::exists(a.model + "/tokenizer.json", ec) &&
                        !fs::exists(a.model + "/config.json", ec);
   if (json || tok_dir) {
     LUMEN_ASSIGN_OR_RETURN(tokenize::Tokenizer t, tokenize::Tokenizer::FromHf(a.model));
@@ -119,7 +122,8 @@ void RegisterTokenize(CLI::App& app) {
   auto t = std::make_shared<Args>();
   auto* tpl = app.add_subcommand("template", "render a conversation with the chat template");
   tpl->add_option("model", t->model.model, "model, tokenizer.json or tokenizer directory");
-  tpl->add_option("--messages", t->messages, "JSON file: an array of messages, or {messages, tools}")
+  tpl->add_option("--messages", t->messages,
+                  "JSON file: an array of messages, or {messages, tools}")
       ->required();
   tpl->add_flag("--add-generation-prompt", t->gen_prompt, "end with the assistant prompt");
   tpl->add_option("--kwargs", t->kwargs, "JSON object of extra template variables");
@@ -136,7 +140,8 @@ void RegisterTokenize(CLI::App& app) {
       messages = doc.value("messages", nlohmann::ordered_json::array());
       if (doc.contains("tools")) tools = doc["tools"];
     }
-    if (!messages.is_array()) return ReportError(Errorf("{}: messages must be an array", t->messages));
+    if (!messages.is_array())
+      return ReportError(Errorf("{}: messages must be an array", t->messages));
     nlohmann::ordered_json kwargs = nlohmann::ordered_json::object();
     if (!t->kwargs.empty()) {
       kwargs = nlohmann::ordered_json::parse(t->kwargs, nullptr, false);

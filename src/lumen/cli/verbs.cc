@@ -13,6 +13,9 @@ void RegisterGenerate(CLI::App& app);
 void RegisterConvert(CLI::App& app);
 void RegisterSynth(CLI::App& app);
 void RegisterTokenize(CLI::App& app);
+void RegisterBench(CLI::App& app);
+void RegisterEval(CLI::App&);
+void RegisterServe(CLI::App& app);
 
 void RegisterVerbs(CLI::App& app) {
   RegisterInspect(app);
@@ -20,6 +23,9 @@ void RegisterVerbs(CLI::App& app) {
   RegisterConvert(app);
   RegisterSynth(app);
   RegisterTokenize(app);
+  RegisterBench(app);
+  RegisterEval(app);
+  RegisterServe(app);
 }
 
 }  // namespace lumen::cli

@@ -29,10 +29,10 @@ TEST(Half, F16KnownValuesAndRounding) {
   EXPECT_EQ(F16ToF32(0xc000), -2.0f);
   EXPECT_EQ(F16ToF32(0x0001), std::ldexp(1.0f, -24));
   EXPECT_EQ(F16ToF32(0x7bff), 65504.0f);
-  EXPECT_EQ(F32ToF16(65520.0f), 0x7c00);                   // rounds up to inf
+  EXPECT_EQ(F32ToF16(65520.0f), 0x7c00);                      // rounds up to inf
   EXPECT_EQ(F32ToF16(1.0f + std::ldexp(1.0f, -11)), 0x3c00);  // tie -> even
   EXPECT_EQ(F32ToF16(1.0f + 3 * std::ldexp(1.0f, -11)), 0x3c02);
-  EXPECT_EQ(F32ToF16(std::ldexp(1.0f, -25)), 0x0000);      // tie -> even (0)
+  EXPECT_EQ(F32ToF16(std::ldexp(1.0f, -25)), 0x0000);  // tie -> even (0)
   EXPECT_EQ(F32ToF16(std::ldexp(3.0f, -26)), 0x0001);
 }
 
@@ -80,9 +80,12 @@ TEST(ThreadPool, CoversRangeExactlyOnce) {
     ThreadPool pool(threads);
     for (int64_t n : {0, 1, 5, 64, 1001}) {
       std::vector<std::atomic<int>> hits(n);
-      pool.ParallelFor(n, [&](int64_t b, int64_t e, int) {
-        for (int64_t i = b; i < e; ++i) hits[i]++;
-      }, 4);
+      pool.ParallelFor(
+          n,
+          [&](int64_t b, int64_t e, int) {
+            for (int64_t i = b; i < e; ++i) hits[i]++;
+          },
+          4);
       for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[i].load(), 1) << threads << " " << n;
     }
   }

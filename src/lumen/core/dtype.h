@@ -14,10 +14,30 @@
 namespace lumen {
 
 enum class DType : uint8_t {
-  kF32, kF16, kBF16, kF64,
-  kI8, kU8, kI16, kU16, kI32, kU32, kI64, kBool,
-  kQ4_0, kQ4_1, kQ5_0, kQ5_1, kQ8_0, kQ8_1,
-  kQ2_K, kQ3_K, kQ4_K, kQ5_K, kQ6_K, kQ8_K,
+  kF32,
+  kF16,
+  kBF16,
+  kF64,
+  kI8,
+  kU8,
+  kI16,
+  kU16,
+  kI32,
+  kU32,
+  kI64,
+  kBool,
+  kQ4_0,
+  kQ4_1,
+  kQ5_0,
+  kQ5_1,
+  kQ8_0,
+  kQ8_1,
+  kQ2_K,
+  kQ3_K,
+  kQ4_K,
+  kQ5_K,
+  kQ6_K,
+  kQ8_K,
 };
 
 struct DTypeInfo {

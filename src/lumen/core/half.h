@@ -7,8 +7,16 @@
 
 namespace lumen {
 
-inline float BitsToF32(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
-inline uint32_t F32ToBits(float f) { uint32_t u; std::memcpy(&u, &f, 4); return u; }
+inline float BitsToF32(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+inline uint32_t F32ToBits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
 
 inline float F16ToF32(uint16_t h) {
   const uint32_t sign = uint32_t(h & 0x8000) << 16;
@@ -19,7 +27,10 @@ inline float F16ToF32(uint16_t h) {
   if (mant == 0) return BitsToF32(sign);
   // Subnormal: normalize.
   int e = -1;
-  do { mant <<= 1; ++e; } while ((mant & 0x400) == 0);
+  do {
+    mant <<= 1;
+    ++e;
+  } while ((mant & 0x400) == 0);
   return BitsToF32(sign | uint32_t(112 - e) << 23 | ((mant & 0x3ff) << 13));
 }
 

@@ -52,7 +52,7 @@ Status Errorf(fmt::format_string<Args...> f, Args&&... args) {
 template <typename T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : v_(std::move(value)) {}  // NOLINT: implicit by design
+  Result(T value) : v_(std::move(value)) {}        // NOLINT: implicit by design
   Result(Status status) : v_(std::move(status)) {  // NOLINT: implicit by design
     if (std::get<Status>(v_).ok()) v_ = Error("internal: Result built from an OK Status");
   }
@@ -85,9 +85,9 @@ class [[nodiscard]] Result {
 #define LUMEN_CONCAT_(a, b) LUMEN_CONCAT_INNER_(a, b)
 
 // Returns the Status from the enclosing function if `expr` is an error.
-#define LUMEN_RETURN_IF_ERROR(expr)            \
-  do {                                         \
-    ::lumen::Status lumen_status_ = (expr);    \
+#define LUMEN_RETURN_IF_ERROR(expr)                \
+  do {                                             \
+    ::lumen::Status lumen_status_ = (expr);        \
     if (!lumen_status_.ok()) return lumen_status_; \
   } while (0)
 

@@ -35,8 +35,8 @@ struct TensorView {
   int64_t numel() const;
   int64_t rows() const { return ndim == 0 ? 1 : numel() / shape[ndim - 1]; }
   int64_t cols() const { return ndim == 0 ? 1 : shape[ndim - 1]; }
-  size_t row_bytes() const;    // bytes of one innermost row
-  size_t byte_size() const;    // bytes spanned when contiguous
+  size_t row_bytes() const;  // bytes of one innermost row
+  size_t byte_size() const;  // bytes spanned when contiguous
   bool is_contiguous() const;
 
   // Pointer to row r of a 2-D view (or of the tensor flattened to rows).
@@ -46,7 +46,9 @@ struct TensorView {
     return reinterpret_cast<T*>(static_cast<char*>(data) + r * stride[ndim - 2 < 0 ? 0 : ndim - 2]);
   }
   template <typename T>
-  T* as() const { return static_cast<T*>(data); }
+  T* as() const {
+    return static_cast<T*>(data);
+  }
 
   // Sub-view of rows [begin, end) along dimension 0.
   TensorView Slice0(int64_t begin, int64_t end) const;

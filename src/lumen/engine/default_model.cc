@@ -7,7 +7,8 @@ asm(".section .rodata\n"
     ".balign 64\n"
     ".global lumen_default_model_begin\n"
     "lumen_default_model_begin:\n"
-    ".incbin \"" LUMEN_DEFAULT_MODEL_FILE "\"\n"
+    ".incbin \"" LUMEN_DEFAULT_MODEL_FILE
+    "\"\n"
     ".global lumen_default_model_end\n"
     "lumen_default_model_end:\n"
     ".previous\n");

@@ -8,11 +8,16 @@ namespace lumen::engine {
 
 std::string_view FinishReasonName(FinishReason r) {
   switch (r) {
-    case FinishReason::kLength: return "length";
-    case FinishReason::kStop: return "stop";
-    case FinishReason::kEos: return "stop";
-    case FinishReason::kContext: return "length";
-    case FinishReason::kCancelled: return "cancelled";
+    case FinishReason::kLength:
+      return "length";
+    case FinishReason::kStop:
+      return "stop";
+    case FinishReason::kEos:
+      return "stop";
+    case FinishReason::kContext:
+      return "length";
+    case FinishReason::kCancelled:
+      return "cancelled";
   }
   return "?";
 }

@@ -17,9 +17,9 @@ enum class FinishReason { kLength, kStop, kEos, kContext, kCancelled };
 std::string_view FinishReasonName(FinishReason r);  // "length", "stop", ...
 
 struct GenerateOptions {
-  int max_tokens = 256;               // new tokens; < 0: until the context is full
+  int max_tokens = 256;  // new tokens; < 0: until the context is full
   bool ignore_eos = false;
-  std::vector<std::string> stop;      // matched on decoded text, never partly emitted
+  std::vector<std::string> stop;  // matched on decoded text, never partly emitted
   bool want_logprobs = false;
 };
 
@@ -31,8 +31,8 @@ struct GeneratedToken {
 struct GenerateResult {
   FinishReason finish = FinishReason::kLength;
   std::vector<GeneratedToken> tokens;
-  std::string text;                   // streamed text, stop string excluded
-  int64_t prompt_tokens = 0;          // tokens prefilled by this call
+  std::string text;           // streamed text, stop string excluded
+  int64_t prompt_tokens = 0;  // tokens prefilled by this call
   double prefill_seconds = 0, decode_seconds = 0;
 };
 

@@ -2,6 +2,7 @@
 
 #include <filesystem>
 #include <map>
+#include <set>
 
 #include "lumen/core/log.h"
 #include "lumen/formats/gguf.h"
@@ -44,8 +45,8 @@ Status Model::Finish(const LoadOptions& opts) {
     return tensors_[it->second].matrix;
   };
   LUMEN_ASSIGN_OR_RETURN(weights_, model::BindWeights(config_, lookup));
-  pool_ = std::make_unique<ThreadPool>(opts.threads > 0 ? opts.threads
-                                                        : ThreadPool::DefaultThreads());
+  pool_ =
+      std::make_unique<ThreadPool>(opts.threads > 0 ? opts.threads : ThreadPool::DefaultThreads());
   if (chat_template_.empty()) chat_template_ = tokenizer_->chat_template();
   return Status::Ok();
 }
@@ -74,10 +75,11 @@ Status Model::InitHf(const LoadOptions& opts) {
   LUMEN_ASSIGN_OR_RETURN(config_, model::ConfigFromHf(hf.config()));
   LUMEN_ASSIGN_OR_RETURN(auto mlx, formats::ParseMlxQuantization(hf.config(), "config.json"));
   format_ = mlx ? "mlx" : "hf";
+  std::set<std::string> claimed;  // two canonical names can map to one HF name
   for (const std::string& canonical : model::CanonicalTensorNames(config_)) {
     const std::string name = model::HfName(config_.family, canonical);
     const formats::HfTensor* t = hf.Find(name);
-    if (!t) continue;
+    if (!t || !claimed.insert(name).second) continue;
     StoredTensor st;
     st.name = canonical;
     st.source_name = name;
@@ -105,8 +107,7 @@ Status Model::InitHf(const LoadOptions& opts) {
     tensors_.push_back(std::move(st));
   }
   if (hf.generation_config()) generation_config_ = *hf.generation_config();
-  if (!hf.tokenizer_json_path())
-    return Error("no tokenizer.json in the model directory");
+  if (!hf.tokenizer_json_path()) return Error("no tokenizer.json in the model directory");
   LUMEN_ASSIGN_OR_RETURN(tokenize::Tokenizer tok, tokenize::Tokenizer::FromHf(hf.dir()));
   tokenizer_.emplace(std::move(tok));
   return Finish(opts);

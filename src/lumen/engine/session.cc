@@ -11,10 +11,11 @@ Session::Session(const Model& m, model::KvCache cache)
       logits_(m.config().vocab_size) {}
 
 Result<std::unique_ptr<Session>> Session::Create(const Model& model, const SessionOptions& opts) {
-  int64_t ctx = opts.ctx > 0 ? opts.ctx
-                             : std::min<int64_t>(model.config().max_ctx, SessionOptions::kDefaultCtx);
-  LUMEN_ASSIGN_OR_RETURN(model::KvCache cache, model::KvCache::Create(model.config(), ctx,
-                                                                      opts.kv_dtype));
+  int64_t ctx = opts.ctx > 0
+                    ? opts.ctx
+                    : std::min<int64_t>(model.config().max_ctx, SessionOptions::kDefaultCtx);
+  LUMEN_ASSIGN_OR_RETURN(model::KvCache cache,
+                         model::KvCache::Create(model.config(), ctx, opts.kv_dtype));
   return std::unique_ptr<Session>(new Session(model, std::move(cache)));
 }
 
@@ -23,8 +24,10 @@ Status Session::Append(std::span<const int32_t> tokens, std::vector<float>* all_
   const int64_t n = static_cast<int64_t>(tokens.size());
   const int64_t pos0 = static_cast<int64_t>(tokens_.size());
   if (pos0 + n > cache_.ctx())
-    return Errorf("prompt too long: {} tokens after {} already in context exceed the context "
-                  "size {} (raise --ctx)", n, pos0, cache_.ctx());
+    return Errorf(
+        "prompt too long: {} tokens after {} already in context exceed the context "
+        "size {} (raise --ctx)",
+        n, pos0, cache_.ctx());
   const int64_t V = model_.config().vocab_size;
   if (all_logits) all_logits->resize(size_t(n * V));
   for (int64_t off = 0; off < n; off += model::kMaxChunk) {
@@ -36,13 +39,12 @@ Status Session::Append(std::span<const int32_t> tokens, std::vector<float>* all_
                                          all_logits->data() + off * V));
     } else {
       // Intermediate chunks only fill the cache; their logits are not needed.
-      LUMEN_RETURN_IF_ERROR(forward_.Run(chunk, pos0 + off, cache_, model::LogitsFor::kLast,
-                                         logits_.data()));
+      LUMEN_RETURN_IF_ERROR(
+          forward_.Run(chunk, pos0 + off, cache_, model::LogitsFor::kLast, logits_.data()));
     }
     tokens_.insert(tokens_.end(), chunk.begin(), chunk.end());
     high_water_ = std::max<int64_t>(high_water_, tokens_.size());
-    if (last && all_logits)
-      std::copy(all_logits->end() - V, all_logits->end(), logits_.begin());
+    if (last && all_logits) std::copy(all_logits->end() - V, all_logits->end(), logits_.begin());
   }
   return Status::Ok();
 }
@@ -57,8 +59,8 @@ void Session::CommitBatchToken(int32_t token, std::span<const float> logits) {
 int64_t Session::Truncate(int64_t n) {
   n = std::clamp<int64_t>(n, 0, static_cast<int64_t>(tokens_.size()));
   const auto& c = model_.config();
-  const bool rings = std::find(c.layer_sliding.begin(), c.layer_sliding.end(), true) !=
-                     c.layer_sliding.end();
+  const bool rings =
+      std::find(c.layer_sliding.begin(), c.layer_sliding.end(), true) != c.layer_sliding.end();
   // A ring holds window + kMaxChunk rows: writing more than kMaxChunk positions
   // past n has evicted rows that position n still attends to.
   if (rings && high_water_ - n > model::kMaxChunk && n > 0) n = 0;

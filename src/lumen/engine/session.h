@@ -15,7 +15,7 @@
 namespace lumen::engine {
 
 struct SessionOptions {
-  int64_t ctx = 0;              // 0: the model's context, capped at kDefaultCtx
+  int64_t ctx = 0;  // 0: the model's context, capped at kDefaultCtx
   DType kv_dtype = DType::kF16;
   static constexpr int64_t kDefaultCtx = 4096;
 };

@@ -1,0 +1,231 @@
+// End-to-end tests of the lumen binary: the README's main job, inspect,
+// convert round trips, tokenize/detokenize/template, and bad input.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "lumen/core/buffer.h"
+#include "lumen/formats/gguf.h"
+
+namespace lumen {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct CliRun {
+  int code;
+  std::string out;  // stdout
+  std::string err;  // stderr
+};
+
+std::string TempDir() {
+  static std::string dir = [] {
+    std::string d = fs::temp_directory_path() / ("lumen_cli_test_" + std::to_string(::getpid()));
+    fs::create_directories(d);
+    return d;
+  }();
+  return dir;
+}
+
+CliRun Lumen(const std::string& args) {
+  const std::string err_path = TempDir() + "/stderr.txt";
+  const std::string cmd = std::string(LUMEN_BINARY) + " " + args + " 2>" + err_path;
+  FILE* p = ::popen(cmd.c_str(), "r");
+  CliRun r{-1, "", ""};
+  if (!p) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
+  const int status = ::pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  std::ifstream e(err_path);
+  std::stringstream ss;
+  ss << e.rdbuf();
+  r.err = ss.str();
+  return r;
+}
+
+std::string Fixtures() {
+  if (const char* e = std::getenv("LUMEN_FIXTURES")) return e;
+  return std::string(LUMEN_SOURCE_DIR) + "/../shared/fixtures";
+}
+
+std::string Slurp(const std::string& path) {
+  auto r = ReadFile(path);
+  return r.ok() ? *r : std::string();
+}
+
+TEST(Cli, GenerateOnEmbeddedModelMatchesRunC) {
+  const std::string dir = Fixtures() + "/stories260K";
+  if (!fs::exists(dir)) GTEST_SKIP() << "fixtures absent: " << dir;
+  CliRun r = Lumen("generate \"Once upon a time\" -n 252 --temp 0");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out, Slurp(dir + "/expected-greedy-once-upon-a-time.txt"));
+  r = Lumen("generate -n 128 --temp 0");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out, Slurp(dir + "/expected-greedy-no-prompt-n128.txt"));
+  EXPECT_NE(r.err.find("tok/s"), std::string::npos);  // stats on stderr, not stdout
+}
+
+TEST(Cli, NoEchoAndStopString) {
+  CliRun full = Lumen("generate \"Once upon a time\" -n 40 --temp 0 --no-echo");
+  ASSERT_EQ(full.code, 0) << full.err;
+  EXPECT_EQ(full.out.rfind(", there was a little girl named Lily.", 0), 0u) << full.out;
+  CliRun stop = Lumen("generate \"Once upon a time\" -n 40 --temp 0 --no-echo --stop Lily");
+  ASSERT_EQ(stop.code, 0) << stop.err;
+  EXPECT_EQ(stop.out, ", there was a little girl named \n");
+}
+
+TEST(Cli, SeededSamplingIsReproducible) {
+  CliRun a = Lumen("generate \"Once upon a time\" -n 30 --temp 1 --seed 7 --top-p 0.9");
+  CliRun b = Lumen("generate \"Once upon a time\" -n 30 --temp 1 --seed 7 --top-p 0.9");
+  CliRun c = Lumen("generate \"Once upon a time\" -n 30 --temp 1 --seed 8 --top-p 0.9");
+  ASSERT_EQ(a.code, 0) << a.err;
+  EXPECT_EQ(a.out, b.out);
+  EXPECT_NE(a.out, c.out);
+}
+
+TEST(Cli, InspectEmbedded) {
+  CliRun r = Lumen("inspect");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("architecture: llama"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("parameters:   260032"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("layers 5  width 64  heads 8  kv heads 4  head dim 8  ffn 172  vocab 512"),
+            std::string::npos);
+  EXPECT_NE(r.out.find("blk.4.ffn_down.weight"), std::string::npos);
+}
+
+// The embedded model is what `lumen convert` makes of the llama2.c files.
+TEST(Cli, ConvertLlama2cReproducesEmbeddedModel) {
+  const std::string dir = Fixtures() + "/stories260K";
+  if (!fs::exists(dir)) GTEST_SKIP() << "fixtures absent: " << dir;
+  const std::string out = TempDir() + "/s.gguf";
+  CliRun r =
+      Lumen("convert " + dir + "/stories260K.bin " + out + " --tokenizer " + dir + "/tok512.bin");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(Slurp(out) == Slurp(std::string(LUMEN_SOURCE_DIR) + "/models/stories260K.gguf"))
+      << "models/stories260K.gguf is not what lumen convert makes; regenerate it";
+}
+
+void ExpectSameTensors(const std::string& a, const std::string& b) {
+  auto ga = formats::GgufFile::Open(a);
+  auto gb = formats::GgufFile::Open(b);
+  ASSERT_TRUE(ga.ok()) << ga.status().message();
+  ASSERT_TRUE(gb.ok()) << gb.status().message();
+  ASSERT_EQ(ga->tensors().size(), gb->tensors().size());
+  for (const auto& t : ga->tensors()) {
+    const auto* u = gb->FindTensor(t.name);
+    ASSERT_NE(u, nullptr) << t.name;
+    EXPECT_EQ(t.dtype, u->dtype) << t.name;
+    EXPECT_EQ(t.view.ShapeString(), u->view.ShapeString()) << t.name;
+    ASSERT_EQ(t.view.byte_size(), u->view.byte_size());
+    EXPECT_EQ(0, std::memcmp(t.view.data, u->view.data, t.view.byte_size())) << t.name;
+  }
+}
+
+// GGUF -> HF -> GGUF is exact (q/k rows permuted there and back), and the HF
+// copy generates the same text.
+TEST(Cli, ConvertRoundTripGgufHfGguf) {
+  const std::string src = std::string(LUMEN_SOURCE_DIR) + "/models/stories260K.gguf";
+  const std::string hf = TempDir() + "/hf";
+  const std::string back = TempDir() + "/back.gguf";
+  CliRun r = Lumen("convert " + src + " " + hf + " --to hf --type f32");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(fs::exists(hf + "/config.json"));
+  EXPECT_TRUE(fs::exists(hf + "/model.safetensors"));
+  CliRun i = Lumen("inspect " + hf + " --no-tensors");
+  ASSERT_EQ(i.code, 0) << i.err;
+  EXPECT_NE(i.out.find("format:       hf"), std::string::npos);
+  EXPECT_NE(i.out.find("parameters:   260032"), std::string::npos) << i.out;
+  CliRun g1 = Lumen("generate " + src + " \"Once upon a time\" -n 60 --temp 0");
+  CliRun g2 = Lumen("generate " + hf + " \"Once upon a time\" -n 60 --temp 0");
+  ASSERT_EQ(g2.code, 0) << g2.err;
+  EXPECT_EQ(g1.out, g2.out);
+  r = Lumen("convert " + hf + " " + back);
+  ASSERT_EQ(r.code, 0) << r.err;
+  ExpectSameTensors(src, back);
+}
+
+TEST(Cli, ConvertToF16AndQ8) {
+  const std::string src = std::string(LUMEN_SOURCE_DIR) + "/models/stories260K.gguf";
+  for (const char* type : {"f16", "q8_0"}) {
+    const std::string out = TempDir() + "/s_" + type + ".gguf";
+    CliRun r = Lumen("convert " + src + " " + out + " --type " + type);
+    ASSERT_EQ(r.code, 0) << r.err;
+    CliRun i = Lumen("inspect " + out);
+    EXPECT_NE(i.out.find("blk.0.attn_q.weight"), std::string::npos);
+    EXPECT_NE(i.out.find(type), std::string::npos) << i.out;
+    CliRun g = Lumen("generate " + out + " \"Once upon a time\" -n 20 --temp 0");
+    ASSERT_EQ(g.code, 0) << g.err;
+    EXPECT_EQ(g.out.rfind("Once upon a time, there was", 0), 0u) << type << ": " << g.out;
+  }
+}
+
+TEST(Cli, TokenizeDetokenizeRoundTrip) {
+  CliRun t = Lumen("tokenize \"Once upon a time\" --ids");
+  ASSERT_EQ(t.code, 0) << t.err;
+  EXPECT_EQ(t.out, "1 403 407 261 378\n");
+  CliRun n = Lumen("tokenize \"Once upon a time\" --ids --no-special");
+  EXPECT_EQ(n.out, "403 407 261 378\n");
+  CliRun d = Lumen("detokenize 403 407 261 378");
+  ASSERT_EQ(d.code, 0) << d.err;
+  EXPECT_EQ(d.out, "Once upon a time\n");
+  CliRun bad = Lumen("detokenize 99999");
+  EXPECT_EQ(bad.code, 1);
+  EXPECT_NE(bad.err.find("outside the vocabulary"), std::string::npos) << bad.err;
+}
+
+TEST(Cli, TemplateWithFixtureTokenizer) {
+  const std::string tok = Fixtures() + "/tokenizers/qwen3";
+  if (!fs::exists(tok)) GTEST_SKIP() << "fixtures absent: " << tok;
+  const std::string msgs = TempDir() + "/m.json";
+  std::ofstream(msgs) << R"([{"role":"user","content":"Hello!"}])";
+  CliRun r = Lumen("template " + tok + " --messages " + msgs +
+                   " --add-generation-prompt --kwargs '{\"enable_thinking\": false}'");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out,
+            "<|im_start|>user\nHello!<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n");
+  CliRun ids = Lumen("tokenize " + tok + " \"<|im_start|>user\" --ids --no-special");
+  EXPECT_EQ(ids.out, "151644 872\n");
+}
+
+TEST(Cli, BadInputGivesClearErrors) {
+  CliRun r = Lumen("inspect /nonexistent/model.gguf");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("/nonexistent/model.gguf"), std::string::npos) << r.err;
+
+  const std::string trunc = TempDir() + "/trunc.gguf";
+  const std::string full = Slurp(std::string(LUMEN_SOURCE_DIR) + "/models/stories260K.gguf");
+  std::ofstream(trunc, std::ios::binary) << full.substr(0, full.size() / 2);
+  r = Lumen("generate " + trunc + " hi");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("trunc.gguf"), std::string::npos) << r.err;
+
+  const std::string junk = TempDir() + "/junk.gguf";
+  std::ofstream(junk, std::ios::binary) << "NOTAGGUF-------------------------";
+  r = Lumen("inspect " + junk);
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("junk.gguf"), std::string::npos) << r.err;
+
+  r = Lumen("generate \"x\" --top-p 7");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.err.find("--top-p"), std::string::npos) << r.err;
+
+  r = Lumen("generate \"Once upon a time there was\" --ctx 3 -n 10");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("context"), std::string::npos) << r.err;
+
+  r = Lumen("convert " + std::string(LUMEN_SOURCE_DIR) + "/models/stories260K.gguf " + TempDir() +
+            "/x.gguf --type q9_9");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("q9_9"), std::string::npos);
+  EXPECT_FALSE(fs::exists(TempDir() + "/x.gguf"));
+}
+
+}  // namespace
+}  // namespace lumen

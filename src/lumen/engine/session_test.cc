@@ -1,0 +1,117 @@
+// Session semantics on the embedded model: chunked appends, truncation and
+// KV reuse give the logits of a fresh full prefill.
+#include "lumen/engine/session.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "lumen/engine/chat.h"
+#include "lumen/engine/default_model.h"
+#include "lumen/engine/generate.h"
+
+namespace lumen::engine {
+namespace {
+
+double MaxDiff(std::span<const float> a, std::span<const float> b) {
+  double d = 0;
+  for (size_t i = 0; i < a.size(); ++i) d = std::max(d, double(std::abs(a[i] - b[i])));
+  return d;
+}
+
+class SessionTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto m = LoadDefaultModel();
+    ASSERT_TRUE(m.ok()) << m.status().message();
+    model_ = std::move(*m);
+  }
+  std::unique_ptr<Session> NewSession(int64_t ctx = 256) {
+    SessionOptions o;
+    o.ctx = ctx;
+    o.kv_dtype = DType::kF32;
+    auto s = Session::Create(*model_, o);
+    EXPECT_TRUE(s.ok());
+    return std::move(*s);
+  }
+  std::unique_ptr<Model> model_;
+};
+
+TEST_F(SessionTest, PiecewiseAppendEqualsOneAppend) {
+  const auto ids = model_->tokenizer().Encode("Once upon a time, there was a little dog.", true);
+  auto one = NewSession();
+  ASSERT_TRUE(one->Append(ids).ok());
+  auto parts = NewSession();
+  ASSERT_TRUE(parts->Append(std::span(ids).first(3)).ok());
+  for (size_t i = 3; i < ids.size(); ++i) ASSERT_TRUE(parts->Append(std::span(&ids[i], 1)).ok());
+  // Same arithmetic per row except the matmul row blocking: L2, 1e-5.
+  EXPECT_LE(MaxDiff(one->logits(), parts->logits()), 1e-5);
+}
+
+TEST_F(SessionTest, TruncateAndReappendReusesThePrefix) {
+  const auto a = model_->tokenizer().Encode("Once upon a time, there was a cat.", true);
+  const auto b = model_->tokenizer().Encode("Once upon a time, there was a big tree.", true);
+  size_t common = 0;
+  while (a[common] == b[common]) ++common;
+  ASSERT_GT(common, 3u);
+  auto s = NewSession();
+  ASSERT_TRUE(s->Append(a).ok());
+  EXPECT_EQ(s->Truncate(common), int64_t(common));
+  ASSERT_TRUE(s->Append(std::span(b).subspan(common)).ok());
+  auto fresh = NewSession();
+  ASSERT_TRUE(fresh->Append(b).ok());
+  EXPECT_LE(MaxDiff(s->logits(), fresh->logits()), 1e-5);
+  EXPECT_EQ(s->tokens(), fresh->tokens());
+}
+
+TEST_F(SessionTest, PromptOverContextIsAnErrorNamingTheSizes) {
+  auto s = NewSession(4);
+  const auto ids = model_->tokenizer().Encode("Once upon a time, there was", true);
+  Status st = s->Append(ids);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("context size 4"), std::string::npos) << st.message();
+  EXPECT_TRUE(s->tokens().empty());  // nothing half-appended
+}
+
+TEST_F(SessionTest, GenerateStopsAtStopStringAndMaxTokens) {
+  auto s = NewSession();
+  sample::SamplerConfig greedy;
+  greedy.temperature = 0;
+  auto sampler = sample::Sampler::Create(greedy);
+  ASSERT_TRUE(sampler.ok()) << sampler.status().message();
+  const auto ids = model_->tokenizer().Encode("Once upon a time", true);
+  GenerateOptions g;
+  g.max_tokens = 50;
+  g.stop = {"Lily"};
+  std::string streamed;
+  auto r = Generate(*s, *sampler, ids, g, [&](std::string_view t) {
+    streamed += t;
+    return true;
+  });
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(r->finish, FinishReason::kStop);
+  EXPECT_EQ(streamed, ", there was a little girl named ");
+  EXPECT_EQ(r->text, streamed);
+
+  auto s2 = NewSession();
+  g.stop.clear();
+  g.max_tokens = 7;
+  auto r2 = Generate(*s2, *sampler, ids, g, nullptr);
+  ASSERT_TRUE(r2.ok());
+  EXPECT_EQ(r2->finish, FinishReason::kLength);
+  EXPECT_EQ(r2->tokens.size(), 7u);
+}
+
+TEST_F(SessionTest, FallbackChatTemplateRendersTurns) {
+  auto f = ChatFormatter::Create(*model_);
+  ASSERT_TRUE(f.ok()) << f.status().message();
+  EXPECT_TRUE(f->is_fallback());
+  nlohmann::ordered_json msgs = nlohmann::ordered_json::array();
+  msgs.push_back({{"role", "user"}, {"content", "Hi"}});
+  auto text = f->Render(msgs, nullptr, true, nlohmann::ordered_json::object());
+  ASSERT_TRUE(text.ok()) << text.status().message();
+  EXPECT_EQ(*text, "<s>user: Hi\nassistant:");
+}
+
+}  // namespace
+}  // namespace lumen::engine

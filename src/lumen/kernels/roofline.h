@@ -1,0 +1,25 @@
+// Machine limits for the roofline in `lumen bench`: read bandwidth of a
+// streamed buffer and the f32 FMA peak of the SIMD target the kernels run on.
+// Measurement loops live here because only kernels/ may use Highway.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace lumen::kernels {
+
+// Reads bytes [0, size) of p with full-width vector loads (4 independent
+// streams); returns a value that depends on every byte so the loads stay.
+uint64_t StreamRead(const void* p, size_t size);
+
+// Runs independent FMA chains for about `seconds` on the calling thread and
+// returns the achieved f32 FLOP/s (2 per lane per FMA): one core's measured
+// peak for the best target.
+double MeasureFmaFlops(double seconds);
+
+// Name of the Highway target the kernels dispatch to on this CPU ("AVX3", "AVX2"...)
+// and its f32 lanes per vector.
+const char* KernelTargetName();
+int KernelF32Lanes();
+
+}  // namespace lumen::kernels

@@ -349,14 +349,18 @@ inline double LogSoftmaxT(const float* x, size_t n, float* out) {
 inline size_t IndicesAtLeastT(const float* HWY_RESTRICT x, size_t n, float thresh,
                               uint32_t* HWY_RESTRICT idx) {
   const hn::ScalableTag<float> d;
+  const hn::RebindToUnsigned<decltype(d)> du;
   const size_t N = hn::Lanes(d);
   const auto t = hn::Set(d, thresh);
+  const auto step = hn::Set(du, static_cast<uint32_t>(N));
+  auto vi = hn::Iota(du, 0);
   size_t k = 0, i = 0;
+  // Branch-free: compress the lane indices that pass (k <= i, so the store
+  // stays inside idx[0, n)).
   for (; i + N <= n; i += N) {
-    if (hn::AllFalse(d, hn::Ge(hn::LoadU(d, x + i), t))) continue;
-    for (size_t j = i; j < i + N; ++j) {
-      if (x[j] >= thresh) idx[k++] = static_cast<uint32_t>(j);
-    }
+    const auto pass = hn::RebindMask(du, hn::Ge(hn::LoadU(d, x + i), t));
+    k += hn::CompressBlendedStore(vi, pass, du, idx + k);
+    vi = hn::Add(vi, step);
   }
   for (; i < n; ++i) {
     if (x[i] >= thresh) idx[k++] = static_cast<uint32_t>(i);

@@ -1,13 +1,13 @@
 #include "lumen/engine/convert.h"
 
+#include <filesystem>
+
 #include "lumen/kernels/matrix.h"
 
 namespace lumen::engine {
 namespace {
 
-bool IsNorm(const std::string& name) {
-  return name.find("norm.weight") != std::string::npos;
-}
+bool IsNorm(const std::string& name) { return name.find("norm.weight") != std::string::npos; }
 
 }  // namespace
 
@@ -17,8 +17,9 @@ std::vector<TensorPlan> PlansFor(const Model& m, OutputFormat format, model::Mod
   using model::Family;
   const bool pairs_family = src.family == Family::kLlama || src.family == Family::kMistral ||
                             src.family == Family::kMiniCpm;
-  target.rope_style = format == OutputFormat::kGguf && pairs_family ? kernels::RopeStyle::kInterleaved
-                                                                    : kernels::RopeStyle::kHalf;
+  target.rope_style = format == OutputFormat::kGguf && pairs_family
+                          ? kernels::RopeStyle::kInterleaved
+                          : kernels::RopeStyle::kHalf;
   const bool gemma = src.family == Family::kGemma2 || src.family == Family::kGemma3;
   target.norm_offset = format == OutputFormat::kHf && gemma ? 1.0f : 0.0f;
   const float norm_add = src.norm_offset - target.norm_offset;
@@ -64,11 +65,16 @@ Status ConvertModel(const Model& m, OutputFormat format, const std::string& out,
   if (c.rope_dim != c.head_dim &&
       (c.family == model::Family::kLlama || c.family == model::Family::kMistral))
     return Error("convert: partial rotary llama models are not supported");
+  if (format == OutputFormat::kHf && m.weights().rope_freqs)
+    return Error(
+        "convert: this GGUF's rope_freqs tensor (llama.cpp's Llama 3.1 rope scaling) "
+        "has no config.json equivalent here; convert to GGUF instead");
   model::ModelConfig target;
   std::vector<TensorPlan> plans = PlansFor(m, format, target);
   WriteOptions opts;
   opts.dtype = dtype;
   opts.chat_template = m.chat_template();
+  opts.name = std::filesystem::path(m.name()).stem().string();
   if (format == OutputFormat::kGguf) return WriteGgufModel(target, m.tokenizer(), plans, opts, out);
   return WriteHfModel(target, m.tokenizer(), plans, opts, out);
 }

@@ -52,7 +52,9 @@ ModelConfig Base(Family f, int L, int D, int H, int Hkv, int F, int V, int64_t c
 // Family switches as ConfigFromHf would set them (HF conventions).
 void ApplyFamily(ModelConfig& c) {
   switch (c.family) {
-    case Family::kQwen3: c.qk_norm = true; break;
+    case Family::kQwen3:
+      c.qk_norm = true;
+      break;
     case Family::kGemma2:
     case Family::kGemma3:
       c.norm_offset = 1.0f;
@@ -78,15 +80,46 @@ void ApplyFamily(ModelConfig& c) {
       c.fused_qkv = true;
       c.fused_gate_up = true;
       break;
-    default: break;
+    default:
+      break;
   }
 }
 
 }  // namespace
 
+Status ParseSynthQuant(std::string_view q, SynthOptions& o) {
+  if (q.starts_with("mlx")) {
+    std::string_view rest = q.substr(3);
+    int bits = 0, group = 64;
+    if (rest.starts_with("4"))
+      bits = 4;
+    else if (rest.starts_with("8"))
+      bits = 8;
+    if (bits) rest = rest.substr(1);
+    if (rest == "-g32")
+      group = 32;
+    else if (rest == "-g64")
+      group = 64;
+    else if (rest == "-g128")
+      group = 128;
+    else if (!rest.empty())
+      bits = 0;
+    if (!bits) return Errorf("--quant: '{}' is not mlx4, mlx8 or mlx<4|8>-g<32|64|128>", q);
+    o.mlx_bits = bits;
+    o.mlx_group = group;
+    o.format = OutputFormat::kHf;
+    return Status::Ok();
+  }
+  const std::optional<DType> t = ParseDType(q);
+  if (!t) return Errorf("--quant: unknown type '{}'", q);
+  o.dtype = *t;
+  return Status::Ok();
+}
+
 std::vector<std::string> SynthNames() {
-  return {"llama-3.2-1b", "qwen3-0.6b", "gemma-3-1b", "tiny-llama", "tiny-mistral", "tiny-qwen2",
-          "tiny-qwen3", "tiny-gemma2", "tiny-gemma3", "tiny-minicpm", "tiny-phi3"};
+  return {"llama-3.2-1b", "qwen3-0.6b",   "gemma-3-1b", "tiny-llama",
+          "tiny-mistral", "tiny-qwen2",   "tiny-qwen3", "tiny-gemma2",
+          "tiny-gemma3",  "tiny-minicpm", "tiny-phi3"};
 }
 
 Result<ModelConfig> SynthConfig(const SynthOptions& o) {
@@ -118,7 +151,12 @@ Result<ModelConfig> SynthConfig(const SynthOptions& o) {
     // Small but with GQA, odd-ish sizes and every family feature exercised.
     c = Base(f, 2, 64, 4, 2, 96, 512, 256);
     c.head_dim = f == Family::kQwen3 || f == Family::kGemma3 ? 32 : 0;
-    if (f == Family::kMistral || f == Family::kGemma2 || f == Family::kGemma3) c.sliding_window = 8;
+    if (f == Family::kMistral || f == Family::kGemma2 || f == Family::kGemma3 ||
+        f == Family::kQwen2)
+      c.sliding_window = 8;
+    // Qwen2: use_sliding_window with max_window_layers 1 (only layer 1 slides).
+    if (f == Family::kQwen2) c.layer_sliding = {false, true};
+    if (f == Family::kPhi3) c.rope_dim = 8;  // partial_rotary_factor 0.5 of head_dim 16
     if (f == Family::kGemma2 || f == Family::kGemma3) c.n_layers = f == Family::kGemma3 ? 3 : 2;
     if (f == Family::kGemma3) c.attn_scale = float(1.0 / std::sqrt(24.0));
   } else {
@@ -131,6 +169,8 @@ Result<ModelConfig> SynthConfig(const SynthOptions& o) {
   if (o.kv_heads) c.n_kv_heads = o.kv_heads;
   if (o.vocab) c.vocab_size = o.vocab;
   if (o.ctx) c.max_ctx = o.ctx;
+  if (int(c.layer_sliding.size()) != c.n_layers) c.layer_sliding.clear();
+  if (c.family == Family::kPhi3 && c.rope_dim > 0 && o.dim) c.rope_dim = 0;  // reshaped: full
   ApplyFamily(c);
   if (c.family == Family::kGemma3) {
     c.layer_sliding.assign(c.n_layers, false);
@@ -210,12 +250,15 @@ Status Synthesize(const SynthOptions& o) {
   WriteOptions wo;
   wo.dtype = o.dtype ? o.dtype : std::optional<DType>(tiny ? DType::kF32 : DType::kF16);
   wo.chat_template = tok.chat_template();
+  wo.mlx_bits = o.mlx_bits;
+  wo.mlx_group = o.mlx_group;
+  if (o.mlx_bits && gguf) return Error("synth: MLX quantization needs --format hf");
   if (!gguf) return WriteHfModel(c, tok, plans, wo, o.out);
 
   // GGUF conventions: pair-rotated q/k for llama-style archs, Gemma norms 1 + w.
   ModelConfig g = c;
-  const bool pairs = c.family == Family::kLlama || c.family == Family::kMistral ||
-                     c.family == Family::kMiniCpm;
+  const bool pairs =
+      c.family == Family::kLlama || c.family == Family::kMistral || c.family == Family::kMiniCpm;
   g.rope_style = pairs ? kernels::RopeStyle::kInterleaved : kernels::RopeStyle::kHalf;
   g.norm_offset = 0.0f;
   for (auto& p : plans) {

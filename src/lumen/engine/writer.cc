@@ -4,8 +4,8 @@
 
 #include "lumen/core/buffer.h"
 #include "lumen/core/progress.h"
-#include "lumen/formats/gguf.h"
 #include "lumen/core/quant.h"
+#include "lumen/formats/gguf.h"
 #include "lumen/formats/safetensors.h"
 #include "lumen/model/weights.h"
 
@@ -18,8 +18,9 @@ Result<std::string> Encode(const TensorPlan& p, DType dtype) {
   int64_t rows = 1;
   for (size_t i = 0; i + 1 < p.shape.size(); ++i) rows *= p.shape[i];
   const auto rb = RowBytes(dtype, cols);
-  if (!rb) return Errorf("tensor '{}': {} columns is not a whole number of {} blocks", p.name, cols,
-                         Name(dtype));
+  if (!rb)
+    return Errorf("tensor '{}': {} columns is not a whole number of {} blocks", p.name, cols,
+                  Name(dtype));
   std::string out(*rb * rows, '\0');
   std::vector<float> buf(cols);
   for (int64_t r = 0; r < rows; ++r) {
@@ -36,7 +37,8 @@ Status WriteGgufModel(const model::ModelConfig& config, const tokenize::Tokenize
                       const std::string& path) {
   formats::GgufWriter w;
   model::ConfigToGguf(config, w);
-  w.SetString("general.name", std::filesystem::path(path).stem().string());
+  w.SetString("general.name",
+              opts.name.empty() ? std::filesystem::path(path).stem().string() : opts.name);
   LUMEN_RETURN_IF_ERROR(tok.ExportGguf(w));
   if (!opts.chat_template.empty()) w.SetString("tokenizer.chat_template", opts.chat_template);
   Progress progress("writing " + path, static_cast<int64_t>(plans.size()));
@@ -45,7 +47,8 @@ Status WriteGgufModel(const model::ModelConfig& config, const tokenize::Tokenize
     if (p.shape.size() == 1) dt = DType::kF32;
     if (!formats::GgmlFromDType(dt)) dt = DType::kF16;
     // K-quants need 256-wide rows; fall back like llama.cpp does for odd shapes.
-    if (!RowBytes(dt, p.shape.back())) dt = RowBytes(DType::kQ8_0, p.shape.back()) ? DType::kQ8_0 : DType::kF16;
+    if (!RowBytes(dt, p.shape.back()))
+      dt = RowBytes(DType::kQ8_0, p.shape.back()) ? DType::kQ8_0 : DType::kF16;
     LUMEN_ASSIGN_OR_RETURN(std::string bytes, Encode(p, dt));
     LUMEN_RETURN_IF_ERROR(w.AddTensor(p.name, dt, p.shape, std::move(bytes)));
     progress.Advance();
@@ -53,27 +56,77 @@ Status WriteGgufModel(const model::ModelConfig& config, const tokenize::Tokenize
   return w.Write(path);
 }
 
+namespace {
+
+// One MLX-quantized module: packed U32 weight, f16 scales and biases.
+Status AddMlx(formats::SafetensorsWriter& w, const std::string& hf_weight, const TensorPlan& p,
+              int bits, int group) {
+  const int64_t rows = p.shape[0], cols = p.shape[1];
+  const int64_t words = cols * bits / 32, groups = cols / group;
+  std::string packed(size_t(rows * words) * 4, '\0');
+  std::string scales(size_t(rows * groups) * 2, '\0'), biases(scales.size(), '\0');
+  std::vector<float> buf(cols), sc(groups), bi(groups);
+  for (int64_t r = 0; r < rows; ++r) {
+    p.row(r, buf.data());
+    QuantizeMlxRow(buf.data(), bits, group, reinterpret_cast<uint32_t*>(packed.data()) + r * words,
+                   sc.data(), bi.data(), cols);
+    QuantizeRow(DType::kF16, sc.data(), scales.data() + r * groups * 2, groups);
+    QuantizeRow(DType::kF16, bi.data(), biases.data() + r * groups * 2, groups);
+  }
+  const std::string module = hf_weight.substr(0, hf_weight.rfind('.'));
+  LUMEN_RETURN_IF_ERROR(w.Add(hf_weight, DType::kU32, {rows, words}, std::move(packed)));
+  LUMEN_RETURN_IF_ERROR(w.Add(module + ".scales", DType::kF16, {rows, groups}, std::move(scales)));
+  return w.Add(module + ".biases", DType::kF16, {rows, groups}, std::move(biases));
+}
+
+}  // namespace
+
 Status WriteHfModel(const model::ModelConfig& config, const tokenize::Tokenizer& tok,
                     const std::vector<TensorPlan>& plans, const WriteOptions& opts,
                     const std::string& dir) {
   namespace fs = std::filesystem;
+  const bool mlx = opts.mlx_bits != 0;
+  if (mlx && (opts.mlx_bits != 4 && opts.mlx_bits != 8))
+    return Errorf("MLX quantization: bits must be 4 or 8, got {}", opts.mlx_bits);
+  if (mlx && (opts.mlx_group != 32 && opts.mlx_group != 64 && opts.mlx_group != 128))
+    return Errorf("MLX quantization: group size must be 32, 64 or 128, got {}", opts.mlx_group);
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) return Errorf("{}: cannot create directory: {}", dir, ec.message());
   formats::SafetensorsWriter w;
-  w.SetMetadata("format", "pt");
+  w.SetMetadata("format", mlx ? "mlx" : "pt");
+  nlohmann::json quant = nlohmann::json::object();
+  DType float_type = DType::kF32;
   for (const auto& p : plans) {
     DType dt = opts.dtype.value_or(p.source_dtype);
     if (dt != DType::kF32 && dt != DType::kF16 && dt != DType::kBF16) {
       if (opts.dtype) return Errorf("Hugging Face output holds f32, f16 or bf16, not {}", Name(dt));
       dt = DType::kF16;
     }
+    if (p.shape.size() == 2) float_type = dt;
+    const std::string hf = model::HfName(config.family, p.name);
+    if (mlx && p.shape.size() == 2 && hf.ends_with(".weight")) {
+      const std::string module = hf.substr(0, hf.rfind('.'));
+      if (p.shape[1] % opts.mlx_group == 0) {
+        LUMEN_RETURN_IF_ERROR(AddMlx(w, hf, p, opts.mlx_bits, opts.mlx_group));
+        continue;
+      }
+      quant[module] = false;  // mlx-lm leaves such modules unquantized
+    }
     LUMEN_ASSIGN_OR_RETURN(std::string bytes, Encode(p, dt));
-    LUMEN_RETURN_IF_ERROR(w.Add(model::HfName(config.family, p.name), dt, p.shape, std::move(bytes)));
+    LUMEN_RETURN_IF_ERROR(w.Add(hf, dt, p.shape, std::move(bytes)));
   }
   LUMEN_RETURN_IF_ERROR(w.Write(dir + "/model.safetensors"));
   nlohmann::json cfg = model::ConfigToHf(config);
-  cfg["torch_dtype"] = "float32";
+  cfg["torch_dtype"] = float_type == DType::kF32    ? "float32"
+                       : float_type == DType::kBF16 ? "bfloat16"
+                                                    : "float16";
+  if (mlx) {
+    quant["group_size"] = opts.mlx_group;
+    quant["bits"] = opts.mlx_bits;
+    cfg["quantization"] = quant;
+    cfg["quantization_config"] = quant;
+  }
   LUMEN_RETURN_IF_ERROR(WriteFileAtomic(dir + "/config.json", cfg.dump(2) + "\n"));
   LUMEN_RETURN_IF_ERROR(tok.ExportHf(dir));
   return Status::Ok();

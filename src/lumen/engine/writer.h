@@ -1,8 +1,7 @@
-// Writing models: GGUF or a Hugging Face directory from a list of tensor plans,
-// each producing its rows as f32 on demand. `lumen convert` builds plans from a
-// loaded Model (with the layout transforms between conventions); `lumen synth`
-// builds them from a seeded RNG. Rows are encoded to the target dtype one at a
-// time, so no whole tensor is ever held dequantized.
+// Writing models: GGUF or a Hugging Face directory (optionally MLX-quantized) from a list of tensor
+// plans, each producing its rows as f32 on demand. `lumen convert` builds plans from a loaded Model
+// (with the layout transforms between conventions); `lumen synth` builds them from a seeded RNG.
+// Rows are encoded to the target dtype one at a time, so no whole tensor is ever held dequantized.
 #pragma once
 
 #include <functional>
@@ -29,6 +28,11 @@ struct WriteOptions {
   // target format can hold it (else f16). 1-D tensors are always f32 in GGUF.
   std::optional<DType> dtype;
   std::string chat_template;  // empty: none
+  std::string name;           // general.name; empty: the output file's stem
+  // Hugging Face output only: MLX affine-quantize 2-D weights (bits 4 or 8,
+  // 0 = off) in groups of mlx_group along each row.
+  int mlx_bits = 0;
+  int mlx_group = 64;
 };
 
 // `config` must already be in the target file's conventions (rope_style and

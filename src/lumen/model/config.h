@@ -21,8 +21,8 @@ namespace lumen::model {
 
 enum class Family { kLlama, kMistral, kQwen2, kQwen3, kGemma2, kGemma3, kMiniCpm, kPhi3 };
 
-std::string_view FamilyName(Family f);               // "llama", "qwen3", ...
-Result<Family> ParseFamily(std::string_view name);   // HF model_type or GGUF arch
+std::string_view FamilyName(Family f);              // "llama", "qwen3", ...
+Result<Family> ParseFamily(std::string_view name);  // HF model_type or GGUF arch
 
 struct ModelConfig {
   Family family = Family::kLlama;
@@ -41,7 +41,11 @@ struct ModelConfig {
   bool post_norms = false;   // Gemma2/3: post-attention and post-FFN norms
   kernels::Activation act = kernels::Activation::kSilu;
 
-  float embed_scale = 1.0f;     // sqrt(D) for Gemma, scale_emb for MiniCPM
+  float embed_scale = 1.0f;  // sqrt(D) for Gemma, scale_emb for MiniCPM
+  // HF Gemma multiplies by sqrt(D) as a tensor of the embedding's dtype, so for
+  // bf16/f16 checkpoints the constant is rounded to that dtype (families.md
+  // section 6); the forward rounds embed_scale to the bound tok_embd dtype.
+  bool embed_scale_in_weight_dtype = false;
   float residual_scale = 1.0f;  // MiniCPM scale_depth / sqrt(L)
   float logit_scale = 1.0f;     // MiniCPM 1 / (D / dim_model_base)
   float attn_scale = 0.0f;      // q.k multiplier (1/sqrt(Dh) unless overridden)

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "lumen/core/half.h"
 #include "lumen/kernels/activation.h"
 #include "lumen/kernels/attention.h"
 #include "lumen/kernels/matmul.h"
@@ -25,17 +26,33 @@ Activations::Activations(const ModelConfig& c, int threads)
   attn_scratch = AlignedBuffer(size_t(threads) * attn_scratch_per_thread * sizeof(float));
 }
 
+// HF Gemma: `embeds * tensor(sqrt(D), dtype=embedding dtype)`, so the constant
+// is rounded to bf16/f16 for such checkpoints (sqrt(2048) -> 45.25 in bf16).
+float EmbedScale(const ModelConfig& c, const Weights& w) {
+  if (!c.embed_scale_in_weight_dtype) return c.embed_scale;
+  DType t = w.tok_embd.w.dtype;
+  if (w.tok_embd.mlx_bits) t = w.tok_embd.scales.dtype;  // MLX: the scales' float type
+  if (t == DType::kBF16) return BF16ToF32(F32ToBF16(c.embed_scale));
+  if (t == DType::kF16) return F16ToF32(F32ToF16(c.embed_scale));
+  return c.embed_scale;
+}
+
 Forward::Forward(const ModelConfig& c, const Weights& w, ThreadPool* pool)
-    : c_(c), w_(w), pool_(pool), a_(c, pool ? pool->size() : 1) {}
+    : c_(c), w_(w), pool_(pool), a_(c, pool ? pool->size() : 1), embed_scale_(EmbedScale(c, w)) {}
 
 const kernels::RopeTable& Forward::Rope(bool sliding, int64_t seq_len) {
-  // Only dynamic NTK depends on the sequence length; rebuild when it grows.
+  // Only dynamic NTK depends on the call's length (HF: max position + 1, and
+  // only beyond max_position_embeddings); rebuild when that value changes.
   const bool dynamic = c_.rope_scaling.type == kernels::RopeScaling::Type::kDynamic;
-  if (rope_seq_len_ < 0 || (dynamic && seq_len > rope_seq_len_)) {
-    rope_seq_len_ = seq_len;
-    rope_global_ = kernels::MakeRopeTable(c_.rope_dim, c_.rope_theta, c_.rope_scaling, c_.max_ctx,
-                                          seq_len);
+  const int64_t key = dynamic ? std::max(seq_len, c_.max_ctx) : 0;
+  if (rope_seq_len_ < 0 || key != rope_seq_len_) {
+    rope_seq_len_ = key;
+    rope_global_ =
+        kernels::MakeRopeTable(c_.rope_dim, c_.rope_theta, c_.rope_scaling, c_.max_ctx, seq_len);
     rope_local_ = kernels::MakeRopeTable(c_.rope_dim, c_.rope_theta_local, {}, c_.max_ctx, seq_len);
+    if (w_.rope_freqs)  // llama.cpp's rope_freqs tensor: per-pair divisors (global layers)
+      for (size_t i = 0; i < rope_global_.inv_freq.size(); ++i)
+        rope_global_.inv_freq[i] /= w_.rope_freqs[i];
   }
   // Gemma3 rotates sliding layers with the local base; other families use one base.
   return sliding && c_.family == Family::kGemma3 ? rope_local_ : rope_global_;
@@ -45,8 +62,8 @@ void Forward::Embed(std::span<const BatchRow> rows, float* x) const {
   for (size_t t = 0; t < rows.size(); ++t) {
     float* row = x + t * c_.dim;
     kernels::DequantizeMatrixRow(w_.tok_embd, rows[t].token, row);
-    if (c_.embed_scale != 1.0f)
-      for (int i = 0; i < c_.dim; ++i) row[i] *= c_.embed_scale;
+    if (embed_scale_ != 1.0f)
+      for (int i = 0; i < c_.dim; ++i) row[i] *= embed_scale_;
   }
 }
 
@@ -78,9 +95,12 @@ void Forward::AttentionBlock(int l, std::span<const BatchRow> rows) {
     float* q = qkv + t * QKV;
     float* k = q + Q;
     float* v = k + KV;
-    if (L.bq) for (int64_t i = 0; i < Q; ++i) q[i] += L.bq[i];
-    if (L.bk) for (int64_t i = 0; i < KV; ++i) k[i] += L.bk[i];
-    if (L.bv) for (int64_t i = 0; i < KV; ++i) v[i] += L.bv[i];
+    if (L.bq)
+      for (int64_t i = 0; i < Q; ++i) q[i] += L.bq[i];
+    if (L.bk)
+      for (int64_t i = 0; i < KV; ++i) k[i] += L.bk[i];
+    if (L.bv)
+      for (int64_t i = 0; i < KV; ++i) v[i] += L.bv[i];
     if (L.q_norm) {
       for (int h = 0; h < c_.n_heads; ++h) {
         float* qh = q + int64_t(h) * c_.head_dim;
@@ -108,11 +128,16 @@ void Forward::AttentionBlock(int l, std::span<const BatchRow> rows) {
                          scratch);
     }
   };
-  if (pool_) pool_->ParallelFor(T, attend); else attend(0, T, 0);
+  if (pool_)
+    pool_->ParallelFor(T, attend);
+  else
+    attend(0, T, 0);
 
   MatMul(L.wo, att, T, Q, tmp, D, pool_);
   for (int64_t t = 0; t < T; ++t) {
     float* o = tmp + t * D;
+    if (L.bo)
+      for (int64_t i = 0; i < D; ++i) o[i] += L.bo[i];
     if (L.post_attn_norm)
       kernels::RmsNormForward(o, L.post_attn_norm, c_.norm_offset, c_.norm_eps, D, o);
     float* xr = x + t * D;
@@ -153,8 +178,8 @@ void Forward::FfnBlock(int l, int64_t T) {
   }
 }
 
-Status Forward::Run(std::span<const int32_t> tokens, int64_t pos0, KvCache& cache,
-                    LogitsFor which, float* logits) {
+Status Forward::Run(std::span<const int32_t> tokens, int64_t pos0, KvCache& cache, LogitsFor which,
+                    float* logits) {
   const int64_t T = static_cast<int64_t>(tokens.size());
   if (T == 0) return Error("forward: no tokens");
   if (T > kMaxChunk) return Errorf("forward: chunk of {} tokens exceeds {}", T, kMaxChunk);

@@ -24,13 +24,13 @@ namespace lumen::model {
 // Scratch for one chunk; sized once for kMaxChunk tokens.
 struct Activations {
   explicit Activations(const ModelConfig& c, int threads);
-  AlignedBuffer x;     // [T, D] residual stream
-  AlignedBuffer xn;    // [T, D] normed input of the current block
-  AlignedBuffer qkv;   // [T, H*Dh + 2*Hkv*Dh]
-  AlignedBuffer att;   // [T, H*Dh] attention output (pre o_proj)
-  AlignedBuffer tmp;   // [T, D] block output before the residual add
-  AlignedBuffer gate;  // [T, 2F] gate (and up for fused), then act(gate)*up
-  AlignedBuffer up;    // [T, F]
+  AlignedBuffer x;             // [T, D] residual stream
+  AlignedBuffer xn;            // [T, D] normed input of the current block
+  AlignedBuffer qkv;           // [T, H*Dh + 2*Hkv*Dh]
+  AlignedBuffer att;           // [T, H*Dh] attention output (pre o_proj)
+  AlignedBuffer tmp;           // [T, D] block output before the residual add
+  AlignedBuffer gate;          // [T, 2F] gate (and up for fused), then act(gate)*up
+  AlignedBuffer up;            // [T, F]
   AlignedBuffer attn_scratch;  // per thread: see kernels::AttendOne
   int64_t attn_scratch_per_thread = 0;
 };
@@ -71,6 +71,7 @@ class Forward {
   const Weights& w_;
   ThreadPool* pool_;
   Activations a_;
+  float embed_scale_;  // c_.embed_scale, rounded to the embedding dtype when HF does
   kernels::RopeTable rope_global_, rope_local_;
   int64_t rope_seq_len_ = -1;
 };

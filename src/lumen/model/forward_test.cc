@@ -75,7 +75,8 @@ TEST_F(Stories260K, ConfigFromGguf) {
 }
 
 // Logits at positions 0..7 match run.c's to 1e-4 (the fixture's stated bound);
-// prefill of 8 tokens and 8 single-token decodes must agree to 1e-5 (L2).
+// prefill of 8 tokens and 8 single-token decodes must agree to 1e-5 with an
+// f32 KV cache (1e-2 with f16, see below).
 TEST_F(Stories260K, LogitsMatchRunC) {
   const std::vector<int32_t> toks = {1, 403, 407, 261, 378, 432, 383, 286};
   std::ifstream f(dir_ + "/expected-logits-once-upon-a-time-pos0-7.f32", std::ios::binary);
@@ -90,7 +91,8 @@ TEST_F(Stories260K, LogitsMatchRunC) {
     std::vector<float> all(8 * 512);
     ASSERT_TRUE(fwd.Run(toks, 0, *cache, LogitsFor::kAll, all.data()).ok());
     double worst = 0;
-    for (size_t i = 0; i < all.size(); ++i) worst = std::max(worst, double(std::abs(all[i] - expected[i])));
+    for (size_t i = 0; i < all.size(); ++i)
+      worst = std::max(worst, double(std::abs(all[i] - expected[i])));
     // f16 keys/values carry a relative error of 2^-11; through softmax-weighted
     // sums and 5 layers that is ~4e-4 of logits near 20: bound 1e-2.
     EXPECT_LE(worst, kv == DType::kF32 ? 1e-4 : 1e-2) << "kv " << Name(kv);
@@ -103,12 +105,17 @@ TEST_F(Stories260K, LogitsMatchRunC) {
       for (int v = 0; v < 512; ++v)
         worst_inc = std::max(worst_inc, double(std::abs(one[v] - all[t * 512 + v])));
     }
-    EXPECT_LE(worst_inc, 1e-5) << "prefill vs decode, kv " << Name(kv);
+    // f32 cache: only the matmul's summation order differs (M = 8 vs M = 1
+    // kernels). f16 cache: an ulp-level difference in a key can round to the
+    // neighbouring f16 value (2^-11 relative), which moves logits near 20 by
+    // up to ~1e-2, like the bound above.
+    EXPECT_LE(worst_inc, kv == DType::kF32 ? 1e-5 : 1e-2) << "prefill vs decode, kv " << Name(kv);
   }
 }
 
 TEST_F(Stories260K, GreedyIdsMatchRunC) {
-  for (const char* name : {"expected-greedy-once-upon-a-time.ids", "expected-greedy-no-prompt-n128.ids"}) {
+  for (const char* name :
+       {"expected-greedy-once-upon-a-time.ids", "expected-greedy-no-prompt-n128.ids"}) {
     const std::vector<int32_t> ids = ReadIds(dir_ + "/" + name);
     ASSERT_GT(ids.size(), 100u);
     const size_t prompt = std::string(name).find("no-prompt") != std::string::npos ? 1 : 5;
@@ -122,7 +129,8 @@ TEST_F(Stories260K, GreedyIdsMatchRunC) {
       const int32_t next = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
       seq.push_back(next);
       ASSERT_TRUE(fwd.Run(std::span(&seq.back(), 1), seq.size() - 1, *cache, LogitsFor::kLast,
-                          logits.data()).ok());
+                          logits.data())
+                      .ok());
     }
     EXPECT_EQ(seq, ids) << name;
   }

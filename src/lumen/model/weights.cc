@@ -47,6 +47,7 @@ Result<Weights> BindWeights(const ModelConfig& c, const TensorLookup& lookup) {
   LUMEN_RETURN_IF_ERROR(vec("output_norm.weight", &w.output_norm, D, true));
   LUMEN_RETURN_IF_ERROR(matrix("output.weight", w.output, V, D, !c.tied_embeddings));
   if (!w.output.valid()) w.output = w.tok_embd;
+  LUMEN_RETURN_IF_ERROR(vec("rope_freqs.weight", &w.rope_freqs, c.rope_dim / 2, false));
   w.layers.resize(c.n_layers);
   for (int l = 0; l < c.n_layers; ++l) {
     LayerWeights& L = w.layers[l];
@@ -67,6 +68,7 @@ Result<Weights> BindWeights(const ModelConfig& c, const TensorLookup& lookup) {
       LUMEN_RETURN_IF_ERROR(vec(p + "attn_k_norm.weight", &L.k_norm, c.head_dim, true));
     }
     LUMEN_RETURN_IF_ERROR(matrix(p + "attn_output.weight", L.wo, D, Q, true));
+    LUMEN_RETURN_IF_ERROR(vec(p + "attn_output.bias", &L.bo, D, false));
     LUMEN_RETURN_IF_ERROR(vec(p + "ffn_norm.weight", &L.ffn_norm, D, true));
     if (c.post_norms) {
       LUMEN_RETURN_IF_ERROR(vec(p + "post_attention_norm.weight", &L.post_attn_norm, D, true));
@@ -114,21 +116,36 @@ std::string HfName(Family f, const std::string& canonical) {
   if (!std::regex_match(canonical, m, kBlk)) return canonical;
   const std::string layer = m[1], part = m[2], kind = m[3];
   std::string hf;
-  if (part == "attn_norm") hf = "input_layernorm";
-  else if (part == "attn_q") hf = "self_attn.q_proj";
-  else if (part == "attn_k") hf = "self_attn.k_proj";
-  else if (part == "attn_v") hf = "self_attn.v_proj";
-  else if (part == "attn_qkv") hf = "self_attn.qkv_proj";
-  else if (part == "attn_output") hf = "self_attn.o_proj";
-  else if (part == "attn_q_norm") hf = "self_attn.q_norm";
-  else if (part == "attn_k_norm") hf = "self_attn.k_norm";
-  else if (part == "post_attention_norm") hf = "post_attention_layernorm";
-  else if (part == "ffn_norm") hf = gemma ? "pre_feedforward_layernorm" : "post_attention_layernorm";
-  else if (part == "post_ffw_norm") hf = "post_feedforward_layernorm";
-  else if (part == "ffn_gate") hf = "mlp.gate_proj";
-  else if (part == "ffn_up") hf = f == Family::kPhi3 ? "mlp.gate_up_proj" : "mlp.up_proj";
-  else if (part == "ffn_down") hf = "mlp.down_proj";
-  else return canonical;
+  if (part == "attn_norm")
+    hf = "input_layernorm";
+  else if (part == "attn_q")
+    hf = "self_attn.q_proj";
+  else if (part == "attn_k")
+    hf = "self_attn.k_proj";
+  else if (part == "attn_v")
+    hf = "self_attn.v_proj";
+  else if (part == "attn_qkv")
+    hf = "self_attn.qkv_proj";
+  else if (part == "attn_output")
+    hf = "self_attn.o_proj";
+  else if (part == "attn_q_norm")
+    hf = "self_attn.q_norm";
+  else if (part == "attn_k_norm")
+    hf = "self_attn.k_norm";
+  else if (part == "post_attention_norm")
+    hf = "post_attention_layernorm";
+  else if (part == "ffn_norm")
+    hf = gemma ? "pre_feedforward_layernorm" : "post_attention_layernorm";
+  else if (part == "post_ffw_norm")
+    hf = "post_feedforward_layernorm";
+  else if (part == "ffn_gate")
+    hf = "mlp.gate_proj";
+  else if (part == "ffn_up")
+    hf = f == Family::kPhi3 ? "mlp.gate_up_proj" : "mlp.up_proj";
+  else if (part == "ffn_down")
+    hf = "mlp.down_proj";
+  else
+    return canonical;
   return "model.layers." + layer + "." + hf + "." + kind;
 }
 
@@ -137,17 +154,36 @@ std::string HfName(Family f, const std::string& canonical) {
 namespace lumen::model {
 
 std::vector<std::string> CanonicalTensorNames(const ModelConfig& c) {
+  // Only the names this config can use: several canonical names map to one HF
+  // name across families (post_attention_layernorm is the pre-FFN norm of
+  // llama-style models but Gemma's sandwich norm), so listing Gemma's names for
+  // a llama model would bind its pre-FFN norm under the wrong role.
   std::vector<std::string> names = {"token_embd.weight"};
-  static const char* kLayer[] = {
-      "attn_norm.weight",  "attn_q.weight",      "attn_q.bias",         "attn_k.weight",
-      "attn_k.bias",       "attn_v.weight",      "attn_v.bias",         "attn_qkv.weight",
-      "attn_q_norm.weight", "attn_k_norm.weight", "attn_output.weight",
-      "post_attention_norm.weight", "ffn_norm.weight", "ffn_gate.weight", "ffn_up.weight",
-      "ffn_down.weight",   "post_ffw_norm.weight"};
+  std::vector<const char*> layer = {"attn_norm.weight"};
+  if (c.fused_qkv) {
+    layer.push_back("attn_qkv.weight");
+  } else {
+    for (const char* n : {"attn_q.weight", "attn_q.bias", "attn_k.weight", "attn_k.bias",
+                          "attn_v.weight", "attn_v.bias"})
+      layer.push_back(n);
+  }
+  if (c.qk_norm) {
+    layer.push_back("attn_q_norm.weight");
+    layer.push_back("attn_k_norm.weight");
+  }
+  layer.push_back("attn_output.weight");
+  layer.push_back("attn_output.bias");
+  if (c.post_norms) layer.push_back("post_attention_norm.weight");
+  layer.push_back("ffn_norm.weight");
+  if (!c.fused_gate_up) layer.push_back("ffn_gate.weight");
+  layer.push_back("ffn_up.weight");
+  layer.push_back("ffn_down.weight");
+  if (c.post_norms) layer.push_back("post_ffw_norm.weight");
   for (int l = 0; l < c.n_layers; ++l)
-    for (const char* n : kLayer) names.push_back("blk." + std::to_string(l) + "." + n);
+    for (const char* n : layer) names.push_back("blk." + std::to_string(l) + "." + n);
   names.push_back("output_norm.weight");
   names.push_back("output.weight");
+  names.push_back("rope_freqs.weight");
   return names;
 }
 

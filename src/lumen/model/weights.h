@@ -28,6 +28,7 @@ struct LayerWeights {
   const float* q_norm = nullptr;          // [Dh]     (Qwen3, Gemma3)
   const float* k_norm = nullptr;          // [Dh]
   Matrix wo;                              // [D, H*Dh]
+  const float* bo = nullptr;              // [D]      (attention_bias)
   const float* post_attn_norm = nullptr;  // [D]      (Gemma2/3)
   const float* ffn_norm = nullptr;        // [D]
   Matrix w_gate, w_up;                    // [F, D] (Phi3: w_up is [2F, D], gate first)
@@ -40,7 +41,10 @@ struct Weights {
   const float* output_norm = nullptr;  // [D]
   Matrix output;                       // [V, D] (tok_embd when tied)
   std::vector<LayerWeights> layers;    // [L]
-  AlignedBuffer small_f32;             // owns converted norms/biases
+  // GGUF Llama 3.1+: llama.cpp stores the llama3 rope scaling as per-pair
+  // frequency divisors [rope_dim / 2] (inv_i = base_i / ff_i) instead of keys.
+  const float* rope_freqs = nullptr;
+  AlignedBuffer small_f32;  // owns converted norms/biases
 };
 
 // A source of named tensors: returns the matrix for a canonical name or an

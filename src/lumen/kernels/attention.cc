@@ -8,21 +8,178 @@
 #include "lumen/core/check.h"
 #include "lumen/core/half.h"
 
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "lumen/kernels/attention.cc"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
+// clang-format off
+#include <hwy/contrib/math/math-inl.h>  // per-target; must follow highway.h
+// clang-format on
+
+// Decode attention is a stream over the KV ring: for each kv head, the q heads
+// of its group each take one pass over that head's K (scores) and one over its
+// V (weighted sum). A head's K or V slice is S * Dh * 2 bytes (1 MiB at 8k
+// context, f16), so the group's later passes hit L2 and DRAM sees each byte
+// once. Rows are widened to f32 in registers (no per-row conversion buffer);
+// scores use a vector exp; the softmax sum is f32 and the normalization is
+// applied once to the output.
+
+HWY_BEFORE_NAMESPACE();
+namespace lumen::kernels::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+namespace {
+
+using DF = hn::ScalableTag<float>;
+using VF = hn::Vec<DF>;
+
+template <DType T>
+HWY_INLINE VF LoadKv(const void* base, int64_t at) {
+  const DF d;
+  if constexpr (T == DType::kF16) {
+    const hn::Rebind<hwy::float16_t, DF> dh;
+    return hn::PromoteTo(d, hn::LoadU(dh, static_cast<const hwy::float16_t*>(base) + at));
+  } else if constexpr (T == DType::kBF16) {
+    const hn::Rebind<hwy::bfloat16_t, DF> dh;
+    return hn::PromoteTo(d, hn::LoadU(dh, static_cast<const hwy::bfloat16_t*>(base) + at));
+  } else {
+    return hn::LoadU(d, static_cast<const float*>(base) + at);
+  }
+}
+
+// One kv head g: q heads [g*group, (g+1)*group). CH = head_dim / lanes.
+template <DType T, int CH>
+void AttendGroup(const float* q, const AttentionShape& s, const KvRing& kv, int64_t pos_begin,
+                 int64_t S, int g, float* out, float* scores) {
+  const DF d;
+  const int64_t N = hn::Lanes(d);
+  const int Dh = s.head_dim, group = s.n_heads / s.n_kv_heads;
+  const int64_t row = int64_t(s.n_kv_heads) * Dh, off = int64_t(g) * Dh;
+  const int64_t first = pos_begin % kv.capacity;
+  for (int hh = 0; hh < group; ++hh) {
+    const int h = g * group + hh;
+    const float* qh = q + int64_t(h) * Dh;
+    VF qv[CH];
+    for (int c = 0; c < CH; ++c) qv[c] = hn::LoadU(d, qh + c * N);
+    // Scores.
+    int64_t slot = first;
+    auto vmax = hn::Set(d, -std::numeric_limits<float>::infinity());
+    for (int64_t j = 0; j < S; ++j) {
+      const int64_t at = slot * row + off;
+      VF acc = hn::Mul(qv[0], LoadKv<T>(kv.k, at));
+      for (int c = 1; c < CH; ++c) acc = hn::MulAdd(qv[c], LoadKv<T>(kv.k, at + c * N), acc);
+      float sc = hn::GetLane(hn::SumOfLanes(d, acc)) * s.scale;
+      if (s.softcap > 0) sc = s.softcap * std::tanh(sc / s.softcap);
+      scores[j] = sc;
+      if (++slot == kv.capacity) slot = 0;
+    }
+    // Softmax numerators (vector exp), f32 sum.
+    int64_t j = 0;
+    for (; j + N <= S; j += N) vmax = hn::Max(vmax, hn::LoadU(d, scores + j));
+    float mx = hn::GetLane(hn::MaxOfLanes(d, vmax));
+    for (; j < S; ++j) mx = std::max(mx, scores[j]);
+    const auto vmx = hn::Set(d, mx);
+    auto vsum = hn::Zero(d);
+    float sum = 0;
+    for (j = 0; j + N <= S; j += N) {
+      const auto e = hn::Exp(d, hn::Sub(hn::LoadU(d, scores + j), vmx));
+      hn::StoreU(e, d, scores + j);
+      vsum = hn::Add(vsum, e);
+    }
+    for (; j < S; ++j) sum += (scores[j] = std::exp(scores[j] - mx));
+    sum += hn::GetLane(hn::SumOfLanes(d, vsum));
+    // Weighted sum of V.
+    VF acc[CH];
+    for (int c = 0; c < CH; ++c) acc[c] = hn::Zero(d);
+    slot = first;
+    for (j = 0; j < S; ++j) {
+      const int64_t at = slot * row + off;
+      const auto p = hn::Set(d, scores[j]);
+      for (int c = 0; c < CH; ++c) acc[c] = hn::MulAdd(p, LoadKv<T>(kv.v, at + c * N), acc[c]);
+      if (++slot == kv.capacity) slot = 0;
+    }
+    const auto inv = hn::Set(d, 1.0f / sum);
+    for (int c = 0; c < CH; ++c) hn::StoreU(hn::Mul(acc[c], inv), d, out + int64_t(h) * Dh + c * N);
+  }
+}
+
+template <DType T>
+bool Dispatch(const float* q, const AttentionShape& s, const KvRing& kv, int64_t pos_begin,
+              int64_t S, int g, float* out, float* scores) {
+  const int64_t N = hn::Lanes(DF());
+  if (s.head_dim % N != 0) return false;
+  switch (s.head_dim / N) {
+    case 1:
+      AttendGroup<T, 1>(q, s, kv, pos_begin, S, g, out, scores);
+      return true;
+    case 2:
+      AttendGroup<T, 2>(q, s, kv, pos_begin, S, g, out, scores);
+      return true;
+    case 4:
+      AttendGroup<T, 4>(q, s, kv, pos_begin, S, g, out, scores);
+      return true;
+    case 8:
+      AttendGroup<T, 8>(q, s, kv, pos_begin, S, g, out, scores);
+      return true;
+    case 16:
+      AttendGroup<T, 16>(q, s, kv, pos_begin, S, g, out, scores);
+      return true;
+    case 32:
+      AttendGroup<T, 32>(q, s, kv, pos_begin, S, g, out, scores);
+      return true;
+    case 64:
+      AttendGroup<T, 64>(q, s, kv, pos_begin, S, g, out, scores);
+      return true;
+    default:
+      return false;
+  }
+}
+
+}  // namespace
+
+// Returns false when this target has no vector route for the shape (the
+// caller then runs the scalar loop).
+bool AttendHeadsT(const float* q, const AttentionShape& s, const KvRing& kv, int64_t pos_begin,
+                  int64_t pos_end, float* out, float* scratch, int g0, int g1) {
+  const int64_t S = pos_end - pos_begin;
+  for (int g = g0; g < g1; ++g) {
+    bool ok = false;
+    switch (kv.dtype) {
+      case DType::kF16:
+        ok = Dispatch<DType::kF16>(q, s, kv, pos_begin, S, g, out, scratch);
+        break;
+      case DType::kBF16:
+        ok = Dispatch<DType::kBF16>(q, s, kv, pos_begin, S, g, out, scratch);
+        break;
+      case DType::kF32:
+        ok = Dispatch<DType::kF32>(q, s, kv, pos_begin, S, g, out, scratch);
+        break;
+      default:
+        break;
+    }
+    if (!ok) return false;
+  }
+  return true;
+}
+
+}  // namespace lumen::kernels::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
 namespace lumen::kernels {
 namespace {
 
-void LoadRow(DType t, const void* base, int64_t row, int64_t n, float* dst) {
+void LoadRow(DType t, const void* base, int64_t at, int64_t n, float* dst) {
   switch (t) {
     case DType::kF32:
-      std::memcpy(dst, static_cast<const float*>(base) + row * n, n * sizeof(float));
+      std::memcpy(dst, static_cast<const float*>(base) + at, n * sizeof(float));
       break;
     case DType::kF16: {
-      const uint16_t* p = static_cast<const uint16_t*>(base) + row * n;
+      const uint16_t* p = static_cast<const uint16_t*>(base) + at;
       for (int64_t i = 0; i < n; ++i) dst[i] = F16ToF32(p[i]);
       break;
     }
     case DType::kBF16: {
-      const uint16_t* p = static_cast<const uint16_t*>(base) + row * n;
+      const uint16_t* p = static_cast<const uint16_t*>(base) + at;
       for (int64_t i = 0; i < n; ++i) dst[i] = BF16ToF32(p[i]);
       break;
     }
@@ -51,7 +208,40 @@ void StoreRow(DType t, void* base, int64_t row, int64_t n, const float* src) {
   }
 }
 
+// Scalar route for head sizes no vector width divides: kv heads [g0, g1).
+void AttendScalar(const float* q, const AttentionShape& s, const KvRing& kv, int64_t pos_begin,
+                  int64_t pos_end, float* out, float* scratch, int g0, int g1) {
+  const int H = s.n_heads, Hkv = s.n_kv_heads, Dh = s.head_dim, group = H / Hkv;
+  const int64_t S = pos_end - pos_begin, row = int64_t(Hkv) * Dh;
+  float* sc = scratch;       // [S]
+  float* tmp = scratch + S;  // [Dh]
+  for (int h = g0 * group; h < g1 * group; ++h) {
+    const int64_t off = int64_t(h / group) * Dh;
+    for (int64_t j = 0; j < S; ++j) {
+      LoadRow(kv.dtype, kv.k, ((pos_begin + j) % kv.capacity) * row + off, Dh, tmp);
+      float dot = 0;
+      for (int d = 0; d < Dh; ++d) dot += q[h * Dh + d] * tmp[d];
+      float v = dot * s.scale;
+      if (s.softcap > 0) v = s.softcap * std::tanh(v / s.softcap);
+      sc[j] = v;
+    }
+    const float mx = *std::max_element(sc, sc + S);
+    double sum = 0;
+    for (int64_t j = 0; j < S; ++j) sum += (sc[j] = std::exp(sc[j] - mx));
+    float* o = out + int64_t(h) * Dh;
+    std::fill(o, o + Dh, 0.0f);
+    for (int64_t j = 0; j < S; ++j) {
+      LoadRow(kv.dtype, kv.v, ((pos_begin + j) % kv.capacity) * row + off, Dh, tmp);
+      for (int d = 0; d < Dh; ++d) o[d] += sc[j] * tmp[d];
+    }
+    const float inv = float(1.0 / sum);
+    for (int d = 0; d < Dh; ++d) o[d] *= inv;
+  }
+}
+
 }  // namespace
+
+HWY_EXPORT(AttendHeadsT);
 
 void StoreKv(const KvRing& kv, int64_t row_elems, int64_t pos, const float* k, const float* v) {
   const int64_t slot = pos % kv.capacity;
@@ -59,50 +249,18 @@ void StoreKv(const KvRing& kv, int64_t row_elems, int64_t pos, const float* k, c
   StoreRow(kv.dtype, const_cast<void*>(kv.v), slot, row_elems, v);
 }
 
+void AttendHeads(const float* q, const AttentionShape& s, const KvRing& kv, int64_t pos_begin,
+                 int64_t pos_end, float* out, float* scratch, int kv_head_begin, int kv_head_end) {
+  LUMEN_DCHECK(pos_end > pos_begin && pos_end - pos_begin <= kv.capacity);
+  if (!HWY_DYNAMIC_DISPATCH(AttendHeadsT)(q, s, kv, pos_begin, pos_end, out, scratch, kv_head_begin,
+                                          kv_head_end))
+    AttendScalar(q, s, kv, pos_begin, pos_end, out, scratch, kv_head_begin, kv_head_end);
+}
+
 void AttendOne(const float* q, const AttentionShape& s, const KvRing& kv, int64_t pos_begin,
                int64_t pos_end, float* out, float* scratch) {
-  const int H = s.n_heads, Hkv = s.n_kv_heads, Dh = s.head_dim;
-  const int group = H / Hkv;
-  const int64_t S = pos_end - pos_begin;
-  const int64_t row = int64_t(Hkv) * Dh;
-  LUMEN_DCHECK(S > 0 && S <= kv.capacity);
-  float* scores = scratch;            // [H, S]
-  float* krow = scratch + H * S;      // [Hkv * Dh]
-  float* vrow = krow + row;           // [Hkv * Dh]
-
-  for (int64_t j = 0; j < S; ++j) {
-    LoadRow(kv.dtype, kv.k, (pos_begin + j) % kv.capacity, row, krow);
-    for (int h = 0; h < H; ++h) {
-      const float* qh = q + int64_t(h) * Dh;
-      const float* kh = krow + int64_t(h / group) * Dh;
-      float dot = 0;
-      for (int d = 0; d < Dh; ++d) dot += qh[d] * kh[d];
-      float sc = dot * s.scale;
-      if (s.softcap > 0) sc = s.softcap * std::tanh(sc / s.softcap);
-      scores[h * S + j] = sc;
-    }
-  }
-  for (int h = 0; h < H; ++h) {
-    float* sh = scores + h * S;
-    const float mx = *std::max_element(sh, sh + S);
-    double sum = 0;
-    for (int64_t j = 0; j < S; ++j) {
-      sh[j] = std::exp(sh[j] - mx);
-      sum += sh[j];
-    }
-    const float inv = float(1.0 / sum);
-    for (int64_t j = 0; j < S; ++j) sh[j] *= inv;
-  }
-  std::fill(out, out + int64_t(H) * Dh, 0.0f);
-  for (int64_t j = 0; j < S; ++j) {
-    LoadRow(kv.dtype, kv.v, (pos_begin + j) % kv.capacity, row, vrow);
-    for (int h = 0; h < H; ++h) {
-      const float p = scores[h * S + j];
-      const float* vh = vrow + int64_t(h / group) * Dh;
-      float* oh = out + int64_t(h) * Dh;
-      for (int d = 0; d < Dh; ++d) oh[d] += p * vh[d];
-    }
-  }
+  AttendHeads(q, s, kv, pos_begin, pos_end, out, scratch, 0, s.n_kv_heads);
 }
 
 }  // namespace lumen::kernels
+#endif  // HWY_ONCE

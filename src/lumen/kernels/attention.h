@@ -23,14 +23,23 @@ struct KvRing {
 
 struct AttentionShape {
   int n_heads, n_kv_heads, head_dim;
-  float scale;         // multiplies q.k
-  float softcap = 0;   // > 0: scores = softcap * tanh(scores / softcap)
+  float scale;        // multiplies q.k
+  float softcap = 0;  // > 0: scores = softcap * tanh(scores / softcap)
 };
 
 // out[H, Dh] = softmax(q K^T) V over positions [pos_begin, pos_end).
-// scratch must hold (pos_end - pos_begin) * (H + 1) + 2 * Hkv * Dh floats.
+// scratch must hold (pos_end - pos_begin) * (H + 1) + 2 * Hkv * Dh floats
+// (the SIMD route uses the first pos_end - pos_begin + head_dim).
+// Tier: L2 against AttendOneRef (attention_ref.h); bound in attention_test.cc.
 void AttendOne(const float* q, const AttentionShape& s, const KvRing& kv, int64_t pos_begin,
                int64_t pos_end, float* out, float* scratch);
+
+// The same for kv heads [kv_head_begin, kv_head_end) only (and their groups
+// of q heads): lets a caller split one token's attention across threads
+// (decode has one row, so splitting rows leaves all but one thread idle).
+// Each call needs its own scratch of (pos_end - pos_begin) + head_dim floats.
+void AttendHeads(const float* q, const AttentionShape& s, const KvRing& kv, int64_t pos_begin,
+                 int64_t pos_end, float* out, float* scratch, int kv_head_begin, int kv_head_end);
 
 // Stores a key/value row (f32 in) at position pos of the ring.
 void StoreKv(const KvRing& kv, int64_t row_elems, int64_t pos, const float* k, const float* v);

@@ -1,0 +1,192 @@
+// Kernel micro-benchmarks (issue 5): quantized matvec (decode) and matmul
+// (prefill) per weight type with bytes/s and FLOP/s counters, attention over
+// an f16 KV ring at context 512/4k/16k, RMSNorm and RoPE. Shapes are
+// Llama-3.2-1B's (D 2048, F 8192, 32 heads, 8 kv heads, head dim 64).
+//
+// Matvec weights total >= 256 MiB of f16 (several copies of a quantized
+// 64-row slab), larger than the 32 MiB L3, so bytes/s is DRAM read bandwidth.
+// Run: build/<dir>/bench/lumen_bench_kernels --benchmark_filter=MatVec
+#include <benchmark/benchmark.h>
+
+#include <cstring>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "lumen/core/buffer.h"
+#include "lumen/core/quant.h"
+#include "lumen/core/thread_pool.h"
+#include "lumen/kernels/attention.h"
+#include "lumen/kernels/matmul.h"
+#include "lumen/kernels/norm.h"
+#include "lumen/kernels/rope.h"
+
+namespace lumen::kernels {
+namespace {
+
+struct Weight {
+  AlignedBuffer bytes, sb, bb;
+  Matrix m;
+};
+
+// Weight "type" index -> storage; 7 = MLX 4-bit g64 (bf16 scales).
+constexpr DType kTypes[] = {DType::kF32,  DType::kF16,  DType::kBF16, DType::kQ8_0,
+                            DType::kQ4_0, DType::kQ4_K, DType::kQ6_K};
+constexpr int kMlx = 7;
+const char* TypeName(int t) {
+  static const char* names[] = {"f32", "f16", "bf16", "q8_0", "q4_0", "q4_k", "q6_k", "mlx4_g64"};
+  return names[t];
+}
+
+std::unique_ptr<Weight> MakeWeight(int type, int64_t N, int64_t K) {
+  auto w = std::make_unique<Weight>();
+  std::mt19937 rng(1);
+  std::normal_distribution<float> nd(0, 0.02f);
+  constexpr int64_t kSlab = 64;  // distinct rows; the rest repeat them
+  std::vector<float> src(kSlab * K);
+  for (auto& v : src) v = nd(rng);
+  if (type == kMlx) {
+    const int G = 64;
+    const int64_t words = K / 8, groups = K / G;
+    w->bytes = AlignedBuffer(N * words * 4);
+    w->sb = AlignedBuffer(N * groups * 2);
+    w->bb = AlignedBuffer(N * groups * 2);
+    std::vector<uint32_t> packed(words);
+    std::vector<float> sc(groups), bi(groups);
+    for (int64_t n = 0; n < N; ++n) {
+      if (n < kSlab) {
+        QuantizeMlxRow(&src[n * K], 4, G, packed.data(), sc.data(), bi.data(), K);
+        std::memcpy(w->bytes.as<uint8_t>() + n * words * 4, packed.data(), words * 4);
+        QuantizeRow(DType::kBF16, sc.data(), w->sb.as<uint8_t>() + n * groups * 2, groups);
+        QuantizeRow(DType::kBF16, bi.data(), w->bb.as<uint8_t>() + n * groups * 2, groups);
+      } else {
+        std::memcpy(w->bytes.as<uint8_t>() + n * words * 4,
+                    w->bytes.as<uint8_t>() + (n % kSlab) * words * 4, words * 4);
+        std::memcpy(w->sb.as<uint8_t>() + n * groups * 2,
+                    w->sb.as<uint8_t>() + (n % kSlab) * groups * 2, groups * 2);
+        std::memcpy(w->bb.as<uint8_t>() + n * groups * 2,
+                    w->bb.as<uint8_t>() + (n % kSlab) * groups * 2, groups * 2);
+      }
+    }
+    w->m.w = TensorView::Contiguous(w->bytes.data(), DType::kU32, {N, words});
+    w->m.scales = TensorView::Contiguous(w->sb.data(), DType::kBF16, {N, groups});
+    w->m.biases = TensorView::Contiguous(w->bb.data(), DType::kBF16, {N, groups});
+    w->m.mlx_bits = 4;
+    w->m.mlx_group = G;
+  } else {
+    const DType t = kTypes[type];
+    const size_t rb = *RowBytes(t, K);
+    w->bytes = AlignedBuffer(N * rb);
+    uint8_t* p = w->bytes.as<uint8_t>();
+    for (int64_t n = 0; n < N; ++n) {
+      if (n < kSlab)
+        QuantizeRow(t, &src[n * K], p + n * rb, K);
+      else
+        std::memcpy(p + n * rb, p + (n % kSlab) * rb, rb);
+    }
+    w->m.w = TensorView::Contiguous(p, t, {N, K});
+  }
+  w->m.n = N;
+  w->m.k = K;
+  return w;
+}
+
+// Decode: Y[1, N] = x W^T over a weight larger than the last-level cache.
+void BM_MatVec(benchmark::State& state) {
+  const int type = static_cast<int>(state.range(0));
+  const int threads = static_cast<int>(state.range(1));
+  const int64_t K = 2048, N = 65536;  // 134M weights: 256 MiB as f16
+  auto w = MakeWeight(type, N, K);
+  std::vector<float> x(K, 0.5f), y(N);
+  ThreadPool pool(threads);
+  for (auto _ : state) {
+    MatMul(w->m, x.data(), 1, K, y.data(), N, &pool);
+    benchmark::DoNotOptimize(y.data());
+  }
+  state.SetLabel(TypeName(type));
+  state.counters["bytes/s"] =
+      benchmark::Counter(double(w->m.bytes()) * state.iterations(), benchmark::Counter::kIsRate);
+  state.counters["FLOP/s"] =
+      benchmark::Counter(2.0 * N * K * state.iterations(), benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_MatVec)->ArgsProduct({{0, 1, 2, 3, 4, 5, 6, 7}, {1, 2}})->UseRealTime();
+
+// Prefill / batched decode: Y[M, N] = X[M, K] W^T, W of the q/o projection size.
+void BM_MatMul(benchmark::State& state) {
+  const int type = static_cast<int>(state.range(0));
+  const int64_t M = state.range(1);
+  const int threads = static_cast<int>(state.range(2));
+  const int64_t K = 2048, N = 2048;
+  auto w = MakeWeight(type, N, K);
+  std::vector<float> x(M * K), y(M * N);
+  std::mt19937 rng(2);
+  for (auto& v : x) v = std::uniform_real_distribution<float>(-1, 1)(rng);
+  ThreadPool pool(threads);
+  for (auto _ : state) {
+    MatMul(w->m, x.data(), M, K, y.data(), N, &pool);
+    benchmark::DoNotOptimize(y.data());
+  }
+  state.SetLabel(TypeName(type));
+  state.counters["FLOP/s"] =
+      benchmark::Counter(2.0 * M * N * K * state.iterations(), benchmark::Counter::kIsRate);
+  state.counters["bytes/s"] =
+      benchmark::Counter(double(w->m.bytes()) * state.iterations(), benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_MatMul)->ArgsProduct({{0, 1, 2, 3, 4, 5, 6, 7}, {4, 256}, {1, 2}})->UseRealTime();
+
+// One decode token's attention for one layer at context S (f16 KV).
+void BM_Attention(benchmark::State& state) {
+  const int64_t S = state.range(0);
+  const int H = 32, Hkv = 8, Dh = 64;
+  const int64_t row = int64_t(Hkv) * Dh;
+  AlignedBuffer k(S * row * 2), v(S * row * 2);
+  std::mt19937 rng(3);
+  std::vector<float> kr(row), vr(row), q(H * Dh), out(H * Dh);
+  KvRing ring{DType::kF16, k.data(), v.data(), S};
+  for (int64_t p = 0; p < S; ++p) {
+    for (auto& f : kr) f = std::uniform_real_distribution<float>(-1, 1)(rng);
+    for (auto& f : vr) f = std::uniform_real_distribution<float>(-1, 1)(rng);
+    StoreKv(ring, row, p, kr.data(), vr.data());
+  }
+  for (auto& f : q) f = std::uniform_real_distribution<float>(-1, 1)(rng);
+  std::vector<float> scratch(S * (H + 1) + 2 * row);
+  const AttentionShape shape{H, Hkv, Dh, 0.125f, 0.0f};
+  for (auto _ : state) {
+    AttendOne(q.data(), shape, ring, 0, S, out.data(), scratch.data());
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.counters["bytes/s"] =
+      benchmark::Counter(2.0 * S * row * 2 * state.iterations(), benchmark::Counter::kIsRate);
+  state.counters["FLOP/s"] =
+      benchmark::Counter(4.0 * S * H * Dh * state.iterations(), benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_Attention)->Arg(512)->Arg(4096)->Arg(16384)->UseRealTime();
+
+void BM_RmsNorm(benchmark::State& state) {
+  const int64_t D = state.range(0);
+  std::vector<float> x(D, 0.3f), w(D, 1.0f), y(D);
+  for (auto _ : state) {
+    RmsNormForward(x.data(), w.data(), 0.0f, 1e-5f, D, y.data());
+    benchmark::DoNotOptimize(y.data());
+  }
+  state.counters["bytes/s"] =
+      benchmark::Counter(3.0 * D * 4 * state.iterations(), benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_RmsNorm)->Arg(2048)->Arg(8192);
+
+void BM_Rope(benchmark::State& state) {
+  const int H = 32, Dh = 64;
+  const RopeTable t = MakeRopeTable(Dh, 500000.0, {}, 131072, 0);
+  std::vector<float> x(H * Dh, 0.1f);
+  int64_t pos = 0;
+  for (auto _ : state) {
+    ApplyRope(x.data(), H, Dh, Dh, t, (pos++) & 4095, RopeStyle::kHalf);
+    benchmark::DoNotOptimize(x.data());
+  }
+  state.counters["heads/s"] =
+      benchmark::Counter(double(H) * state.iterations(), benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_Rope);
+
+}  // namespace
+}  // namespace lumen::kernels

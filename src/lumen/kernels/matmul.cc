@@ -382,52 +382,53 @@ HWY_INLINE void Tile(const float* panel, int64_t ldp, const float* const* x, int
     for (int j = 0; j < MB; ++j) y[j][n + i] = hn::GetLane(hn::SumOfLanes(d, acc[i][j]));
 }
 
-template <int NB>
-void PanelTimesX(const float* panel, int64_t ldp, const PreparedX& X, int64_t M, int64_t K,
-                 float* Y, int64_t ldy, int64_t n) {
-  constexpr int kMB = 3;  // NB=4 x MB=3: 12 accumulators + 3 x + 1 w fit 16+ registers
-  int64_t m = 0;
-  for (; m + kMB <= M; m += kMB) {
-    const float* x[kMB] = {X.row(m), X.row(m + 1), X.row(m + 2)};
-    float* y[kMB] = {Y + m * ldy, Y + (m + 1) * ldy, Y + (m + 2) * ldy};
-    Tile<NB, kMB>(panel, ldp, x, K, y, n);
-  }
-  for (; m < M; ++m) {
-    const float* x[1] = {X.row(m)};
-    float* y[1] = {Y + m * ldy};
-    Tile<NB, 1>(panel, ldp, x, K, y, n);
+template <int MB>
+HWY_INLINE void TileRows(const float* panel, int64_t ldp, int nb, const float* const* x, int64_t K,
+                         float* const* y, int64_t n) {
+  switch (nb) {
+    case 4:
+      return Tile<4, MB>(panel, ldp, x, K, y, n);
+    case 3:
+      return Tile<3, MB>(panel, ldp, x, K, y, n);
+    case 2:
+      return Tile<2, MB>(panel, ldp, x, K, y, n);
+    default:
+      return Tile<1, MB>(panel, ldp, x, K, y, n);
   }
 }
 
+// Decodes P weight rows (P * K floats, about half of L2) once, then sweeps all
+// M activation rows over them three at a time: the three X rows stay in L1
+// across the panel's 4-row tiles and the panel streams from L2, so neither
+// X nor W is re-read from memory per tile.
 void LargeM(RowDecoder& dec, const PreparedX& X, int64_t M, float* Y, int64_t ldy, int64_t n0,
             int64_t n1) {
   const DF d;
   const int64_t N = hn::Lanes(d);
   const int64_t K = dec.W.k, ldp = (K + N - 1) / N * N;
-  constexpr int kNB = 4;
-  AlignedBuffer panel_buf(kNB * ldp * sizeof(float));
+  const int64_t P = std::clamp<int64_t>((512 * 1024 / (ldp * 4)) / 4 * 4, 4, 64);
+  AlignedBuffer panel_buf(P * ldp * sizeof(float));  // zero-filled: padding stays 0
   float* panel = panel_buf.as<float>();
-  std::fill(panel, panel + kNB * ldp, 0.0f);
-  for (int64_t n = n0; n < n1; n += kNB) {
-    const int nb = static_cast<int>(std::min<int64_t>(kNB, n1 - n));
-    for (int i = 0; i < nb; ++i) {
+  constexpr int kMB = 4;  // 4 x 4 accumulators + 4 x + 1 w: 21 of AVX-512's 32 registers
+  for (int64_t n = n0; n < n1; n += P) {
+    const int64_t np = std::min(P, n1 - n);
+    for (int64_t i = 0; i < np; ++i) {
       float* dst = panel + i * ldp;
       auto store = [&](int64_t k, VF w, int) HWY_ATTR { hn::Store(w, d, dst + k); };
       dec.Decode(n + i, store);
     }
-    switch (nb) {
-      case 4:
-        PanelTimesX<4>(panel, ldp, X, M, ldp, Y, ldy, n);
-        break;
-      case 3:
-        PanelTimesX<3>(panel, ldp, X, M, ldp, Y, ldy, n);
-        break;
-      case 2:
-        PanelTimesX<2>(panel, ldp, X, M, ldp, Y, ldy, n);
-        break;
-      default:
-        PanelTimesX<1>(panel, ldp, X, M, ldp, Y, ldy, n);
-        break;
+    int64_t m = 0;
+    for (; m + kMB <= M; m += kMB) {
+      const float* x[kMB] = {X.row(m), X.row(m + 1), X.row(m + 2), X.row(m + 3)};
+      float* y[kMB] = {Y + m * ldy, Y + (m + 1) * ldy, Y + (m + 2) * ldy, Y + (m + 3) * ldy};
+      for (int64_t i = 0; i < np; i += 4)
+        TileRows<kMB>(panel + i * ldp, ldp, int(std::min<int64_t>(4, np - i)), x, ldp, y, n + i);
+    }
+    for (; m < M; ++m) {
+      const float* x[1] = {X.row(m)};
+      float* y[1] = {Y + m * ldy};
+      for (int64_t i = 0; i < np; i += 4)
+        TileRows<1>(panel + i * ldp, ldp, int(std::min<int64_t>(4, np - i)), x, ldp, y, n + i);
     }
   }
 }

@@ -1,0 +1,178 @@
+// lumen serve [MODEL]: the OpenAI / Anthropic / Responses HTTP server
+// (docs/reference/server-api.md). Prints "lumen: listening on http://HOST:PORT"
+// on stderr once bound (with the real port when --port 0), serves until
+// SIGINT/SIGTERM, then shuts down gracefully and exits 0.
+#include <pthread.h>
+
+#include <atomic>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "lumen/cli/common.h"
+#include "lumen/cli/verbs.h"
+#include "lumen/engine/chat.h"
+#include "lumen/engine/default_model.h"
+#include "lumen/engine/scheduler.h"
+#include "lumen/serve/engine_bridge.h"
+#include "lumen/serve/server.h"
+
+namespace lumen::cli {
+namespace {
+
+struct ServeArgs {
+  ModelArgs model;
+  SamplerArgs sampler;
+  std::string host = "127.0.0.1";
+  int port = 8080;
+  int parallel = 4;
+  int queue = 64;
+  std::string api_key;
+  std::string cors;
+  double max_body_mb = 16;
+  double prompt_cache_mb = 256;
+  std::string chat_template;
+  std::string alias;
+  int store_entries = 1000;
+  double store_mb = 64;
+  int store_ttl_s = 3600;
+};
+
+// Sampler defaults: built-in < generation_config.json < server flags
+// (requests override on top, in EngineBridge::Prepare).
+Result<sample::SamplerConfig> BaseSampler(CLI::App* cmd, ServeArgs& a, const engine::Model& m) {
+  sample::SamplerConfig base;
+  const nlohmann::json& gc = m.generation_config();
+  nlohmann::json fields = nlohmann::json::object();
+  for (const char* k : {"temperature", "top_p", "top_k", "min_p", "repetition_penalty"})
+    if (gc.contains(k) && gc[k].is_number()) fields[k] = gc[k];
+  if (gc.contains("do_sample") && gc["do_sample"].is_boolean() && !gc["do_sample"].get<bool>())
+    fields["temperature"] = 0;
+  auto from_model = sample::ParseSamplerJson(fields, base);
+  if (from_model.ok())
+    base = *from_model;
+  else
+    std::fprintf(stderr, "lumen: warning: generation_config.json ignored: %s\n",
+                 from_model.status().message().c_str());
+  return BuildSamplerConfig(cmd, a.sampler, base);
+}
+
+void RunServe(CLI::App* cmd, ServeArgs& a) {
+  if (a.api_key.empty())
+    if (const char* k = std::getenv("LUMEN_API_KEY")) a.api_key = k;
+  // Signals go to one waiting thread (sigwait), never to a handler: block them
+  // before any thread starts so every thread inherits the mask.
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGINT);
+  sigaddset(&sigs, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+  std::signal(SIGPIPE, SIG_IGN);
+
+  auto m = LoadModel(a.model);
+  if (!m.ok()) return ReportError(m.status());
+  const engine::Model& model = **m;
+  auto base = BaseSampler(cmd, a, model);
+  if (!base.ok()) return ReportError(base.status());
+  auto sopts = SessionOptionsFrom(a.model);
+  if (!sopts.ok()) return ReportError(sopts.status());
+
+  engine::SchedulerOptions so;
+  so.parallel = a.parallel;
+  so.queue = a.queue;
+  so.session = *sopts;
+  so.prompt_cache_bytes = static_cast<size_t>(a.prompt_cache_mb * 1024 * 1024);
+  auto sched = engine::Scheduler::Create(model, so);
+  if (!sched.ok()) return ReportError(sched.status());
+
+  std::string tmpl;
+  if (!a.chat_template.empty()) {
+    auto t = ReadFile(a.chat_template);
+    if (!t.ok()) return ReportError(t.status().WithContext("--chat-template"));
+    tmpl = *t;
+  }
+  auto fmt = engine::ChatFormatter::Create(model, tmpl);
+  if (!fmt.ok()) return ReportError(fmt.status());
+  if (fmt->is_fallback())
+    std::fprintf(stderr,
+                 "lumen: warning: the model has no chat template; chat endpoints use the "
+                 "fallback template (docs/reference/server-api.md)\n");
+
+  serve::EngineBridge bridge(model, **sched, std::move(*fmt), *base);
+  serve::ServerOptions opts;
+  opts.host = a.host;
+  opts.port = a.port;
+  opts.api_key = a.api_key;
+  opts.cors_origin = a.cors;
+  opts.max_body_bytes = static_cast<size_t>(a.max_body_mb * 1024 * 1024);
+  opts.model_name = !a.alias.empty()        ? a.alias
+                    : a.model.model.empty() ? std::string("stories260K")
+                                            : model.name();
+  opts.store.max_entries = static_cast<size_t>(a.store_entries);
+  opts.store.max_bytes = static_cast<size_t>(a.store_mb * 1024 * 1024);
+  opts.store.ttl = std::chrono::seconds(a.store_ttl_s);
+  serve::Server server(bridge, opts);
+  auto port = server.Bind();
+  if (!port.ok()) return ReportError(port.status());
+  std::fprintf(stderr, "lumen: serving %s (ctx %lld, %d slots) on http://%s:%d\n",
+               opts.model_name.c_str(), static_cast<long long>((*sched)->ctx()), a.parallel,
+               a.host.c_str(), *port);
+  std::fprintf(stderr, "lumen: listening on http://%s:%d\n", a.host.c_str(), *port);
+  std::fflush(stderr);
+
+  std::atomic<bool> listener_done{false};
+  std::thread waiter([&server, &listener_done, sigs] {
+    int sig = 0;
+    sigwait(&sigs, &sig);
+    if (!listener_done) std::fprintf(stderr, "lumen: signal %d: shutting down\n", sig);
+    server.Stop();
+  });
+  Status st = server.Run();
+  listener_done = true;
+  server.Stop();
+  // Wake the waiter if the listener ended on its own.
+  pthread_kill(waiter.native_handle(), SIGTERM);
+  waiter.join();
+  (*sched)->Shutdown(true);
+  if (!st.ok()) return ReportError(st);
+  std::fprintf(stderr, "lumen: server stopped\n");
+}
+
+}  // namespace
+
+void RegisterServe(CLI::App& app) {
+  auto* cmd = app.add_subcommand("serve", "OpenAI / Anthropic / Responses HTTP server");
+  auto a = std::make_shared<ServeArgs>();
+  AddModelArgs(cmd, a->model);
+  cmd->add_option("--host", a->host, "address to bind (default 127.0.0.1: this machine only)");
+  cmd->add_option("--port", a->port, "TCP port (0: any free port, printed on stderr)")
+      ->check(CLI::Range(0, 65535));
+  cmd->add_option("-P,--parallel", a->parallel, "sequences decoded together (continuous batching)")
+      ->check(CLI::Range(1, 256));
+  cmd->add_option("--queue", a->queue, "requests that may wait for a slot; beyond: 429 / 529")
+      ->check(CLI::Range(0, 1 << 20));
+  cmd->add_option("--api-key", a->api_key,
+                  "require this key (Bearer or x-api-key); or LUMEN_API_KEY");
+  cmd->add_option("--cors", a->cors,
+                  "allow browser requests from this origin (e.g. http://localhost:3000 or *)");
+  cmd->add_option("--max-body-mb", a->max_body_mb, "largest request body in MiB")
+      ->check(CLI::Range(0.001, 4096.0));
+  cmd->add_option("--prompt-cache-mb", a->prompt_cache_mb, "KV kept for prefix reuse, MiB (0: off)")
+      ->check(CLI::Range(0.0, 1048576.0));
+  cmd->add_option("--chat-template", a->chat_template,
+                  "Jinja chat template file (overrides the model's)");
+  cmd->add_option("--alias", a->alias, "model name reported to clients");
+  cmd->add_option("--store-entries", a->store_entries, "Responses store: most responses kept")
+      ->check(CLI::Range(0, 1 << 24));
+  cmd->add_option("--store-mb", a->store_mb, "Responses store: most MiB kept")
+      ->check(CLI::Range(0.0, 1048576.0));
+  cmd->add_option("--store-ttl", a->store_ttl_s, "Responses store: seconds a response is kept")
+      ->check(CLI::Range(1, 1 << 30));
+  AddSamplerFlags(cmd, a->sampler);
+  cmd->callback([cmd, a] { RunServe(cmd, *a); });
+}
+
+}  // namespace lumen::cli

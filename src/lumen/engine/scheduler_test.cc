@@ -1,0 +1,180 @@
+#include "lumen/engine/scheduler.h"
+
+#include <future>
+
+#include <gtest/gtest.h>
+
+#include "lumen/engine/default_model.h"
+
+namespace lumen::engine {
+namespace {
+
+struct Collected {
+  std::vector<int32_t> ids;
+  std::string text;
+  JobEvent done;
+};
+
+// Runs a job to completion and returns what it produced.
+struct Runner {
+  std::promise<Collected> promise;
+  Collected c;
+  JobRequest Make(std::vector<int32_t> prompt, uint64_t seed, int max_tokens) {
+    JobRequest r;
+    r.prompt = std::move(prompt);
+    r.sampler.temperature = 0.9;
+    r.sampler.seed = seed;
+    r.max_tokens = max_tokens;
+    r.on_event = [this](const JobEvent& e) {
+      if (e.kind == JobEvent::kToken) c.ids.push_back(e.token.id);
+      c.text += e.text;
+      if (e.kind == JobEvent::kDone || e.kind == JobEvent::kError) {
+        c.done = e;
+        promise.set_value(c);
+      }
+      return true;
+    };
+    return r;
+  }
+};
+
+class SchedulerTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    auto m = LoadDefaultModel();
+    ASSERT_TRUE(m.ok()) << m.status().message();
+    model_ = std::move(*m).release();
+  }
+  static void TearDownTestSuite() { delete model_; }
+  std::vector<int32_t> Prompt(const std::string& text) {
+    return model_->tokenizer().Encode(text, /*add_special=*/true);
+  }
+  static Model* model_;
+};
+Model* SchedulerTest::model_ = nullptr;
+
+TEST_F(SchedulerTest, MatchesGenerateAlone) {
+  SchedulerOptions o;
+  auto s = Scheduler::Create(*model_, o);
+  ASSERT_TRUE(s.ok()) << s.status().message();
+  auto prompt = Prompt("Once upon a time");
+  Runner run;
+  Scheduler::SubmitError err;
+  auto job = (*s)->Submit(run.Make(prompt, 7, 40), &err);
+  ASSERT_TRUE(job);
+  Collected got = run.promise.get_future().get();
+
+  auto session = Session::Create(*model_, {});
+  ASSERT_TRUE(session.ok());
+  sample::SamplerConfig sc;
+  sc.temperature = 0.9;
+  sc.seed = 7;
+  sample::Sampler sampler(sc);
+  GenerateOptions g;
+  g.max_tokens = 40;
+  auto want = Generate(**session, sampler, prompt, g, nullptr);
+  ASSERT_TRUE(want.ok());
+  std::vector<int32_t> want_ids;
+  for (const auto& t : want->tokens) want_ids.push_back(t.id);
+  EXPECT_EQ(got.ids, want_ids);
+  EXPECT_EQ(got.text, want->text);
+  EXPECT_EQ(got.done.completion_tokens, int64_t(want_ids.size()));
+}
+
+TEST_F(SchedulerTest, OutputDoesNotDependOnNeighbours) {
+  SchedulerOptions o;
+  o.parallel = 4;
+  auto s = Scheduler::Create(*model_, o);
+  ASSERT_TRUE(s.ok());
+  auto prompt = Prompt("The little dog");
+  Runner alone;
+  Scheduler::SubmitError err;
+  ASSERT_TRUE((*s)->Submit(alone.Make(prompt, 42, 60), &err));
+  Collected a = alone.promise.get_future().get();
+  ASSERT_GE(a.ids.size(), 5u);
+
+  // The same request beside three others with different prompts and seeds.
+  Runner r[4];
+  ASSERT_TRUE((*s)->Submit(r[0].Make(Prompt("Lily went to the park"), 1, 50), &err));
+  ASSERT_TRUE((*s)->Submit(r[1].Make(prompt, 42, 60), &err));
+  ASSERT_TRUE((*s)->Submit(r[2].Make(Prompt("Tom"), 3, 70), &err));
+  ASSERT_TRUE((*s)->Submit(r[3].Make(Prompt("One day a bird"), 4, 30), &err));
+  Collected b = r[1].promise.get_future().get();
+  for (int i : {0, 2, 3}) r[i].promise.get_future().get();
+  EXPECT_EQ(a.ids, b.ids);
+  EXPECT_EQ(a.text, b.text);
+  EXPECT_GT((*s)->stats().batched_rows, (*s)->stats().steps);  // rows really shared steps
+}
+
+TEST_F(SchedulerTest, PromptCacheReusesPrefix) {
+  SchedulerOptions o;
+  o.prompt_cache_bytes = size_t(64) << 20;
+  auto s = Scheduler::Create(*model_, o);
+  ASSERT_TRUE(s.ok());
+  auto p1 = Prompt("Once upon a time there was a little girl named Lily");
+  Runner r1;
+  Scheduler::SubmitError err;
+  JobRequest q1 = r1.Make(p1, 0, 10);
+  q1.sampler.temperature = 0;
+  ASSERT_TRUE((*s)->Submit(std::move(q1), &err));
+  Collected c1 = r1.promise.get_future().get();
+  EXPECT_EQ(c1.done.cached_tokens, 0);
+
+  auto p2 = p1;
+  for (int32_t t : Prompt(" She liked")) p2.push_back(t);
+  Runner r2;
+  JobRequest q2 = r2.Make(p2, 0, 10);
+  q2.sampler.temperature = 0;
+  ASSERT_TRUE((*s)->Submit(std::move(q2), &err));
+  Collected c2 = r2.promise.get_future().get();
+  EXPECT_EQ(c2.done.cached_tokens, int64_t(p1.size()));
+  EXPECT_EQ((*s)->stats().cache_hits, 1);
+
+  // Same greedy output as a cold run.
+  SchedulerOptions cold;
+  auto s2 = Scheduler::Create(*model_, cold);
+  ASSERT_TRUE(s2.ok());
+  Runner r3;
+  JobRequest q3 = r3.Make(p2, 0, 10);
+  q3.sampler.temperature = 0;
+  ASSERT_TRUE((*s2)->Submit(std::move(q3), &err));
+  Collected c3 = r3.promise.get_future().get();
+  EXPECT_EQ(c3.done.cached_tokens, 0);
+  EXPECT_EQ(c2.ids, c3.ids);
+}
+
+TEST_F(SchedulerTest, QueueBoundAndCancel) {
+  SchedulerOptions o;
+  o.parallel = 1;
+  o.queue = 1;
+  auto s = Scheduler::Create(*model_, o);
+  ASSERT_TRUE(s.ok());
+  std::atomic<int> tokens{0};
+  std::promise<JobEvent> done;
+  JobRequest slow;
+  slow.prompt = Prompt("A");
+  slow.max_tokens = -1;
+  slow.ignore_eos = true;
+  slow.sampler.seed = 1;
+  slow.on_event = [&](const JobEvent& e) {
+    if (e.kind == JobEvent::kToken) ++tokens;
+    if (e.kind == JobEvent::kDone) done.set_value(e);
+    return tokens < 5;  // cancels itself after 5 tokens
+  };
+  Scheduler::SubmitError err;
+  ASSERT_TRUE((*s)->Submit(std::move(slow), &err));
+  auto f = done.get_future();
+  EXPECT_EQ(f.get().finish, FinishReason::kCancelled);
+  EXPECT_EQ(tokens.load(), 5);
+  (*s)->Drain();
+  EXPECT_EQ((*s)->stats().active_slots, 0);
+
+  (*s)->Shutdown(false);
+  JobRequest late;
+  late.prompt = Prompt("B");
+  EXPECT_FALSE((*s)->Submit(std::move(late), &err));
+  EXPECT_EQ(err, Scheduler::SubmitError::kStopped);
+}
+
+}  // namespace
+}  // namespace lumen::engine

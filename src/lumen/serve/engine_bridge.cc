@@ -1,0 +1,126 @@
+#include "lumen/serve/engine_bridge.h"
+
+namespace lumen::serve {
+
+bool RunState::Pop(ChoiceEvent* out, std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!cv_.wait_for(lock, timeout, [&] { return !events_.empty(); })) return false;
+  *out = std::move(events_.front());
+  events_.pop_front();
+  return true;
+}
+
+void RunState::Cancel() {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& j : jobs_) j->Cancel();
+}
+
+bool RunState::finished() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return open_ == 0 && events_.empty();
+}
+
+void RunState::Push(int index, const engine::JobEvent& e) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    events_.push_back({index, e});
+    if (e.kind == engine::JobEvent::kDone || e.kind == engine::JobEvent::kError) --open_;
+  }
+  cv_.notify_all();
+}
+
+EngineBridge::EngineBridge(const engine::Model& model, engine::Scheduler& sched,
+                           engine::ChatFormatter formatter, sample::SamplerConfig base_sampler)
+    : model_(model),
+      sched_(sched),
+      formatter_(std::move(formatter)),
+      base_(std::move(base_sampler)) {}
+
+Result<Prepared> EngineBridge::Prepare(const GenRequest& r) const {
+  Prepared p;
+  const tokenize::Tokenizer& tok = model_.tokenizer();
+  const int32_t V = tok.vocab_size();
+  const char* prompt_field =
+      r.raw_prompt ? "prompt" : (r.api == Api::kResponses ? "input" : "messages");
+  if (r.raw_prompt) {
+    if (r.prompt_is_ids) {
+      for (size_t i = 0; i < r.prompt_ids.size(); ++i)
+        if (r.prompt_ids[i] < 0 || r.prompt_ids[i] >= V)
+          return Errorf("prompt[{}]: token id {} is outside the vocabulary (size {})", i,
+                        r.prompt_ids[i], V);
+      p.prompt = r.prompt_ids;
+      p.prompt_text = tok.Decode(p.prompt);
+    } else {
+      p.prompt_text = r.prompt_text;
+      p.prompt = tok.Encode(r.prompt_text, /*add_special=*/true);
+    }
+  } else {
+    nlohmann::ordered_json tools = r.tool_choice == "none" ? nlohmann::ordered_json() : r.tools;
+    auto text =
+        formatter_.Render(r.messages, tools, /*add_generation_prompt=*/true, r.template_kwargs);
+    if (!text.ok())
+      return Errorf("{}: the chat template failed: {}", prompt_field, text.status().message());
+    p.prompt_text = *text;
+    p.prompt = tok.Encode(*text, /*add_special=*/false);
+    if (r.tools.is_array() && r.tool_choice != "none")
+      for (const auto& t : r.tools)
+        p.tool_names.push_back(t["function"]["name"].get<std::string>());
+  }
+  if (p.prompt.empty()) {
+    if (tok.bos() < 0)
+      return Errorf("{}: the prompt is empty and the model has no BOS token", prompt_field);
+    p.prompt.push_back(tok.bos());
+  }
+  const int64_t ctx = sched_.ctx(), P = static_cast<int64_t>(p.prompt.size());
+  if (r.max_tokens) {
+    if (P + *r.max_tokens > ctx)
+      return Errorf(
+          "max_tokens: the prompt ({} tokens) plus max_tokens ({}) exceeds the context "
+          "size ({} tokens)",
+          P, *r.max_tokens, ctx);
+    p.max_tokens = static_cast<int>(*r.max_tokens);
+  } else if (P >= ctx) {
+    return Errorf("{}: the prompt ({} tokens) does not leave room in the context ({} tokens)",
+                  prompt_field, P, ctx);
+  }
+  nlohmann::json fields = r.sampler_fields;
+  auto cfg = sample::ParseSamplerJson(fields, base_);
+  if (!cfg.ok()) return cfg.status();
+  p.sampler = *cfg;
+  p.sampler.top_logprobs = r.logprobs ? r.top_logprobs : 0;
+  LUMEN_RETURN_IF_ERROR(sample::ValidateForVocab(p.sampler, V));
+  return p;
+}
+
+std::shared_ptr<RunState> EngineBridge::Start(const GenRequest& r, const Prepared& p,
+                                              engine::Scheduler::SubmitError* err) {
+  auto run = std::make_shared<RunState>();
+  run->open_ = r.n;
+  for (int i = 0; i < r.n; ++i) {
+    engine::JobRequest j;
+    j.prompt = p.prompt;
+    j.sampler = p.sampler;
+    // n choices with a fixed seed stay reproducible and distinct.
+    if (j.sampler.seed && i > 0) j.sampler.seed = *j.sampler.seed + static_cast<uint64_t>(i);
+    j.max_tokens = p.max_tokens;
+    j.stop = r.stop;
+    j.want_logprobs = r.logprobs;
+    std::weak_ptr<RunState> weak = run;
+    j.on_event = [weak, i](const engine::JobEvent& e) {
+      auto s = weak.lock();
+      if (!s) return false;  // the HTTP side is gone
+      s->Push(i, e);
+      return true;
+    };
+    auto job = sched_.Submit(std::move(j), err);
+    if (!job) {
+      run->Cancel();
+      return nullptr;
+    }
+    std::lock_guard<std::mutex> lock(run->mu_);
+    run->jobs_.push_back(std::move(job));
+  }
+  return run;
+}
+
+}  // namespace lumen::serve

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "lumen/core/buffer.h"
@@ -48,6 +49,15 @@ HWY_INLINE float LoadF16(const uint8_t* p) {
 }
 
 // Unsigned bytes p[0..N) widened to int32 lanes.
+// Accumulator-chain tags: decoders label each vector so sinks can spread
+// FMAs over independent chains (FMA latency x throughput needs ~8 in flight).
+template <int P>
+using Par = std::integral_constant<int, P>;
+using P0 = Par<0>;
+using P1 = Par<1>;
+using P2 = Par<2>;
+using P3 = Par<3>;
+
 HWY_INLINE hn::Vec<DI> LoadU8(const uint8_t* p) {
   const DI di;
   const hn::Rebind<uint8_t, DI> d8;
@@ -65,8 +75,8 @@ HWY_INLINE void DecodeF32(const uint8_t* row, int64_t K, Sink& sink) {
   const int64_t N = hn::Lanes(d);
   const float* p = reinterpret_cast<const float*>(row);
   for (int64_t k = 0; k < K; k += 2 * N) {
-    sink(k, hn::LoadU(d, p + k), 0);
-    sink(k + N, hn::LoadU(d, p + k + N), 1);
+    sink(k, hn::LoadU(d, p + k), P0{});
+    sink(k + N, hn::LoadU(d, p + k + N), P1{});
   }
 }
 
@@ -77,8 +87,8 @@ HWY_INLINE void DecodeF16(const uint8_t* row, int64_t K, Sink& sink) {
   const int64_t N = hn::Lanes(d);
   const hwy::float16_t* p = reinterpret_cast<const hwy::float16_t*>(row);
   for (int64_t k = 0; k < K; k += 2 * N) {
-    sink(k, hn::PromoteTo(d, hn::LoadU(dh, p + k)), 0);
-    sink(k + N, hn::PromoteTo(d, hn::LoadU(dh, p + k + N)), 1);
+    sink(k, hn::PromoteTo(d, hn::LoadU(dh, p + k)), P0{});
+    sink(k + N, hn::PromoteTo(d, hn::LoadU(dh, p + k + N)), P1{});
   }
 }
 
@@ -89,8 +99,8 @@ HWY_INLINE void DecodeBF16(const uint8_t* row, int64_t K, Sink& sink) {
   const int64_t N = hn::Lanes(d);
   const hwy::bfloat16_t* p = reinterpret_cast<const hwy::bfloat16_t*>(row);
   for (int64_t k = 0; k < K; k += 2 * N) {
-    sink(k, hn::PromoteTo(d, hn::LoadU(dh, p + k)), 0);
-    sink(k + N, hn::PromoteTo(d, hn::LoadU(dh, p + k + N)), 1);
+    sink(k, hn::PromoteTo(d, hn::LoadU(dh, p + k)), P0{});
+    sink(k + N, hn::PromoteTo(d, hn::LoadU(dh, p + k + N)), P1{});
   }
 }
 
@@ -98,15 +108,22 @@ template <class Sink>
 HWY_INLINE void DecodeQ8_0(const uint8_t* row, int64_t K, Sink& sink) {
   const DF d;
   const int64_t N = hn::Lanes(d);
-  for (int64_t b = 0; b < K / kQK; ++b) {
+  auto block = [&](int64_t b, auto pa, auto pb) HWY_ATTR {
     const uint8_t* blk = row + b * sizeof(BlockQ8_0);
     const auto vd = hn::Set(d, LoadF16(blk));
     const int8_t* qs = reinterpret_cast<const int8_t*>(blk + 2);
     for (int64_t i = 0; i < kQK; i += 2 * N) {
-      sink(b * kQK + i, hn::Mul(hn::ConvertTo(d, LoadI8(qs + i)), vd), 0);
-      sink(b * kQK + i + N, hn::Mul(hn::ConvertTo(d, LoadI8(qs + i + N)), vd), 1);
+      sink(b * kQK + i, hn::Mul(hn::ConvertTo(d, LoadI8(qs + i)), vd), pa);
+      sink(b * kQK + i + N, hn::Mul(hn::ConvertTo(d, LoadI8(qs + i + N)), vd), pb);
     }
+  };
+  const int64_t nb = K / kQK;
+  int64_t b = 0;
+  for (; b + 2 <= nb; b += 2) {
+    block(b, P0{}, P1{});
+    block(b + 1, P2{}, P3{});
   }
+  if (b < nb) block(b, P0{}, P1{});
 }
 
 template <class Sink>
@@ -115,7 +132,7 @@ HWY_INLINE void DecodeQ4_0(const uint8_t* row, int64_t K, Sink& sink) {
   const DI di;
   const int64_t N = hn::Lanes(d);
   const auto k15 = hn::Set(di, 15);
-  for (int64_t b = 0; b < K / kQK; ++b) {
+  auto block = [&](int64_t b, auto pa, auto pb) HWY_ATTR {
     const uint8_t* blk = row + b * sizeof(BlockQ4_0);
     const float scale = LoadF16(blk);
     const auto vd = hn::Set(d, scale);
@@ -123,10 +140,17 @@ HWY_INLINE void DecodeQ4_0(const uint8_t* row, int64_t K, Sink& sink) {
     const uint8_t* qs = blk + 2;
     for (int64_t i = 0; i < kQK / 2; i += N) {
       const auto q = LoadU8(qs + i);
-      sink(b * kQK + i, hn::MulAdd(hn::ConvertTo(d, hn::And(q, k15)), vd, off), 0);
-      sink(b * kQK + 16 + i, hn::MulAdd(hn::ConvertTo(d, hn::ShiftRight<4>(q)), vd, off), 1);
+      sink(b * kQK + i, hn::MulAdd(hn::ConvertTo(d, hn::And(q, k15)), vd, off), pa);
+      sink(b * kQK + 16 + i, hn::MulAdd(hn::ConvertTo(d, hn::ShiftRight<4>(q)), vd, off), pb);
     }
+  };
+  const int64_t nb = K / kQK;
+  int64_t b = 0;
+  for (; b + 2 <= nb; b += 2) {
+    block(b, P0{}, P1{});
+    block(b + 1, P2{}, P3{});
   }
+  if (b < nb) block(b, P0{}, P1{});
 }
 
 template <class Sink>
@@ -140,7 +164,7 @@ HWY_INLINE void DecodeQ4K(const uint8_t* row, int64_t K, Sink& sink) {
     const float dd = LoadF16(blk), dmin = LoadF16(blk + 2);
     const uint8_t* sc = blk + 4;
     const uint8_t* qs = blk + 16;
-    for (int j = 0; j < 4; ++j) {
+    auto sub = [&](int j, auto pa, auto pb) HWY_ATTR {
       uint8_t s1, m1, s2, m2;
       GetScaleMinK4(2 * j, sc, &s1, &m1);
       GetScaleMinK4(2 * j + 1, sc, &s2, &m2);
@@ -149,10 +173,14 @@ HWY_INLINE void DecodeQ4K(const uint8_t* row, int64_t K, Sink& sink) {
       const int64_t base = b * kQKK + 64 * j;
       for (int64_t l = 0; l < 32; l += N) {
         const auto q = LoadU8(qs + 32 * j + l);
-        sink(base + l, hn::MulAdd(hn::ConvertTo(d, hn::And(q, k15)), d1, o1), 0);
-        sink(base + 32 + l, hn::MulAdd(hn::ConvertTo(d, hn::ShiftRight<4>(q)), d2, o2), 1);
+        sink(base + l, hn::MulAdd(hn::ConvertTo(d, hn::And(q, k15)), d1, o1), pa);
+        sink(base + 32 + l, hn::MulAdd(hn::ConvertTo(d, hn::ShiftRight<4>(q)), d2, o2), pb);
       }
-    }
+    };
+    sub(0, P0{}, P1{});
+    sub(1, P2{}, P3{});
+    sub(2, P0{}, P1{});
+    sub(3, P2{}, P3{});
   }
 }
 
@@ -179,13 +207,13 @@ HWY_INLINE void DecodeQ6K(const uint8_t* row, int64_t K, Sink& sink) {
         const auto q3 =
             hn::Or(hn::ShiftRight<4>(a), hn::ShiftLeft<4>(hn::And(hn::ShiftRight<4>(h), k3)));
         const auto q4 = hn::Or(hn::ShiftRight<4>(c), hn::ShiftLeft<4>(hn::ShiftRight<6>(h)));
-        sink(base + l, hn::Mul(hn::ConvertTo(d, hn::Sub(q1, k32)), hn::Set(d, dd * sc[is])), 0);
+        sink(base + l, hn::Mul(hn::ConvertTo(d, hn::Sub(q1, k32)), hn::Set(d, dd * sc[is])), P0{});
         sink(base + l + 32,
-             hn::Mul(hn::ConvertTo(d, hn::Sub(q2, k32)), hn::Set(d, dd * sc[is + 2])), 1);
+             hn::Mul(hn::ConvertTo(d, hn::Sub(q2, k32)), hn::Set(d, dd * sc[is + 2])), P1{});
         sink(base + l + 64,
-             hn::Mul(hn::ConvertTo(d, hn::Sub(q3, k32)), hn::Set(d, dd * sc[is + 4])), 0);
+             hn::Mul(hn::ConvertTo(d, hn::Sub(q3, k32)), hn::Set(d, dd * sc[is + 4])), P2{});
         sink(base + l + 96,
-             hn::Mul(hn::ConvertTo(d, hn::Sub(q4, k32)), hn::Set(d, dd * sc[is + 6])), 1);
+             hn::Mul(hn::ConvertTo(d, hn::Sub(q4, k32)), hn::Set(d, dd * sc[is + 6])), P3{});
       }
       ql += 64;
       qh += 32;
@@ -208,16 +236,16 @@ HWY_INLINE void DecodeMlx(const Matrix& W, int64_t r, const float* ss, const flo
       const auto s = hn::Set(d, ss[g]), o = hn::Set(d, bb[g]);
       for (int64_t i = 0; i < G; i += 2 * N) {  // bytes [i/2, i/2 + N) hold elements [i, i + 2N)
         const auto q = LoadU8(p + (g * G + i) / 2);
-        sink(g * G + i, hn::MulAdd(hn::ConvertTo(d, hn::And(q, k15)), s, o), 0);
-        sink(g * G + i + N, hn::MulAdd(hn::ConvertTo(d, hn::ShiftRight<4>(q)), s, o), 1);
+        sink(g * G + i, hn::MulAdd(hn::ConvertTo(d, hn::And(q, k15)), s, o), P0{});
+        sink(g * G + i + N, hn::MulAdd(hn::ConvertTo(d, hn::ShiftRight<4>(q)), s, o), P1{});
       }
     }
   } else {  // 8 bits: byte i is element i
     for (int64_t g = 0; g < K / G; ++g) {
       const auto s = hn::Set(d, ss[g]), o = hn::Set(d, bb[g]);
       for (int64_t i = 0; i < G; i += 2 * N) {
-        sink(g * G + i, hn::MulAdd(hn::ConvertTo(d, LoadU8(p + g * G + i)), s, o), 0);
-        sink(g * G + i + N, hn::MulAdd(hn::ConvertTo(d, LoadU8(p + g * G + i + N)), s, o), 1);
+        sink(g * G + i, hn::MulAdd(hn::ConvertTo(d, LoadU8(p + g * G + i)), s, o), P0{});
+        sink(g * G + i + N, hn::MulAdd(hn::ConvertTo(d, LoadU8(p + g * G + i + N)), s, o), P1{});
       }
     }
   }
@@ -293,11 +321,11 @@ struct RowDecoder {
         const DF d;
         const int64_t N = hn::Lanes(d);
         int64_t k = 0;
-        for (; k + N <= W.k; k += N) sink(k, hn::LoadU(d, scratch.data() + k), 0);
+        for (; k + N <= W.k; k += N) sink(k, hn::LoadU(d, scratch.data() + k), P0{});
         if (k < W.k) {  // tail: zero-padded vector (callers pad X the same way)
           HWY_ALIGN float t[hn::MaxLanes(d)] = {};
           std::memcpy(t, scratch.data() + k, (W.k - k) * sizeof(float));
-          sink(k, hn::Load(d, t), 1);
+          sink(k, hn::Load(d, t), P1{});
         }
         return;
       }
@@ -349,19 +377,21 @@ void SmallM(RowDecoder& dec, const PreparedX& X, int64_t m0, float* Y, int64_t l
   const DF d;
   const float* x[MB];
   for (int m = 0; m < MB; ++m) x[m] = X.row(m0 + m);
+  constexpr int kChains = MB == 1 ? 4 : 2;  // independent FMA chains per row
   for (int64_t n = n0; n < n1; ++n) {
-    VF acc0[MB], acc1[MB];
-    for (int m = 0; m < MB; ++m) acc0[m] = acc1[m] = hn::Zero(d);
-    auto sink = [&](int64_t k, VF w, int parity) HWY_ATTR {
-      if (parity == 0) {
-        for (int m = 0; m < MB; ++m) acc0[m] = hn::MulAdd(w, hn::LoadU(d, x[m] + k), acc0[m]);
-      } else {
-        for (int m = 0; m < MB; ++m) acc1[m] = hn::MulAdd(w, hn::LoadU(d, x[m] + k), acc1[m]);
-      }
+    VF acc[kChains][MB];
+    for (int c = 0; c < kChains; ++c)
+      for (int m = 0; m < MB; ++m) acc[c][m] = hn::Zero(d);
+    auto sink = [&](int64_t k, VF w, auto parity) HWY_ATTR {
+      constexpr int c = decltype(parity)::value % kChains;
+      for (int m = 0; m < MB; ++m) acc[c][m] = hn::MulAdd(w, hn::LoadU(d, x[m] + k), acc[c][m]);
     };
     dec.Decode(n, sink);
-    for (int m = 0; m < MB; ++m)
-      Y[(m0 + m) * ldy + n] = hn::GetLane(hn::SumOfLanes(d, hn::Add(acc0[m], acc1[m])));
+    for (int m = 0; m < MB; ++m) {
+      VF t = acc[0][m];
+      for (int c = 1; c < kChains; ++c) t = hn::Add(t, acc[c][m]);
+      Y[(m0 + m) * ldy + n] = hn::GetLane(hn::SumOfLanes(d, t));
+    }
   }
 }
 
@@ -419,7 +449,7 @@ void LargeM(RowDecoder& dec, const PreparedX& X, int64_t M, float* Y, int64_t ld
     const int64_t np = std::min(P, n1 - n);
     for (int64_t i = 0; i < np; ++i) {
       float* dst = panel + i * ldp;
-      auto store = [&](int64_t k, VF w, int) HWY_ATTR { hn::Store(w, d, dst + k); };
+      auto store = [&](int64_t k, VF w, auto) HWY_ATTR { hn::Store(w, d, dst + k); };
       dec.Decode(n + i, store);
     }
     int64_t m = 0;

@@ -3,6 +3,7 @@
 #include <filesystem>
 
 #include "lumen/kernels/matrix.h"
+#include "lumen/model/forward.h"
 
 namespace lumen::engine {
 namespace {
@@ -21,6 +22,11 @@ std::vector<TensorPlan> PlansFor(const Model& m, OutputFormat format, model::Mod
                           ? kernels::RopeStyle::kInterleaved
                           : kernels::RopeStyle::kHalf;
   const bool gemma = src.family == Family::kGemma2 || src.family == Family::kGemma3;
+  // GGUF has no notion of "rounded to the embedding dtype": store the value used.
+  if (format == OutputFormat::kGguf && src.embed_scale_in_weight_dtype) {
+    target.embed_scale = model::EmbedScale(src, m.weights());
+    target.embed_scale_in_weight_dtype = false;
+  }
   target.norm_offset = format == OutputFormat::kHf && gemma ? 1.0f : 0.0f;
   const float norm_add = src.norm_offset - target.norm_offset;
   const bool permute = src.rope_style != target.rope_style;

@@ -152,10 +152,12 @@ Result<ModelConfig> SynthConfig(const SynthOptions& o) {
     c = Base(f, 2, 64, 4, 2, 96, 512, 256);
     c.head_dim = f == Family::kQwen3 || f == Family::kGemma3 ? 32 : 0;
     if (f == Family::kMistral || f == Family::kGemma2 || f == Family::kGemma3 ||
-        f == Family::kQwen2)
+        f == Family::kQwen2 || f == Family::kQwen3)
       c.sliding_window = 8;
-    // Qwen2: use_sliding_window with max_window_layers 1 (only layer 1 slides).
+    // Qwen: use_sliding_window; qwen2 slides layer 1 (max_window_layers 1),
+    // qwen3 layer 0 (only expressible with layer_types).
     if (f == Family::kQwen2) c.layer_sliding = {false, true};
+    if (f == Family::kQwen3) c.layer_sliding = {true, false};
     if (f == Family::kPhi3) c.rope_dim = 8;  // partial_rotary_factor 0.5 of head_dim 16
     if (f == Family::kGemma2 || f == Family::kGemma3) c.n_layers = f == Family::kGemma3 ? 3 : 2;
     if (f == Family::kGemma3) c.attn_scale = float(1.0 / std::sqrt(24.0));

@@ -460,6 +460,8 @@ Result<ModelConfig> ConfigFromGguf(const formats::GgufFile& g) {
       c.qk_norm = c.family == Family::kGemma3;
       c.act = kernels::Activation::kGeluTanh;
       c.embed_scale = std::sqrt(float(c.dim));  // llama.cpp: sqrtf(n_embd), never rounded
+      // lumen-only key: a converted bf16/f16 HF Gemma keeps its rounded constant.
+      LUMEN_RETURN_IF_ERROR(opt_f("embedding_scale", c.embed_scale));
       if (c.head_dim <= 0) c.head_dim = c.dim / c.n_heads;
       // llama.cpp's defaults: Gemma2 always soft-caps (50 / 30), Gemma3 never.
       // lumen writes 0 for a Gemma2 model without caps (0 = off).
@@ -565,6 +567,7 @@ void ConfigToGguf(const ModelConfig& c, formats::GgufWriter& w) {
     if (c.family == Family::kGemma2 || c.final_softcap > 0)
       w.SetF32(p + "final_logit_softcapping", c.final_softcap);
     w.SetF32(p + "attention.query_pre_attn_scalar", 1.0f / (c.attn_scale * c.attn_scale));
+    if (c.embed_scale != std::sqrt(float(c.dim))) w.SetF32(p + "embedding_scale", c.embed_scale);
     if (any_sliding) write_pattern(c.family == Family::kGemma2 ? 2 : 6);
     if (c.family == Family::kGemma3) w.SetF32(p + "rope.freq_base_swa", float(c.rope_theta_local));
   }

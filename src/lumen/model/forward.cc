@@ -26,8 +26,6 @@ Activations::Activations(const ModelConfig& c, int threads)
   attn_scratch = AlignedBuffer(size_t(threads) * attn_scratch_per_thread * sizeof(float));
 }
 
-// HF Gemma: `embeds * tensor(sqrt(D), dtype=embedding dtype)`, so the constant
-// is rounded to bf16/f16 for such checkpoints (sqrt(2048) -> 45.25 in bf16).
 float EmbedScale(const ModelConfig& c, const Weights& w) {
   if (!c.embed_scale_in_weight_dtype) return c.embed_scale;
   DType t = w.tok_embd.w.dtype;

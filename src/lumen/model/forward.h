@@ -44,6 +44,11 @@ struct BatchRow {
   int64_t pos;
 };
 
+// The embedding multiplier the forward uses: c.embed_scale, rounded to the
+// embedding's storage dtype (bf16/f16; MLX: its scales' dtype) when
+// c.embed_scale_in_weight_dtype, as HF Gemma does (families.md section 6).
+float EmbedScale(const ModelConfig& c, const Weights& w);
+
 class Forward {
  public:
   Forward(const ModelConfig& c, const Weights& w, ThreadPool* pool);

@@ -111,12 +111,12 @@ void BM_MatVec(benchmark::State& state) {
 }
 BENCHMARK(BM_MatVec)->ArgsProduct({{0, 1, 2, 3, 4, 5, 6, 7}, {1, 2}})->UseRealTime();
 
-// Prefill / batched decode: Y[M, N] = X[M, K] W^T, W of the q/o projection size.
+// Prefill / batched decode: Y[M, N] = X[M, K] W^T; K 2048 (q/o/gate/up) or 8192 (down).
 void BM_MatMul(benchmark::State& state) {
   const int type = static_cast<int>(state.range(0));
   const int64_t M = state.range(1);
   const int threads = static_cast<int>(state.range(2));
-  const int64_t K = 2048, N = 2048;
+  const int64_t K = state.range(3), N = 2048;
   auto w = MakeWeight(type, N, K);
   std::vector<float> x(M * K), y(M * N);
   std::mt19937 rng(2);
@@ -132,7 +132,9 @@ void BM_MatMul(benchmark::State& state) {
   state.counters["bytes/s"] =
       benchmark::Counter(double(w->m.bytes()) * state.iterations(), benchmark::Counter::kIsRate);
 }
-BENCHMARK(BM_MatMul)->ArgsProduct({{0, 1, 2, 3, 4, 5, 6, 7}, {4, 256}, {1, 2}})->UseRealTime();
+BENCHMARK(BM_MatMul)
+    ->ArgsProduct({{0, 1, 2, 3, 4, 5, 6, 7}, {4, 256}, {1, 2}, {2048, 8192}})
+    ->UseRealTime();
 
 // One decode token's attention for one layer at context S (f16 KV).
 void BM_Attention(benchmark::State& state) {

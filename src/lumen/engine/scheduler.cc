@@ -186,6 +186,9 @@ bool Scheduler::Admit(std::unique_lock<std::mutex>& lock) {
     slot->prompt_tokens = static_cast<int64_t>(r.prompt.size());
     slot->pending.assign(r.prompt.begin() + kept, r.prompt.end());
     slot->detok.emplace(model_.tokenizer(), /*skip_special=*/true);
+    // Decode in context: a SentencePiece "▁word" after the prompt keeps its
+    // space, which a fresh detokenizer would strip as a text start.
+    slot->detok->Push(r.prompt.back());
     slot->stops.emplace(r.stop);
     ++stats_.jobs_started;
     stats_.prompt_tokens += slot->prompt_tokens;

@@ -70,7 +70,7 @@ std::string ProtocolWriter::Feed(const ChoiceEvent& e) {
 
 ojson ProtocolWriter::LogprobEntry(const engine::GeneratedToken& t) const {
   auto one = [&](int32_t id, float lp) {
-    const std::string s = x_.tok->Decode(std::span<const int32_t>(&id, 1));
+    const std::string s = x_.tok->TokenBytes(id);
     ojson bytes = ojson::array();
     for (unsigned char ch : x_.tok->TokenBytes(id)) bytes.push_back(int(ch));
     return ojson{

@@ -1,0 +1,98 @@
+// Protocol parsers: each protocol's body lands in the same GenRequest.
+#include "lumen/serve/request.h"
+
+#include <gtest/gtest.h>
+
+#include "lumen/serve/body.h"
+
+namespace lumen::serve {
+namespace {
+
+using ojson = nlohmann::ordered_json;
+
+TEST(Request, ThreeProtocolsFunnelToOneShape) {
+  auto chat = ParseChatCompletions(ojson::parse(R"({"messages":[{"role":"system","content":"S"},
+      {"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]}],
+      "max_tokens":7,"stop":"x","temperature":0.5,"hlg":{"width":2}})"));
+  ASSERT_TRUE(chat.ok()) << chat.status().message();
+  auto msg = ParseMessages(ojson::parse(R"({"system":"S","max_tokens":7,"stop_sequences":["x"],
+      "temperature":0.5,"hlg":{"width":2},"messages":[{"role":"user","content":[{"type":"text","text":"ab"}]}]})"));
+  ASSERT_TRUE(msg.ok()) << msg.status().message();
+  auto resp =
+      ParseResponses(ojson::parse(R"({"instructions":"S","max_output_tokens":7,"temperature":0.5,
+      "hlg":{"width":2},"input":[{"role":"user","content":[{"type":"input_text","text":"ab"}]}]})"));
+  ASSERT_TRUE(resp.ok()) << resp.status().message();
+  const ojson want =
+      ojson::parse(R"([{"role":"system","content":"S"},{"role":"user","content":"ab"}])");
+  for (const GenRequest* r : {&*chat, &*msg, &*resp}) {
+    EXPECT_EQ(r->messages, want);
+    EXPECT_EQ(r->max_tokens, 7);
+    EXPECT_EQ(r->sampler_fields["temperature"], 0.5);
+    EXPECT_EQ(r->sampler_fields["hlg"]["width"], 2);
+  }
+  EXPECT_EQ(chat->stop, std::vector<std::string>{"x"});
+  EXPECT_EQ(msg->stop, std::vector<std::string>{"x"});
+}
+
+TEST(Request, AnthropicToolBlocksBecomeOpenAIToolMessages) {
+  auto r = ParseMessages(ojson::parse(R"({"max_tokens":5,"messages":[
+      {"role":"user","content":"w?"},
+      {"role":"assistant","content":[{"type":"text","text":"checking"},
+         {"type":"tool_use","id":"t1","name":"f","input":{"a":1}}]},
+      {"role":"user","content":[{"type":"tool_result","tool_use_id":"t1","content":"ok"}]}]})"));
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  ASSERT_EQ(r->messages.size(), 3u);
+  EXPECT_EQ(r->messages[1]["tool_calls"][0]["function"]["arguments"], ojson({{"a", 1}}));
+  EXPECT_EQ(r->messages[2], ojson::parse(R"({"role":"tool","tool_call_id":"t1","content":"ok"})"));
+}
+
+TEST(Request, ResponsesFunctionItems) {
+  auto r = ParseResponses(ojson::parse(R"({"input":[{"role":"user","content":"q"},
+      {"type":"function_call","call_id":"c1","name":"f","arguments":"{\"x\":2}"},
+      {"type":"function_call_output","call_id":"c1","output":"42"}]})"));
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  ASSERT_EQ(r->messages.size(), 3u);
+  EXPECT_EQ(r->messages[1]["tool_calls"][0]["id"], "c1");
+  EXPECT_EQ(r->messages[2]["role"], "tool");
+}
+
+TEST(Request, ErrorsNameTheField) {
+  struct Case {
+    const char* body;
+    const char* prefix;
+  };
+  for (
+      const Case& c : std::vector<Case>{
+          {R"({"messages":[]})", "messages:"},
+          {R"({"messages":[{"role":"user"}]})", "messages[0].content:"},
+          {R"({"messages":[{"role":"user","content":"x"}],"max_tokens":-3})", "max_tokens:"},
+          {R"({"messages":[{"role":"user","content":"x"}],"top_logprobs":3})", "top_logprobs:"},
+          {R"({"messages":[{"role":"assistant","content":null,"tool_calls":[{"function":{"name":"f","arguments":"{"}}]}]})",
+           "messages[0].tool_calls[0].function.arguments:"},
+      }) {
+    auto r = ParseChatCompletions(ojson::parse(c.body));
+    ASSERT_FALSE(r.ok()) << c.body;
+    EXPECT_EQ(r.status().message().rfind(c.prefix, 0), 0u) << r.status().message();
+  }
+}
+
+TEST(Body, Utf8AndLimits) {
+  size_t bad = 0;
+  EXPECT_TRUE(ValidUtf8("h\xc3\xa9llo \xf0\x9f\x98\x80", &bad));
+  EXPECT_FALSE(ValidUtf8("ab\xc0\xaf", &bad));  // overlong
+  EXPECT_EQ(bad, 2u);
+  EXPECT_FALSE(ValidUtf8("\xed\xa0\x80", &bad));      // surrogate
+  EXPECT_FALSE(ValidUtf8("\xf4\x90\x80\x80", &bad));  // > U+10FFFF
+  EXPECT_FALSE(ValidUtf8("x\xe2\x82", &bad));         // truncated
+  EXPECT_EQ(bad, 1u);
+  ojson out;
+  ApiError e;
+  EXPECT_FALSE(ParseBody("{\"a\":1}", 3, &out, &e));
+  EXPECT_EQ(e.status, 413);
+  EXPECT_FALSE(ParseBody("{\"a\":", 100, &out, &e));
+  EXPECT_EQ(e.param, "body");
+  EXPECT_TRUE(ParseBody("{\"a\":1}", 100, &out, &e));
+}
+
+}  // namespace
+}  // namespace lumen::serve

@@ -536,6 +536,25 @@ void MatMul(const Matrix& W, const float* X, int64_t M, int64_t ldx, float* Y, i
   }
 }
 
+void MatMulMany(std::span<const MatMulOut> outs, const float* X, int64_t M, int64_t ldx,
+                ThreadPool* pool) {
+  int64_t total = 0;
+  for (const MatMulOut& o : outs) total += o.w->n;
+  auto fn = [&](int64_t b, int64_t e, int) {
+    int64_t off = 0;
+    for (const MatMulOut& o : outs) {
+      const int64_t lo = std::max<int64_t>(b - off, 0), hi = std::min<int64_t>(e - off, o.w->n);
+      if (lo < hi) HWY_DYNAMIC_DISPATCH(MatMulRows)(*o.w, X, M, ldx, o.y, o.ldy, lo, hi);
+      off += o.w->n;
+    }
+  };
+  if (pool && total >= 32) {
+    pool->ParallelFor(total, fn, 16);
+  } else {
+    fn(0, total, 0);
+  }
+}
+
 bool MatMulIsFused(const Matrix& W) { return HWY_DYNAMIC_DISPATCH(FusedPath)(W) != 0; }
 
 void MatMulT(const Matrix& W, const float* dY, int64_t M, float* dX, ThreadPool* pool) {

@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 
 #include "lumen/core/thread_pool.h"
 #include "lumen/kernels/matrix.h"
@@ -26,6 +27,17 @@ namespace lumen::kernels {
 // stride ldy floats (Y is overwritten). pool may be null (single-threaded).
 void MatMul(const Matrix& W, const float* X, int64_t M, int64_t ldx, float* Y, int64_t ldy,
             ThreadPool* pool);
+
+// Several products with the same X in one thread-pool pass (q/k/v, gate/up):
+// one wake-up instead of one per matrix, and the split balances rows of all
+// of them. Each Y is bit-for-bit what MatMul would write.
+struct MatMulOut {
+  const Matrix* w;
+  float* y;
+  int64_t ldy;
+};
+void MatMulMany(std::span<const MatMulOut> outs, const float* X, int64_t M, int64_t ldx,
+                ThreadPool* pool);
 
 // True when W's storage has a fused decoder on the CPU's best target (false:
 // the scalar dequantize-to-scratch route). For benchmarks and reports.

@@ -187,6 +187,26 @@ TEST(MatMulTest, ThreadSplitMatchesSingleThreadBitForBit) {
   }
 }
 
+TEST(MatMulTest, ManyEqualsOneByOneBitForBit) {
+  std::mt19937 rng(13);
+  Spec a, b;
+  a.dtype = DType::kQ4_0;
+  b.dtype = DType::kQ8_0;
+  OwnedMatrix wa = Make(a, 70, 256, rng), wb = Make(b, 21, 256, rng);
+  ThreadPool pool(2);
+  for (int64_t M : {1, 6}) {
+    std::vector<float> X(M * 256);
+    for (auto& v : X) v = std::uniform_real_distribution<float>(-1, 1)(rng);
+    std::vector<float> ya(M * 70), yb(M * 21), ma(M * 70), mb(M * 21);
+    MatMul(wa.m, X.data(), M, 256, ya.data(), 70, nullptr);
+    MatMul(wb.m, X.data(), M, 256, yb.data(), 21, nullptr);
+    const MatMulOut outs[] = {{&wa.m, ma.data(), 70}, {&wb.m, mb.data(), 21}};
+    MatMulMany(outs, X.data(), M, 256, &pool);
+    EXPECT_EQ(0, std::memcmp(ya.data(), ma.data(), ya.size() * 4)) << "M=" << M;
+    EXPECT_EQ(0, std::memcmp(yb.data(), mb.data(), yb.size() * 4)) << "M=" << M;
+  }
+}
+
 TEST(MatMulTest, FusedRoutesOnTheBestTarget) {
   std::mt19937 rng(3);
   for (const Spec& s : AllSpecs()) {

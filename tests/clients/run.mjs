@@ -1,0 +1,184 @@
+// Real-client test: starts `lumen serve` (embedded model) and drives it with
+// the official `openai` and `@anthropic-ai/sdk` packages.
+//   node tests/clients/run.mjs path/to/lumen
+// Exits non-zero on the first failed check. Needs `npm ci` in tests/clients.
+import { spawn } from "node:child_process";
+import assert from "node:assert/strict";
+import OpenAI from "openai";
+import Anthropic from "@anthropic-ai/sdk";
+
+const bin = process.argv[2];
+if (!bin) {
+  console.error("usage: node run.mjs LUMEN_BINARY");
+  process.exit(2);
+}
+const KEY = "client-test-key";
+
+function startServer() {
+  return new Promise((resolve, reject) => {
+    const p = spawn(bin, ["serve", "--port", "0", "--parallel", "2", "--api-key", KEY],
+                    { stdio: ["ignore", "ignore", "pipe"], env: { ...process.env, LUMEN_THREADS: "1" } });
+    let log = "";
+    const timer = setTimeout(() => reject(new Error("server did not start:\n" + log)), 60000);
+    p.stderr.on("data", (d) => {
+      log += d;
+      const m = log.match(/listening on http:\/\/127\.0\.0\.1:(\d+)/);
+      if (m) { clearTimeout(timer); resolve({ proc: p, port: Number(m[1]), log: () => log }); }
+    });
+    p.on("exit", (code) => reject(new Error(`server exited ${code}:\n${log}`)));
+  });
+}
+
+const checks = [];
+const check = (name, fn) => checks.push({ name, fn });
+
+const tools = [{
+  type: "function",
+  function: {
+    name: "get_weather", description: "Weather for a city",
+    parameters: { type: "object", properties: { city: { type: "string" } }, required: ["city"] },
+  },
+}];
+
+check("openai: models.list", async ({ openai }) => {
+  const page = await openai.models.list();
+  assert.equal(page.data[0].id, "stories260K");
+});
+
+check("openai: chat non-streaming", async ({ openai }) => {
+  const r = await openai.chat.completions.create({
+    model: "stories260K", messages: [{ role: "user", content: "Once upon a time" }],
+    max_tokens: 10, seed: 1,
+  });
+  assert.equal(r.object, "chat.completion");
+  assert.equal(typeof r.choices[0].message.content, "string");
+  assert.equal(r.usage.completion_tokens, 10);
+  assert.equal(r.choices[0].finish_reason, "length");
+});
+
+check("openai: chat streaming equals non-streaming", async ({ openai }) => {
+  const req = { model: "stories260K", messages: [{ role: "user", content: "Lily" }], max_tokens: 12, seed: 5 };
+  const full = await openai.chat.completions.create(req);
+  const stream = await openai.chat.completions.create({ ...req, stream: true, stream_options: { include_usage: true } });
+  let text = "", finish = null, usage = null;
+  for await (const chunk of stream) {
+    if (chunk.usage) usage = chunk.usage;
+    for (const c of chunk.choices) {
+      text += c.delta.content ?? "";
+      if (c.finish_reason) finish = c.finish_reason;
+    }
+  }
+  assert.equal(text, full.choices[0].message.content);
+  assert.equal(finish, "length");
+  assert.equal(usage.completion_tokens, 12);
+});
+
+check("openai: tool messages round trip", async ({ openai }) => {
+  const r = await openai.chat.completions.create({
+    model: "stories260K", max_tokens: 4, tools,
+    messages: [
+      { role: "user", content: "Weather in Paris?" },
+      { role: "assistant", content: null, tool_calls: [{ id: "call_1", type: "function",
+        function: { name: "get_weather", arguments: "{\"city\":\"Paris\"}" } }] },
+      { role: "tool", tool_call_id: "call_1", content: "sunny" },
+    ],
+  });
+  assert.ok(["stop", "length", "tool_calls"].includes(r.choices[0].finish_reason));
+  assert.ok(r.usage.prompt_tokens > 10);
+});
+
+check("openai: completions with logprobs", async ({ openai }) => {
+  const r = await openai.completions.create({ model: "stories260K", prompt: "Once upon", max_tokens: 4, logprobs: 2, temperature: 0 });
+  assert.equal(r.choices[0].logprobs.tokens.length, 4);
+});
+
+check("openai: responses with previous_response_id", async ({ openai }) => {
+  const r1 = await openai.responses.create({ model: "stories260K", input: "Tell me a story.", max_output_tokens: 6 });
+  assert.equal(r1.object, "response");
+  assert.equal(typeof r1.output_text, "string");
+  const r2 = await openai.responses.create({ model: "stories260K", input: "More.", max_output_tokens: 6, previous_response_id: r1.id });
+  assert.equal(r2.previous_response_id, r1.id);
+  assert.ok(r2.usage.input_tokens > r1.usage.input_tokens);
+  const stream = await openai.responses.create({ model: "stories260K", input: "Hi", max_output_tokens: 5, stream: true });
+  const types = [];
+  let delta = "";
+  let done = null;
+  for await (const ev of stream) {
+    types.push(ev.type);
+    if (ev.type === "response.output_text.delta") delta += ev.delta;
+    if (ev.type === "response.completed") done = ev.response;
+  }
+  assert.equal(types[0], "response.created");
+  assert.equal(types.at(-1), "response.completed");
+  assert.equal(done.output[0].content[0].text, delta);
+});
+
+check("openai: errors", async ({ openai, port }) => {
+  await assert.rejects(
+    openai.chat.completions.create({ model: "m", messages: [{ role: "robot", content: "x" }] }),
+    (e) => e instanceof OpenAI.BadRequestError && e.status === 400 && e.param === "messages[0].role");
+  await assert.rejects(
+    openai.chat.completions.create({ model: "m", messages: [{ role: "user", content: "x" }], max_tokens: -1 }),
+    (e) => e.status === 400 && e.param === "max_tokens");
+  const bad = new OpenAI({ apiKey: "wrong", baseURL: `http://127.0.0.1:${port}/v1`, maxRetries: 0 });
+  await assert.rejects(bad.models.list(), (e) => e instanceof OpenAI.AuthenticationError);
+});
+
+check("anthropic: messages non-streaming and streaming", async ({ anthropic }) => {
+  const m = await anthropic.messages.create({
+    model: "stories260K", max_tokens: 8, system: "Be brief.",
+    messages: [{ role: "user", content: "Hello" }],
+  });
+  assert.equal(m.type, "message");
+  assert.equal(m.content[0].type, "text");
+  assert.equal(m.stop_reason, "max_tokens");
+  assert.equal(m.usage.output_tokens, 8);
+  const stream = anthropic.messages.stream({
+    model: "stories260K", max_tokens: 8, messages: [{ role: "user", content: "Hello" }],
+  });
+  let text = "";
+  stream.on("text", (t) => { text += t; });
+  const final = await stream.finalMessage();
+  assert.equal(final.content[0].text, text);
+  assert.equal(final.stop_reason, "max_tokens");
+});
+
+check("anthropic: tool_use / tool_result round trip", async ({ anthropic }) => {
+  const m = await anthropic.messages.create({
+    model: "stories260K", max_tokens: 4,
+    tools: [{ name: "get_weather", description: "Weather", input_schema: { type: "object", properties: { city: { type: "string" } } } }],
+    messages: [
+      { role: "user", content: "Weather?" },
+      { role: "assistant", content: [{ type: "tool_use", id: "toolu_1", name: "get_weather", input: { city: "Paris" } }] },
+      { role: "user", content: [{ type: "tool_result", tool_use_id: "toolu_1", content: "sunny" }] },
+    ],
+  });
+  assert.equal(m.type, "message");
+});
+
+check("anthropic: errors", async ({ anthropic }) => {
+  await assert.rejects(
+    anthropic.messages.create({ model: "m", messages: [{ role: "user", content: "x" }], max_tokens: 0 }),
+    (e) => e instanceof Anthropic.BadRequestError && e.status === 400 && /max_tokens/.test(e.message));
+});
+
+const server = await startServer();
+const openai = new OpenAI({ apiKey: KEY, baseURL: `http://127.0.0.1:${server.port}/v1`, maxRetries: 0 });
+const anthropic = new Anthropic({ apiKey: KEY, baseURL: `http://127.0.0.1:${server.port}`, maxRetries: 0 });
+let failed = 0;
+for (const c of checks) {
+  try {
+    await c.fn({ openai, anthropic, port: server.port });
+    console.log(`ok   ${c.name}`);
+  } catch (e) {
+    failed++;
+    console.log(`FAIL ${c.name}: ${e.stack ?? e}`);
+  }
+}
+server.proc.removeAllListeners("exit");
+const exited = new Promise((r) => server.proc.on("exit", (code) => r(code)));
+server.proc.kill("SIGTERM");
+const code = await exited;
+if (code !== 0) { failed++; console.log(`FAIL server exit code ${code}:\n${server.log()}`); }
+console.log(failed ? `${failed} failed` : `all ${checks.length} client checks passed`);
+process.exit(failed ? 1 : 0);

@@ -143,6 +143,16 @@ inline float CleanShiftScoreT(const float* HWY_RESTRICT x, size_t n, float shift
   return r;
 }
 
+inline void CleanShiftT(const float* HWY_RESTRICT x, size_t n, float shift,
+                        float* HWY_RESTRICT lp) {
+  const hn::ScalableTag<float> d;
+  const size_t N = hn::Lanes(d);
+  const auto vs = hn::Set(d, shift);
+  size_t i = 0;
+  for (; i + N <= n; i += N) hn::StoreU(hn::Sub(VClean(d, hn::LoadU(d, x + i)), vs), d, lp + i);
+  for (; i < n; ++i) lp[i] = ref::Clean(x[i]) - shift;
+}
+
 inline float ScaleScoreT(const float* HWY_RESTRICT lp, size_t n, float gain,
                          float* HWY_RESTRICT s) {
   const hn::ScalableTag<float> d;
@@ -215,8 +225,57 @@ inline double BlockedT(const float* HWY_RESTRICT s, size_t n, float shift, float
   return total;
 }
 
+// Scores then e = Exp(score - shift) with blocked sums, in one pass: vf(i)
+// gives the score vector of lanes [i, i+N), sf(i) the score of element i.
+// ExpShiftSum runs the same loop on stored scores, so a fused route and an
+// unfused one give the same e bits and the same sums.
+template <class VecFn, class ScalarFn>
+HWY_INLINE double ScoreExpBlocked(size_t n, float shift, float* HWY_RESTRICT s,
+                                  float* HWY_RESTRICT e, double* HWY_RESTRICT blocks, VecFn vf,
+                                  ScalarFn sf) {
+  const hn::ScalableTag<float> d;
+  const size_t N = hn::Lanes(d);
+  const auto vs = hn::Set(d, shift);
+  double total = 0;
+  size_t nb = 0;
+  for (size_t b = 0; b < n; b += kSumBlock) {
+    const size_t end = std::min(n, b + kSumBlock);
+    auto acc0 = hn::Zero(d), acc1 = hn::Zero(d);
+    size_t i = b;
+    for (; i + 2 * N <= end; i += 2 * N) {
+      const auto s0 = vf(i), s1 = vf(i + N);
+      if (s) {
+        hn::StoreU(s0, d, s + i);
+        hn::StoreU(s1, d, s + i + N);
+      }
+      const auto v0 = VExp(d, hn::Sub(s0, vs)), v1 = VExp(d, hn::Sub(s1, vs));
+      if (e) {
+        hn::StoreU(v0, d, e + i);
+        hn::StoreU(v1, d, e + i + N);
+      }
+      acc0 = hn::Add(acc0, v0);
+      acc1 = hn::Add(acc1, v1);
+    }
+    double sum = VSumD(d, hn::Add(acc0, acc1));
+    for (; i < end; ++i) {
+      const float sc = sf(i);
+      if (s) s[i] = sc;
+      const float v = ref::ExpRef(sc - shift);
+      if (e) e[i] = v;
+      sum += v;
+    }
+    if (blocks) blocks[nb] = sum;
+    ++nb;
+    total += sum;
+  }
+  return total;
+}
+
 inline double ExpShiftSumT(const float* s, size_t n, float shift, float* e, double* blocks) {
-  return BlockedT<true>(s, n, shift, e, blocks);
+  const hn::ScalableTag<float> d;
+  return ScoreExpBlocked(
+      n, shift, nullptr, e, blocks, [&](size_t i) { return hn::LoadU(d, s + i); },
+      [&](size_t i) { return s[i]; });
 }
 inline double BlockSumT(const float* x, size_t n, double* blocks) {
   return BlockedT<false>(x, n, 0.0f, nullptr, blocks);
@@ -250,30 +309,33 @@ inline void ExpMomentsT(const float* HWY_RESTRICT lp, size_t n, double* sum_e, d
   *sum_elp = sel;
 }
 
+// The HLG score of one vector of log-probs (HlgSpan; ref::HlgScoreRef per lane).
+template <class D, class V = hn::Vec<D>>
+HWY_INLINE V HlgVec(D d, V l, const HlgSpan& p) {
+  const auto mu = hn::Set(d, p.mu), m = hn::Set(d, p.m), w = hn::Set(d, p.width);
+  const auto zero = hn::Zero(d), ninf = hn::Set(d, ref::kNegInf);
+  const auto z = hn::Sub(l, mu);
+  const auto u = hn::Max(hn::Sub(hn::Abs(z), w), zero);
+  auto off = zero;
+  // Tokens in the mids need no log (their offset is exactly +0.0).
+  if (!hn::AllFalse(d, hn::Gt(u, zero))) {
+    const auto shoulder = hn::Gt(z, zero);
+    const auto b = hn::IfThenElse(shoulder, hn::Set(d, p.shoulder), hn::Set(d, p.toe));
+    const auto ib = hn::IfThenElse(shoulder, hn::Set(d, p.inv_shoulder), hn::Set(d, p.inv_toe));
+    const auto mag = M(m, hn::Sub(u, M(b, VLog(d, hn::Add(hn::Set(d, 1.0f), M(u, ib))))));
+    off = hn::IfThenElse(shoulder, hn::Sub(zero, mag), mag);
+  }
+  return hn::IfThenElse(hn::Gt(l, ninf), hn::Add(M(m, l), off), ninf);
+}
+
 inline float HlgScoreT(const float* HWY_RESTRICT lp, size_t n, const HlgSpan& p,
                        float* HWY_RESTRICT s) {
   const hn::ScalableTag<float> d;
   const size_t N = hn::Lanes(d);
-  const auto mu = hn::Set(d, p.mu), m = hn::Set(d, p.m), w = hn::Set(d, p.width);
-  const auto bt = hn::Set(d, p.toe), bh = hn::Set(d, p.shoulder);
-  const auto ibt = hn::Set(d, p.inv_toe), ibh = hn::Set(d, p.inv_shoulder);
-  const auto zero = hn::Zero(d), one = hn::Set(d, 1.0f), ninf = hn::Set(d, ref::kNegInf);
-  auto mx = ninf;
+  auto mx = hn::Set(d, ref::kNegInf);
   size_t i = 0;
   for (; i + N <= n; i += N) {
-    const auto l = hn::LoadU(d, lp + i);
-    const auto z = hn::Sub(l, mu);
-    const auto u = hn::Max(hn::Sub(hn::Abs(z), w), zero);
-    const auto shoulder = hn::Gt(z, zero);
-    auto off = zero;
-    // Tokens in the mids need no log (their offset is exactly +0.0).
-    if (!hn::AllFalse(d, hn::Gt(u, zero))) {
-      const auto b = hn::IfThenElse(shoulder, bh, bt);
-      const auto ib = hn::IfThenElse(shoulder, ibh, ibt);
-      const auto mag = M(m, hn::Sub(u, M(b, VLog(d, hn::Add(one, M(u, ib))))));
-      off = hn::IfThenElse(shoulder, hn::Sub(zero, mag), mag);
-    }
-    const auto sc = hn::IfThenElse(hn::Gt(l, ninf), hn::Add(M(m, l), off), ninf);
+    const auto sc = HlgVec(d, hn::LoadU(d, lp + i), p);
     hn::StoreU(sc, d, s + i);
     mx = hn::Max(mx, sc);
   }
@@ -285,23 +347,26 @@ inline float HlgScoreT(const float* HWY_RESTRICT lp, size_t n, const HlgSpan& p,
   return r;
 }
 
-inline float PchipScoreT(const float* HWY_RESTRICT lp, size_t n, double log_z, const PchipSpan& c,
-                         float* HWY_RESTRICT s) {
-  const hn::ScalableTag<double> dd;
-  const hn::Rebind<float, decltype(dd)> df;
-  const size_t N = hn::Lanes(dd);
+inline double HlgScoreExpT(const float* lp, size_t n, const HlgSpan& p, float shift, float* s,
+                           float* e, double* blocks) {
+  const hn::ScalableTag<float> d;
+  return ScoreExpBlocked(
+      n, shift, s, e, blocks, [&](size_t i) { return HlgVec(d, hn::LoadU(d, lp + i), p); },
+      [&](size_t i) { return ref::HlgScoreRef(lp[i], p); });
+}
+
+// PCHIP scores of Lanes(dd) log-probs (ref::PchipScoreRef per lane), in double.
+template <class DD, class DF>
+HWY_INLINE hn::Vec<DF> PchipVec(DD dd, DF df, hn::Vec<DF> lpf, double log_z, const PchipSpan& c) {
   const size_t nk = c.n_knots;
-  const auto vlz = hn::Set(dd, log_z);
+  const auto l = hn::PromoteTo(dd, lpf);
+  const auto ld = hn::Sub(l, hn::Set(dd, log_z));
   const auto x0 = hn::Set(dd, c.x[0]), xl = hn::Set(dd, c.x[nk - 1]);
-  const auto vf = hn::Set(dd, c.v_first), vl = hn::Set(dd, c.v_last);
-  const auto lo = hn::Set(dd, c.low_slope_off), hi = hn::Set(dd, c.high_slope_off);
-  const auto ninf = hn::Set(df, ref::kNegInf);
-  auto mx = hn::Set(df, ref::kNegInf);
-  size_t i = 0;
-  for (; i + N <= n; i += N) {
-    const auto lpf = hn::LoadU(df, lp + i);
-    const auto l = hn::PromoteTo(dd, lpf);
-    const auto ld = hn::Sub(l, vlz);
+  const auto below = hn::Lt(ld, x0), above = hn::Gt(ld, xl);
+  auto off = hn::Zero(dd);
+  // Most of a large vocabulary lies below the bottom knot: the cubic is only
+  // evaluated when some lane is inside.
+  if (!hn::AllTrue(dd, hn::Or(below, above))) {
     auto xk = x0, a = hn::Set(dd, c.a[0]), b = hn::Set(dd, c.b[0]);
     auto cc = hn::Set(dd, c.c[0]), dk = hn::Set(dd, c.d[0]), ih = hn::Set(dd, c.inv_h[0]);
     for (size_t k = 1; k + 1 < nk; ++k) {
@@ -315,11 +380,28 @@ inline float PchipScoreT(const float* HWY_RESTRICT lp, size_t n, double log_z, c
       ih = hn::IfThenElse(ge, hn::Set(dd, c.inv_h[k]), ih);
     }
     const auto t = M(hn::Sub(ld, xk), ih);
-    auto off = hn::Add(a, M(t, hn::Add(b, M(t, hn::Add(cc, M(t, dk))))));
-    off = hn::IfThenElse(hn::Lt(ld, x0), hn::Add(vf, M(lo, hn::Sub(ld, x0))), off);
-    off = hn::IfThenElse(hn::Gt(ld, xl), hn::Add(vl, M(hi, hn::Sub(ld, xl))), off);
-    auto sc = hn::DemoteTo(df, hn::Add(l, off));
-    sc = hn::IfThenElse(hn::Gt(lpf, ninf), sc, ninf);
+    off = hn::Add(a, M(t, hn::Add(b, M(t, hn::Add(cc, M(t, dk))))));
+  }
+  off = hn::IfThenElse(
+      below, hn::Add(hn::Set(dd, c.v_first), M(hn::Set(dd, c.low_slope_off), hn::Sub(ld, x0))),
+      off);
+  off = hn::IfThenElse(
+      above, hn::Add(hn::Set(dd, c.v_last), M(hn::Set(dd, c.high_slope_off), hn::Sub(ld, xl))),
+      off);
+  const auto sc = hn::DemoteTo(df, hn::Add(l, off));
+  const auto ninf = hn::Set(df, ref::kNegInf);
+  return hn::IfThenElse(hn::Gt(lpf, ninf), sc, ninf);
+}
+
+inline float PchipScoreT(const float* HWY_RESTRICT lp, size_t n, double log_z, const PchipSpan& c,
+                         float* HWY_RESTRICT s) {
+  const hn::ScalableTag<double> dd;
+  const hn::Rebind<float, decltype(dd)> df;
+  const size_t N = hn::Lanes(dd);
+  auto mx = hn::Set(df, ref::kNegInf);
+  size_t i = 0;
+  for (; i + N <= n; i += N) {
+    const auto sc = PchipVec(dd, df, hn::LoadU(df, lp + i), log_z, c);
     hn::StoreU(sc, df, s + i);
     mx = hn::Max(mx, sc);
   }
@@ -329,6 +411,27 @@ inline float PchipScoreT(const float* HWY_RESTRICT lp, size_t n, double log_z, c
     r = std::max(r, s[i]);
   }
   return r;
+}
+
+// Full float vectors from two double halves.
+inline double PchipScoreExpT(const float* lp, size_t n, double log_z, const PchipSpan& c,
+                             float shift, float* s, float* e, double* blocks) {
+  const hn::ScalableTag<float> d;
+#if HWY_TARGET == HWY_SCALAR
+  auto vf = [&](size_t i) { return hn::Set(d, ref::PchipScoreRef(lp[i], log_z, c)); };
+#else
+  // Full float vectors from two halves evaluated in double.
+  const hn::Repartition<double, decltype(d)> dd;  // Lanes(d) / 2 doubles
+  const hn::Half<decltype(d)> dh;
+  const size_t H = hn::Lanes(dh);
+  auto vf = [&](size_t i) {
+    const auto lo = PchipVec(dd, dh, hn::LoadU(dh, lp + i), log_z, c);
+    const auto hi = PchipVec(dd, dh, hn::LoadU(dh, lp + i + H), log_z, c);
+    return hn::Combine(d, hi, lo);
+  };
+#endif
+  return ScoreExpBlocked(n, shift, s, e, blocks, vf,
+                         [&](size_t i) { return ref::PchipScoreRef(lp[i], log_z, c); });
 }
 
 inline double LogSoftmaxT(const float* x, size_t n, float* out) {

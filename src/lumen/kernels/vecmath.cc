@@ -18,6 +18,9 @@ HWY_EXPORT(CleanMaxT);
 HWY_EXPORT(MaxF32T);
 HWY_EXPORT(CleanShiftScoreT);
 HWY_EXPORT(ScaleScoreT);
+HWY_EXPORT(CleanShiftT);
+HWY_EXPORT(HlgScoreExpT);
+HWY_EXPORT(PchipScoreExpT);
 HWY_EXPORT(ExpShiftSumT);
 HWY_EXPORT(BlockSumT);
 HWY_EXPORT(ExpMomentsT);
@@ -30,6 +33,21 @@ float CleanMax(const float* x, size_t n) { return HWY_DYNAMIC_DISPATCH(CleanMaxT
 float MaxF32(const float* x, size_t n) { return HWY_DYNAMIC_DISPATCH(MaxF32T)(x, n); }
 float CleanShiftScore(const float* x, size_t n, float shift, float gain, float* lp, float* s) {
   return HWY_DYNAMIC_DISPATCH(CleanShiftScoreT)(x, n, shift, gain, lp, s);
+}
+void CleanShift(const float* x, size_t n, float shift, float* lp) {
+  HWY_DYNAMIC_DISPATCH(CleanShiftT)(x, n, shift, lp);
+}
+double HlgScoreExp(const float* lp, size_t n, const HlgSpan& p, float shift, float* s, float* e,
+                   double* blocks) {
+  return HWY_DYNAMIC_DISPATCH(HlgScoreExpT)(lp, n, p, shift, s, e, blocks);
+}
+double PchipScoreExp(const float* lp, size_t n, double log_z, const PchipSpan& c, float shift,
+                     float* s, float* e, double* blocks) {
+  return HWY_DYNAMIC_DISPATCH(PchipScoreExpT)(lp, n, log_z, c, shift, s, e, blocks);
+}
+float HlgScoreAt(float lp, const HlgSpan& p) { return ref::HlgScoreRef(lp, p); }
+float PchipScoreAt(float lp, double log_z, const PchipSpan& c) {
+  return ref::PchipScoreRef(lp, log_z, c);
 }
 float ScaleScore(const float* lp, size_t n, float gain, float* s) {
   return HWY_DYNAMIC_DISPATCH(ScaleScoreT)(lp, n, gain, s);

@@ -53,6 +53,8 @@ float MaxF32(const float* x, size_t n);
 
 // lp[i] = Clean(x[i]) - shift; s[i] = gain * lp[i] + 0.0f. Returns max s.
 float CleanShiftScore(const float* x, size_t n, float shift, float gain, float* lp, float* s);
+// lp[i] = Clean(x[i]) - shift.
+void CleanShift(const float* x, size_t n, float shift, float* lp);
 // s[i] = gain * lp[i] + 0.0f. Returns max s.
 float ScaleScore(const float* lp, size_t n, float gain, float* s);
 
@@ -68,6 +70,18 @@ void ExpMoments(const float* lp, size_t n, double* sum_e, double* sum_elp);
 float HlgScore(const float* lp, size_t n, const HlgSpan& p, float* s);
 // s[i] = float(double(lp[i]) + Offset(double(lp[i]) - log_z)), -inf kept. Returns max s.
 float PchipScore(const float* lp, size_t n, double log_z, const PchipSpan& c, float* s);
+
+// Fused score + exp: s (may be null) as HlgScore / PchipScore, then e and the
+// blocked sums exactly as ExpShiftSum(s, n, shift, e, blocks) would give on
+// those scores (same bits), in one pass. The caller supplies the shift (for
+// a monotone map, the score of the top log-prob, e.g. HlgScoreAt(0, p)).
+double HlgScoreExp(const float* lp, size_t n, const HlgSpan& p, float shift, float* s, float* e,
+                   double* blocks);
+double PchipScoreExp(const float* lp, size_t n, double log_z, const PchipSpan& c, float shift,
+                     float* s, float* e, double* blocks);
+// One element's score, the same bits the span kernels give.
+float HlgScoreAt(float lp, const HlgSpan& p);
+float PchipScoreAt(float lp, double log_z, const PchipSpan& c);
 
 // out[i] = x[i] - logZ with logZ = max + log(sum exp(x - max)) (x finite or
 // -inf; not all -inf). Returns logZ. out may alias x.

@@ -208,6 +208,46 @@ TEST(Vecmath, PchipScoreExact) {
   EXPECT_DOUBLE_EQ(ref::PchipOffsetRef(0.0, cs), 0.1 + -0.4 * 0.2);
 }
 
+// The fused score+exp kernels give exactly what the two-pass route gives:
+// the same scores, the same e and the same (bitwise) sums.
+TEST(Vecmath, FusedScoreExpEqualsTwoPasses) {
+  const double x[] = {-9.0, -4.0, -1.5, -0.2};
+  const double a[] = {0.3, -0.1, 0.05}, b[] = {0.2, 0.1, -0.3}, c[] = {-0.05, 0.4, 0.1},
+               d[] = {0.01, -0.2, 0.07}, ih[] = {1 / 5.0, 1 / 2.5, 1 / 1.3};
+  const PchipSpan cs{x, a, b, c, d, ih, 4, 0.3, 0.1, 0.25, -0.4};
+  HlgSpan p;
+  p.mu = -3.0f;
+  p.m = 1.3f;
+  std::mt19937 gen(7);
+  ForEachTarget([&] {
+    for (size_t n : {0, 1, 5, 17, 63, 256, 257, 700, 1500}) {
+      auto lp = Inputs(gen, n, 6.0f, true);
+      for (float& v : lp) v = -std::fabs(v);
+      std::vector<float> s1(n), s2(n), e1(n), e2(n);
+      std::vector<double> b1(SumBlocks(n)), b2(SumBlocks(n));
+      const float shift = HlgScoreAt(0.0f, p);
+      const double f = HlgScoreExp(lp.data(), n, p, shift, s1.data(), e1.data(), b1.data());
+      HlgScore(lp.data(), n, p, s2.data());
+      const double t = ExpShiftSum(s2.data(), n, shift, e2.data(), b2.data());
+      ASSERT_EQ(f, t) << n;
+      ASSERT_EQ(0, std::memcmp(s1.data(), s2.data(), n * sizeof(float))) << n;
+      ASSERT_EQ(0, std::memcmp(e1.data(), e2.data(), n * sizeof(float))) << n;
+      ASSERT_EQ(b1, b2);
+      const float cshift = PchipScoreAt(0.0f, 0.5, cs);
+      const double fc =
+          PchipScoreExp(lp.data(), n, 0.5, cs, cshift, s1.data(), e1.data(), b1.data());
+      PchipScore(lp.data(), n, 0.5, cs, s2.data());
+      const double tc = ExpShiftSum(s2.data(), n, cshift, e2.data(), b2.data());
+      ASSERT_EQ(fc, tc) << n;
+      ASSERT_EQ(0, std::memcmp(s1.data(), s2.data(), n * sizeof(float))) << n;
+      ASSERT_EQ(0, std::memcmp(e1.data(), e2.data(), n * sizeof(float))) << n;
+      std::vector<float> lp2(n);
+      CleanShift(lp.data(), n, 0.25f, lp2.data());
+      for (size_t i = 0; i < n; ++i) ASSERT_TRUE(SameBits(lp2[i], ref::Clean(lp[i]) - 0.25f));
+    }
+  });
+}
+
 TEST(Vecmath, LogSoftmaxAndMoments) {
   std::mt19937 gen(5);
   ForEachTarget([&] {

@@ -75,14 +75,16 @@ void Sampler::Reset() {
 // --- candidates ----------------------------------------------------------------
 
 // Every token in id order, -inf ones included (they end with probability 0),
-// with the plain scores s = Score(lp, gain_, 0) and s_max_ in the same pass.
-void Sampler::CollectAll(std::span<const float> logits) {
+// with the plain scores s = Score(lp, gain_, 0) and s_max_ in the same pass
+// when `score` (routes that compute their own scores skip that store).
+void Sampler::CollectAll(std::span<const float> logits, bool score) {
   const size_t n = logits.size();
   const float x_max = kernels::CleanMax(logits.data(), n);
   if (x_max == kNegInf) {
     id_.clear();
     lp_.clear();
     s_.clear();
+    iota_n_ = 0;
     return;
   }
   if (iota_n_ != n) {  // id_ is already 0..n-1 when the last call left it so
@@ -92,7 +94,11 @@ void Sampler::CollectAll(std::span<const float> logits) {
   }
   lp_.resize(n);
   s_.resize(n);
-  s_max_ = kernels::CleanShiftScore(logits.data(), n, x_max, gain_, lp_.data(), s_.data());
+  if (score) {
+    s_max_ = kernels::CleanShiftScore(logits.data(), n, x_max, gain_, lp_.data(), s_.data());
+  } else {
+    kernels::CleanShift(logits.data(), n, x_max, lp_.data());
+  }
 }
 
 // The k best (value desc, id asc) finite logits, sorted, raw values in .lp.
@@ -232,7 +238,7 @@ void Sampler::StandardPath(std::span<const float> logits, bool sampling) {
     FromCands(cands_);
     sorted = true;
   } else {
-    CollectAll(logits);
+    CollectAll(logits, /*score=*/true);
     scored_all = true;
   }
   // A step that runs may change the candidates: then they are scored again.
@@ -467,8 +473,12 @@ void Sampler::HlgPath() {
   p.shoulder = static_cast<float>(h.shoulder);
   p.inv_toe = 1.0f / p.toe;
   p.inv_shoulder = 1.0f / p.shoulder;
-  s_max_ = kernels::HlgScore(lp_.data(), n, p, s_.data());
-  Finalize();
+  // g is monotone and lp_max == 0, so the top token's score is the maximum
+  // (up to float rounding, harmless here): score, exp and sums in one pass.
+  s_max_ = kernels::HlgScoreAt(0.0f, p);
+  e_.resize(n);
+  blocks_.resize(kernels::SumBlocks(n));
+  sum_ = kernels::HlgScoreExp(lp_.data(), n, p, s_max_, s_.data(), e_.data(), blocks_.data());
 }
 
 void Sampler::CurvePath() {
@@ -478,8 +488,17 @@ void Sampler::CurvePath() {
   // One rounding, from double: a flat piece of the curve then gives equal
   // scores rather than float noise. For the identity curve the offset is
   // exactly 0.0, so the score is lp itself, as Score(lp, 1, 0) is.
-  s_max_ = kernels::PchipScore(lp_.data(), n, log_z, curve_.span(), s_.data());
-  Finalize();
+  const kernels::PchipSpan span = curve_.span();
+  if (config_.curve.allow_nonmonotone) {
+    s_max_ = kernels::PchipScore(lp_.data(), n, log_z, span, s_.data());
+    return Finalize();
+  }
+  // A monotone curve peaks at the top token (lp == 0): one fused pass.
+  s_max_ = kernels::PchipScoreAt(0.0f, log_z, span);
+  e_.resize(n);
+  blocks_.resize(kernels::SumBlocks(n));
+  sum_ = kernels::PchipScoreExp(lp_.data(), n, log_z, span, s_max_, s_.data(), e_.data(),
+                                blocks_.data());
 }
 
 // --- driver ------------------------------------------------------------------
@@ -502,13 +521,13 @@ void Sampler::Prepare(std::span<float> logits, std::span<const int32_t> history,
     return;
   }
   if (config_.hlg.enabled) {
-    CollectAll(logits);
+    CollectAll(logits, /*score=*/!config_.hlg.rolloff);
     HlgPath();
   } else if (config_.curve.enabled) {
-    CollectAll(logits);
+    CollectAll(logits, /*score=*/false);
     CurvePath();
   } else if (config_.mirostat == 2) {
-    CollectAll(logits);
+    CollectAll(logits, /*score=*/true);
     MirostatPath();
   } else {
     StandardPath(logits, sampling);

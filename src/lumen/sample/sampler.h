@@ -97,7 +97,7 @@ class Sampler {
 
   // Steps 1-3 then greedy or the route; leaves greedy_ or the candidates ready.
   void Prepare(std::span<float> logits, std::span<const int32_t> history, bool sampling);
-  void CollectAll(std::span<const float> logits);
+  void CollectAll(std::span<const float> logits, bool score);
   void CollectTopK(std::span<const float> logits, size_t k, std::vector<Cand>& out);
   void FromCands(const std::vector<Cand>& c);  // AoS -> id_/lp_
   void ToCands(std::vector<Cand>& c) const;

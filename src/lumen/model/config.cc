@@ -497,7 +497,15 @@ Result<ModelConfig> ConfigFromGguf(const formats::GgufFile& g) {
     case Family::kMiniCpm:
       LUMEN_RETURN_IF_ERROR(opt_f("embedding_scale", c.embed_scale));
       LUMEN_RETURN_IF_ERROR(opt_f("residual_scale", c.residual_scale));
-      LUMEN_RETURN_IF_ERROR(opt_f("logit_scale", c.logit_scale));
+      {
+        // llama.cpp's converter writes logit_scale = hidden_size / dim_model_base,
+        // the divisor HF applies before lm_head; lumen keeps the multiplier.
+        // Absent (older files): llama.cpp's fixed dim_model_base of 256.
+        double div = double(c.dim) / 256.0;
+        LUMEN_RETURN_IF_ERROR(opt_f("logit_scale", div));
+        if (!(div > 0)) return Errorf("{}logit_scale: {} must be > 0", p, div);
+        c.logit_scale = float(1.0 / div);
+      }
       break;
     case Family::kPhi3:
       c.fused_qkv = g.FindTensor("blk.0.attn_qkv.weight") != nullptr;
@@ -574,7 +582,7 @@ void ConfigToGguf(const ModelConfig& c, formats::GgufWriter& w) {
   if (c.family == Family::kMiniCpm) {
     w.SetF32(p + "embedding_scale", c.embed_scale);
     w.SetF32(p + "residual_scale", c.residual_scale);
-    w.SetF32(p + "logit_scale", c.logit_scale);
+    w.SetF32(p + "logit_scale", float(1.0 / double(c.logit_scale)));  // H / dim_model_base
   }
 }
 
@@ -653,7 +661,7 @@ nlohmann::json ConfigToHf(const ModelConfig& c) {
     case Family::kMiniCpm:
       j["scale_emb"] = c.embed_scale;
       j["scale_depth"] = c.residual_scale * std::sqrt(double(c.n_layers));
-      j["dim_model_base"] = c.logit_scale * c.dim;
+      j["dim_model_base"] = double(c.logit_scale) * c.dim;
       break;
     case Family::kPhi3:
       j["partial_rotary_factor"] = double(c.rope_dim) / c.head_dim;

@@ -199,3 +199,35 @@ TEST(ConfigFromGguf, GemmaFallbacksWithoutLumenKeys) {
 
 }  // namespace
 }  // namespace lumen::model
+
+namespace lumen::model {
+namespace {
+
+// llama.cpp's converter stores minicpm.logit_scale = hidden_size / dim_model_base
+// (a divisor); lumen writes and reads the same convention.
+TEST(ConfigFromGguf, MiniCpmLogitScaleIsLlamaCppsDivisor) {
+  nlohmann::json j = Base("minicpm");
+  j["scale_emb"] = 12;
+  j["scale_depth"] = 1.4;
+  j["dim_model_base"] = 16;
+  j["tie_word_embeddings"] = true;
+  ModelConfig c = MustParse(j);
+  EXPECT_FLOAT_EQ(c.logit_scale, 0.25f);
+  formats::GgufWriter w;
+  ConfigToGguf(c, w);
+  const std::string path = (std::filesystem::temp_directory_path() /
+                            ("lumen_config_minicpm_" + std::to_string(::getpid()) + ".gguf"))
+                               .string();
+  ASSERT_TRUE(w.Write(path).ok());
+  auto g = formats::GgufFile::Open(path);
+  ASSERT_TRUE(g.ok());
+  EXPECT_FLOAT_EQ(float(*g->GetFloat("minicpm.logit_scale")), 4.0f);  // 64 / 16
+  auto r = ConfigFromGguf(*g);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_FLOAT_EQ(r->logit_scale, 0.25f);
+  EXPECT_FLOAT_EQ(r->embed_scale, 12.0f);
+  std::filesystem::remove(path);
+}
+
+}  // namespace
+}  // namespace lumen::model

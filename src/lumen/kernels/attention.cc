@@ -102,6 +102,118 @@ void AttendGroup(const float* q, const AttentionShape& s, const KvRing& kv, int6
   }
 }
 
+// Blocked two-pass decode attention for group size G (q heads per kv head).
+// Positions go in blocks of kBlock rows (kBlock * Hkv * Dh * 2 bytes, 64 KiB
+// for Llama-3.2-1B f16): a block's K rows are streamed from memory once, in
+// address order, and every kv head's G q heads are scored against it while it
+// is in L1/L2; the V pass does the same with G accumulators in registers per
+// vector column. So DRAM sees each KV byte once, sequentially.
+constexpr int64_t kBlock = 64;
+
+template <DType T, int G>
+void ScoreBlock(const float* q, const AttentionShape& s, const KvRing& kv, int64_t first,
+                int64_t j0, int64_t j1, int64_t S, int g, float* scores) {
+  const DF d;
+  const int64_t N = hn::Lanes(d);
+  const int Dh = s.head_dim, CH = static_cast<int>(Dh / N);
+  const int64_t row = int64_t(s.n_kv_heads) * Dh, off = int64_t(g) * Dh;
+  const float* qg = q + int64_t(g) * G * Dh;
+  int64_t slot = (first + j0) % kv.capacity;
+  for (int64_t j = j0; j < j1; ++j) {
+    const int64_t at = slot * row + off;
+    VF acc[G];
+    for (int h = 0; h < G; ++h) acc[h] = hn::Zero(d);
+    for (int c = 0; c < CH; ++c) {
+      const VF k = LoadKv<T>(kv.k, at + c * N);
+      for (int h = 0; h < G; ++h) acc[h] = hn::MulAdd(hn::LoadU(d, qg + h * Dh + c * N), k, acc[h]);
+    }
+    for (int h = 0; h < G; ++h) {
+      float sc = hn::GetLane(hn::SumOfLanes(d, acc[h])) * s.scale;
+      if (s.softcap > 0) sc = s.softcap * std::tanh(sc / s.softcap);
+      scores[h * S + j] = sc;
+    }
+    if (++slot == kv.capacity) slot = 0;
+  }
+}
+
+template <DType T, int G>
+void ValueBlock(const AttentionShape& s, const KvRing& kv, int64_t first, int64_t j0, int64_t j1,
+                int64_t S, int g, const float* p, float* out) {
+  const DF d;
+  const int64_t N = hn::Lanes(d);
+  const int Dh = s.head_dim, CH = static_cast<int>(Dh / N);
+  const int64_t row = int64_t(s.n_kv_heads) * Dh, off = int64_t(g) * Dh;
+  float* og = out + int64_t(g) * G * Dh;
+  for (int c = 0; c < CH; ++c) {
+    VF acc[G];
+    for (int h = 0; h < G; ++h) acc[h] = hn::LoadU(d, og + h * Dh + c * N);
+    int64_t slot = (first + j0) % kv.capacity;
+    for (int64_t j = j0; j < j1; ++j) {
+      const VF v = LoadKv<T>(kv.v, slot * row + off + c * N);
+      for (int h = 0; h < G; ++h) acc[h] = hn::MulAdd(hn::Set(d, p[h * S + j]), v, acc[h]);
+      if (++slot == kv.capacity) slot = 0;
+    }
+    for (int h = 0; h < G; ++h) hn::StoreU(acc[h], d, og + h * Dh + c * N);
+  }
+}
+
+// Softmax numerators of one head's scores in place (vector exp); returns 1/sum.
+HWY_INLINE float SoftmaxNumerators(float* sh, int64_t S) {
+  const DF d;
+  const int64_t N = hn::Lanes(d);
+  auto vmax = hn::Set(d, -std::numeric_limits<float>::infinity());
+  int64_t j = 0;
+  for (; j + N <= S; j += N) vmax = hn::Max(vmax, hn::LoadU(d, sh + j));
+  float mx = hn::GetLane(hn::MaxOfLanes(d, vmax));
+  for (; j < S; ++j) mx = std::max(mx, sh[j]);
+  const auto vmx = hn::Set(d, mx);
+  auto vsum = hn::Zero(d);
+  float sum = 0;
+  for (j = 0; j + N <= S; j += N) {
+    const auto e = hn::Exp(d, hn::Sub(hn::LoadU(d, sh + j), vmx));
+    hn::StoreU(e, d, sh + j);
+    vsum = hn::Add(vsum, e);
+  }
+  for (; j < S; ++j) sum += (sh[j] = std::exp(sh[j] - mx));
+  return 1.0f / (sum + hn::GetLane(hn::SumOfLanes(d, vsum)));
+}
+
+// kv heads [g0, g1); scratch holds (g1 - g0) * G * S scores.
+template <DType T, int G>
+void AttendBlocked(const float* q, const AttentionShape& s, const KvRing& kv, int64_t pos_begin,
+                   int64_t S, int g0, int g1, float* out, float* scratch) {
+  const DF d;
+  const int64_t N = hn::Lanes(d);
+  const int Dh = s.head_dim;
+  const int64_t first = pos_begin % kv.capacity;
+  auto scores_of = [&](int g) { return scratch + int64_t(g - g0) * G * S; };
+  for (int64_t j0 = 0; j0 < S; j0 += kBlock) {
+    const int64_t j1 = std::min(S, j0 + kBlock);
+    for (int g = g0; g < g1; ++g) ScoreBlock<T, G>(q, s, kv, first, j0, j1, S, g, scores_of(g));
+  }
+  for (int g = g0; g < g1; ++g) {
+    float inv[G];
+    for (int h = 0; h < G; ++h) {
+      inv[h] = SoftmaxNumerators(scores_of(g) + h * S, S);
+      float* o = out + (int64_t(g) * G + h) * Dh;
+      std::fill(o, o + Dh, 0.0f);
+    }
+    // 1/sum folded into the probabilities: one pass over S per head, so the
+    // V pass below needs no per-head epilogue.
+    for (int h = 0; h < G; ++h) {
+      float* sh = scores_of(g) + h * S;
+      const auto vi = hn::Set(d, inv[h]);
+      int64_t j = 0;
+      for (; j + N <= S; j += N) hn::StoreU(hn::Mul(hn::LoadU(d, sh + j), vi), d, sh + j);
+      for (; j < S; ++j) sh[j] *= inv[h];
+    }
+  }
+  for (int64_t j0 = 0; j0 < S; j0 += kBlock) {
+    const int64_t j1 = std::min(S, j0 + kBlock);
+    for (int g = g0; g < g1; ++g) ValueBlock<T, G>(s, kv, first, j0, j1, S, g, scores_of(g), out);
+  }
+}
+
 template <DType T>
 bool Dispatch(const float* q, const AttentionShape& s, const KvRing& kv, int64_t pos_begin,
               int64_t S, int g, float* out, float* scores) {
@@ -141,6 +253,21 @@ bool Dispatch(const float* q, const AttentionShape& s, const KvRing& kv, int64_t
 bool AttendHeadsT(const float* q, const AttentionShape& s, const KvRing& kv, int64_t pos_begin,
                   int64_t pos_end, float* out, float* scratch, int g0, int g1) {
   const int64_t S = pos_end - pos_begin;
+  if (s.head_dim % hn::Lanes(DF()) == 0) {
+    const int G = s.n_heads / s.n_kv_heads;
+#define LUMEN_ATTEND_G(T, GG)                                           \
+  if (kv.dtype == T && G == GG) {                                       \
+    AttendBlocked<T, GG>(q, s, kv, pos_begin, S, g0, g1, out, scratch); \
+    return true;                                                        \
+  }
+    LUMEN_ATTEND_G(DType::kF16, 1)
+    LUMEN_ATTEND_G(DType::kF16, 2) LUMEN_ATTEND_G(DType::kF16, 4) LUMEN_ATTEND_G(DType::kF16, 8)
+        LUMEN_ATTEND_G(DType::kBF16, 1) LUMEN_ATTEND_G(DType::kBF16, 2)
+            LUMEN_ATTEND_G(DType::kBF16, 4) LUMEN_ATTEND_G(DType::kBF16, 8)
+                LUMEN_ATTEND_G(DType::kF32, 1) LUMEN_ATTEND_G(DType::kF32, 2)
+                    LUMEN_ATTEND_G(DType::kF32, 4) LUMEN_ATTEND_G(DType::kF32, 8)
+#undef LUMEN_ATTEND_G
+  }
   for (int g = g0; g < g1; ++g) {
     bool ok = false;
     switch (kv.dtype) {

@@ -29,7 +29,7 @@ struct AttentionShape {
 
 // out[H, Dh] = softmax(q K^T) V over positions [pos_begin, pos_end).
 // scratch must hold (pos_end - pos_begin) * (H + 1) + 2 * Hkv * Dh floats
-// (the SIMD route uses the first pos_end - pos_begin + head_dim).
+// (the SIMD route uses the first (pos_end - pos_begin) * (H / Hkv + 1)).
 // Tier: L2 against AttendOneRef (attention_ref.h); bound in attention_test.cc.
 void AttendOne(const float* q, const AttentionShape& s, const KvRing& kv, int64_t pos_begin,
                int64_t pos_end, float* out, float* scratch);
@@ -37,7 +37,7 @@ void AttendOne(const float* q, const AttentionShape& s, const KvRing& kv, int64_
 // The same for kv heads [kv_head_begin, kv_head_end) only (and their groups
 // of q heads): lets a caller split one token's attention across threads
 // (decode has one row, so splitting rows leaves all but one thread idle).
-// Each call needs its own scratch of (pos_end - pos_begin) + head_dim floats.
+// Each call needs its own scratch of (pos_end - pos_begin) * (H / Hkv + 1) floats.
 void AttendHeads(const float* q, const AttentionShape& s, const KvRing& kv, int64_t pos_begin,
                  int64_t pos_end, float* out, float* scratch, int kv_head_begin, int kv_head_end);
 

@@ -99,6 +99,8 @@ TEST(AttentionTest, EveryTargetWithinBound) {
       {DType::kF16, 8, 4, 256, 40, 10, 45, 50.0f},  // gemma-style softcap, Dh 256
       {DType::kF16, 4, 1, 24, 30, 0, 29, 0.0f},     // Dh 24: scalar on 16-lane targets
       {DType::kF32, 2, 1, 8, 20, 0, 17, 30.0f},
+      {DType::kF16, 6, 2, 64, 70, 0, 70, 0.0f},        // group 3: per-head route
+      {DType::kBF16, 16, 2, 64, 300, 100, 390, 0.0f},  // group 8, ring wrap
   };
   for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
     hwy::SetSupportedTargetsForTest(target);

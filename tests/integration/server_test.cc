@@ -313,11 +313,14 @@ TEST_F(EmbeddedServer, StopStringsLogprobsAndN) {
   EXPECT_EQ(cut, full.substr(0, full.find(stop)));
   EXPECT_EQ(s.Json()["choices"][0]["finish_reason"], "stop");
 
-  auto lp = Post(port(), "/v1/chat/completions",
-                 Chat("Hi", 4, {{"logprobs", true}, {"top_logprobs", 3}, {"seed", 1}}));
+  auto lp = Post(
+      port(), "/v1/chat/completions",
+      Chat("Once upon a time", 4,
+           {{"logprobs", true}, {"top_logprobs", 3}, {"seed", 1}, {"logit_bias", {{"2", -100}}}}));
   ASSERT_EQ(lp.status, 200) << lp.body;
-  const json& content = lp.Json()["choices"][0]["logprobs"]["content"];
-  ASSERT_EQ(content.size(), 4u);
+  const json lpj = lp.Json();
+  const json& content = lpj["choices"][0]["logprobs"]["content"];
+  ASSERT_EQ(content.size(), 4u) << lp.body;
   for (const auto& t : content) {
     EXPECT_LE(t["logprob"].get<double>(), 0.0);
     EXPECT_EQ(t["top_logprobs"].size(), 3u);
@@ -466,9 +469,9 @@ TEST_F(EmbeddedServer, InvalidRequestsNameTheField) {
       {"/v1/chat/completions", json{{"messages", msgs}, {"hlg", {{"bogus", 1}}}}.dump(), 400,
        "hlg.bogus"},
       {"/v1/chat/completions", json{{"messages", msgs}, {"curve", {{"points", "x"}}}}.dump(), 400,
-       "curve"},
+       "curve.points"},
       {"/v1/chat/completions", json{{"messages", msgs}, {"logit_bias", {{"99999", 1}}}}.dump(), 400,
-       "logit_bias"},
+       "logit_bias.99999"},
       {"/v1/chat/completions", json{{"messages", msgs}, {"n", 0}}.dump(), 400, "n"},
       {"/v1/chat/completions", json{{"messages", msgs}, {"stop", {1}}}.dump(), 400, "stop[0]"},
       {"/v1/chat/completions",
@@ -617,9 +620,9 @@ TEST(ServerLimits, AuthCorsAndBodySize) {
 
 // A streaming request that runs until the context is full.
 json Endless(const std::string& path) {
-  json b = path == "/v1/messages"
-               ? json{{"max_tokens", 400}, {"messages", {{{"role", "user"}, {"content", "Once"}}}}}
-               : Chat("Once", 400);
+  json b = path == "/v1/messages" ? json{{"max_tokens", 60000},
+                                         {"messages", {{{"role", "user"}, {"content", "Once"}}}}}
+                                  : Chat("Once", 60000);
   b["stream"] = true;
   b["logit_bias"] = {{"2", -100}};  // no EOS (token 2 in stories260K)
   b["seed"] = 1;
@@ -646,7 +649,7 @@ int OpenStream(int port, const std::string& path, const json& body) {
 }
 
 TEST(ServerLimits, QueueOverflowAndDisconnect) {
-  ServerProcess server({"--parallel", "1", "--queue", "0"});
+  ServerProcess server({"--parallel", "1", "--queue", "0", "--ctx", "65536"});
   ASSERT_GT(server.port(), 0) << server.log();
   const int p = server.port();
   int fd = OpenStream(p, "/v1/chat/completions", Endless("/v1/chat/completions"));
@@ -677,7 +680,7 @@ TEST(ServerLimits, QueueOverflowAndDisconnect) {
 }
 
 TEST(ServerLimits, GracefulShutdownEndsStreams) {
-  ServerProcess server({"--parallel", "2"});
+  ServerProcess server({"--parallel", "2", "--ctx", "65536"});
   ASSERT_GT(server.port(), 0) << server.log();
   auto f = std::async(std::launch::async, [&] {
     return Post(server.port(), "/v1/chat/completions", Endless("/v1/chat/completions"));
@@ -717,7 +720,7 @@ class SynthServer : public ::testing::Test {
         "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}",
         f);
     std::fclose(f);
-    server_ = new ServerProcess({*dir_, "--chat-template", *tmpl_});
+    server_ = new ServerProcess({*dir_, "--chat-template", *tmpl_, "--ctx", "2048"});
     ASSERT_GT(server_->port(), 0) << server_->log();
   }
   static void TearDownTestSuite() {
@@ -798,7 +801,5 @@ TEST_F(SynthServer, ToolsAndToolMessagesRoundTrip) {
                 .status,
             200);
 }
-
-}  // namespace
 
 }  // namespace

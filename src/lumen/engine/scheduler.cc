@@ -196,11 +196,15 @@ bool Scheduler::Admit(std::unique_lock<std::mutex>& lock) {
     e.kind = JobEvent::kStarted;
     e.prompt_tokens = slot->prompt_tokens;
     e.cached_tokens = kept;
+    slots_.push_back(std::move(slot));
+    // Counted before the lock is released, so Submit never sees a slot free
+    // that this job already holds.
+    stats_.active_slots = static_cast<int>(slots_.size());
+    stats_.queue_depth = static_cast<int>(queue_.size());
     lock.unlock();
     const bool go = !r.on_event || r.on_event(e);
     lock.lock();
     if (!go) job->Cancel();
-    slots_.push_back(std::move(slot));
   }
   stats_.queue_depth = static_cast<int>(queue_.size());
   stats_.active_slots = static_cast<int>(slots_.size());
@@ -228,13 +232,23 @@ void Scheduler::Finish(Slot& s, FinishReason why, const std::string& error) {
   e.prompt_tokens = s.prompt_tokens;
   e.cached_tokens = s.cached_tokens;
   e.completion_tokens = s.generated;
+  // The session goes to the prompt cache and the counters are updated before
+  // the job hears it is done, so /stats read after a response includes it.
+  if (why != FinishReason::kCancelled && error.empty()) PutCached(std::move(s.session));
+  s.session.reset();
+  {
+    size_t cache_bytes = 0;
+    for (const auto& c : cache_) cache_bytes += c.session->cache().bytes();
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_.completion_tokens += s.generated;
+    if (why == FinishReason::kCancelled)
+      ++stats_.jobs_cancelled;
+    else
+      ++stats_.jobs_finished;
+    stats_.cache_bytes = cache_bytes;
+    stats_.cache_entries = static_cast<int64_t>(cache_.size());
+  }
   if (r.on_event) r.on_event(e);
-  std::lock_guard<std::mutex> lock(mu_);
-  stats_.completion_tokens += s.generated;
-  if (why == FinishReason::kCancelled)
-    ++stats_.jobs_cancelled;
-  else
-    ++stats_.jobs_finished;
 }
 
 void Scheduler::PrefillStep() {
@@ -339,8 +353,7 @@ void Scheduler::Loop() {
         kv_active += sp->session->cache().bytes();
         continue;
       }
-      if (!sp->job->cancelled()) PutCached(std::move(sp->session));
-      sp.reset();
+      sp.reset();  // its session went to the prompt cache in Finish
     }
     slots_.erase(std::remove(slots_.begin(), slots_.end(), nullptr), slots_.end());
     size_t cache_bytes = 0;

@@ -18,10 +18,13 @@ for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
 
-if [ ${#missing[@]} -eq 0 ]; then
+if [ ${#missing[@]} -eq 0 ] && command -v npm >/dev/null 2>&1; then
   echo "setup: all ${#PKGS[@]} packages present"
   exit 0
 fi
+
+# Debian's nodejs lacks npm (NodeSource's includes it); the SDK tests need it.
+command -v npm >/dev/null 2>&1 || missing+=(npm)
 
 echo "setup: installing ${missing[*]}"
 SUDO=""

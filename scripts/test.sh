@@ -4,6 +4,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+# The official OpenAI/Anthropic SDKs for the server client tests (lockfile-pinned).
+if command -v npm >/dev/null 2>&1 && [ ! -d tests/clients/node_modules ]; then
+  npm ci --prefix tests/clients --no-audit --no-fund --loglevel=error || echo "test: npm ci failed; SDK client tests skipped"
+fi
 cmake --preset release -DLUMEN_BUILD_BENCH=OFF >/dev/null
 cmake --build build/release -j"$(nproc)"
 export LUMEN_FIXTURES="${LUMEN_FIXTURES:-$(pwd)/../shared/fixtures}"

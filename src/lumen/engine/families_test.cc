@@ -94,7 +94,9 @@ std::vector<int32_t> Greedy(const Model& m, const std::vector<int32_t>& prompt, 
   EXPECT_TRUE(s->Append(prompt).ok());
   for (int i = 0; i < n; ++i) {
     out.push_back(Argmax(s->logits()));
-    if (i + 1 < n) EXPECT_TRUE(s->Append(std::span<const int32_t>(&out.back(), 1)).ok());
+    if (i + 1 < n) {
+      EXPECT_TRUE(s->Append(std::span<const int32_t>(&out.back(), 1)).ok());
+    }
   }
   return out;
 }
@@ -400,7 +402,9 @@ TEST_F(QuantTypes, QuantizedMatchesDequantized) {
     ASSERT_TRUE(qm);
     // Every matrix really is stored in the type (no silent fallback).
     for (const auto& t : qm->tensors())
-      if (t.shape.size() == 2) EXPECT_EQ(t.matrix.w.dtype, qc.type) << t.name;
+      if (t.shape.size() == 2) {
+        EXPECT_EQ(t.matrix.w.dtype, qc.type) << t.name;
+      }
     ASSERT_TRUE(ConvertModel(*qm, OutputFormat::kGguf, d, DType::kF32).ok());
     auto dm = MustLoad(d);
     ASSERT_TRUE(dm);

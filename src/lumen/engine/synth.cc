@@ -189,7 +189,7 @@ Result<ModelConfig> SynthConfig(const SynthOptions& o) {
 Status Synthesize(const SynthOptions& o) {
   LUMEN_ASSIGN_OR_RETURN(ModelConfig c, SynthConfig(o));
   const auto kind = c.family == Family::kGemma2 || c.family == Family::kGemma3 ||
-                            c.family == Family::kLlama && c.vocab_size <= 32000
+                            (c.family == Family::kLlama && c.vocab_size <= 32000)
                         ? tokenize::SyntheticKind::kSpm
                         : tokenize::SyntheticKind::kByteBpe;
   LUMEN_ASSIGN_OR_RETURN(tokenize::Tokenizer tok,

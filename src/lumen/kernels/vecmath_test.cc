@@ -110,7 +110,9 @@ TEST(Vecmath, MaxAndScoresExact) {
       }
       const float cm = CleanMax(x.data(), n);
       ASSERT_TRUE(SameBits(cm, ref::CleanMaxRef(x.data(), n))) << n;
-      if (n > 12) ASSERT_EQ(cm, ref::kFloatMax);
+      if (n > 12) {
+        ASSERT_EQ(cm, ref::kFloatMax);
+      }
       std::vector<float> lp(n), s(n);
       const float shift = n > 12 ? 1.5f : cm;
       const float smax = CleanShiftScore(x.data(), n, shift, 1.25f, lp.data(), s.data());
@@ -164,7 +166,9 @@ TEST(Vecmath, HlgScoreExactAndAccurate) {
         const double g = double(p.m) * lp[i] + off;
         ASSERT_NEAR(want, g, 1e-5 * (1 + std::fabs(g))) << lp[i];
         // Inside the mids the score is exactly the plain temperature score.
-        if (std::fabs(z) <= w * 0.999) ASSERT_TRUE(SameBits(want, p.m * lp[i] + 0.0f));
+        if (std::fabs(z) <= w * 0.999) {
+          ASSERT_TRUE(SameBits(want, p.m * lp[i] + 0.0f));
+        }
       }
       ASSERT_TRUE(SameBits(mx, want_max));
     }

@@ -172,18 +172,26 @@ TEST(CurveProperty, RankingAndArgmaxPreserved) {
     size_t arg_x = 0, arg_p = 0;
     for (size_t i = 0; i < x.size(); ++i) {
       ASSERT_FALSE(std::isnan(p[i]));
-      if (x[i] == kNegInf) ASSERT_EQ(p[i], 0.0f);
+      if (x[i] == kNegInf) {
+        ASSERT_EQ(p[i], 0.0f);
+      }
       if (x[i] > x[arg_x]) arg_x = i;
       if (p[i] > p[arg_p]) arg_p = i;
     }
     // A flat piece of the curve makes ties, so the argmax token must reach the
     // top probability (and, for strictly increasing curves, be the first to).
     ASSERT_EQ(p[arg_x], p[arg_p]) << trial;
-    if (trial % curves.size() != 2) ASSERT_EQ(arg_x, arg_p) << trial;
+    if (trial % curves.size() != 2) {
+      ASSERT_EQ(arg_x, arg_p) << trial;
+    }
     for (size_t i = 0; i < x.size(); ++i) {
       for (size_t j = 0; j < x.size(); ++j) {
-        if (x[i] > x[j]) ASSERT_GE(p[i], p[j]) << trial;
-        if (x[i] == x[j]) ASSERT_EQ(p[i], p[j]) << trial;
+        if (x[i] > x[j]) {
+          ASSERT_GE(p[i], p[j]) << trial;
+        }
+        if (x[i] == x[j]) {
+          ASSERT_EQ(p[i], p[j]) << trial;
+        }
       }
     }
   }

@@ -161,7 +161,9 @@ TEST(Sampler, TopPOnLargeVocabMatchesBruteForce) {
     EXPECT_NEAR(static_cast<double>(kept), static_cast<double>(keep.size()), 1.0);
     EXPECT_GT(kept, 1000u);
     for (size_t i = 0; i < x.size(); ++i) {
-      if (got[i] > 0) EXPECT_TRUE(keep.count(i) || i == order[keep.size()]) << i;
+      if (got[i] > 0) {
+        EXPECT_TRUE(keep.count(i) || i == order[keep.size()]) << i;
+      }
     }
   }
 }

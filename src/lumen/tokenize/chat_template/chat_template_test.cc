@@ -153,8 +153,9 @@ TEST(ChatTemplateMatrix, MatchesPythonJinjaGolden) {
       EXPECT_FALSE(r.ok()) << label << " should fail like Jinja: " << c["error"];
       std::string err = c["error"].get<std::string>();
       const std::string kRaise = "TemplateError: ";
-      if (!r.ok() && err.rfind(kRaise, 0) == 0)
+      if (!r.ok() && err.rfind(kRaise, 0) == 0) {
         EXPECT_THAT(r.status().message(), HasSubstr(err.substr(kRaise.size()))) << label;
+      }
     } else {
       ++rendered;
       ASSERT_TRUE(r.ok()) << label << ": " << r.status().message();

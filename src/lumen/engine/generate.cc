@@ -1,5 +1,6 @@
 #include "lumen/engine/generate.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include "lumen/engine/stop.h"
@@ -39,6 +40,12 @@ Result<GenerateResult> Generate(Session& session, sample::Sampler& sampler,
   r.prefill_seconds = std::chrono::duration<double>(t1 - t0).count();
 
   tokenize::StreamingDetokenizer detok(tok, /*skip_special=*/true);
+  // Decode the continuation in the context of the last few tokens so that a
+  // first generated token like " time" keeps its leading space (SentencePiece
+  // decoding drops it at the start of a sequence); their text is discarded.
+  const auto& hist = session.tokens();
+  const size_t context = std::min<size_t>(hist.size(), 8);
+  for (size_t i = hist.size() - context; i < hist.size(); ++i) detok.Push(hist[i]);
   StopMatcher stops(opts.stop);
   auto emit = [&](const std::string& s) {
     if (s.empty()) return true;

@@ -102,6 +102,20 @@ TEST_F(SessionTest, GenerateStopsAtStopStringAndMaxTokens) {
   EXPECT_EQ(r2->tokens.size(), 7u);
 }
 
+// The first generated token keeps its leading space ("Once upon a" + " time").
+TEST_F(SessionTest, ContinuationKeepsLeadingSpace) {
+  auto s = NewSession();
+  sample::SamplerConfig greedy;
+  greedy.temperature = 0;
+  auto sampler = sample::Sampler::Create(greedy);
+  ASSERT_TRUE(sampler.ok());
+  GenerateOptions g;
+  g.max_tokens = 1;
+  auto r = Generate(*s, *sampler, model_->tokenizer().Encode("Once upon a", true), g, nullptr);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(r->text, " time");
+}
+
 TEST_F(SessionTest, FallbackChatTemplateRendersTurns) {
   auto f = ChatFormatter::Create(*model_);
   ASSERT_TRUE(f.ok()) << f.status().message();

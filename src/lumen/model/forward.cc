@@ -80,9 +80,10 @@ void Forward::AttentionBlock(int l, std::span<const BatchRow> rows) {
   if (L.wqkv.valid()) {
     MatMul(L.wqkv, xn, T, D, qkv, QKV, pool_);
   } else {
-    MatMul(L.wq, xn, T, D, qkv, QKV, pool_);
-    MatMul(L.wk, xn, T, D, qkv + Q, QKV, pool_);
-    MatMul(L.wv, xn, T, D, qkv + Q + KV, QKV, pool_);
+    // One thread-pool pass for all three (bit-identical to three MatMuls).
+    const kernels::MatMulOut outs[] = {
+        {&L.wq, qkv, QKV}, {&L.wk, qkv + Q, QKV}, {&L.wv, qkv + Q + KV, QKV}};
+    kernels::MatMulMany(outs, xn, T, D, pool_);
   }
   const bool sliding = c_.layer_sliding[l];
   int64_t max_pos = 0;
@@ -126,10 +127,27 @@ void Forward::AttentionBlock(int l, std::span<const BatchRow> rows) {
                          scratch);
     }
   };
-  if (pool_)
-    pool_->ParallelFor(T, attend);
-  else
-    attend(0, T, 0);
+  const int threads = pool_ ? pool_->size() : 1;
+  if (T >= threads) {
+    if (pool_)
+      pool_->ParallelFor(T, attend);
+    else
+      attend(0, T, 0);
+  } else {
+    // Decode has fewer rows than threads: split each row's kv heads instead.
+    const int64_t Hkv = c_.n_kv_heads;
+    pool_->ParallelFor(T * Hkv, [&](int64_t b, int64_t e, int thread) {
+      float* scratch = a_.attn_scratch.as<float>() + thread * a_.attn_scratch_per_thread;
+      for (int64_t u = b; u < e; ++u) {
+        const int64_t t = u / Hkv;
+        const int h = static_cast<int>(u % Hkv);
+        const int64_t p = rows[t].pos;
+        const int64_t begin = window > 0 ? std::max<int64_t>(0, p - window + 1) : 0;
+        kernels::AttendHeads(qkv + t * QKV, shape, rows[t].cache->layer(l), begin, p + 1,
+                             att + t * Q, scratch, h, h + 1);
+      }
+    });
+  }
 
   MatMul(L.wo, att, T, Q, tmp, D, pool_);
   for (int64_t t = 0; t < T; ++t) {
@@ -155,8 +173,8 @@ void Forward::FfnBlock(int l, int64_t T) {
   for (int64_t t = 0; t < T; ++t)
     kernels::RmsNormForward(x + t * D, L.ffn_norm, c_.norm_offset, c_.norm_eps, D, xn + t * D);
   if (L.w_gate.valid()) {
-    MatMul(L.w_gate, xn, T, D, gate, F, pool_);
-    MatMul(L.w_up, xn, T, D, up, F, pool_);
+    const kernels::MatMulOut outs[] = {{&L.w_gate, gate, F}, {&L.w_up, up, F}};
+    kernels::MatMulMany(outs, xn, T, D, pool_);
     for (int64_t t = 0; t < T; ++t) kernels::GatedActivation(c_.act, gate + t * F, up + t * F, F);
   } else {  // fused [gate; up] rows: one row of output is [gate F | up F]
     MatMul(L.w_up, xn, T, D, gate, 2 * F, pool_);

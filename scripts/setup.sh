@@ -5,7 +5,7 @@ set -euo pipefail
 
 PKGS=(
   build-essential cmake ninja-build pkg-config git
-  libhwy-dev libopenblas-dev nlohmann-json3-dev libcpp-httplib-dev
+  libhwy-dev nlohmann-json3-dev libcpp-httplib-dev
   libcli11-dev libfmt-dev libpcre2-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   clang libclang-rt-14-dev clang-format clang-tidy

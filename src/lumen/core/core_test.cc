@@ -9,6 +9,7 @@
 #include "lumen/core/status.h"
 #include "lumen/core/tensor.h"
 #include "lumen/core/thread_pool.h"
+#include "lumen/core/utf8.h"
 
 namespace lumen {
 namespace {
@@ -104,6 +105,27 @@ TEST(Buffer, WriteFileAtomicRoundTrip) {
   ASSERT_TRUE(r.ok());
   EXPECT_EQ(*r, "hello");
   EXPECT_FALSE(WriteFileAtomic("/nonexistent/dir/f", "x").ok());
+}
+
+}  // namespace
+}  // namespace lumen
+
+namespace lumen {
+namespace {
+
+TEST(Utf8, StrictValidation) {
+  size_t bad = 99;
+  EXPECT_TRUE(ValidUtf8("h\xc3\xa9llo \xf0\x9f\x98\x80", &bad));
+  EXPECT_TRUE(ValidUtf8(""));
+  EXPECT_FALSE(ValidUtf8("ab\xc0\xaf", &bad));  // overlong '/'
+  EXPECT_EQ(bad, 2u);
+  EXPECT_FALSE(ValidUtf8("\xed\xa0\x80", &bad));  // surrogate
+  EXPECT_EQ(bad, 0u);
+  EXPECT_FALSE(ValidUtf8("\xf4\x90\x80\x80"));  // above U+10FFFF
+  EXPECT_FALSE(ValidUtf8("x\xe2\x82", &bad));   // truncated
+  EXPECT_EQ(bad, 1u);
+  EXPECT_FALSE(ValidUtf8("\x80"));  // lone continuation byte
+  EXPECT_TRUE(ValidUtf8("\xf4\x8f\xbf\xbf"));  // U+10FFFF itself
 }
 
 }  // namespace

@@ -1,5 +1,7 @@
 #include "lumen/formats/gguf.h"
 
+#include "lumen/core/utf8.h"
+
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -41,42 +43,6 @@ constexpr GgmlType kGgmlTypes[] = {
 }  // namespace
 
 // Strict UTF-8: no overlong forms, no surrogates, nothing above U+10FFFF.
-bool detail::ValidUtf8(std::string_view s) {
-  size_t i = 0;
-  const size_t n = s.size();
-  while (i < n) {
-    const uint8_t c = static_cast<uint8_t>(s[i]);
-    if (c < 0x80) {
-      ++i;
-      continue;
-    }
-    int len;
-    uint32_t cp;
-    if ((c & 0xe0) == 0xc0) {
-      len = 2;
-      cp = c & 0x1f;
-    } else if ((c & 0xf0) == 0xe0) {
-      len = 3;
-      cp = c & 0x0f;
-    } else if ((c & 0xf8) == 0xf0) {
-      len = 4;
-      cp = c & 0x07;
-    } else {
-      return false;
-    }
-    if (i + len > n) return false;
-    for (int k = 1; k < len; ++k) {
-      const uint8_t cc = static_cast<uint8_t>(s[i + k]);
-      if ((cc & 0xc0) != 0x80) return false;
-      cp = (cp << 6) | (cc & 0x3f);
-    }
-    if ((len == 2 && cp < 0x80) || (len == 3 && cp < 0x800) || (len == 4 && cp < 0x10000))
-      return false;
-    if (cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return false;
-    i += len;
-  }
-  return true;
-}
 
 namespace {
 
@@ -388,7 +354,7 @@ Status GgufFile::Parse(const uint8_t* bytes, size_t size) {
     std::string key;
     LUMEN_RETURN_IF_ERROR(c.ReadString(&key, fmt::format("key #{}", i), at, "key"));
     const std::string what = fmt::format("key '{}'", Escape(key));
-    if (!detail::ValidUtf8(key)) return c.Fail(what, at, "key is not valid UTF-8");
+    if (!ValidUtf8(key)) return c.Fail(what, at, "key is not valid UTF-8");
     if (kv_index_.count(key)) return c.Fail(what, at, "duplicate key");
     uint32_t type = 0;
     LUMEN_RETURN_IF_ERROR(c.Read(&type, what, at, "value type"));
@@ -424,7 +390,7 @@ Status GgufFile::Parse(const uint8_t* bytes, size_t size) {
     GgufTensorInfo t;
     LUMEN_RETURN_IF_ERROR(c.ReadString(&t.name, fmt::format("tensor #{}", i), at, "name"));
     const std::string what = fmt::format("tensor '{}'", Escape(t.name));
-    if (!detail::ValidUtf8(t.name)) return c.Fail(what, at, "name is not valid UTF-8");
+    if (!ValidUtf8(t.name)) return c.Fail(what, at, "name is not valid UTF-8");
     if (tensor_index_.count(t.name)) return c.Fail(what, at, "duplicate tensor name");
     uint32_t n_dims = 0;
     LUMEN_RETURN_IF_ERROR(c.Read(&n_dims, what, at, "n_dims"));

@@ -145,9 +145,4 @@ class GgufWriter {
 std::optional<DType> DTypeFromGgml(uint32_t ggml_type);
 std::optional<uint32_t> GgmlFromDType(DType t);
 
-namespace detail {
-// Strict UTF-8 check (no overlong forms, surrogates or code points > U+10FFFF).
-bool ValidUtf8(std::string_view s);
-}  // namespace detail
-
 }  // namespace lumen::formats

@@ -9,6 +9,7 @@
 #include <limits>
 
 #include "lumen/formats/gguf.h"
+#include "lumen/core/utf8.h"
 
 #include <fmt/ranges.h>
 
@@ -252,7 +253,7 @@ void GgufWriter::SetI32Array(const std::string& key, const std::vector<int32_t>&
 
 Status GgufWriter::AddTensor(const std::string& name, DType dtype,
                              const std::vector<int64_t>& shape, std::string data) {
-  if (!detail::ValidUtf8(name)) return Errorf("tensor '{}': name is not valid UTF-8", name);
+  if (!ValidUtf8(name)) return Errorf("tensor '{}': name is not valid UTF-8", name);
   for (const auto& t : tensors_) {
     if (t.name == name) return Errorf("tensor '{}': duplicate tensor name", name);
   }
@@ -313,7 +314,7 @@ Status GgufWriter::Write(const std::string& path, uint32_t alignment) const {
   e.Put<uint64_t>(tensors_.size());
   e.Put<uint64_t>(kv.size());
   for (const auto& [key, value] : kv) {
-    if (!detail::ValidUtf8(key)) return Errorf("{}: key '{}' is not valid UTF-8", path, key);
+    if (!ValidUtf8(key)) return Errorf("{}: key '{}' is not valid UTF-8", path, key);
     e.PutString(key);
     e.Put(static_cast<uint32_t>(value.type));
     LUMEN_RETURN_IF_ERROR(e.PutValue(value, key).WithContext(path));

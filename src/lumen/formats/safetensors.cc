@@ -1,5 +1,7 @@
 #include "lumen/formats/safetensors.h"
 
+#include "lumen/core/utf8.h"
+
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -185,41 +187,7 @@ TensorView MakeView(const uint8_t* data, DType dtype, const std::vector<int64_t>
 
 }  // namespace
 
-bool IsValidUtf8(std::string_view s) {
-  size_t i = 0;
-  const size_t n = s.size();
-  while (i < n) {
-    const unsigned char c = s[i];
-    if (c < 0x80) {
-      ++i;
-      continue;
-    }
-    int len;
-    uint32_t cp;
-    if ((c & 0xe0) == 0xc0) {
-      len = 2;
-      cp = c & 0x1f;
-    } else if ((c & 0xf0) == 0xe0) {
-      len = 3;
-      cp = c & 0x0f;
-    } else if ((c & 0xf8) == 0xf0) {
-      len = 4;
-      cp = c & 0x07;
-    } else {
-      return false;
-    }
-    if (i + len > n) return false;
-    for (int k = 1; k < len; ++k) {
-      const unsigned char cc = s[i + k];
-      if ((cc & 0xc0) != 0x80) return false;
-      cp = (cp << 6) | (cc & 0x3f);
-    }
-    static constexpr uint32_t kMin[5] = {0, 0, 0x80, 0x800, 0x10000};
-    if (cp < kMin[len] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return false;
-    i += len;
-  }
-  return true;
-}
+bool IsValidUtf8(std::string_view s) { return ValidUtf8(s); }
 
 std::optional<DType> DTypeFromSafetensors(std::string_view name) {
   for (const auto& d : kDTypes)

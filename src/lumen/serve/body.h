@@ -8,13 +8,12 @@
 
 #include <nlohmann/json.hpp>
 
+#include "lumen/core/utf8.h"
 #include "lumen/serve/api_error.h"
 
 namespace lumen::serve {
 
-// Checks that `s` is valid UTF-8 (no overlongs, surrogates or code points
-// above U+10FFFF); on failure *bad_offset is the first bad byte.
-bool ValidUtf8(std::string_view s, size_t* bad_offset);
+using lumen::ValidUtf8;  // core/utf8.h: strict, reports the first bad byte
 
 bool ParseBody(std::string_view body, size_t max_bytes, nlohmann::ordered_json* out, ApiError* err);
 

@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
+#include <optional>
 
 #include <fmt/format.h>
 
@@ -59,19 +60,31 @@ Status ResolvePositionals(GenerateArgs& a) {
   return Status::Ok();
 }
 
+// What both verbs need: the model, one session and the sampler.
+struct Runtime {
+  std::unique_ptr<engine::Model> model;
+  std::unique_ptr<engine::Session> session;
+  std::optional<sample::Sampler> sampler;
+};
+
+Result<Runtime> Start(CLI::App* cmd, GenerateArgs& a) {
+  Runtime rt;
+  LUMEN_ASSIGN_OR_RETURN(sample::SamplerConfig cfg, BuildSamplerConfig(cmd, a.sampler, {}));
+  LUMEN_ASSIGN_OR_RETURN(rt.model, LoadModel(a.model));
+  LUMEN_ASSIGN_OR_RETURN(engine::SessionOptions sopts, SessionOptionsFrom(a.model));
+  LUMEN_ASSIGN_OR_RETURN(rt.session, engine::Session::Create(*rt.model, sopts));
+  LUMEN_ASSIGN_OR_RETURN(sample::Sampler sampler, sample::Sampler::Create(cfg));
+  rt.sampler.emplace(std::move(sampler));
+  return rt;
+}
+
 void RunGenerate(CLI::App* cmd, GenerateArgs& a) {
   if (Status s = ResolvePositionals(a); !s.ok()) return ReportError(s);
-  auto cfg = BuildSamplerConfig(cmd, a.sampler, {});
-  if (!cfg.ok()) return ReportError(cfg.status());
-  auto m = LoadModel(a.model);
-  if (!m.ok()) return ReportError(m.status());
-  const engine::Model& model = **m;
-  auto sopts = SessionOptionsFrom(a.model);
-  if (!sopts.ok()) return ReportError(sopts.status());
-  auto session = engine::Session::Create(model, *sopts);
-  if (!session.ok()) return ReportError(session.status());
-  auto sampler = sample::Sampler::Create(*cfg);
-  if (!sampler.ok()) return ReportError(sampler.status());
+  auto rt = Start(cmd, a);
+  if (!rt.ok()) return ReportError(rt.status());
+  const engine::Model& model = *rt->model;
+  engine::Session& session = *rt->session;
+  sample::Sampler& sampler = *rt->sampler;
 
   std::vector<int32_t> prompt = model.tokenizer().Encode(a.prompt, /*add_special=*/!a.no_bos);
   if (prompt.empty()) {
@@ -84,7 +97,7 @@ void RunGenerate(CLI::App* cmd, GenerateArgs& a) {
   g.max_tokens = a.n;
   g.ignore_eos = a.ignore_eos;
   g.stop = a.stop;
-  auto r = engine::Generate(**session, *sampler, prompt, g, WriteOut);
+  auto r = engine::Generate(session, sampler, prompt, g, WriteOut);
   if (!r.ok()) return ReportError(r.status());
   WriteOut("\n");
   PrintStats(*r);
@@ -93,17 +106,11 @@ void RunGenerate(CLI::App* cmd, GenerateArgs& a) {
 void RunChat(CLI::App* cmd, GenerateArgs& a) {
   if (Status s = ResolvePositionals(a); !s.ok()) return ReportError(s);
   if (!a.prompt.empty() && a.model.model.empty()) a.model.model = a.prompt;
-  auto cfg = BuildSamplerConfig(cmd, a.sampler, {});
-  if (!cfg.ok()) return ReportError(cfg.status());
-  auto m = LoadModel(a.model);
-  if (!m.ok()) return ReportError(m.status());
-  const engine::Model& model = **m;
-  auto sopts = SessionOptionsFrom(a.model);
-  if (!sopts.ok()) return ReportError(sopts.status());
-  auto session = engine::Session::Create(model, *sopts);
-  if (!session.ok()) return ReportError(session.status());
-  auto sampler = sample::Sampler::Create(*cfg);
-  if (!sampler.ok()) return ReportError(sampler.status());
+  auto rt = Start(cmd, a);
+  if (!rt.ok()) return ReportError(rt.status());
+  const engine::Model& model = *rt->model;
+  engine::Session& session = *rt->session;
+  sample::Sampler& sampler = *rt->sampler;
   std::string tmpl_src;
   if (!a.chat_template.empty()) {
     auto t = ReadFile(a.chat_template);
@@ -117,7 +124,7 @@ void RunChat(CLI::App* cmd, GenerateArgs& a) {
   std::fprintf(stderr, "chat with %s; end with Ctrl-D\n", model.name().c_str());
 
   nlohmann::ordered_json messages = nlohmann::ordered_json::array();
-  engine::Session& s = **session;
+  engine::Session& s = session;
   std::string line;
   for (;;) {
     std::fprintf(stderr, "> ");
@@ -137,7 +144,7 @@ void RunChat(CLI::App* cmd, GenerateArgs& a) {
     engine::GenerateOptions g;
     g.max_tokens = a.n;
     g.stop = a.stop;
-    auto r = engine::Generate(s, *sampler, fresh, g, WriteOut);
+    auto r = engine::Generate(s, sampler, fresh, g, WriteOut);
     if (!r.ok()) return ReportError(r.status());
     WriteOut("\n");
     messages.push_back({{"role", "assistant"}, {"content", r->text}});

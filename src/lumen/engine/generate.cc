@@ -8,15 +8,15 @@
 namespace lumen::engine {
 
 std::string_view FinishReasonName(FinishReason r) {
+  // OpenAI's vocabulary: a stop string and end-of-sequence are both "stop";
+  // max_tokens and a full context are both "length".
   switch (r) {
     case FinishReason::kLength:
-      return "length";
-    case FinishReason::kStop:
-      return "stop";
-    case FinishReason::kEos:
-      return "stop";
     case FinishReason::kContext:
       return "length";
+    case FinishReason::kStop:
+    case FinishReason::kEos:
+      return "stop";
     case FinishReason::kCancelled:
       return "cancelled";
   }

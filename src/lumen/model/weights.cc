@@ -1,7 +1,6 @@
 #include "lumen/model/weights.h"
 
 #include <cstring>
-#include <regex>
 
 #include "lumen/core/quant.h"
 
@@ -111,10 +110,21 @@ std::string HfName(Family f, const std::string& canonical) {
     if (canonical == g) return h;
   const bool gemma = f == Family::kGemma2 || f == Family::kGemma3;
   // blk.N.<name>.<weight|bias>
-  static const std::regex kBlk(R"(blk\.(\d+)\.([a-z_]+)\.(weight|bias))");
-  std::smatch m;
-  if (!std::regex_match(canonical, m, kBlk)) return canonical;
-  const std::string layer = m[1], part = m[2], kind = m[3];
+  // Split "blk.<digits>.<part>.<weight|bias>" by hand (std::regex is slow and
+  // draws false -Wmaybe-uninitialized from libstdc++ under sanitizers).
+  std::string_view rest(canonical);
+  if (!rest.starts_with("blk.")) return canonical;
+  rest.remove_prefix(4);
+  const size_t dot = rest.find('.');
+  if (dot == 0 || dot == std::string_view::npos) return canonical;
+  const std::string layer(rest.substr(0, dot));
+  if (layer.find_first_not_of("0123456789") != std::string::npos) return canonical;
+  rest.remove_prefix(dot + 1);
+  const size_t last = rest.rfind('.');
+  if (last == 0 || last == std::string_view::npos) return canonical;
+  const std::string part(rest.substr(0, last)), kind(rest.substr(last + 1));
+  if (kind != "weight" && kind != "bias") return canonical;
+  if (part.find_first_not_of("abcdefghijklmnopqrstuvwxyz_") != std::string::npos) return canonical;
   std::string hf;
   if (part == "attn_norm")
     hf = "input_layernorm";

@@ -1,7 +1,7 @@
 // Field checks shared by the protocol parsers; every error names the field.
 #include <algorithm>
 #include <cmath>
-#include <regex>
+#include <cctype>
 
 #include "lumen/serve/request.h"
 
@@ -124,7 +124,13 @@ Status ParseMaxTokens(const ojson& v, const char* field, GenRequest& r) {
 
 Status ValidateTools(const ojson& tools, const char* field) {
   if (!tools.is_array()) return Errorf("{}: must be an array, got {}", field, TypeName(tools));
-  static const std::regex kName("^[a-zA-Z0-9_.\\-]{1,64}$");
+  // OpenAI's rule for function names: [a-zA-Z0-9_.-]{1,64}.
+  auto valid_name = [](const std::string& n) {
+    if (n.empty() || n.size() > 64) return false;
+    for (unsigned char c : n)
+      if (!std::isalnum(c) && c != '_' && c != '.' && c != '-') return false;
+    return true;
+  };
   std::vector<std::string> seen;
   for (size_t i = 0; i < tools.size(); ++i) {
     const std::string at = fmt::format("{}[{}]", field, i);
@@ -139,7 +145,7 @@ Status ValidateTools(const ojson& tools, const char* field) {
     if (name == fn->end() || !name->is_string())
       return Errorf("{}.function.name: must be a string", at);
     const std::string n = name->get<std::string>();
-    if (!std::regex_match(n, kName))
+    if (!valid_name(n))
       return Errorf("{}.function.name: must match [a-zA-Z0-9_.-]{{1,64}}, got '{}'", at, n);
     if (std::find(seen.begin(), seen.end(), n) != seen.end())
       return Errorf("{}.function.name: duplicate tool name '{}'", at, n);

@@ -416,8 +416,12 @@ void DequantizeMlxRow(const uint32_t* packed, const float* scales, const float* 
   const int per_word = 32 / bits;
   LUMEN_CHECK(n % per_word == 0);
   const uint32_t mask = (1u << bits) - 1;
+  // Safetensors data need not be 4-byte aligned: read each word with memcpy.
+  const auto* bytes = reinterpret_cast<const unsigned char*>(packed);
   for (int64_t i = 0; i < n; ++i) {
-    const uint32_t q = (packed[i / per_word] >> (bits * (i % per_word))) & mask;
+    uint32_t word;
+    std::memcpy(&word, bytes + 4 * (i / per_word), sizeof word);
+    const uint32_t q = (word >> (bits * (i % per_word))) & mask;
     const int64_t g = i / group_size;
     dst[i] = scales[g] * static_cast<float>(q) + biases[g];
   }

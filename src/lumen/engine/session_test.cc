@@ -6,6 +6,8 @@
 
 #include <cmath>
 
+#include <fmt/format.h>
+
 #include "lumen/engine/chat.h"
 #include "lumen/engine/default_model.h"
 #include "lumen/engine/generate.h"
@@ -114,6 +116,26 @@ TEST_F(SessionTest, ContinuationKeepsLeadingSpace) {
   auto r = Generate(*s, *sampler, model_->tokenizer().Encode("Once upon a", true), g, nullptr);
   ASSERT_TRUE(r.ok()) << r.status().message();
   EXPECT_EQ(r->text, " time");
+}
+
+// Byte-fallback pieces: an unfinished character is held back, but bytes that
+// can never become valid UTF-8 go out at once as U+FFFD.
+TEST_F(SessionTest, StreamingDetokenizerHoldsOnlyUnfinishedCharacters) {
+  const tokenize::Tokenizer& tok = model_->tokenizer();
+  auto byte = [&](int b) {
+    auto id = tok.TokenId(fmt::format("<0x{:02X}>", b));
+    EXPECT_TRUE(id.has_value());
+    return id.value_or(0);
+  };
+  tokenize::StreamingDetokenizer d(tok);
+  EXPECT_EQ(d.Push(byte(0xE2)), "");
+  EXPECT_EQ(d.Push(byte(0x82)), "");
+  EXPECT_EQ(d.Push(byte(0xAC)), "\xE2\x82\xAC");  // the euro sign, complete
+  EXPECT_EQ(d.Push(byte(0x82)), "\xEF\xBF\xBD");  // orphan continuation: final
+  EXPECT_EQ(d.Push(byte(0xE2)), "");
+  EXPECT_EQ(d.Push(byte(0x41)), "\xEF\xBF\xBD" "A");  // the lead can no longer complete
+  EXPECT_EQ(d.Push(byte(0xF0)), "");
+  EXPECT_EQ(d.Flush(), "\xEF\xBF\xBD");
 }
 
 TEST_F(SessionTest, FallbackChatTemplateRendersTurns) {

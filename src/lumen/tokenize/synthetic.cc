@@ -112,6 +112,14 @@ Result<Tokenizer> MakeSyntheticTokenizer(SyntheticKind kind, int vocab_size, uin
                        {"single_word", false}});
       vocab[s] = id++;
     }
+    // The learned merges cannot fill a large vocabulary from the short text;
+    // fill the rest with whole-word tokens (" w0", " w1", ...) so every id a
+    // model can emit decodes to text. Encoding never produces them (no merges).
+    for (int k = 0; id < vocab_size; ++k) {
+      std::string enc;
+      for (unsigned char c : " w" + std::to_string(k)) AppendUtf8(enc, ByteToUnicode(c));
+      if (!vocab.contains(enc)) vocab[enc] = id++;
+    }
     json split = {{"type", "Split"},
                   {"pattern", {{"Regex", std::string(kQwen2Pattern)}}},
                   {"behavior", "Isolated"},
@@ -178,6 +186,13 @@ Result<Tokenizer> MakeSyntheticTokenizer(SyntheticKind kind, int vocab_size, uin
     seen[a + b] = 1;
     add(a + b, score, kTypeNormal);
     score -= 1;
+  }
+  // As above: whole-word fillers so every id decodes to text.
+  for (int k = 0; int(impl->model.pieces.size()) < vocab_size; ++k) {
+    const std::string w = "\xE2\x96\x81w" + std::to_string(k);  // "▁wK"
+    if (seen.count(w)) continue;
+    seen[w] = 1;
+    add(w, -1e9f, kTypeNormal);
   }
   impl->model.BuildIndex();
   impl->bos = 1;

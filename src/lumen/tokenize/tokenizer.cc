@@ -457,14 +457,35 @@ bool Tokenizer::adds_bos() const {
 StreamingDetokenizer::StreamingDetokenizer(const Tokenizer& tok, bool skip_special)
     : tok_(&tok), skip_special_(skip_special) {}
 
+// True when the raw bytes of the last tokens end in a proper prefix of a
+// multi-byte UTF-8 character (a lead byte followed by fewer continuation
+// bytes than it announces), i.e. the next token may still complete it.
+bool StreamingDetokenizer::EndsIncomplete(const std::vector<int32_t>& ids) const {
+  std::string tail;
+  for (size_t i = ids.size() >= 4 ? ids.size() - 4 : 0; i < ids.size(); ++i)
+    tail += tok_->TokenBytes(ids[i]);
+  const size_t n = tail.size();
+  for (size_t back = 1; back <= 3 && back <= n; ++back) {
+    const auto c = static_cast<unsigned char>(tail[n - back]);
+    if ((c & 0xC0) == 0x80) continue;  // continuation byte: look further back
+    const size_t need = c >= 0xF0 && c <= 0xF4 ? 4 : c >= 0xE0 && c <= 0xEF ? 3
+                      : c >= 0xC2 && c <= 0xDF ? 2 : 1;
+    return need > back;
+  }
+  return false;
+}
+
 std::string StreamingDetokenizer::Push(int32_t id) {
   ids_.push_back(id);
   std::string text = tok_->Decode(ids_, skip_special_);
-  // Hold back what a later token may still change: trailing U+FFFD (bytes of
-  // an unfinished character) and, with clean-up, a trailing space run plus the
-  // next few characters.
+  // Hold back what a later token may still change: a trailing U+FFFD that
+  // stands for the first bytes of an unfinished character and, with clean-up,
+  // a trailing space run plus the next few characters. A U+FFFD for bytes
+  // that can never become valid is final and goes out at once (otherwise a
+  // stream of invalid bytes would be held until the end).
   size_t end = text.size();
-  while (end >= 3 && text.compare(end - 3, 3, "\xEF\xBF\xBD") == 0) end -= 3;
+  if (EndsIncomplete(ids_) && end >= 3 && text.compare(end - 3, 3, "\xEF\xBF\xBD") == 0)
+    end -= 3;
   if (tok_->impl().clean_up_spaces) {
     size_t sp = text.rfind(' ', end);
     if (sp != std::string::npos && end - sp <= 4) end = sp;

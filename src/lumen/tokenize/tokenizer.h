@@ -100,6 +100,8 @@ class StreamingDetokenizer {
   std::string Flush();
 
  private:
+  bool EndsIncomplete(const std::vector<int32_t>& ids) const;
+
   const Tokenizer* tok_;
   bool skip_special_;
   std::vector<int32_t> ids_;

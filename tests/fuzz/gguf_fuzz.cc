@@ -6,8 +6,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "lumen/formats/gguf.h"
 #include "lumen/core/quant.h"
+#include "lumen/formats/gguf.h"
 
 namespace {
 

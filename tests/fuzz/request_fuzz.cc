@@ -23,10 +23,18 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (!ParseBody(body, size_t(1) << 20, &j, &err)) return 0;
   lumen::Result<GenRequest> r = lumen::Error("none");
   switch (which) {
-    case 0: r = ParseChatCompletions(j); break;
-    case 1: r = ParseCompletions(j); break;
-    case 2: r = ParseMessages(j); break;
-    default: r = ParseResponses(j); break;
+    case 0:
+      r = ParseChatCompletions(j);
+      break;
+    case 1:
+      r = ParseCompletions(j);
+      break;
+    case 2:
+      r = ParseMessages(j);
+      break;
+    default:
+      r = ParseResponses(j);
+      break;
   }
   if (!r.ok()) {
     FromStatus(r.status());

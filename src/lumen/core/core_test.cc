@@ -124,7 +124,7 @@ TEST(Utf8, StrictValidation) {
   EXPECT_FALSE(ValidUtf8("\xf4\x90\x80\x80"));  // above U+10FFFF
   EXPECT_FALSE(ValidUtf8("x\xe2\x82", &bad));   // truncated
   EXPECT_EQ(bad, 1u);
-  EXPECT_FALSE(ValidUtf8("\x80"));  // lone continuation byte
+  EXPECT_FALSE(ValidUtf8("\x80"));             // lone continuation byte
   EXPECT_TRUE(ValidUtf8("\xf4\x8f\xbf\xbf"));  // U+10FFFF itself
 }
 

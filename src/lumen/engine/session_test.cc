@@ -133,7 +133,9 @@ TEST_F(SessionTest, StreamingDetokenizerHoldsOnlyUnfinishedCharacters) {
   EXPECT_EQ(d.Push(byte(0xAC)), "\xE2\x82\xAC");  // the euro sign, complete
   EXPECT_EQ(d.Push(byte(0x82)), "\xEF\xBF\xBD");  // orphan continuation: final
   EXPECT_EQ(d.Push(byte(0xE2)), "");
-  EXPECT_EQ(d.Push(byte(0x41)), "\xEF\xBF\xBD" "A");  // the lead can no longer complete
+  EXPECT_EQ(d.Push(byte(0x41)),
+            "\xEF\xBF\xBD"
+            "A");  // the lead can no longer complete
   EXPECT_EQ(d.Push(byte(0xF0)), "");
   EXPECT_EQ(d.Flush(), "\xEF\xBF\xBD");
 }

@@ -8,8 +8,8 @@
 #include <cstring>
 #include <limits>
 
-#include "lumen/formats/gguf.h"
 #include "lumen/core/utf8.h"
+#include "lumen/formats/gguf.h"
 
 #include <fmt/ranges.h>
 

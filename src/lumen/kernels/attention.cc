@@ -261,11 +261,12 @@ bool AttendHeadsT(const float* q, const AttentionShape& s, const KvRing& kv, int
     return true;                                                        \
   }
     LUMEN_ATTEND_G(DType::kF16, 1)
-    LUMEN_ATTEND_G(DType::kF16, 2) LUMEN_ATTEND_G(DType::kF16, 4) LUMEN_ATTEND_G(DType::kF16, 8)
-        LUMEN_ATTEND_G(DType::kBF16, 1) LUMEN_ATTEND_G(DType::kBF16, 2)
-            LUMEN_ATTEND_G(DType::kBF16, 4) LUMEN_ATTEND_G(DType::kBF16, 8)
-                LUMEN_ATTEND_G(DType::kF32, 1) LUMEN_ATTEND_G(DType::kF32, 2)
-                    LUMEN_ATTEND_G(DType::kF32, 4) LUMEN_ATTEND_G(DType::kF32, 8)
+    LUMEN_ATTEND_G(DType::kF16, 2)
+    LUMEN_ATTEND_G(DType::kF16, 4) LUMEN_ATTEND_G(DType::kF16, 8) LUMEN_ATTEND_G(DType::kBF16, 1)
+        LUMEN_ATTEND_G(DType::kBF16, 2) LUMEN_ATTEND_G(DType::kBF16, 4)
+            LUMEN_ATTEND_G(DType::kBF16, 8) LUMEN_ATTEND_G(DType::kF32, 1)
+                LUMEN_ATTEND_G(DType::kF32, 2) LUMEN_ATTEND_G(DType::kF32, 4)
+                    LUMEN_ATTEND_G(DType::kF32, 8)
 #undef LUMEN_ATTEND_G
   }
   for (int g = g0; g < g1; ++g) {

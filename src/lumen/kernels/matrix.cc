@@ -21,8 +21,7 @@ void DequantizeMatrixRow(const Matrix& m, int64_t r, float* dst) {
   }
   DequantizeRow(m.scales.dtype, m.scales.row(r), s, groups);
   DequantizeRow(m.biases.dtype, m.biases.row(r), s + groups, groups);
-  DequantizeMlxRow(m.w.row<const uint32_t>(r), s, s + groups, m.mlx_bits, m.mlx_group,
-                            dst, m.k);
+  DequantizeMlxRow(m.w.row<const uint32_t>(r), s, s + groups, m.mlx_bits, m.mlx_group, dst, m.k);
 }
 
 }  // namespace lumen::kernels

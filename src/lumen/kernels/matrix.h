@@ -13,10 +13,10 @@
 namespace lumen::kernels {
 
 struct Matrix {
-  TensorView w;        // [N, K], or MLX packed codes [N, K * bits / 32] (u32)
-  TensorView scales;   // MLX only: [N, K / group]
-  TensorView biases;   // MLX only: [N, K / group]
-  int mlx_bits = 0;    // 0: not MLX
+  TensorView w;       // [N, K], or MLX packed codes [N, K * bits / 32] (u32)
+  TensorView scales;  // MLX only: [N, K / group]
+  TensorView biases;  // MLX only: [N, K / group]
+  int mlx_bits = 0;   // 0: not MLX
   int mlx_group = 0;
   int64_t n = 0, k = 0;  // logical shape
 
@@ -30,7 +30,9 @@ struct Matrix {
   bool valid() const { return w.data != nullptr; }
   bool is_f32() const { return mlx_bits == 0 && w.dtype == DType::kF32; }
   // Bytes read to stream the whole matrix once (for roofline accounting).
-  size_t bytes() const { return w.byte_size() + (mlx_bits ? scales.byte_size() + biases.byte_size() : 0); }
+  size_t bytes() const {
+    return w.byte_size() + (mlx_bits ? scales.byte_size() + biases.byte_size() : 0);
+  }
 };
 
 // dst[0..K) = row r of m as f32.

@@ -52,8 +52,9 @@ RopeTable MakeRopeTable(int rope_dim, double theta, const RopeScaling& s, int64_
       const double f = t.inv_freq[i];
       t.inv_freq[i] = f / s.factor * (1.0 - extrapolation_factor) + f * extrapolation_factor;
     }
-    t.mscale = float(s.attention_factor > 0 ? s.attention_factor
-                                            : (s.factor <= 1 ? 1.0 : 0.1 * std::log(s.factor) + 1.0));
+    t.mscale =
+        float(s.attention_factor > 0 ? s.attention_factor
+                                     : (s.factor <= 1 ? 1.0 : 0.1 * std::log(s.factor) + 1.0));
   }
   return t;
 }

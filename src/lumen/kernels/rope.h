@@ -20,8 +20,8 @@ struct RopeScaling {
   double factor = 1.0;
   double low_freq_factor = 1.0, high_freq_factor = 4.0;  // llama3
   int64_t original_max_pos = 0;                          // llama3, yarn, dynamic
-  double beta_fast = 32.0, beta_slow = 1.0;               // yarn
-  double attention_factor = 0.0;                          // yarn; 0 = derive from factor
+  double beta_fast = 32.0, beta_slow = 1.0;              // yarn
+  double attention_factor = 0.0;                         // yarn; 0 = derive from factor
 };
 
 struct RopeTable {

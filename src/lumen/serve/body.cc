@@ -4,7 +4,6 @@
 
 namespace lumen::serve {
 
-
 bool ParseBody(std::string_view body, size_t max_bytes, nlohmann::ordered_json* out,
                ApiError* err) {
   if (body.size() > max_bytes) {

@@ -1,7 +1,7 @@
 // Field checks shared by the protocol parsers; every error names the field.
 #include <algorithm>
-#include <cmath>
 #include <cctype>
+#include <cmath>
 
 #include "lumen/serve/request.h"
 

@@ -117,10 +117,18 @@ bool RunOne(std::string_view in) {
   if (!ParseBody(body, size_t(1) << 20, &j, &err)) return false;
   Result<GenRequest> r = Error("none");
   switch (static_cast<uint8_t>(in[0]) % 4) {
-    case 0: r = ParseChatCompletions(j); break;
-    case 1: r = ParseCompletions(j); break;
-    case 2: r = ParseMessages(j); break;
-    default: r = ParseResponses(j); break;
+    case 0:
+      r = ParseChatCompletions(j);
+      break;
+    case 1:
+      r = ParseCompletions(j);
+      break;
+    case 2:
+      r = ParseMessages(j);
+      break;
+    default:
+      r = ParseResponses(j);
+      break;
   }
   if (!r.ok()) return false;
   auto cfg = sample::ParseSamplerJson(r->sampler_fields, {});
@@ -131,7 +139,8 @@ bool RunOne(std::string_view in) {
 // Replays the fuzz seeds (each must parse, except the ones meant to fail),
 // then a fixed set of byte mutations of them: all must return, not crash.
 TEST(Request, FuzzCorpusReplayAndMutations) {
-  const std::filesystem::path dir = std::filesystem::path(LUMEN_SOURCE_DIR) / "tests/fuzz/corpus/request";
+  const std::filesystem::path dir =
+      std::filesystem::path(LUMEN_SOURCE_DIR) / "tests/fuzz/corpus/request";
   if (!std::filesystem::exists(dir)) GTEST_SKIP() << "no corpus at " << dir;
   std::mt19937_64 rng(7);
   int parsed = 0, files = 0;
@@ -147,10 +156,18 @@ TEST(Request, FuzzCorpusReplayAndMutations) {
       for (int i = 0; i < edits && !m.empty(); ++i) {
         const size_t at = rng() % m.size();
         switch (rng() % 4) {
-          case 0: m[at] = char(rng()); break;
-          case 1: m.erase(at, 1 + rng() % 8); break;
-          case 2: m.insert(at, m.substr(rng() % m.size(), 1 + rng() % 16)); break;
-          default: m.resize(at); break;
+          case 0:
+            m[at] = char(rng());
+            break;
+          case 1:
+            m.erase(at, 1 + rng() % 8);
+            break;
+          case 2:
+            m.insert(at, m.substr(rng() % m.size(), 1 + rng() % 16));
+            break;
+          default:
+            m.resize(at);
+            break;
         }
       }
       RunOne(m);

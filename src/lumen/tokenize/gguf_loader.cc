@@ -249,11 +249,20 @@ Status Tokenizer::ExportGguf(formats::GgufWriter& w) const {
     // "\n</s>\n"; GGUF "llama" vocabularies use the SentencePiece spelling.
     std::vector<std::string> pieces = m.pieces;
     for (size_t i = 0; i < pieces.size(); ++i) {
-      if (int32_t(i) == impl.bos) { pieces[i] = "<s>"; continue; }
-      if (int32_t(i) == impl.eos) { pieces[i] = "</s>"; continue; }
+      if (int32_t(i) == impl.bos) {
+        pieces[i] = "<s>";
+        continue;
+      }
+      if (int32_t(i) == impl.eos) {
+        pieces[i] = "</s>";
+        continue;
+      }
       std::string out;
       for (char c : pieces[i]) {
-        if (c == ' ') out += "\xe2\x96\x81"; else out += c;
+        if (c == ' ')
+          out += "\xe2\x96\x81";
+        else
+          out += c;
       }
       pieces[i] = out;
     }

@@ -468,8 +468,10 @@ bool StreamingDetokenizer::EndsIncomplete(const std::vector<int32_t>& ids) const
   for (size_t back = 1; back <= 3 && back <= n; ++back) {
     const auto c = static_cast<unsigned char>(tail[n - back]);
     if ((c & 0xC0) == 0x80) continue;  // continuation byte: look further back
-    const size_t need = c >= 0xF0 && c <= 0xF4 ? 4 : c >= 0xE0 && c <= 0xEF ? 3
-                      : c >= 0xC2 && c <= 0xDF ? 2 : 1;
+    const size_t need = c >= 0xF0 && c <= 0xF4   ? 4
+                        : c >= 0xE0 && c <= 0xEF ? 3
+                        : c >= 0xC2 && c <= 0xDF ? 2
+                                                 : 1;
     return need > back;
   }
   return false;
@@ -484,8 +486,7 @@ std::string StreamingDetokenizer::Push(int32_t id) {
   // that can never become valid is final and goes out at once (otherwise a
   // stream of invalid bytes would be held until the end).
   size_t end = text.size();
-  if (EndsIncomplete(ids_) && end >= 3 && text.compare(end - 3, 3, "\xEF\xBF\xBD") == 0)
-    end -= 3;
+  if (EndsIncomplete(ids_) && end >= 3 && text.compare(end - 3, 3, "\xEF\xBF\xBD") == 0) end -= 3;
   if (tok_->impl().clean_up_spaces) {
     size_t sp = text.rfind(' ', end);
     if (sp != std::string::npos && end - sp <= 4) end = sp;

@@ -246,6 +246,28 @@ bool Dispatch(const float* q, const AttentionShape& s, const KvRing& kv, int64_t
   }
 }
 
+// The blocked kernel, instantiated for the common query-group sizes.
+template <DType T>
+bool AttendGroups(int G, const float* q, const AttentionShape& s, const KvRing& kv,
+                  int64_t pos_begin, int64_t S, int g0, int g1, float* out, float* scratch) {
+  switch (G) {
+    case 1:
+      AttendBlocked<T, 1>(q, s, kv, pos_begin, S, g0, g1, out, scratch);
+      return true;
+    case 2:
+      AttendBlocked<T, 2>(q, s, kv, pos_begin, S, g0, g1, out, scratch);
+      return true;
+    case 4:
+      AttendBlocked<T, 4>(q, s, kv, pos_begin, S, g0, g1, out, scratch);
+      return true;
+    case 8:
+      AttendBlocked<T, 8>(q, s, kv, pos_begin, S, g0, g1, out, scratch);
+      return true;
+    default:
+      return false;
+  }
+}
+
 }  // namespace
 
 // Returns false when this target has no vector route for the shape (the
@@ -255,19 +277,21 @@ bool AttendHeadsT(const float* q, const AttentionShape& s, const KvRing& kv, int
   const int64_t S = pos_end - pos_begin;
   if (s.head_dim % hn::Lanes(DF()) == 0) {
     const int G = s.n_heads / s.n_kv_heads;
-#define LUMEN_ATTEND_G(T, GG)                                           \
-  if (kv.dtype == T && G == GG) {                                       \
-    AttendBlocked<T, GG>(q, s, kv, pos_begin, S, g0, g1, out, scratch); \
-    return true;                                                        \
-  }
-    LUMEN_ATTEND_G(DType::kF16, 1)
-    LUMEN_ATTEND_G(DType::kF16, 2)
-    LUMEN_ATTEND_G(DType::kF16, 4) LUMEN_ATTEND_G(DType::kF16, 8) LUMEN_ATTEND_G(DType::kBF16, 1)
-        LUMEN_ATTEND_G(DType::kBF16, 2) LUMEN_ATTEND_G(DType::kBF16, 4)
-            LUMEN_ATTEND_G(DType::kBF16, 8) LUMEN_ATTEND_G(DType::kF32, 1)
-                LUMEN_ATTEND_G(DType::kF32, 2) LUMEN_ATTEND_G(DType::kF32, 4)
-                    LUMEN_ATTEND_G(DType::kF32, 8)
-#undef LUMEN_ATTEND_G
+    bool done = false;
+    switch (kv.dtype) {
+      case DType::kF16:
+        done = AttendGroups<DType::kF16>(G, q, s, kv, pos_begin, S, g0, g1, out, scratch);
+        break;
+      case DType::kBF16:
+        done = AttendGroups<DType::kBF16>(G, q, s, kv, pos_begin, S, g0, g1, out, scratch);
+        break;
+      case DType::kF32:
+        done = AttendGroups<DType::kF32>(G, q, s, kv, pos_begin, S, g0, g1, out, scratch);
+        break;
+      default:
+        break;
+    }
+    if (done) return true;
   }
   for (int g = g0; g < g1; ++g) {
     bool ok = false;

@@ -9,6 +9,7 @@
 
 #include "lumen/sample/config.h"
 #include "lumen/serve/body.h"
+#include "lumen/serve/fuzz_entry.h"
 #include "lumen/serve/tool_calls.h"
 
 namespace lumen::serve {
@@ -106,36 +107,6 @@ TEST(Body, Utf8AndLimits) {
 namespace lumen::serve {
 namespace {
 
-// What tests/fuzz/request_fuzz.cc does with one input; returns whether the
-// input became a request.
-bool RunOne(std::string_view in) {
-  if (in.empty()) return false;
-  std::string_view body = in.substr(1);
-  ParseToolCalls(body, {"get_weather", "search"});
-  ojson j;
-  ApiError err;
-  if (!ParseBody(body, size_t(1) << 20, &j, &err)) return false;
-  Result<GenRequest> r = Error("none");
-  switch (static_cast<uint8_t>(in[0]) % 4) {
-    case 0:
-      r = ParseChatCompletions(j);
-      break;
-    case 1:
-      r = ParseCompletions(j);
-      break;
-    case 2:
-      r = ParseMessages(j);
-      break;
-    default:
-      r = ParseResponses(j);
-      break;
-  }
-  if (!r.ok()) return false;
-  auto cfg = sample::ParseSamplerJson(r->sampler_fields, {});
-  if (cfg.ok()) (void)sample::ValidateForVocab(*cfg, 512);
-  return true;
-}
-
 // Replays the fuzz seeds (each must parse, except the ones meant to fail),
 // then a fixed set of byte mutations of them: all must return, not crash.
 TEST(Request, FuzzCorpusReplayAndMutations) {
@@ -149,7 +120,7 @@ TEST(Request, FuzzCorpusReplayAndMutations) {
     std::ifstream f(e.path(), std::ios::binary);
     std::string in((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
     ++files;
-    parsed += RunOne(in);
+    parsed += ParseAnyRequest(in);
     for (int k = 0; k < 300; ++k) {
       std::string m = in;
       const int edits = 1 + int(rng() % 4);
@@ -170,7 +141,7 @@ TEST(Request, FuzzCorpusReplayAndMutations) {
             break;
         }
       }
-      RunOne(m);
+      ParseAnyRequest(m);
     }
   }
   EXPECT_GE(files, 7);

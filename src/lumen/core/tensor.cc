@@ -54,11 +54,10 @@ TensorView TensorView::Slice0(int64_t begin, int64_t end) const {
   LUMEN_CHECK(ndim > 0 && begin >= 0 && begin <= end && end <= shape[0]);
   TensorView v = *this;
   v.shape[0] = end - begin;
-  v.data = static_cast<char*>(data) + begin * (ndim == 1 ? 0 : stride[0]);
-  if (ndim == 1) {
-    LUMEN_CHECK(!IsQuantized(dtype));
-    v.data = static_cast<char*>(data) + begin * Info(dtype).block_bytes;
-  }
+  // 1-D views step by elements (whole blocks only for plain types).
+  LUMEN_CHECK(ndim > 1 || !IsQuantized(dtype));
+  const int64_t step = ndim == 1 ? Info(dtype).block_bytes : stride[0];
+  v.data = static_cast<char*>(data) + begin * step;
   return v;
 }
 

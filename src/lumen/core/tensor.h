@@ -33,7 +33,10 @@ struct TensorView {
 
   int64_t dim(int i) const { return shape[i < 0 ? ndim + i : i]; }
   int64_t numel() const;
-  int64_t rows() const { return ndim == 0 ? 1 : numel() / shape[ndim - 1]; }
+  int64_t rows() const {
+    if (ndim == 0) return 1;
+    return shape[ndim - 1] == 0 ? 0 : numel() / shape[ndim - 1];
+  }
   int64_t cols() const { return ndim == 0 ? 1 : shape[ndim - 1]; }
   size_t row_bytes() const;  // bytes of one innermost row
   size_t byte_size() const;  // bytes spanned when contiguous

@@ -51,19 +51,28 @@ Status Model::Finish(const LoadOptions& opts) {
   return Status::Ok();
 }
 
+void Model::AddTensor(StoredTensor st) {
+  sources_->index[st.name] = tensors_.size();
+  tensors_.push_back(std::move(st));
+}
+
+void Model::AddTensor(const std::string& name, const std::string& source_name,
+                      const TensorView& view) {
+  StoredTensor st;
+  st.name = name;
+  st.source_name = source_name;
+  st.shape.assign(view.shape.begin(), view.shape.begin() + view.ndim);
+  // Kernels see every tensor as rows: 1-D as [1, n], higher ranks flattened.
+  st.matrix = kernels::Matrix::Plain(view.Reshape({view.rows(), view.cols()}));
+  AddTensor(std::move(st));
+}
+
 Status Model::InitGguf(const LoadOptions& opts) {
   format_ = "gguf";
   const formats::GgufFile& gg = *sources_->gguf;
   LUMEN_ASSIGN_OR_RETURN(config_, model::ConfigFromGguf(gg));
   for (const auto& t : gg.tensors()) {
-    StoredTensor st;
-    st.name = st.source_name = t.name;
-    st.shape.assign(t.view.shape.begin(), t.view.shape.begin() + t.view.ndim);
-    const TensorView v2 =
-        t.view.ndim == 2 ? t.view : t.view.Reshape({t.view.numel() / t.view.cols(), t.view.cols()});
-    st.matrix = kernels::Matrix::Plain(v2);
-    sources_->index[st.name] = tensors_.size();
-    tensors_.push_back(std::move(st));
+    AddTensor(t.name, t.name, t.view);
   }
   LUMEN_ASSIGN_OR_RETURN(tokenize::Tokenizer tok, tokenize::Tokenizer::FromGguf(gg));
   tokenizer_.emplace(std::move(tok));
@@ -80,31 +89,26 @@ Status Model::InitHf(const LoadOptions& opts) {
     const std::string name = model::HfName(config_.family, canonical);
     const formats::HfTensor* t = hf.Find(name);
     if (!t || !claimed.insert(name).second) continue;
+    const std::string module = name.substr(0, name.rfind('.'));
+    if (!(mlx && hf.Find(module + ".scales") && name.ends_with(".weight"))) {
+      AddTensor(canonical, name, t->view);
+      continue;
+    }
+    auto params = mlx->For(module);
+    if (!params) return Errorf("tensor '{}': has scales but quantization says none", name);
+    LUMEN_ASSIGN_OR_RETURN(formats::MlxLinear lin, formats::MlxLinear::Bind(hf, module, *params));
     StoredTensor st;
     st.name = canonical;
     st.source_name = name;
-    st.shape = t->shape;
-    const std::string module = name.substr(0, name.rfind('.'));
-    if (mlx && hf.Find(module + ".scales") && name.ends_with(".weight")) {
-      auto params = mlx->For(module);
-      if (!params) return Errorf("tensor '{}': has scales but quantization says none", name);
-      LUMEN_ASSIGN_OR_RETURN(formats::MlxLinear lin, formats::MlxLinear::Bind(hf, module, *params));
-      st.matrix.w = lin.weight;
-      st.matrix.scales = lin.scales;
-      st.matrix.biases = lin.biases;
-      st.matrix.mlx_bits = lin.bits;
-      st.matrix.mlx_group = lin.group_size;
-      st.matrix.n = lin.out_features;
-      st.matrix.k = lin.in_features;
-      st.shape = {lin.out_features, lin.in_features};
-    } else {
-      TensorView v = t->view;
-      if (v.ndim == 1) v = v.Reshape({1, v.dim(0)});
-      if (v.ndim != 2) return Errorf("tensor '{}': rank {} is not supported", name, t->view.ndim);
-      st.matrix = kernels::Matrix::Plain(v);
-    }
-    sources_->index[st.name] = tensors_.size();
-    tensors_.push_back(std::move(st));
+    st.shape = {lin.out_features, lin.in_features};
+    st.matrix.w = lin.weight;
+    st.matrix.scales = lin.scales;
+    st.matrix.biases = lin.biases;
+    st.matrix.mlx_bits = lin.bits;
+    st.matrix.mlx_group = lin.group_size;
+    st.matrix.n = lin.out_features;
+    st.matrix.k = lin.in_features;
+    AddTensor(std::move(st));
   }
   if (hf.generation_config()) generation_config_ = *hf.generation_config();
   if (!hf.tokenizer_json_path()) return Error("no tokenizer.json in the model directory");
@@ -133,14 +137,7 @@ Status Model::InitLlama2c(const LoadOptions& opts) {
   config_.tied_embeddings = lc.shared_classifier;
   LUMEN_RETURN_IF_ERROR(config_.Finalize());
   for (const auto& t : l.tensors()) {
-    StoredTensor st;
-    st.name = st.source_name = t.name;
-    st.shape.assign(t.view.shape.begin(), t.view.shape.begin() + t.view.ndim);
-    TensorView v = t.view;
-    if (v.ndim == 1) v = v.Reshape({1, v.dim(0)});
-    st.matrix = kernels::Matrix::Plain(v);
-    sources_->index[st.name] = tensors_.size();
-    tensors_.push_back(std::move(st));
+    AddTensor(t.name, t.name, t.view);
   }
   if (opts.tokenizer_path.empty())
     return Error("llama2.c models need their tokenizer: pass --tokenizer tokenizer.bin");

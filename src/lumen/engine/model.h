@@ -62,6 +62,8 @@ class Model {
   Status InitHf(const LoadOptions& opts);
   Status InitLlama2c(const LoadOptions& opts);
   Status Finish(const LoadOptions& opts);
+  void AddTensor(StoredTensor st);
+  void AddTensor(const std::string& name, const std::string& source_name, const TensorView& view);
 
   std::unique_ptr<Sources> sources_;
   model::ModelConfig config_;

@@ -92,24 +92,28 @@ std::unique_ptr<Weight> MakeWeight(int type, int64_t N, int64_t K) {
 }
 
 // Decode: Y[1, N] = x W^T over a weight larger than the last-level cache.
+// range(2) == 1: the int8-activation route (matmul_q8.h; q8_0 and q4_0 only).
 void BM_MatVec(benchmark::State& state) {
   const int type = static_cast<int>(state.range(0));
   const int threads = static_cast<int>(state.range(1));
+  const bool int8 = state.range(2) == 1;
   const int64_t K = 2048, N = 65536;  // 134M weights: 256 MiB as f16
   auto w = MakeWeight(type, N, K);
+  if (int8) w->m.route = ActRoute::kInt8;
   std::vector<float> x(K, 0.5f), y(N);
   ThreadPool pool(threads);
   for (auto _ : state) {
     MatMul(w->m, x.data(), 1, K, y.data(), N, &pool);
     benchmark::DoNotOptimize(y.data());
   }
-  state.SetLabel(TypeName(type));
+  state.SetLabel(std::string(TypeName(type)) + (int8 ? " int8" : ""));
   state.counters["bytes/s"] =
       benchmark::Counter(double(w->m.bytes()) * state.iterations(), benchmark::Counter::kIsRate);
   state.counters["FLOP/s"] =
       benchmark::Counter(2.0 * N * K * state.iterations(), benchmark::Counter::kIsRate);
 }
-BENCHMARK(BM_MatVec)->ArgsProduct({{0, 1, 2, 3, 4, 5, 6, 7}, {1, 2}})->UseRealTime();
+BENCHMARK(BM_MatVec)->ArgsProduct({{0, 1, 2, 3, 4, 5, 6, 7}, {1, 2}, {0}})->UseRealTime();
+BENCHMARK(BM_MatVec)->ArgsProduct({{3, 4}, {1, 2}, {1}})->UseRealTime();
 
 // Prefill / batched decode: Y[M, N] = X[M, K] W^T; K 2048 (q/o/gate/up) or 8192 (down).
 void BM_MatMul(benchmark::State& state) {
@@ -117,7 +121,9 @@ void BM_MatMul(benchmark::State& state) {
   const int64_t M = state.range(1);
   const int threads = static_cast<int>(state.range(2));
   const int64_t K = state.range(3), N = 2048;
+  const bool int8 = state.range(4) == 1;
   auto w = MakeWeight(type, N, K);
+  if (int8) w->m.route = ActRoute::kInt8;
   std::vector<float> x(M * K), y(M * N);
   std::mt19937 rng(2);
   for (auto& v : x) v = std::uniform_real_distribution<float>(-1, 1)(rng);
@@ -126,15 +132,16 @@ void BM_MatMul(benchmark::State& state) {
     MatMul(w->m, x.data(), M, K, y.data(), N, &pool);
     benchmark::DoNotOptimize(y.data());
   }
-  state.SetLabel(TypeName(type));
+  state.SetLabel(std::string(TypeName(type)) + (int8 ? " int8" : ""));
   state.counters["FLOP/s"] =
       benchmark::Counter(2.0 * M * N * K * state.iterations(), benchmark::Counter::kIsRate);
   state.counters["bytes/s"] =
       benchmark::Counter(double(w->m.bytes()) * state.iterations(), benchmark::Counter::kIsRate);
 }
 BENCHMARK(BM_MatMul)
-    ->ArgsProduct({{0, 1, 2, 3, 4, 5, 6, 7}, {4, 256}, {1, 2}, {2048, 8192}})
+    ->ArgsProduct({{0, 1, 2, 3, 4, 5, 6, 7}, {4, 256}, {1, 2}, {2048, 8192}, {0}})
     ->UseRealTime();
+BENCHMARK(BM_MatMul)->ArgsProduct({{3, 4}, {4, 8}, {1, 2}, {2048, 8192}, {1}})->UseRealTime();
 
 // One decode token's attention for one layer at context S (f16 KV).
 void BM_Attention(benchmark::State& state) {

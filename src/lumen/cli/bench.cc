@@ -18,6 +18,7 @@ struct BenchArgs {
   std::string model;
   engine::BenchOptions opts;
   int threads = 0;
+  std::string act_route = "exact";
   int64_t depth = 0;
   bool membw_only = false;
   bool no_membw = false;
@@ -53,6 +54,7 @@ void RunBenchVerb(BenchArgs& a) {
   ModelArgs margs;
   margs.model = a.model;
   margs.threads = a.threads;
+  margs.act_route = a.act_route;
   auto model = LoadModel(margs);
   if (!model.ok()) return ReportError(model.status());
   a.opts.depth = a.depth;
@@ -128,6 +130,8 @@ void RegisterBench(CLI::App& app) {
       ->check(CLI::Range(1, 1000));
   cmd->add_option("--ctx", a->depth, "also decode starting at this context position")
       ->check(CLI::Range(int64_t(1), int64_t(1) << 24));
+  cmd->add_option("--act-route", a->act_route, "matmul activations: exact or int8 (see lumen run)")
+      ->check(CLI::IsMember({"exact", "int8"}));
   cmd->add_flag("--membw", a->membw_only, "only measure the read bandwidth (1 and all threads)");
   cmd->add_flag("--no-membw", a->no_membw, "skip the bandwidth measurement");
   cmd->callback([a] { RunBenchVerb(*a); });

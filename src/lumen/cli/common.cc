@@ -19,12 +19,18 @@ void AddModelArgs(CLI::App* app, ModelArgs& args, bool positional) {
       ->check(CLI::Range(int64_t(1), int64_t(1) << 24));
   app->add_option("--kv-type", args.kv_type, "KV cache element type: f16, bf16 or f32")
       ->check(CLI::IsMember({"f16", "bf16", "f32"}));
+  app->add_option("--act-route", args.act_route,
+                  "matmul activations: exact (f32, default) or int8 (Q8_0/Q4_0 weights at decode "
+                  "quantize activations to int8 for VNNI dot products; tier L3, "
+                  "docs/reference/performance.md)")
+      ->check(CLI::IsMember({"exact", "int8"}));
 }
 
 Result<std::unique_ptr<engine::Model>> LoadModel(const ModelArgs& args) {
   engine::LoadOptions opts;
   opts.tokenizer_path = args.tokenizer;
   opts.threads = args.threads;
+  opts.act_route = args.act_route == "int8" ? kernels::ActRoute::kInt8 : kernels::ActRoute::kExact;
   return engine::LoadModelOrDefault(args.model, opts);
 }
 

@@ -23,6 +23,7 @@ struct ModelArgs {
   int threads = 0;
   int64_t ctx = 0;
   std::string kv_type = "f16";
+  std::string act_route = "exact";
 };
 
 void AddModelArgs(CLI::App* app, ModelArgs& args, bool positional = true);

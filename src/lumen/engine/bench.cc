@@ -12,6 +12,7 @@
 #include "lumen/core/thread_pool.h"
 #include "lumen/engine/session.h"
 #include "lumen/kernels/matmul.h"
+#include "lumen/kernels/matmul_q8.h"
 #include "lumen/kernels/roofline.h"
 #include "lumen/model/forward.h"
 #include "lumen/model/kv_cache.h"
@@ -37,15 +38,6 @@ std::string CpuFlags() {
 }
 
 // Matrices a decoded token streams, once each (a tied head counts once).
-template <class Fn>
-void ForEachMatrix(const model::Weights& w, Fn&& fn) {
-  for (const auto& L : w.layers)
-    for (const kernels::Matrix* m :
-         {&L.wq, &L.wk, &L.wv, &L.wqkv, &L.wo, &L.w_gate, &L.w_up, &L.w_down})
-      if (m->valid()) fn(*m);
-  if (w.output.valid()) fn(w.output);
-}
-
 std::vector<int32_t> RandomTokens(int n, int vocab, uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::uniform_int_distribution<int32_t> d(0, vocab - 1);
@@ -157,13 +149,15 @@ Result<BenchReport> RunBench(const Model& model, const BenchOptions& o) {
   // Roofline inputs.
   double mat_flops = 0;  // 2 * N * K summed over the layer matrices
   std::set<std::string> routes;
-  ForEachMatrix(w, [&](const kernels::Matrix& m) {
+  model::ForEachMatrix(w, [&](const kernels::Matrix& m) {
     r.weight_bytes_per_token += m.bytes();
     if (&m != &w.output) mat_flops += 2.0 * double(m.n) * double(m.k);
     const std::string name =
         m.mlx_bits ? "mlx" + std::to_string(m.mlx_bits) + "_g" + std::to_string(m.mlx_group)
                    : std::string(Name(m.w.dtype));
-    routes.insert(name + (kernels::MatMulIsFused(m) ? ": fused decode" : ": scalar dequant"));
+    routes.insert(name + (kernels::UsesInt8Route(m, 1) ? ": int8 activations, VNNI (L3)"
+                          : kernels::MatMulIsFused(m)  ? ": fused decode"
+                                                       : ": scalar dequant"));
   });
   if (w.output.w.data != w.tok_embd.w.data) r.weight_bytes_per_token += w.tok_embd.w.row_bytes();
   r.kernel_routes.assign(routes.begin(), routes.end());

@@ -45,6 +45,7 @@ Status Model::Finish(const LoadOptions& opts) {
     return tensors_[it->second].matrix;
   };
   LUMEN_ASSIGN_OR_RETURN(weights_, model::BindWeights(config_, lookup));
+  model::ForEachMatrix(weights_, [&](kernels::Matrix& m) { m.route = opts.act_route; });
   pool_ =
       std::make_unique<ThreadPool>(opts.threads > 0 ? opts.threads : ThreadPool::DefaultThreads());
   if (chat_template_.empty()) chat_template_ = tokenizer_->chat_template();

@@ -8,6 +8,7 @@
 #include "lumen/core/buffer.h"
 #include "lumen/core/half.h"
 #include "lumen/core/quant.h"
+#include "lumen/kernels/matmul_q8.h"
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "lumen/kernels/matmul.cc"
@@ -571,6 +572,7 @@ HWY_EXPORT(FusedPath);
 
 void MatMul(const Matrix& W, const float* X, int64_t M, int64_t ldx, float* Y, int64_t ldy,
             ThreadPool* pool) {
+  if (UsesInt8Route(W, M)) return MatMulInt8(W, X, M, ldx, Y, ldy, pool);
   const int64_t N = W.n;
   auto fn = [&](int64_t b, int64_t e, int) {
     HWY_DYNAMIC_DISPATCH(MatMulRows)(W, X, M, ldx, Y, ldy, b, e);
@@ -586,6 +588,15 @@ void MatMul(const Matrix& W, const float* X, int64_t M, int64_t ldx, float* Y, i
 
 void MatMulMany(std::span<const MatMulOut> outs, const float* X, int64_t M, int64_t ldx,
                 ThreadPool* pool) {
+  const auto int8 = [M](const MatMulOut& o) { return UsesInt8Route(*o.w, M); };
+  if (std::any_of(outs.begin(), outs.end(), int8)) {
+    if (std::all_of(outs.begin(), outs.end(), int8)) return MatMulManyInt8(outs, X, M, ldx, pool);
+    // Mixed routes (e.g. an F16 v beside Q4_0 q/k): one pass per route.
+    std::vector<MatMulOut> a, b;
+    for (const MatMulOut& o : outs) (int8(o) ? a : b).push_back(o);
+    MatMulManyInt8(a, X, M, ldx, pool);
+    return MatMulMany(b, X, M, ldx, pool);
+  }
   int64_t total = 0;
   for (const MatMulOut& o : outs) total += o.w->n;
   auto fn = [&](int64_t b, int64_t e, int) {

@@ -12,7 +12,8 @@
 // backward through a frozen (possibly quantized) weight needs.
 //
 // Tier: L2 against MatMulRef (the scalar oracle in matmul_ref.h); the bound is
-// in matmul_test.cc.
+// in matmul_test.cc. A matrix marked W.route == ActRoute::kInt8 takes the L3
+// int8-activation route where it applies (matmul_q8.h).
 #pragma once
 
 #include <cstdint>

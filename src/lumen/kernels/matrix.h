@@ -12,6 +12,12 @@
 
 namespace lumen::kernels {
 
+// How a product with this matrix treats its activations. kExact: f32 as given
+// (tier L2). kInt8: rows quantized to int8 per 32-element block and dotted
+// with VNNI integer instructions where the weight type and CPU allow it
+// (tier L3, matmul_q8.h); the exact route otherwise.
+enum class ActRoute : uint8_t { kExact, kInt8 };
+
 struct Matrix {
   TensorView w;       // [N, K], or MLX packed codes [N, K * bits / 32] (u32)
   TensorView scales;  // MLX only: [N, K / group]
@@ -19,6 +25,7 @@ struct Matrix {
   int mlx_bits = 0;   // 0: not MLX
   int mlx_group = 0;
   int64_t n = 0, k = 0;  // logical shape
+  ActRoute route = ActRoute::kExact;
 
   static Matrix Plain(const TensorView& v) {
     Matrix m;

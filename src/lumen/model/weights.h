@@ -47,6 +47,16 @@ struct Weights {
   AlignedBuffer small_f32;  // owns converted norms/biases
 };
 
+// Calls fn on every weight matrix a forward multiplies by (the layers', then
+// the LM head); W is Weights or const Weights.
+template <class W, class Fn>
+void ForEachMatrix(W& w, Fn&& fn) {
+  for (auto& L : w.layers)
+    for (auto* m : {&L.wq, &L.wk, &L.wv, &L.wqkv, &L.wo, &L.w_gate, &L.w_up, &L.w_down})
+      if (m->valid()) fn(*m);
+  if (w.output.valid()) fn(w.output);
+}
+
 // A source of named tensors: returns the matrix for a canonical name or an
 // invalid Matrix when absent. Implemented over GGUF, HF (name-mapped, MLX
 // aware) and llama2.c files by the loader.

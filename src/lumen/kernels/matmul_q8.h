@@ -1,0 +1,51 @@
+// The int8-activation route of MatMul (tier L3): each activation row is
+// quantized to int8 in 32-element blocks (scale = absmax / 127, round to
+// nearest) and dotted with Q8_0 / Q4_0 weight blocks by AVX512-VNNI
+// `vpdpbusd` (64 byte products per instruction, exact int32 sums), then each
+// block's integer sum is scaled by weight scale x activation scale in f32.
+//
+// Why: the exact route converts every weight to f32 and spends one FMA per
+// weight per activation row, which makes decode compute-bound on two cores
+// for 4-bit weights and batch-4 decode 4x the work of batch 1. Here the
+// per-weight work is one byte lane of one instruction, shared by nothing but
+// the block-scale FMA; the weight bytes are decoded once for up to 4 rows.
+//
+// Used by MatMul/MatMulMany when W.route == ActRoute::kInt8, the weight type is
+// Q8_0 or Q4_0, the CPU has AVX512-VNNI and M <= kInt8MaxRows (prefill keeps the
+// exact f32 panels: with a scale per 32-block the integer dot saves nothing per
+// FMA there). Otherwise the exact route runs. MatMulQ8Ref (matmul_q8_ref.h) is
+// the scalar oracle: same activation quantization, exact integer dots, double
+// accumulation.
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+#include "lumen/core/thread_pool.h"
+#include "lumen/kernels/matmul.h"
+#include "lumen/kernels/matrix.h"
+
+namespace lumen::kernels {
+
+inline constexpr int64_t kInt8MaxRows = 8;
+
+// x[0..32) -> q[0..32) and its scale d (x ~= d * q). All-zero block: d = 0.
+void QuantizeActivationBlock(const float* x, int8_t* q, float* d);
+
+// True when the int8 route can run W's storage on this CPU (ignores W.route).
+bool Int8RouteSupports(const Matrix& W);
+
+// True when MatMul(W, ..., M, ...) takes the int8 route.
+inline bool UsesInt8Route(const Matrix& W, int64_t M) {
+  return W.route == ActRoute::kInt8 && M <= kInt8MaxRows && Int8RouteSupports(W);
+}
+
+// Y[M, N] = X[M, K] * W^T through the int8 route; requires Int8RouteSupports(W).
+void MatMulInt8(const Matrix& W, const float* X, int64_t M, int64_t ldx, float* Y, int64_t ldy,
+                ThreadPool* pool);
+
+// MatMulMany through the int8 route; every out must satisfy Int8RouteSupports.
+void MatMulManyInt8(std::span<const MatMulOut> outs, const float* X, int64_t M, int64_t ldx,
+                    ThreadPool* pool);
+
+}  // namespace lumen::kernels

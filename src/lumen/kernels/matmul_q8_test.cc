@@ -1,0 +1,182 @@
+// The int8-activation route (matmul_q8.h) against its scalar oracle
+// MatMulInt8Ref, and its L3 error against the exact product.
+//
+// Against the oracle: both use the same int8 activations and exact integer
+// block dots; the fast kernel rounds (weight scale x activation scale), the
+// product with the int32 sum, and sums K/4 lane terms in f32, so per output
+//   |y - y_ref| <= (K/4 + 4) u sum_b |dw dx| sum_j |qw qx|.
+// Against the exact f32 product: rounding each activation to the nearest
+// multiple of its block's scale dx moves it by at most dx/2, so
+//   |y - y_exact| <= sum_b (dx_b / 2) sum_j |w_j|   (+ the f32 slack of both).
+#include "lumen/kernels/matmul_q8.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "lumen/core/quant.h"
+#include "lumen/kernels/matmul_q8_ref.h"
+#include "lumen/kernels/matmul_ref.h"
+
+namespace lumen::kernels {
+namespace {
+
+constexpr double kU = 1.0 / (1 << 24);
+
+struct Owned {
+  std::vector<uint8_t> bytes;
+  Matrix m;
+};
+
+// N x K random weights quantized to t, rows at odd (misaligned) byte offsets.
+Owned Make(DType t, int64_t N, int64_t K, std::mt19937& rng) {
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> w(K);
+  const size_t rb = *RowBytes(t, K), stride = rb + 3;
+  Owned o;
+  o.bytes.assign(N * stride + 8, 0);
+  uint8_t* base = o.bytes.data() + 1;
+  for (int64_t n = 0; n < N; ++n) {
+    for (auto& v : w) v = nd(rng);
+    QuantizeRow(t, w.data(), base + n * stride, K);
+  }
+  o.m.w = TensorView::Contiguous(base, t, {N, K});
+  o.m.w.stride[0] = static_cast<int64_t>(stride);
+  o.m.n = N;
+  o.m.k = K;
+  o.m.route = ActRoute::kInt8;
+  return o;
+}
+
+std::vector<float> RandomX(int64_t M, int64_t K, std::mt19937& rng) {
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> x(M * K);
+  for (auto& v : x) v = nd(rng);
+  for (int64_t i = 0; i < M * K; i += 97) x[i] *= 40.0f;  // activation outliers
+  return x;
+}
+
+#define SKIP_WITHOUT_VNNI(W)                         \
+  if (!Int8RouteSupports(W))                         \
+  GTEST_SKIP() << "no AVX512-VNNI on this CPU: the " \
+                  "int8 route falls back to exact"
+
+TEST(QuantizeActivationBlock, KnownValues) {
+  float x[kQK] = {};
+  x[0] = 63.5f;    // amax: scale 0.5 (every value below is exact in binary)
+  x[1] = -31.75f;  // -63.5 steps: ties to even, -64
+  x[2] = 0.25f;    // 0.5 steps: 0
+  x[3] = 0.75f;    // 1.5 steps: 2
+  int8_t q[kQK];
+  float d;
+  QuantizeActivationBlock(x, q, &d);
+  EXPECT_EQ(d, 0.5f);
+  EXPECT_EQ(q[0], 127);
+  EXPECT_EQ(q[1], -64);
+  EXPECT_EQ(q[2], 0);
+  EXPECT_EQ(q[3], 2);
+  for (int i = 4; i < kQK; ++i) EXPECT_EQ(q[i], 0);
+  float z[kQK] = {};
+  QuantizeActivationBlock(z, q, &d);
+  EXPECT_EQ(d, 0.0f);
+  for (int8_t v : q) EXPECT_EQ(v, 0);
+}
+
+TEST(MatMulInt8, MatchesOracleAndExactBound) {
+  std::mt19937 rng(7);
+  for (DType t : {DType::kQ4_0, DType::kQ8_0})
+    for (int64_t K : {32, 64, 96, 160, 2048})
+      for (int64_t M : {1, 2, 3, 4, 5, 7, 8}) {
+        const int64_t N = 37;
+        Owned W = Make(t, N, K, rng);
+        SKIP_WITHOUT_VNNI(W.m);
+        const std::vector<float> X = RandomX(M, K, rng);
+        std::vector<float> Y(M * N, -7.0f), Yq(M * N), Ye(M * N);
+        MatMul(W.m, X.data(), M, K, Y.data(), N, nullptr);
+        std::vector<double> mag;
+        MatMulInt8Ref(W.m, X.data(), M, Yq.data(), &mag);
+        MatMulRef(W.m, X.data(), M, Ye.data());
+        std::vector<float> w(K);
+        int bad = 0;
+        for (int64_t n = 0; n < N; ++n) {
+          DequantizeMatrixRow(W.m, n, w.data());
+          for (int64_t m = 0; m < M; ++m) {
+            const double e_ref = std::fabs(double(Y[m * N + n]) - Yq[m * N + n]);
+            const double b_ref = (K / 4 + 4) * kU * mag[m * N + n] + 1e-30;
+            // Activation rounding bound, from the oracle's own block scales.
+            double b_exact = 0, abs_wx = 0;
+            for (int64_t b = 0; b < K / kQK; ++b) {
+              int8_t q[kQK];
+              float dx;
+              QuantizeActivationBlock(&X[m * K + b * kQK], q, &dx);
+              for (int j = 0; j < kQK; ++j) {
+                b_exact += 0.5 * dx * std::fabs(w[b * kQK + j]);
+                abs_wx += std::fabs(double(w[b * kQK + j]) * X[m * K + b * kQK + j]);
+              }
+            }
+            b_exact += b_ref + (K + 2) * kU * abs_wx;
+            const double e_exact = std::fabs(double(Y[m * N + n]) - Ye[m * N + n]);
+            if (e_ref > b_ref || e_exact > b_exact) {
+              if (++bad < 5)
+                ADD_FAILURE() << Name(t) << " K=" << K << " M=" << M << " n=" << n << " m=" << m
+                              << ": y=" << Y[m * N + n] << " oracle=" << Yq[m * N + n] << " (err "
+                              << e_ref << " > " << b_ref << "?) exact=" << Ye[m * N + n] << " (err "
+                              << e_exact << " > " << b_exact << "?)";
+            }
+          }
+        }
+      }
+}
+
+TEST(MatMulInt8, RouteSelection) {
+  std::mt19937 rng(11);
+  Owned W = Make(DType::kQ4_0, 40, 256, rng);
+  SKIP_WITHOUT_VNNI(W.m);
+  const int64_t M = kInt8MaxRows + 1, N = 40, K = 256;
+  const std::vector<float> X = RandomX(M, K, rng);
+  // Above kInt8MaxRows rows the exact route runs: bit-identical to kExact.
+  std::vector<float> a(M * N), b(M * N);
+  MatMul(W.m, X.data(), M, K, a.data(), N, nullptr);
+  Matrix exact = W.m;
+  exact.route = ActRoute::kExact;
+  MatMul(exact, X.data(), M, K, b.data(), N, nullptr);
+  EXPECT_EQ(a, b);
+  // At M = 1 the routes differ (activation rounding), and MatMul is MatMulInt8.
+  std::vector<float> c(N), d(N), e(N);
+  MatMul(W.m, X.data(), 1, K, c.data(), N, nullptr);
+  MatMul(exact, X.data(), 1, K, d.data(), N, nullptr);
+  MatMulInt8(W.m, X.data(), 1, K, e.data(), N, nullptr);
+  EXPECT_NE(c, d);
+  EXPECT_EQ(c, e);
+  // Types without an int8 kernel ignore the mark.
+  Owned F = Make(DType::kQ4_K, 8, 256, rng);
+  EXPECT_FALSE(Int8RouteSupports(F.m));
+  EXPECT_FALSE(UsesInt8Route(F.m, 1));
+}
+
+TEST(MatMulInt8, ManyAndThreadsAreBitIdentical) {
+  std::mt19937 rng(13);
+  const int64_t K = 320, M = 3;
+  Owned q4 = Make(DType::kQ4_0, 70, K, rng), q8 = Make(DType::kQ8_0, 50, K, rng),
+        f16 = Make(DType::kF16, 30, K, rng);
+  SKIP_WITHOUT_VNNI(q4.m);
+  const std::vector<float> X = RandomX(M, K, rng);
+  ThreadPool pool(3);
+  std::vector<float> y4(M * 70), y8(M * 50), y16(M * 30);
+  MatMul(q4.m, X.data(), M, K, y4.data(), 70, nullptr);
+  MatMul(q8.m, X.data(), M, K, y8.data(), 50, nullptr);
+  MatMul(f16.m, X.data(), M, K, y16.data(), 30, nullptr);
+  std::vector<float> z4(M * 70), z8(M * 50), z16(M * 30);
+  const MatMulOut outs[] = {
+      {&q4.m, z4.data(), 70}, {&f16.m, z16.data(), 30}, {&q8.m, z8.data(), 50}};
+  MatMulMany(outs, X.data(), M, K, &pool);
+  EXPECT_EQ(y4, z4);
+  EXPECT_EQ(y8, z8);
+  EXPECT_EQ(y16, z16);
+}
+
+}  // namespace
+}  // namespace lumen::kernels

@@ -93,27 +93,32 @@ std::unique_ptr<Weight> MakeWeight(int type, int64_t N, int64_t K) {
 
 // Decode: Y[1, N] = x W^T over a weight larger than the last-level cache.
 // range(2) == 1: the int8-activation route (matmul_q8.h; q8_0 and q4_0 only).
+// range(3): activation rows M (1: decode; 4: a batch-4 decode step), so the
+// weights stream from DRAM as in a real step.
 void BM_MatVec(benchmark::State& state) {
   const int type = static_cast<int>(state.range(0));
   const int threads = static_cast<int>(state.range(1));
   const bool int8 = state.range(2) == 1;
+  const int64_t M = state.range(3);
   const int64_t K = 2048, N = 65536;  // 134M weights: 256 MiB as f16
   auto w = MakeWeight(type, N, K);
   if (int8) w->m.route = ActRoute::kInt8;
-  std::vector<float> x(K, 0.5f), y(N);
+  std::vector<float> x(M * K), y(M * N);
+  std::mt19937 rng(1);
+  for (auto& v : x) v = std::uniform_real_distribution<float>(-1, 1)(rng);
   ThreadPool pool(threads);
   for (auto _ : state) {
-    MatMul(w->m, x.data(), 1, K, y.data(), N, &pool);
+    MatMul(w->m, x.data(), M, K, y.data(), N, &pool);
     benchmark::DoNotOptimize(y.data());
   }
   state.SetLabel(std::string(TypeName(type)) + (int8 ? " int8" : ""));
   state.counters["bytes/s"] =
       benchmark::Counter(double(w->m.bytes()) * state.iterations(), benchmark::Counter::kIsRate);
   state.counters["FLOP/s"] =
-      benchmark::Counter(2.0 * N * K * state.iterations(), benchmark::Counter::kIsRate);
+      benchmark::Counter(2.0 * M * N * K * state.iterations(), benchmark::Counter::kIsRate);
 }
-BENCHMARK(BM_MatVec)->ArgsProduct({{0, 1, 2, 3, 4, 5, 6, 7}, {1, 2}, {0}})->UseRealTime();
-BENCHMARK(BM_MatVec)->ArgsProduct({{3, 4}, {1, 2}, {1}})->UseRealTime();
+BENCHMARK(BM_MatVec)->ArgsProduct({{0, 1, 2, 3, 4, 5, 6, 7}, {1, 2}, {0}, {1, 4}})->UseRealTime();
+BENCHMARK(BM_MatVec)->ArgsProduct({{3, 4}, {1, 2}, {1}, {1, 4}})->UseRealTime();
 
 // Prefill / batched decode: Y[M, N] = X[M, K] W^T; K 2048 (q/o/gate/up) or 8192 (down).
 void BM_MatMul(benchmark::State& state) {

@@ -270,6 +270,56 @@ void Scheduler::PrefillStep() {
   }
 }
 
+bool Scheduler::ForceTokens(Slot& s, std::vector<int32_t> forced) {
+  const JobRequest& r = s.job->req_;
+  size_t n = forced.size();
+  if (r.max_tokens >= 0) n = std::min<size_t>(n, size_t(r.max_tokens - s.generated));
+  n = std::min<size_t>(n, size_t(s.session->ctx() - s.session->next_pos()));
+  for (size_t i = 0; i < n; ++i) {
+    const int32_t id = forced[i];
+    if (!r.constraint->Accept(id)) {
+      Finish(s, FinishReason::kCancelled,
+             fmt::format("constraint: its own forced token {} was refused", id));
+      return false;
+    }
+    JobEvent e;
+    e.kind = JobEvent::kToken;
+    e.token.id = id;
+    // Forced tokens are not drawn: reported as certain.
+    e.token.logprobs.chosen = {id, 0.0f};
+    ++s.generated;
+    e.text = s.stops->Push(s.detok->Push(id));
+    if (r.on_event && !r.on_event(e)) {
+      s.job->Cancel();
+      Finish(s, FinishReason::kCancelled);
+      return false;
+    }
+    if (s.stops->stopped()) {
+      Finish(s, FinishReason::kStop);
+      return false;
+    }
+  }
+  if (r.constraint->done()) {
+    Finish(s, FinishReason::kEos);
+    return false;
+  }
+  if (r.max_tokens >= 0 && s.generated >= r.max_tokens) {
+    Finish(s, FinishReason::kLength);
+    return false;
+  }
+  if (n < forced.size()) {
+    Finish(s, FinishReason::kContext);
+    return false;
+  }
+  // One forward over the whole run, like a prefill chunk.
+  Status st = s.session->Append(std::span<const int32_t>(forced.data(), n));
+  if (!st.ok()) {
+    Finish(s, FinishReason::kCancelled, st.message());
+    return false;
+  }
+  return true;
+}
+
 void Scheduler::DecodeStep() {
   const tokenize::Tokenizer& tok = model_.tokenizer();
   std::vector<model::BatchRow> rows;
@@ -292,8 +342,32 @@ void Scheduler::DecodeStep() {
     }
     JobEvent e;
     e.kind = JobEvent::kToken;
+    if (r.constraint) {
+      TokenConstraint& c = *r.constraint;
+      std::vector<int32_t> forced;
+      std::string why;
+      if (!c.Forced(&forced, &why)) {
+        Finish(s, FinishReason::kCancelled, why);
+        continue;
+      }
+      if (!forced.empty()) {
+        ForceTokens(s, std::move(forced));
+        continue;
+      }
+      if (c.Mask(s.session->logits()) == 0) {
+        Finish(s, FinishReason::kCancelled, "constraint: no token of the vocabulary may come next");
+        continue;
+      }
+    }
     e.token.id = s.sampler->Sample(s.session->logits(), s.session->tokens(),
                                    r.want_logprobs ? &e.token.logprobs : nullptr);
+    if (r.constraint && !r.constraint->Accept(e.token.id)) {
+      Finish(s, FinishReason::kCancelled,
+             fmt::format("constraint: the sampler chose token {}, which the constraint does not "
+                         "allow (does logit_bias ban every allowed token?)",
+                         e.token.id));
+      continue;
+    }
     if (tok.IsEog(e.token.id) && !r.ignore_eos) {
       Finish(s, FinishReason::kEos);
       continue;
@@ -307,6 +381,10 @@ void Scheduler::DecodeStep() {
     }
     if (s.stops->stopped()) {
       Finish(s, FinishReason::kStop);
+      continue;
+    }
+    if (r.constraint && r.constraint->done()) {
+      Finish(s, FinishReason::kEos);
       continue;
     }
     if (r.max_tokens >= 0 && s.generated >= r.max_tokens) {

@@ -18,6 +18,12 @@
 // (>= 1 token), truncates it there and prefills only the rest. An adopted entry
 // leaves the cache (two concurrent jobs cannot share one KV).
 //
+// Constraints (constraint.h): a job with a TokenConstraint takes its forced
+// tokens without sampling (appended to its session in one forward, so that
+// step it is not in the batch), has disallowed logits set to -inf before its
+// Sampler runs, and ends with kEos once the constraint is done. Jobs without
+// one take exactly the unconstrained path.
+//
 // Callbacks run on the worker thread and must return quickly; returning false
 // (or Job::Cancel) frees the slot before the next step.
 #pragma once
@@ -34,6 +40,7 @@
 #include <thread>
 #include <vector>
 
+#include "lumen/engine/constraint.h"
 #include "lumen/engine/generate.h"
 #include "lumen/engine/model.h"
 #include "lumen/engine/session.h"
@@ -69,6 +76,8 @@ struct JobRequest {
   bool ignore_eos = false;
   std::vector<std::string> stop;
   bool want_logprobs = false;
+  // Null: unconstrained. Stateful: one per job; only the worker touches it.
+  std::shared_ptr<TokenConstraint> constraint;
   std::function<bool(const JobEvent&)> on_event;  // false: cancel
 };
 
@@ -121,6 +130,9 @@ class Scheduler {
   bool Admit(std::unique_lock<std::mutex>& lock);
   void PrefillStep();
   void DecodeStep();
+  // A constrained slot's forced tokens: emitted and appended; false when the
+  // slot finished (or failed) on the way.
+  bool ForceTokens(Slot& s, std::vector<int32_t> forced);
   void Finish(Slot& s, FinishReason why, const std::string& error = "");
   std::unique_ptr<Session> TakeCached(const std::vector<int32_t>& prompt, int64_t* kept);
   void PutCached(std::unique_ptr<Session> s);

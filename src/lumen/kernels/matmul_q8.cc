@@ -6,6 +6,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "lumen/core/buffer.h"
 #include "lumen/core/check.h"
 #include "lumen/core/quant.h"
 
@@ -15,14 +16,14 @@
 #endif
 
 // Layout. A pair of weight blocks (2 x 32 elements) becomes one 64-byte vector
-// of unsigned codes; vpdpbusd sums 4 adjacent byte products into each of 16
-// int32 lanes, so every lane belongs to one block. The activation row is
-// stored in the same byte order as the codes, with per lane (4 bytes) its
-// block's scale (f32) and a correction that turns the unsigned code into the
-// signed weight: Q4_0 codes are q in 0..15 for w = q - 8, Q8_0 codes are
-// w + 128 (sign bit flipped), so sum(w x) = sum(code x) + c * sum(x) with c = -8
-// or -128, and c * (sum of the lane's 4 activation bytes) is the lane's
-// starting value. The dot stays exact in int32 (|sum| <= 32 * 255 * 128).
+// of signed weights (Q4_0: q - 8; Q8_0: q); vpdpbusd sums 4 adjacent byte
+// products into each of 16 int32 lanes, so every lane belongs to one block.
+// vpdpbusd multiplies unsigned by signed bytes, so activations are stored as
+// u = x + 128 and sum(w x) = sum(w u) - 128 sum(w): the correction depends on
+// the weights only, so it is computed once per pair (one more vpdpbusd) and
+// shared by every activation row. Activation rows are stored in the weights'
+// byte order with each lane's block scale (f32). Products fit in int16 and the
+// lane sums in int32 exactly.
 //   Q4_0 pair: [blk0 e0..15 | blk1 e0..15 | blk0 e16..31 | blk1 e16..31]
 //              (low nibbles of both blocks, then high nibbles)
 //   Q8_0 pair: [blk0 e0..31 | blk1 e0..31]
@@ -33,17 +34,15 @@ namespace {
 
 enum class Fmt { kQ4_0, kQ8_0 };
 
+// Blocks are [f16 scale | codes]; only the size differs.
 struct Geometry {
   Fmt fmt;
-  int64_t block_bytes;  // bytes of one weight block
-  int64_t scale_off;    // offset of the f16 scale in the block
-  int64_t codes_off;    // offset of the codes
-  int32_t corr;         // c above
+  int64_t block_bytes;
 };
 
 Geometry GeometryFor(DType t) {
-  if (t == DType::kQ4_0) return {Fmt::kQ4_0, sizeof(BlockQ4_0), 0, 2, -8};
-  return {Fmt::kQ8_0, sizeof(BlockQ8_0), 0, 2, -128};
+  if (t == DType::kQ4_0) return {Fmt::kQ4_0, sizeof(BlockQ4_0)};
+  return {Fmt::kQ8_0, sizeof(BlockQ8_0)};
 }
 
 // Natural element index (within the row) of byte `pos` of the laid-out row.
@@ -55,35 +54,38 @@ int64_t SourceIndex(Fmt fmt, int64_t nb, int64_t pos) {
   return blk * kQK + e;
 }
 
-// Activation rows quantized and laid out for one weight format.
+// Activation rows quantized and laid out for one weight format. Each row is
+// a run of records, one per weight pair: [u = x + 128, 64 B | lane scales,
+// 16 x f32], then for an odd last block a half record [32 B | 8 x f32]. One
+// pointer per row and sequential reads (with separate arrays the 4-row kernel
+// ran out of registers).
 struct Int8Rows {
-  int64_t M = 0, K = 0;
-  std::vector<int8_t> q;      // [M, K] laid out as above
-  std::vector<int32_t> corr;  // [M, K/4] lane starting values
-  std::vector<float> dx;      // [M, K/4] lane block scales
-  const int8_t* qrow(int64_t m) const { return q.data() + m * K; }
-  const int32_t* crow(int64_t m) const { return corr.data() + m * (K / 4); }
-  const float* drow(int64_t m) const { return dx.data() + m * (K / 4); }
+  int64_t M = 0, K = 0, stride = 0;  // stride: bytes per row (a multiple of 64)
+  AlignedBuffer buf;
+  const uint8_t* row(int64_t m) const { return buf.as<const uint8_t>() + m * stride; }
 };
+
+constexpr int64_t kRecord = 128;
 
 void Prepare(const Geometry& g, const float* X, int64_t M, int64_t ldx, int64_t K, Int8Rows* out) {
   const int64_t nb = K / kQK;
   out->M = M;
   out->K = K;
-  out->q.resize(M * K);
-  out->corr.resize(M * K / 4);
-  out->dx.resize(M * K / 4);
+  out->stride = (2 * K + 63) / 64 * 64;  // per element: a byte, and a f32 scale per 4
+  out->buf = AlignedBuffer(M * out->stride);
   std::vector<int8_t> qn(K);
   std::vector<float> dn(nb);
   for (int64_t m = 0; m < M; ++m) {
     for (int64_t b = 0; b < nb; ++b)
       QuantizeActivationBlock(X + m * ldx + b * kQK, qn.data() + b * kQK, &dn[b]);
-    int8_t* q = out->q.data() + m * K;
-    for (int64_t pos = 0; pos < K; ++pos) q[pos] = qn[SourceIndex(g.fmt, nb, pos)];
-    for (int64_t l = 0; l < K / 4; ++l) {
-      const int32_t s = q[4 * l] + q[4 * l + 1] + q[4 * l + 2] + q[4 * l + 3];
-      out->corr[m * (K / 4) + l] = g.corr * s;
-      out->dx[m * (K / 4) + l] = dn[SourceIndex(g.fmt, nb, 4 * l) / kQK];
+    uint8_t* rec = out->buf.as<uint8_t>() + m * out->stride;
+    for (int64_t pos = 0; pos < K;) {
+      const int64_t n = std::min<int64_t>(64, K - pos);  // 64, or 32 for the half record
+      float* dx = reinterpret_cast<float*>(rec + n);
+      for (int64_t i = 0; i < n; ++i) rec[i] = uint8_t(qn[SourceIndex(g.fmt, nb, pos + i)] + 128);
+      for (int64_t l = 0; l < n / 4; ++l) dx[l] = dn[SourceIndex(g.fmt, nb, pos + 4 * l) / kQK];
+      rec += 2 * n;
+      pos += n;
     }
   }
 }
@@ -117,12 +119,12 @@ LUMEN_VNNI inline __m512i PairCodes(const uint8_t* blk) {
     const __m256i m = _mm256_set1_epi8(0x0F);
     const __m256i lo = _mm256_and_si256(y, m);
     const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(y, 4), m);
-    return _mm512_inserti64x4(_mm512_zextsi256_si512(lo), hi, 1);
+    const __m512i q = _mm512_inserti64x4(_mm512_zextsi256_si512(lo), hi, 1);
+    return _mm512_sub_epi8(q, _mm512_set1_epi8(8));
   } else {
     const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
     const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2 + 34));
-    const __m512i z = _mm512_inserti64x4(_mm512_zextsi256_si512(a), b, 1);
-    return _mm512_xor_si512(z, _mm512_set1_epi8(static_cast<char>(0x80)));
+    return _mm512_inserti64x4(_mm512_zextsi256_si512(a), b, 1);
   }
 }
 
@@ -144,10 +146,10 @@ LUMEN_VNNI inline __m256i BlockCodes(const uint8_t* blk) {
     const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2));
     const __m128i m = _mm_set1_epi8(0x0F);
     const __m128i lo = _mm_and_si128(a, m), hi = _mm_and_si128(_mm_srli_epi16(a, 4), m);
-    return _mm256_inserti128_si256(_mm256_zextsi128_si256(lo), hi, 1);
+    const __m256i q = _mm256_inserti128_si256(_mm256_zextsi128_si256(lo), hi, 1);
+    return _mm256_sub_epi8(q, _mm256_set1_epi8(8));
   } else {
-    const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
-    return _mm256_xor_si256(a, _mm256_set1_epi8(static_cast<char>(0x80)));
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
   }
 }
 
@@ -160,16 +162,10 @@ LUMEN_VNNI inline float F16Scalar(const uint8_t* p) {
 template <Fmt F, int MB>
 LUMEN_VNNI void Rows(const Matrix& W, const Geometry& g, const Int8Rows& X, int64_t m0, float* Y,
                      int64_t ldy, int64_t n0, int64_t n1) {
-  constexpr int kAcc = MB <= 2 ? 2 : 1;
+  constexpr int kAcc = 2;
   const int64_t K = W.k, nb = K / kQK, pairs = nb / 2, bb = g.block_bytes;
-  const int8_t* xq[MB];
-  const int32_t* xc[MB];
-  const float* xd[MB];
-  for (int r = 0; r < MB; ++r) {
-    xq[r] = X.qrow(m0 + r);
-    xc[r] = X.crow(m0 + r);
-    xd[r] = X.drow(m0 + r);
-  }
+  const uint8_t* x[MB];
+  for (int r = 0; r < MB; ++r) x[r] = X.row(m0 + r);
   for (int64_t n = n0; n < n1; ++n) {
     const uint8_t* row = W.w.row<const uint8_t>(n);
     __m512 acc[MB][kAcc];
@@ -181,10 +177,14 @@ LUMEN_VNNI void Rows(const Matrix& W, const Geometry& g, const Int8Rows& X, int6
       const uint8_t* blk = row + 2 * p * bb;
       const __m512i w = PairCodes<F>(blk);
       const __m512 s = PairScales<F>(blk, bb);
+      const __m512i corr = _mm512_sub_epi32(
+          _mm512_setzero_si512(),
+          _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(char(0x80)), w));
       for (int r = 0; r < MB; ++r) {
-        const __m512i i = _mm512_dpbusd_epi32(_mm512_loadu_si512(xc[r] + 16 * p), w,
-                                              _mm512_loadu_si512(xq[r] + 64 * p));
-        const __m512 sd = _mm512_mul_ps(s, _mm512_loadu_ps(xd[r] + 16 * p));
+        const uint8_t* rec = x[r] + kRecord * p;
+        const __m512i i = _mm512_dpbusd_epi32(corr, _mm512_load_si512(rec), w);
+        const __m512 sd =
+            _mm512_mul_ps(s, _mm512_load_ps(reinterpret_cast<const float*>(rec + 64)));
         acc[r][A] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), sd, acc[r][A]);
       }
     };
@@ -199,16 +199,18 @@ LUMEN_VNNI void Rows(const Matrix& W, const Geometry& g, const Int8Rows& X, int6
       const uint8_t* blk = row + (nb - 1) * bb;
       const __m256i w = BlockCodes<F>(blk);
       const float s = F16Scalar(blk);
-      const int64_t lane = 8 * (nb - 1);
+      const __m256i corr = _mm256_sub_epi32(
+          _mm256_setzero_si256(),
+          _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(char(0x80)), w));
       for (int r = 0; r < MB; ++r) {
-        const __m256i i = _mm256_dpbusd_epi32(
-            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xc[r] + lane)), w,
-            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq[r] + 32 * (nb - 1))));
+        const uint8_t* rec = x[r] + kRecord * pairs;
+        const __m256i i =
+            _mm256_dpbusd_epi32(corr, _mm256_load_si256(reinterpret_cast<const __m256i*>(rec)), w);
         alignas(32) int32_t v[8];
         _mm256_store_si256(reinterpret_cast<__m256i*>(v), i);
         int32_t sum = 0;
         for (int32_t e : v) sum += e;
-        tail[r] = s * xd[r][lane] * static_cast<float>(sum);
+        tail[r] = s * reinterpret_cast<const float*>(rec + 32)[0] * static_cast<float>(sum);
       }
     }
     for (int r = 0; r < MB; ++r) {

@@ -1,5 +1,8 @@
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <thread>
+
 #include <atomic>
 #include <cmath>
 #include <vector>
@@ -90,6 +93,25 @@ TEST(ThreadPool, CoversRangeExactlyOnce) {
       for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[i].load(), 1) << threads << " " << n;
     }
   }
+}
+
+// Back-to-back calls (workers still spinning) and calls after a pause long
+// enough that every worker has gone to sleep on the condition variable: each
+// call must see its own fn and range, and every chunk must run exactly once.
+TEST(ThreadPool, SpinAndSleepHandOffs) {
+  ThreadPool pool(3);
+  int64_t total = 0;
+  for (int call = 0; call < 3000; ++call) {
+    if (call % 1000 == 999) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    const int64_t n = 1 + call % 97;
+    std::atomic<int64_t> sum{0};
+    pool.ParallelFor(n, [&](int64_t b, int64_t e, int) {
+      for (int64_t i = b; i < e; ++i) sum += i + call;
+    });
+    ASSERT_EQ(sum.load(), n * (n - 1) / 2 + n * call) << "call " << call;
+    total += sum.load();
+  }
+  EXPECT_GT(total, 0);
 }
 
 TEST(Buffer, MappedFileErrorsNameThePath) {

@@ -6,6 +6,30 @@
 #include <cstdlib>
 
 namespace lumen {
+namespace {
+
+// Polls pred up to kSpinIters times (~25 us on x86) with a CPU pause between
+// polls, yielding every kYieldEvery polls so an oversubscribed pool (more
+// threads than free cores) hands the core to the thread it waits for.
+constexpr int kSpinIters = 1024;
+constexpr int kYieldEvery = 64;
+
+template <class Pred>
+bool Spin(Pred pred) {
+  for (int i = 1; i <= kSpinIters; ++i) {
+    if (pred()) return true;
+    if (i % kYieldEvery == 0) {
+      std::this_thread::yield();
+    } else {
+#if defined(__x86_64__) || defined(__i386__)
+      __builtin_ia32_pause();
+#endif
+    }
+  }
+  return pred();
+}
+
+}  // namespace
 
 int ThreadPool::DefaultThreads() {
   if (const char* e = std::getenv("LUMEN_THREADS")) {
@@ -24,7 +48,7 @@ ThreadPool::ThreadPool(int num_threads) {
 ThreadPool::~ThreadPool() {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    stop_ = true;
+    stop_.store(true, std::memory_order_release);
   }
   start_cv_.notify_all();
   for (auto& t : workers_) t.join();
@@ -33,21 +57,23 @@ ThreadPool::~ThreadPool() {
 void ThreadPool::WorkerLoop(int index) {
   uint64_t seen = 0;
   for (;;) {
-    const Fn* fn;
-    int64_t begin, end;
-    {
+    auto ready = [&] {
+      return stop_.load(std::memory_order_acquire) ||
+             generation_.load(std::memory_order_acquire) != seen;
+    };
+    if (!Spin(ready)) {
       std::unique_lock<std::mutex> lock(mu_);
-      start_cv_.wait(lock, [&] { return stop_ || generation_ != seen; });
-      if (stop_) return;
-      seen = generation_;
-      fn = fn_;
-      begin = std::min(n_, index * chunk_);
-      end = std::min(n_, begin + chunk_);
+      start_cv_.wait(lock, ready);
     }
+    if (stop_.load(std::memory_order_acquire)) return;
+    seen = generation_.load(std::memory_order_acquire);
+    const Fn* fn = fn_;
+    const int64_t begin = std::min(n_, index * chunk_);
+    const int64_t end = std::min(n_, begin + chunk_);
     if (begin < end) (*fn)(begin, end, index);
-    {
+    if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
       std::lock_guard<std::mutex> lock(mu_);
-      if (--pending_ == 0) done_cv_.notify_one();
+      done_cv_.notify_one();
     }
   }
 }
@@ -66,13 +92,16 @@ void ThreadPool::ParallelFor(int64_t n, const Fn& fn, int64_t grain) {
     fn_ = &fn;
     n_ = n;
     chunk_ = chunk;
-    pending_ = static_cast<int>(workers_.size());
-    ++generation_;
+    pending_.store(static_cast<int>(workers_.size()), std::memory_order_relaxed);
+    generation_.fetch_add(1, std::memory_order_release);
   }
   start_cv_.notify_all();
   fn(0, std::min(n, chunk), 0);
-  std::unique_lock<std::mutex> lock(mu_);
-  done_cv_.wait(lock, [&] { return pending_ == 0; });
+  auto done = [&] { return pending_.load(std::memory_order_acquire) == 0; };
+  if (!Spin(done)) {
+    std::unique_lock<std::mutex> lock(mu_);
+    done_cv_.wait(lock, done);
+  }
 }
 
 }  // namespace lumen

@@ -111,18 +111,26 @@ std::optional<std::vector<int32_t>> TokenTable::EncodeExact(std::string_view tex
       if (id >= 0 && id < size()) got += this->text(id);
     if (got == text) return ids;
   }
-  std::vector<int32_t> out;
-  for (size_t pos = 0; pos < text.size();) {
-    size_t len = std::min(max_len_, text.size() - pos);
-    for (; len > 0; --len) {
+  // Fewest tokens that spell the text exactly (greedy longest match can
+  // paint itself into a corner: "get_w" + "eather" when only "weather" exists).
+  const size_t n = text.size();
+  constexpr int kUnreached = std::numeric_limits<int>::max();
+  std::vector<int> cost(n + 1, kUnreached);
+  std::vector<int32_t> last(n + 1, -1);
+  cost[0] = 0;
+  for (size_t pos = 0; pos < n; ++pos) {
+    if (cost[pos] == kUnreached) continue;
+    for (size_t len = 1; len <= std::min(max_len_, n - pos); ++len) {
       auto it = by_text_.find(text.substr(pos, len));
-      if (it == by_text_.end()) continue;
-      out.push_back(it->second);
-      break;
+      if (it == by_text_.end() || cost[pos] + 1 >= cost[pos + len]) continue;
+      cost[pos + len] = cost[pos] + 1;
+      last[pos + len] = it->second;
     }
-    if (len == 0) return std::nullopt;
-    pos += len;
   }
+  if (cost[n] == kUnreached) return std::nullopt;
+  std::vector<int32_t> out(static_cast<size_t>(cost[n]));
+  for (size_t pos = n, k = out.size(); pos > 0; pos -= this->text(last[pos]).size())
+    out[--k] = last[pos];
   return out;
 }
 

@@ -54,8 +54,8 @@ class TokenTable {
   bool plain_string(int32_t id) const { return flags_[id] & kPlainString; }
 
   // Tokens whose bytes are exactly `text`: the tokenizer's own encoding when
-  // its bytes match, else a greedy longest match over the table. nullopt when
-  // the vocabulary cannot spell the text.
+  // its bytes match, else the fewest non-special tokens that spell it.
+  // nullopt when the vocabulary cannot spell the text.
   std::optional<std::vector<int32_t>> EncodeExact(std::string_view text) const;
 
  private:
@@ -63,8 +63,8 @@ class TokenTable {
   void Index();
   const tokenize::Tokenizer* tok_ = nullptr;  // null for FromStrings
   std::string bytes_;
-  std::vector<uint32_t> offsets_;  // [V + 1]
-  std::vector<uint8_t> flags_;     // [V]
+  std::vector<uint32_t> offsets_;                          // [V + 1]
+  std::vector<uint8_t> flags_;                             // [V]
   std::unordered_map<std::string_view, int32_t> by_text_;  // non-special, first id wins
   size_t max_len_ = 0;
 };
@@ -79,7 +79,7 @@ class TokenTable {
 class JsonAcceptor {
  public:
   static constexpr int kMaxDepth = 64;
-  static constexpr int kMaxWhitespaceRun = 16;
+  static constexpr int kMaxWhitespaceRun = 8;
 
   bool Feed(uint8_t c);
   bool Feed(std::string_view s) {
@@ -102,16 +102,16 @@ class JsonAcceptor {
     kAfterValue,     // ',' or the container's close
     kString,
     kEscape,
-    kUnicode,        // \u and hex_ digits so far
-    kLowBackslash,   // after a high surrogate: "\" of its low half
-    kLowU,           // ... then "u"
-    kNumMinus,       // "-"
-    kNumZero,        // "0" or "-0"
-    kNumInt,         // [1-9][0-9]*
-    kNumDot,         // "."
-    kNumFrac,        // ".[0-9]+"
-    kNumExp,         // "e"
-    kNumExpSign,     // "e+" / "e-"
+    kUnicode,       // \u and hex_ digits so far
+    kLowBackslash,  // after a high surrogate: "\" of its low half
+    kLowU,          // ... then "u"
+    kNumMinus,      // "-"
+    kNumZero,       // "0" or "-0"
+    kNumInt,        // [1-9][0-9]*
+    kNumDot,        // "."
+    kNumFrac,       // ".[0-9]+"
+    kNumExp,        // "e"
+    kNumExpSign,    // "e+" / "e-"
     kNumExpDigits,
     kLiteral,
     kDone,
@@ -129,12 +129,12 @@ class JsonAcceptor {
   bool want_low_ = false;  // the \u escape must be a low surrogate
   uint8_t depth_ = 0;
   uint8_t ws_run_ = 0;
-  uint8_t hex_ = 0;       // hex digits of the \u escape so far
-  uint8_t utf8_left_ = 0;  // continuation bytes still due
+  uint8_t hex_ = 0;                          // hex digits of the \u escape so far
+  uint8_t utf8_left_ = 0;                    // continuation bytes still due
   uint8_t utf8_lo_ = 0x80, utf8_hi_ = 0xBF;  // range of the next continuation byte
-  uint8_t lit_ = 0, lit_pos_ = 0;           // literal index (true/false/null) and bytes matched
-  uint16_t code_ = 0;                       // the \u value so far
-  uint64_t stack_ = 0;                      // bit d: level d is an object (1) or array (0)
+  uint8_t lit_ = 0, lit_pos_ = 0;            // literal index (true/false/null) and bytes matched
+  uint16_t code_ = 0;                        // the \u value so far
+  uint64_t stack_ = 0;                       // bit d: level d is an object (1) or array (0)
 };
 
 class TokenConstraint {
@@ -162,8 +162,8 @@ struct GrammarSegment {
 class GrammarConstraint : public TokenConstraint {
  public:
   // Errors: an empty or non-prefix-free option list, a vocabulary mismatch.
-  static Result<std::unique_ptr<GrammarConstraint>> Create(
-      std::shared_ptr<const TokenTable> table, std::vector<GrammarSegment> segments);
+  static Result<std::unique_ptr<GrammarConstraint>> Create(std::shared_ptr<const TokenTable> table,
+                                                           std::vector<GrammarSegment> segments);
 
   bool Forced(std::vector<int32_t>* out, std::string* error) override;
   size_t Mask(std::span<float> logits) const override;
@@ -178,7 +178,7 @@ class GrammarConstraint : public TokenConstraint {
  private:
   struct State {
     uint32_t seg = 0;
-    uint32_t off = 0;        // bytes matched in a literal / option
+    uint32_t off = 0;         // bytes matched in a literal / option
     uint32_t lo = 0, hi = 0;  // options still possible: [lo, hi) of the sorted list
     JsonAcceptor json;
   };

@@ -53,38 +53,40 @@ TEST(JsonAcceptor, RefusesAtTheFirstBadByte) {
     int at;
   };
   const std::vector<Case> cases = {
-      {"[1]", 0},                 // root must be an object
-      {"\"s\"", 0},               //
-      {"{a", 1},                  // keys are strings
-      {"{\"a\" 1", 5},            // missing colon
-      {"{\"a\":01", 6},           // leading zero
-      {"{\"a\":1.}", 7},          // digit after the dot
-      {"{\"a\":.5}", 5},          //
-      {"{\"a\":-}", 6},           //
-      {"{\"a\":1e}", 7},          //
-      {"{\"a\":1e+}", 8},         //
-      {"{\"a\":tru}", 8},         //
-      {"{\"a\":nul1}", 8},        //
-      {"{\"a\":1,}", 7},          // trailing comma
-      {"{\"a\":[1,]}", 8},        //
-      {"{\"a\":[1}", 7},          // mismatched close
-      {"{\"a\":{]}", 6},          //
-      {"{\"a\":\"\\x\"}", 7},     // bad escape
-      {"{\"a\":\"\\u12g\"}", 10},  // bad hex
-      {"{\"a\":\"\\udc00\"}", 9},  // lone low surrogate (decided at its 2nd digit)
-      {"{\"a\":\"\\ud800x\"}", 12},      // high surrogate without its low half
-      {"{\"a\":\"\\ud800\\u0041\"}", 14},  // ... followed by a non-low escape
-      {std::string("{\"a\":\"x\ny\"}"), 7},          // raw control byte in a string
-      {std::string("{\"a\":\"\xC0\x80\"}"), 6},      // overlong lead byte
+      {"[1]", 0},                                // root must be an object
+      {"\"s\"", 0},                              //
+      {"{a", 1},                                 // keys are strings
+      {"{\"a\" 1", 5},                           // missing colon
+      {"{\"a\":01", 6},                          // leading zero
+      {"{\"a\":1.}", 7},                         // digit after the dot
+      {"{\"a\":.5}", 5},                         //
+      {"{\"a\":-}", 6},                          //
+      {"{\"a\":1e}", 7},                         //
+      {"{\"a\":1e+}", 8},                        //
+      {"{\"a\":tru}", 8},                        //
+      {"{\"a\":nul1}", 8},                       //
+      {"{\"a\":1,}", 7},                         // trailing comma
+      {"{\"a\":[1,]}", 8},                       //
+      {"{\"a\":[1}", 7},                         // mismatched close
+      {"{\"a\":{]}", 6},                         //
+      {"{\"a\":\"\\x\"}", 7},                    // bad escape
+      {"{\"a\":\"\\u12g\"}", 10},                // bad hex
+      {"{\"a\":\"\\udc00\"}", 9},                // lone low surrogate (decided at its 2nd digit)
+      {"{\"a\":\"\\ud800x\"}", 12},              // high surrogate without its low half
+      {"{\"a\":\"\\ud800\\u0041\"}", 14},        // ... followed by a non-low escape
+      {std::string("{\"a\":\"x\ny\"}"), 7},      // raw control byte in a string
+      {std::string("{\"a\":\"\xC0\x80\"}"), 6},  // overlong lead byte
       {std::string("{\"a\":\"\xE0\x80\x80\"}"), 7},  // overlong 3-byte form
       {std::string("{\"a\":\"\xED\xA0\x80\"}"), 7},  // UTF-8 encoded surrogate
       {std::string("{\"a\":\"\xC3x\"}"), 7},         // missing continuation
-      {"{} ", 2},                                    // nothing after the root
   };
   for (const auto& c : cases) {
     EXPECT_EQ(FirstRefusal(c.text), c.at) << c.text;
     EXPECT_FALSE(OracleObject(c.text)) << c.text;
   }
+  // By design nothing follows the root, not even blanks (the grammar's next
+  // segment starts right there); parsers accept trailing blanks.
+  EXPECT_EQ(FirstRefusal("{} "), 2);
 }
 
 TEST(JsonAcceptor, WhitespaceRunAndDepthAreCapped) {
@@ -101,7 +103,8 @@ TEST(JsonAcceptor, WhitespaceRunAndDepthAreCapped) {
 
 // Random texts over JSON's alphabet: whenever the acceptor takes a text whole
 // and calls it complete, the oracle must parse it as an object, and every
-// object the oracle accepts (with short whitespace runs) the acceptor takes.
+// object the oracle accepts without trailing blanks the acceptor takes (runs
+// of blanks stay short: at most 14 bytes are drawn).
 TEST(JsonAcceptor, AgreesWithNlohmannOnRandomTexts) {
   const std::string alphabet = "{}[]:,\"\\ 01-.eE+tuflsnabr\xC3\xA9";
   std::mt19937 rng(12345);
@@ -117,7 +120,9 @@ TEST(JsonAcceptor, AgreesWithNlohmannOnRandomTexts) {
       ++complete_count;
       EXPECT_TRUE(OracleObject(s)) << s;
     }
-    if (OracleObject(s)) EXPECT_TRUE(taken && complete) << s;
+    if (OracleObject(s) && s.back() != ' ') {
+      EXPECT_TRUE(taken && complete) << s;
+    }
   }
   EXPECT_GT(complete_count, 20);
 }
@@ -125,9 +130,11 @@ TEST(JsonAcceptor, AgreesWithNlohmannOnRandomTexts) {
 // A toy vocabulary with tokens that cross segment boundaries.
 std::shared_ptr<const TokenTable> ToyTable() {
   return TokenTable::FromStrings(
-      {"get", "_", "weather", "time", "\"", "\",", " \"arguments\":", "se", "arch\"", "x", "<eos>",
-       "get_w", "g", "{", "}", "\"a\"", ":", " ", "1", "}\n", "</tool_call>", "\"", "{\"", ", ",
-       "\xC3", "\xA9", "caf\xC3\xA9", "\\u00", "e9"},
+      {"get", "_",      "weather", "time",  "\"",    "\",",         " \"arguments\":",
+       "se",  "arch\"", "x",       "<eos>", "get_w", "g",           "{",
+       "}",   "\"a\"",  ":",       " ",     "1",     "}\n",         "</tool_call>",
+       "\"",  "{\"",    ", ",      "\xC3",  "\xA9",  "caf\xC3\xA9", "\\u00",
+       "e9"},
       {false, false, false, false, false, false, false, false, false, false, true});
 }
 
@@ -185,7 +192,7 @@ TEST(GrammarConstraint, NameTrieAllowsOnlyPrefixesOfOfferedNames) {
   EXPECT_EQ(rest, "}\n</tool_call>");
   for (int32_t id : forced) ASSERT_TRUE(g.Accept(id));
   EXPECT_TRUE(g.done());
-  EXPECT_EQ(g.text(), "time\", \"arguments\": {\"a\":1}}\n</tool_call>");
+  EXPECT_EQ(g.text(), "get_time\", \"arguments\": {\"a\":1}}\n</tool_call>");
   EXPECT_EQ(AllowedTexts(g, *t), V{});
 }
 
@@ -206,7 +213,7 @@ TEST(GrammarConstraint, StringTokensWithEscapesAndUtf8) {
   auto c = GrammarConstraint::Create(t, {GrammarSegment::JsonObject()});
   ASSERT_TRUE(c.ok());
   GrammarConstraint& g = **c;
-  for (const char* s : {"{\"", "x", "\":", " ", "\""}) ASSERT_TRUE(g.Accept(Id(*t, s))) << s;
+  for (const char* s : {"{\"", "x", "\"", ":", " ", "\""}) ASSERT_TRUE(g.Accept(Id(*t, s))) << s;
   // Inside a string: plain tokens, the quote, the escape start; not the lone
   // continuation byte, not the special token.
   auto in_string = AllowedTexts(g, *t);
@@ -218,7 +225,9 @@ TEST(GrammarConstraint, StringTokensWithEscapesAndUtf8) {
   EXPECT_EQ(AllowedTexts(g, *t), std::vector<std::string>{"\xA9"});
   ASSERT_TRUE(g.Accept(Id(*t, "\xA9")));
   ASSERT_TRUE(g.Accept(Id(*t, "\\u00")));
-  EXPECT_EQ(AllowedTexts(g, *t), std::vector<std::string>{"e9"});
+  // Only hex digits may follow: "1", "e9", and "caf\xC3\xA9" (c, a = the last two
+  // digits, then plain text).
+  EXPECT_EQ(AllowedTexts(g, *t), (std::vector<std::string>{"1", "caf\xC3\xA9", "e9"}));
   ASSERT_TRUE(g.Accept(Id(*t, "e9")));
   ASSERT_TRUE(g.Accept(Id(*t, "\"")));
   ASSERT_TRUE(g.Accept(Id(*t, "}")));
@@ -241,7 +250,8 @@ TEST(TokenTable, EncodeExactGreedyAndMissingBytes) {
   std::string back;
   for (int32_t id : *ids) back += t->text(id);
   EXPECT_EQ(back, "get_weather\"");
-  EXPECT_EQ(ids->front(), Id(*t, "get_w"));  // longest match first
+  // "get_w" would strand "eather": get + _ + weather + quote.
+  EXPECT_EQ(ids->size(), 4u);
   EXPECT_FALSE(t->EncodeExact("zzz"));
   EXPECT_FALSE(t->EncodeExact("<eos>"));  // special tokens are never spelled
 }
@@ -257,7 +267,9 @@ TEST(TokenTable, BuiltFromATokenizerSpellsAnyAsciiText) {
   EXPECT_EQ(tok->Decode(*ids), text);
   for (int32_t id = 0; id < t->size(); ++id) {
     EXPECT_EQ(t->text(id), tok->TokenBytes(id));
-    if (tok->IsEog(id)) EXPECT_TRUE(t->special(id));
+    if (tok->IsEog(id)) {
+      EXPECT_TRUE(t->special(id));
+    }
   }
 }
 

@@ -28,53 +28,75 @@
 //              (low nibbles of both blocks, then high nibbles)
 //   Q8_0 pair: [blk0 e0..31 | blk1 e0..31]
 // An odd last block is a 32-byte half vector in natural order.
+//
+// K-quants (Q4_K, Q6_K) have unsigned codes q and an offset per sub-block:
+// w = a q - o (Q4_K: a = d sc, o = dmin m; Q6_K: a = d sc, o = 32 a). Their
+// activations stay signed (vpdpbusd takes the codes as the unsigned operand,
+// no correction), in natural order, 64 codes per vector (the low and high
+// nibbles of 32 bytes are elements 64j..64j+31 and 64j+32..64j+63). The
+// offset term sum_s o_s dx_s sum(qx over s) is a float dot of the block's
+// offsets with per-row sums precomputed once per activation row (one FMA per
+// row per super-block).
 
 namespace lumen::kernels {
 namespace {
 
-enum class Fmt { kQ4_0, kQ8_0 };
+enum class Fmt { kQ4_0, kQ8_0, kQ4K, kQ6K };
+constexpr int kNumFmts = 4;
 
-// Blocks are [f16 scale | codes]; only the size differs.
 struct Geometry {
   Fmt fmt;
-  int64_t block_bytes;
+  int64_t block_bytes;  // Q4_0/Q8_0: [f16 scale | codes]
+  bool unsigned_acts;   // activations stored as x + 128 (signed weights)
+  int64_t sum_group;    // K-quants: elements per offset group (0: none)
 };
 
 Geometry GeometryFor(DType t) {
-  if (t == DType::kQ4_0) return {Fmt::kQ4_0, sizeof(BlockQ4_0)};
-  return {Fmt::kQ8_0, sizeof(BlockQ8_0)};
+  switch (t) {
+    case DType::kQ4_0:
+      return {Fmt::kQ4_0, sizeof(BlockQ4_0), true, 0};
+    case DType::kQ4_K:
+      return {Fmt::kQ4K, sizeof(BlockQ4K), false, 32};
+    case DType::kQ6_K:
+      return {Fmt::kQ6K, sizeof(BlockQ6K), false, 16};
+    default:
+      return {Fmt::kQ8_0, sizeof(BlockQ8_0), true, 0};
+  }
 }
 
 // Natural element index (within the row) of byte `pos` of the laid-out row.
 int64_t SourceIndex(Fmt fmt, int64_t nb, int64_t pos) {
   const int64_t b = pos / kQK;
-  if (fmt == Fmt::kQ8_0 || (nb % 2 == 1 && b == nb - 1)) return pos;  // natural order
+  if (fmt != Fmt::kQ4_0 || (nb % 2 == 1 && b == nb - 1)) return pos;  // natural order
   const int64_t p = pos / 64, o = pos % 64;                           // Q4_0 pair
   const int64_t blk = 2 * p + (o / 16) % 2, e = (o % 16) + (o >= 32 ? 16 : 0);
   return blk * kQK + e;
 }
 
 // Activation rows quantized and laid out for one weight format. Each row is
-// a run of records, one per weight pair: [u = x + 128, 64 B | lane scales,
-// 16 x f32], then for an odd last block a half record [32 B | 8 x f32]. One
+// a run of records, one per 64 elements: [codes, 64 B | lane scales,
+// 16 x f32], then for an odd last block a half record [32 B | 8 x f32]; for
+// K-quants then the offset sums dx * sum(q) per sum_group elements (f32). One
 // pointer per row and sequential reads (with separate arrays the 4-row kernel
 // ran out of registers).
 struct Int8Rows {
   int64_t M = 0, K = 0, stride = 0;  // stride: bytes per row (a multiple of 64)
   AlignedBuffer buf;
   const uint8_t* row(int64_t m) const { return buf.as<const uint8_t>() + m * stride; }
+  const float* sums(int64_t m) const { return reinterpret_cast<const float*>(row(m) + 2 * K); }
 };
 
 constexpr int64_t kRecord = 128;
 
 void Prepare(const Geometry& g, const float* X, int64_t M, int64_t ldx, int64_t K, Int8Rows* out) {
-  const int64_t nb = K / kQK;
+  const int64_t nb = K / kQK, nsum = g.sum_group ? K / g.sum_group : 0;
   out->M = M;
   out->K = K;
-  out->stride = (2 * K + 63) / 64 * 64;  // per element: a byte, and a f32 scale per 4
+  out->stride = (2 * K + 4 * nsum + 63) / 64 * 64;  // a byte and 1/4 f32 scale per element
   out->buf = AlignedBuffer(M * out->stride);
   std::vector<int8_t> qn(K);
   std::vector<float> dn(nb);
+  const int bias = g.unsigned_acts ? 128 : 0;
   for (int64_t m = 0; m < M; ++m) {
     for (int64_t b = 0; b < nb; ++b)
       QuantizeActivationBlock(X + m * ldx + b * kQK, qn.data() + b * kQK, &dn[b]);
@@ -82,10 +104,17 @@ void Prepare(const Geometry& g, const float* X, int64_t M, int64_t ldx, int64_t 
     for (int64_t pos = 0; pos < K;) {
       const int64_t n = std::min<int64_t>(64, K - pos);  // 64, or 32 for the half record
       float* dx = reinterpret_cast<float*>(rec + n);
-      for (int64_t i = 0; i < n; ++i) rec[i] = uint8_t(qn[SourceIndex(g.fmt, nb, pos + i)] + 128);
+      for (int64_t i = 0; i < n; ++i)
+        rec[i] = static_cast<uint8_t>(qn[SourceIndex(g.fmt, nb, pos + i)] + bias);
       for (int64_t l = 0; l < n / 4; ++l) dx[l] = dn[SourceIndex(g.fmt, nb, pos + 4 * l) / kQK];
       rec += 2 * n;
       pos += n;
+    }
+    float* sums = reinterpret_cast<float*>(out->buf.as<uint8_t>() + m * out->stride + 2 * K);
+    for (int64_t s = 0; s < nsum; ++s) {
+      int32_t t = 0;
+      for (int64_t i = 0; i < g.sum_group; ++i) t += qn[s * g.sum_group + i];
+      sums[s] = dn[s * g.sum_group / kQK] * static_cast<float>(t);
     }
   }
 }
@@ -221,18 +250,161 @@ LUMEN_VNNI void Rows(const Matrix& W, const Geometry& g, const Int8Rows& X, int6
   }
 }
 
-template <Fmt F>
-void RowsAllM(const Matrix& W, const Geometry& g, const Int8Rows& X, float* Y, int64_t ldy,
-              int64_t n0, int64_t n1) {
+// 64 unsigned codes (elements 64j..64j+63 of a Q4_K super-block) from 32 bytes.
+LUMEN_VNNI inline __m512i NibblePair(const uint8_t* p) {
+  const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  const __m256i m = _mm256_set1_epi8(0x0F);
+  const __m256i lo = _mm256_and_si256(q, m), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m);
+  return _mm512_inserti64x4(_mm512_zextsi256_si512(lo), hi, 1);
+}
+
+// The 8 scales and 8 mins of a Q4_K super-block (GetScaleMinK4's 6-bit
+// fields, unpacked four at a time from the 12 bytes as 32-bit words) times d
+// and dmin: lanes 0-7 d sc_j, lanes 8-15 dmin m_j.
+LUMEN_VNNI inline __m512 ScalesMinsQ4K(const uint8_t* blk) {
+  uint32_t w[3];
+  std::memcpy(w, blk + 4, 12);
+  constexpr uint32_t k6 = 0x3f3f3f3f, k4 = 0x0f0f0f0f, k2 = 0x03030303;
+  const uint32_t u[4] = {
+      w[0] & k6,                                      // sc 0..3: low 6 bits of bytes 0..3
+      (w[2] & k4) | (((w[0] >> 6) & k2) << 4),        // sc 4..7
+      w[1] & k6,                                      // m 0..3: low 6 bits of bytes 4..7
+      ((w[2] >> 4) & k4) | (((w[1] >> 6) & k2) << 4)  // m 4..7
+  };
+  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(u));
+  const __m512 f = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(b));
+  const __m512 dd =
+      _mm512_insertf32x8(_mm512_set1_ps(F16Scalar(blk)), _mm256_set1_ps(F16Scalar(blk + 2)), 1);
+  return _mm512_mul_ps(f, dd);
+}
+
+// Lane index vector: lanes [0, 16) take element base + lane / width.
+LUMEN_VNNI inline __m512i LaneIndex(int base, int width) {
+  alignas(64) int32_t v[16];
+  for (int l = 0; l < 16; ++l) v[l] = base + l / width;
+  return _mm512_load_si512(v);
+}
+
+// acc += cvt(dot(w, codes)) * lanes * dx for every row; A selects the
+// accumulator (compile time, see Rows).
+template <int MB, int A>
+LUMEN_VNNI inline void DotRecords(const uint8_t* const* x, int64_t chunk, __m512i w, __m512 lanes,
+                                  __m512 (&acc)[MB][2]) {
+  for (int r = 0; r < MB; ++r) {
+    const uint8_t* rec = x[r] + kRecord * chunk;
+    const __m512i i = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, _mm512_load_si512(rec));
+    const __m512 sd =
+        _mm512_mul_ps(lanes, _mm512_load_ps(reinterpret_cast<const float*>(rec + 64)));
+    acc[r][A] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), sd, acc[r][A]);
+  }
+}
+
+template <int MB>
+LUMEN_VNNI void RowsQ4K(const Matrix& W, const Int8Rows& X, int64_t m0, float* Y, int64_t ldy,
+                        int64_t n0, int64_t n1) {
+  const int64_t nsb = W.k / kQKK;
+  const uint8_t* x[MB];
+  const float* sums[MB];
+  for (int r = 0; r < MB; ++r) {
+    x[r] = X.row(m0 + r);
+    sums[r] = X.sums(m0 + r);
+  }
+  const __m512i idx[4] = {LaneIndex(0, 8), LaneIndex(2, 8), LaneIndex(4, 8), LaneIndex(6, 8)};
+  for (int64_t n = n0; n < n1; ++n) {
+    const uint8_t* row = W.w.row<const uint8_t>(n);
+    __m512 acc[MB][2];
+    __m256 off[MB];
+    for (int r = 0; r < MB; ++r) {
+      acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+      off[r] = _mm256_setzero_ps();
+    }
+    for (int64_t sb = 0; sb < nsb; ++sb) {
+      const uint8_t* blk = row + sb * sizeof(BlockQ4K);
+      const __m512 sm = ScalesMinsQ4K(blk);
+      const __m512 av = sm;  // lanes 0-7: d sc_j (the permutes below read only those)
+      const uint8_t* qs = blk + 16;
+      const int64_t c = 4 * sb;
+      DotRecords<MB, 0>(x, c, NibblePair(qs), _mm512_permutexvar_ps(idx[0], av), acc);
+      DotRecords<MB, 1>(x, c + 1, NibblePair(qs + 32), _mm512_permutexvar_ps(idx[1], av), acc);
+      DotRecords<MB, 0>(x, c + 2, NibblePair(qs + 64), _mm512_permutexvar_ps(idx[2], av), acc);
+      DotRecords<MB, 1>(x, c + 3, NibblePair(qs + 96), _mm512_permutexvar_ps(idx[3], av), acc);
+      const __m256 ov = _mm512_extractf32x8_ps(sm, 1);  // dmin m_j
+      for (int r = 0; r < MB; ++r)
+        off[r] = _mm256_fmadd_ps(ov, _mm256_loadu_ps(sums[r] + 8 * sb), off[r]);
+    }
+    for (int r = 0; r < MB; ++r) {
+      alignas(32) float t[8];
+      _mm256_store_ps(t, off[r]);
+      float o = 0;
+      for (float v : t) o += v;
+      Y[(m0 + r) * ldy + n] = _mm512_reduce_add_ps(_mm512_add_ps(acc[r][0], acc[r][1])) - o;
+    }
+  }
+}
+
+// Q6_K: 6-bit codes from 4 low bits (ql) and 2 high bits (qh).
+LUMEN_VNNI inline __m256i Six(__m256i low, __m256i high2) {
+  const __m256i m4 = _mm256_set1_epi8(0x0F), m3 = _mm256_set1_epi8(3);
+  return _mm256_or_si256(_mm256_and_si256(low, m4),
+                         _mm256_slli_epi16(_mm256_and_si256(high2, m3), 4));
+}
+
+template <int MB>
+LUMEN_VNNI void RowsQ6K(const Matrix& W, const Int8Rows& X, int64_t m0, float* Y, int64_t ldy,
+                        int64_t n0, int64_t n1) {
+  const int64_t nsb = W.k / kQKK;
+  const uint8_t* x[MB];
+  const float* sums[MB];
+  for (int r = 0; r < MB; ++r) {
+    x[r] = X.row(m0 + r);
+    sums[r] = X.sums(m0 + r);
+  }
+  // Sub-blocks of 16: lane l of chunk k (64 elements) is sub-block 4k + l / 4.
+  const __m512i idx[4] = {LaneIndex(0, 4), LaneIndex(4, 4), LaneIndex(8, 4), LaneIndex(12, 4)};
+  for (int64_t n = n0; n < n1; ++n) {
+    const uint8_t* row = W.w.row<const uint8_t>(n);
+    __m512 acc[MB][2], off[MB];
+    for (int r = 0; r < MB; ++r) acc[r][0] = acc[r][1] = off[r] = _mm512_setzero_ps();
+    for (int64_t sb = 0; sb < nsb; ++sb) {
+      const uint8_t* blk = row + sb * sizeof(BlockQ6K);
+      const __m128i sc8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 192));
+      const __m512 av = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(sc8)),
+                                      _mm512_set1_ps(F16Scalar(blk + 208)));
+      const int64_t c = 4 * sb;
+      for (int h = 0; h < 2; ++h) {
+        const uint8_t* ql = blk + 64 * h;
+        const __m256i A = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql));
+        const __m256i C = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql + 32));
+        const __m256i H = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 128 + 32 * h));
+        const __m256i q1 = Six(A, H), q2 = Six(C, _mm256_srli_epi16(H, 2));
+        const __m256i q3 = Six(_mm256_srli_epi16(A, 4), _mm256_srli_epi16(H, 4));
+        const __m256i q4 = Six(_mm256_srli_epi16(C, 4), _mm256_srli_epi16(H, 6));
+        const __m512i w1 = _mm512_inserti64x4(_mm512_zextsi256_si512(q1), q2, 1);
+        const __m512i w2 = _mm512_inserti64x4(_mm512_zextsi256_si512(q3), q4, 1);
+        DotRecords<MB, 0>(x, c + 2 * h, w1, _mm512_permutexvar_ps(idx[2 * h], av), acc);
+        DotRecords<MB, 1>(x, c + 2 * h + 1, w2, _mm512_permutexvar_ps(idx[2 * h + 1], av), acc);
+      }
+      for (int r = 0; r < MB; ++r)
+        off[r] = _mm512_fmadd_ps(av, _mm512_loadu_ps(sums[r] + 16 * sb), off[r]);
+    }
+    for (int r = 0; r < MB; ++r)
+      Y[(m0 + r) * ldy + n] = _mm512_reduce_add_ps(_mm512_add_ps(acc[r][0], acc[r][1])) -
+                              32.0f * _mm512_reduce_add_ps(off[r]);
+  }
+}
+
+// Calls run(integral_constant<MB>, m) over the rows four at a time, then the rest.
+template <class Run>
+void ByFours(int64_t M, Run run) {
   int64_t m = 0;
-  for (; m + 4 <= X.M; m += 4) Rows<F, 4>(W, g, X, m, Y, ldy, n0, n1);
-  switch (X.M - m) {
+  for (; m + 4 <= M; m += 4) run(std::integral_constant<int, 4>{}, m);
+  switch (M - m) {
     case 3:
-      return Rows<F, 3>(W, g, X, m, Y, ldy, n0, n1);
+      return run(std::integral_constant<int, 3>{}, m);
     case 2:
-      return Rows<F, 2>(W, g, X, m, Y, ldy, n0, n1);
+      return run(std::integral_constant<int, 2>{}, m);
     case 1:
-      return Rows<F, 1>(W, g, X, m, Y, ldy, n0, n1);
+      return run(std::integral_constant<int, 1>{}, m);
     default:
       return;
   }
@@ -241,8 +413,19 @@ void RowsAllM(const Matrix& W, const Geometry& g, const Int8Rows& X, float* Y, i
 void MatMulRowsInt8(const Matrix& W, const Int8Rows& X, float* Y, int64_t ldy, int64_t n0,
                     int64_t n1) {
   const Geometry g = GeometryFor(W.w.dtype);
-  if (g.fmt == Fmt::kQ4_0) return RowsAllM<Fmt::kQ4_0>(W, g, X, Y, ldy, n0, n1);
-  return RowsAllM<Fmt::kQ8_0>(W, g, X, Y, ldy, n0, n1);
+  ByFours(X.M, [&](auto mb, int64_t m) {
+    constexpr int MB = decltype(mb)::value;
+    switch (g.fmt) {
+      case Fmt::kQ4_0:
+        return Rows<Fmt::kQ4_0, MB>(W, g, X, m, Y, ldy, n0, n1);
+      case Fmt::kQ8_0:
+        return Rows<Fmt::kQ8_0, MB>(W, g, X, m, Y, ldy, n0, n1);
+      case Fmt::kQ4K:
+        return RowsQ4K<MB>(W, X, m, Y, ldy, n0, n1);
+      case Fmt::kQ6K:
+        return RowsQ6K<MB>(W, X, m, Y, ldy, n0, n1);
+    }
+  });
 }
 
 #pragma GCC diagnostic pop
@@ -273,8 +456,17 @@ void QuantizeActivationBlock(const float* x, int8_t* q, float* d) {
 
 bool Int8RouteSupports(const Matrix& W) {
   static const bool vnni = CpuHasVnni();  // CPU feature, fixed for the process
-  if (!vnni || W.mlx_bits != 0 || W.k % kQK != 0) return false;
-  return W.w.dtype == DType::kQ4_0 || W.w.dtype == DType::kQ8_0;
+  if (!vnni || W.mlx_bits != 0) return false;
+  switch (W.w.dtype) {
+    case DType::kQ4_0:
+    case DType::kQ8_0:
+      return W.k % kQK == 0;
+    case DType::kQ4_K:
+    case DType::kQ6_K:
+      return W.k % kQKK == 0;
+    default:
+      return false;
+  }
 }
 
 void MatMulInt8(const Matrix& W, const float* X, int64_t M, int64_t ldx, float* Y, int64_t ldy,
@@ -286,8 +478,8 @@ void MatMulInt8(const Matrix& W, const float* X, int64_t M, int64_t ldx, float* 
 void MatMulManyInt8(std::span<const MatMulOut> outs, const float* X, int64_t M, int64_t ldx,
                     ThreadPool* pool) {
   // One prepared copy of X per weight format present (q/k/v may differ).
-  Int8Rows rows[2];
-  bool have[2] = {false, false};
+  Int8Rows rows[kNumFmts];
+  bool have[kNumFmts] = {};
   int64_t total = 0;
   for (const MatMulOut& o : outs) {
     LUMEN_CHECK(Int8RouteSupports(*o.w));

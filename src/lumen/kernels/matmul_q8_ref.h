@@ -1,9 +1,12 @@
 // Scalar oracle for the int8-activation route (matmul_q8.h): the same
-// activation quantization, the weight's integer codes dotted exactly per
-// 32-block, each block scaled by (weight scale x activation scale) and summed
-// in double. Q4_0 and Q8_0 weights only.
+// activation quantization, then y = sum_j w_j * (dx * qx_j) in double with the
+// weights split as the fast kernels see them, w = a - o: Q4_0/Q8_0 a = d q
+// (signed q), o = 0; Q4_K a = d sc q, o = dmin m; Q6_K a = d sc q, o = 32 d sc
+// (unsigned q). The split matters for the error bound: the kernels sum the a
+// and o parts separately, so their rounding scales with |a| + |o|, not |w|.
 #pragma once
 
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -14,54 +17,98 @@
 
 namespace lumen::kernels {
 
-// Signed weight integers and scale of block b of row n (w = d * q).
-inline float WeightBlockInts(const Matrix& W, int64_t n, int64_t b, int32_t* q) {
-  const uint8_t* row = W.w.row<const uint8_t>(n);
+inline float HalfAt(const uint8_t* p) {
   uint16_t h;
-  if (W.w.dtype == DType::kQ4_0) {
-    const uint8_t* blk = row + b * sizeof(BlockQ4_0);
-    for (int j = 0; j < kQK / 2; ++j) {
-      q[j] = (blk[2 + j] & 15) - 8;
-      q[j + kQK / 2] = (blk[2 + j] >> 4) - 8;
-    }
-    std::memcpy(&h, blk, 2);
-  } else {
-    const uint8_t* blk = row + b * sizeof(BlockQ8_0);
-    for (int j = 0; j < kQK; ++j) q[j] = static_cast<int8_t>(blk[2 + j]);
-    std::memcpy(&h, blk, 2);
-  }
+  std::memcpy(&h, p, 2);
   return F16ToF32(h);
 }
 
-// Y[M, N] (dense, ld N); also returns, per output, sum_b |dw dx| sum_j |qw qx|
-// in abs_dot (for the error bound) when non-null.
+// a[0..K), o[0..K) of row n (w = a - o).
+inline void WeightParts(const Matrix& W, int64_t n, double* a, double* o) {
+  const uint8_t* row = W.w.row<const uint8_t>(n);
+  const int64_t K = W.k;
+  for (int64_t i = 0; i < K; ++i) o[i] = 0;
+  switch (W.w.dtype) {
+    case DType::kQ4_0:
+      for (int64_t b = 0; b < K / kQK; ++b) {
+        const uint8_t* blk = row + b * sizeof(BlockQ4_0);
+        const double d = HalfAt(blk);
+        for (int j = 0; j < kQK / 2; ++j) {
+          a[b * kQK + j] = d * ((blk[2 + j] & 15) - 8);
+          a[b * kQK + j + kQK / 2] = d * ((blk[2 + j] >> 4) - 8);
+        }
+      }
+      return;
+    case DType::kQ8_0:
+      for (int64_t b = 0; b < K / kQK; ++b) {
+        const uint8_t* blk = row + b * sizeof(BlockQ8_0);
+        const double d = HalfAt(blk);
+        for (int j = 0; j < kQK; ++j) a[b * kQK + j] = d * static_cast<int8_t>(blk[2 + j]);
+      }
+      return;
+    case DType::kQ4_K:
+      for (int64_t sb = 0; sb < K / kQKK; ++sb) {
+        const uint8_t* blk = row + sb * sizeof(BlockQ4K);
+        const double d = HalfAt(blk), dmin = HalfAt(blk + 2);
+        for (int j = 0; j < 8; ++j) {
+          uint8_t sc, m;
+          GetScaleMinK4(j, blk + 4, &sc, &m);
+          for (int l = 0; l < 32; ++l) {
+            const uint8_t byte = blk[16 + 32 * (j / 2) + l];
+            const int q = j % 2 == 0 ? (byte & 15) : (byte >> 4);
+            a[sb * kQKK + 32 * j + l] = d * sc * q;
+            o[sb * kQKK + 32 * j + l] = dmin * m;
+          }
+        }
+      }
+      return;
+    case DType::kQ6_K:
+      for (int64_t sb = 0; sb < K / kQKK; ++sb) {
+        const uint8_t* blk = row + sb * sizeof(BlockQ6K);
+        const double d = HalfAt(blk + 208);
+        const int8_t* sc = reinterpret_cast<const int8_t*>(blk + 192);
+        for (int e = 0; e < kQKK; ++e) {
+          const int h = e / 128, i = e % 128, l = i % 32, part = i / 32;
+          const uint8_t lo = blk[64 * h + l + (part % 2) * 32];
+          const int low = part < 2 ? (lo & 15) : (lo >> 4);
+          const int high = (blk[128 + 32 * h + l] >> (2 * part)) & 3;
+          const double as = d * sc[e / 16];
+          a[sb * kQKK + e] = as * (low | (high << 4));
+          o[sb * kQKK + e] = 32 * as;
+        }
+      }
+      return;
+    default:
+      return;
+  }
+}
+
+// Y[M, N] (dense, ld N); abs_dot (if non-null) gets sum_j (|a_j| + |o_j|) |xq_j|
+// per output, for the error bound.
 inline void MatMulInt8Ref(const Matrix& W, const float* X, int64_t M, float* Y,
                           std::vector<double>* abs_dot = nullptr) {
   const int64_t N = W.n, K = W.k, nb = K / kQK;
-  std::vector<int8_t> qx(M * K);
-  std::vector<float> dx(M * nb);
+  std::vector<double> xq(M * K), a(K), o(K);
+  int8_t q[kQK];
   for (int64_t m = 0; m < M; ++m)
-    for (int64_t b = 0; b < nb; ++b)
-      QuantizeActivationBlock(X + m * K + b * kQK, qx.data() + m * K + b * kQK, &dx[m * nb + b]);
+    for (int64_t b = 0; b < nb; ++b) {
+      float d;
+      QuantizeActivationBlock(X + m * K + b * kQK, q, &d);
+      for (int j = 0; j < kQK; ++j) xq[m * K + b * kQK + j] = double(d) * q[j];
+    }
   if (abs_dot) abs_dot->assign(M * N, 0.0);
-  int32_t qw[kQK];
-  for (int64_t n = 0; n < N; ++n)
+  for (int64_t n = 0; n < N; ++n) {
+    WeightParts(W, n, a.data(), o.data());
     for (int64_t m = 0; m < M; ++m) {
       double acc = 0, mag = 0;
-      for (int64_t b = 0; b < nb; ++b) {
-        const double s = double(WeightBlockInts(W, n, b, qw)) * dx[m * nb + b];
-        int64_t dot = 0, adot = 0;
-        for (int j = 0; j < kQK; ++j) {
-          const int64_t p = int64_t(qw[j]) * qx[m * K + b * kQK + j];
-          dot += p;
-          adot += p < 0 ? -p : p;
-        }
-        acc += s * double(dot);
-        mag += std::abs(s) * double(adot);
+      for (int64_t k = 0; k < K; ++k) {
+        acc += (a[k] - o[k]) * xq[m * K + k];
+        mag += (std::fabs(a[k]) + std::fabs(o[k])) * std::fabs(xq[m * K + k]);
       }
       Y[m * N + n] = float(acc);
       if (abs_dot) (*abs_dot)[m * N + n] = mag;
     }
+  }
 }
 
 }  // namespace lumen::kernels

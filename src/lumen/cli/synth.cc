@@ -17,8 +17,9 @@ void RegisterSynth(CLI::App& app) {
   cmd->add_option("name", o->name, "shape: " + names)->required();
   cmd->add_option("-o,--out", o->out, "output .gguf file or HF directory")->required();
   cmd->add_option("--format", *format, "gguf or hf")->check(CLI::IsMember({"gguf", "hf"}));
-  cmd->add_option("--quant,--type", *quant,
-                  "tensor type (f32, f16, bf16, q8_0, q4_0, q4_k, ..., mlx4, mlx8, mlx4-g32)");
+  cmd->add_option(
+      "--quant,--type", *quant,
+      "tensor type (f32, f16, bf16, q8_0, q4_0, q4_k, ..., q4_k_m (mix), mlx4, mlx8, mlx4-g32)");
   cmd->add_option("--seed", o->seed, "random seed");
   cmd->add_option("--layers", o->layers)->check(CLI::Range(1, 1024));
   cmd->add_option("--dim", o->dim)->check(CLI::Range(2, 1 << 16));

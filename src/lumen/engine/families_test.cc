@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <numeric>
@@ -57,9 +58,11 @@ std::string GoldenDir(const std::string& name) {
   return testing_util::SourceDir() + "/tests/goldens/forward/" + name;
 }
 
-std::unique_ptr<Model> MustLoad(const std::string& path) {
+std::unique_ptr<Model> MustLoad(const std::string& path,
+                                kernels::ActRoute route = kernels::ActRoute::kExact) {
   LoadOptions lo;
   lo.threads = 2;
+  lo.act_route = route;
   auto m = Model::Load(path, lo);
   EXPECT_TRUE(m.ok()) << path << ": " << m.status().message();
   return m.ok() ? std::move(m).value() : nullptr;
@@ -113,6 +116,22 @@ double MaxAbs(const std::vector<float>& a) {
   double d = 0;
   for (float x : a) d = std::max(d, std::abs(double(x)));
   return d;
+}
+
+// KL(softmax(a) || softmax(b)) in double.
+double KlDivergence(const std::vector<float>& a, const std::vector<float>& b) {
+  auto log_softmax = [](const std::vector<float>& x) {
+    const double mx = *std::max_element(x.begin(), x.end());
+    double z = 0;
+    for (float v : x) z += std::exp(double(v) - mx);
+    std::vector<double> out(x.size());
+    for (size_t i = 0; i < x.size(); ++i) out[i] = double(x[i]) - mx - std::log(z);
+    return out;
+  };
+  const std::vector<double> la = log_softmax(a), lb = log_softmax(b);
+  double kl = 0;
+  for (size_t i = 0; i < la.size(); ++i) kl += std::exp(la[i]) * (la[i] - lb[i]);
+  return kl;
 }
 
 struct Golden {
@@ -415,6 +434,93 @@ TEST_F(QuantTypes, QuantizedMatchesDequantized) {
     EXPECT_GT(MaxAbsDiff(lq, base), 0.0) << Name(qc.type);
     std::printf("%-5s max|q - deq| = %.3g (max|logit| %.3g), max|q - f32 original| = %.3g\n",
                 std::string(Name(qc.type)).c_str(), diff, scale, MaxAbsDiff(lq, base));
+  }
+}
+
+// --quant q4_k_m: Q6_K exactly where the mix puts it (8 layers: 0 and 7 by the
+// first/last-eighth rule, 3 and 6 by the every-third rule; the tied LM head).
+TEST(Synth, Q4KMMix) {
+  const fs::path dir = TempDir("q4km");
+  SynthOptions o;
+  o.name = "tiny-llama";
+  o.dim = 256;
+  o.ffn = 512;
+  o.heads = 4;
+  o.kv_heads = 2;
+  o.layers = 8;
+  o.out = (dir / "m.gguf").string();
+  ASSERT_TRUE(ParseSynthQuant("q4_k_m", o).ok());
+  ASSERT_TRUE(Synthesize(o).ok());
+  auto m = MustLoad(o.out);
+  ASSERT_TRUE(m);
+  int q6 = 0;
+  for (const auto& t : m->tensors()) {
+    if (t.shape.size() != 2) continue;
+    int l = -1;
+    std::sscanf(t.name.c_str(), "blk.%d.", &l);
+    const bool more = l == 0 || l == 3 || l == 6 || l == 7;
+    const bool mixed = t.name.ends_with("attn_v.weight") || t.name.ends_with("ffn_down.weight");
+    const bool head =
+        t.name == (m->config().tied_embeddings ? "token_embd.weight" : "output.weight");
+    const DType want = head || (mixed && more) ? DType::kQ6_K : DType::kQ4_K;
+    EXPECT_EQ(t.matrix.w.dtype, want) << t.name;
+    q6 += t.matrix.w.dtype == DType::kQ6_K;
+  }
+  EXPECT_EQ(q6, 2 * 4 + 1);
+  fs::remove_all(dir);
+}
+
+// The int8-activation route end to end (tier L3): decode token by token (one
+// row per product, so the route applies) with the route on and off on the
+// same quantized model. The mean per-position KL(exact || int8) of the
+// next-token distributions is compared with what Q8_0 weight quantization
+// costs on the same model (KL(f32 || q8_0)); a wrong lane scale or offset
+// gives KL of order 1. The routes must also differ (the route ran).
+TEST_F(QuantTypes, Int8RouteTracksExact) {
+  auto f32 = MustLoad((*dir_ / "f32.gguf").string());
+  ASSERT_TRUE(f32);
+  const std::vector<int32_t> prompt = {1, 17, 300, 42, 5, 99, 250, 7, 13, 401, 77, 2};
+  // Reference: what Q8_0 weight quantization alone costs against the f32 model.
+  const std::string q8 = (*dir_ / "q8_0-ref.gguf").string();
+  ASSERT_TRUE(ConvertModel(*f32, OutputFormat::kGguf, q8, DType::kQ8_0).ok());
+  auto q8m = MustLoad(q8);
+  ASSERT_TRUE(q8m);
+  double kl_q8 = 0;
+  {
+    auto sf = NewSession(*f32), sq = NewSession(*q8m);
+    for (int32_t id : prompt) {
+      std::vector<float> lf, lq;
+      ASSERT_TRUE(sf->Append({&id, 1}, &lf).ok());
+      ASSERT_TRUE(sq->Append({&id, 1}, &lq).ok());
+      kl_q8 += KlDivergence(lf, lq) / prompt.size();
+    }
+  }
+  std::printf("q8_0 weights vs f32 (exact route): mean KL %.3g\n", kl_q8);
+  for (DType t : {DType::kQ8_0, DType::kQ4_0, DType::kQ4_K, DType::kQ6_K}) {
+    const std::string q = (*dir_ / (std::string(Name(t)) + "-route.gguf")).string();
+    ASSERT_TRUE(ConvertModel(*f32, OutputFormat::kGguf, q, t).ok()) << Name(t);
+    auto exact = MustLoad(q), int8 = MustLoad(q, kernels::ActRoute::kInt8);
+    ASSERT_TRUE(exact && int8);
+    auto se = NewSession(*exact), si = NewSession(*int8);
+    double kl_sum = 0, kl_max = 0, diff = 0, scale = 0;
+    for (int32_t id : prompt) {
+      std::vector<float> le, li;
+      ASSERT_TRUE(se->Append({&id, 1}, &le).ok());
+      ASSERT_TRUE(si->Append({&id, 1}, &li).ok());
+      const double kl = KlDivergence(le, li);
+      kl_sum += kl;
+      kl_max = std::max(kl_max, kl);
+      diff = std::max(diff, MaxAbsDiff(le, li));
+      scale = std::max(scale, MaxAbs(le));
+    }
+    const double kl_mean = kl_sum / prompt.size();
+    std::printf("%-5s int8 route: mean KL %.3g, max KL %.3g, max|dlogit| %.3g (max|logit| %.3g)\n",
+                std::string(Name(t)).c_str(), kl_mean, kl_max, diff, scale);
+    // Rounding activations to 8 bits per 32-block is the same precision as
+    // Q8_0 weights, so it may cost about what they cost, not more than twice.
+    EXPECT_LE(kl_mean, 2 * kl_q8) << Name(t);
+    EXPECT_LE(diff, 0.1 * scale) << Name(t);
+    EXPECT_GT(diff, 0.0) << Name(t);
   }
 }
 

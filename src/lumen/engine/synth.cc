@@ -1,6 +1,7 @@
 #include "lumen/engine/synth.h"
 
 #include <cmath>
+#include <cstdio>
 
 #include "lumen/tokenize/tokenizer.h"
 
@@ -108,6 +109,11 @@ Status ParseSynthQuant(std::string_view q, SynthOptions& o) {
     o.mlx_bits = bits;
     o.mlx_group = group;
     o.format = OutputFormat::kHf;
+    return Status::Ok();
+  }
+  if (q == "q4_k_m") {
+    o.dtype = DType::kQ4_K;
+    o.q4_k_m = true;
     return Status::Ok();
   }
   const std::optional<DType> t = ParseDType(q);
@@ -248,6 +254,17 @@ Status Synthesize(const SynthOptions& o) {
   }
   add("output_norm.weight", {D}, 0.1f, norm_mean);
   if (!c.tied_embeddings) add("output.weight", {V, D}, std_w, 0);
+  if (o.q4_k_m) {
+    const int L = c.n_layers;
+    auto more_bits = [L](int l) { return l < L / 8 || l >= 7 * L / 8 || (l - L / 8) % 3 == 2; };
+    for (auto& p : plans) {
+      int l = -1;
+      std::sscanf(p.name.c_str(), "blk.%d.", &l);
+      const bool head = p.name == (c.tied_embeddings ? "token_embd.weight" : "output.weight");
+      const bool mixed = p.name.ends_with("attn_v.weight") || p.name.ends_with("ffn_down.weight");
+      if (head || (mixed && l >= 0 && more_bits(l))) p.dtype = DType::kQ6_K;
+    }
+  }
 
   WriteOptions wo;
   wo.dtype = o.dtype ? o.dtype : std::optional<DType>(tiny ? DType::kF32 : DType::kF16);

@@ -21,13 +21,18 @@ struct SynthOptions {
   std::optional<DType> dtype;  // default f32 for tiny-*, f16 otherwise
   int mlx_bits = 0;            // --format hf only: MLX affine 4/8-bit weights (0: none)
   int mlx_group = 64;
+  // --quant q4_k_m: Q4_K with Q6_K for the LM head and for attn_v / ffn_down
+  // in the layers llama.cpp's Q4_K_M gives more bits (first and last eighth,
+  // every third in between).
+  bool q4_k_m = false;
   uint64_t seed = 1;
   // Shape overrides (0: keep the named shape's).
   int layers = 0, dim = 0, ffn = 0, heads = 0, kv_heads = 0, vocab = 0;
   int64_t ctx = 0;
 };
 
-// Parses a --quant value: a tensor type ("f16", "q4_k", ...) into dtype, or
+// Parses a --quant value: a tensor type ("f16", "q4_k", ...) into dtype,
+// "q4_k_m" (the mix above), or
 // "mlx4" / "mlx8" (optionally "-g32" / "-g64" / "-g128", default group 64)
 // into mlx_bits / mlx_group, which also selects --format hf.
 Status ParseSynthQuant(std::string_view quant, SynthOptions& opts);

@@ -43,7 +43,7 @@ Status WriteGgufModel(const model::ModelConfig& config, const tokenize::Tokenize
   if (!opts.chat_template.empty()) w.SetString("tokenizer.chat_template", opts.chat_template);
   Progress progress("writing " + path, static_cast<int64_t>(plans.size()));
   for (const auto& p : plans) {
-    DType dt = opts.dtype.value_or(p.source_dtype);
+    DType dt = p.dtype ? *p.dtype : opts.dtype.value_or(p.source_dtype);
     if (p.shape.size() == 1) dt = DType::kF32;
     if (!formats::GgmlFromDType(dt)) dt = DType::kF16;
     // K-quants need 256-wide rows; fall back like llama.cpp does for odd shapes.

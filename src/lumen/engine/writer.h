@@ -20,6 +20,7 @@ struct TensorPlan {
   std::string name;            // canonical (GGUF-style)
   std::vector<int64_t> shape;  // row-major; 1-D for norms and biases
   DType source_dtype = DType::kF32;
+  std::optional<DType> dtype;  // GGUF: overrides WriteOptions::dtype (mixes like Q4_K_M)
   std::function<void(int64_t row, float* out)> row;  // fills shape.back() floats
 };
 

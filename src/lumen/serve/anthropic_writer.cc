@@ -34,6 +34,7 @@ class MessagesWriter : public ProtocolWriter {
 
  protected:
   std::string OnText(int, const std::string& text, const engine::GeneratedToken*) override {
+    if (forced()) return CallEvents(ForcedDelta(0, false));
     if (tools() || text.empty()) return "";
     return SseEvent("content_block_delta", {{"type", "content_block_delta"},
                                             {"index", 0},
@@ -47,6 +48,12 @@ class MessagesWriter : public ProtocolWriter {
           "error", {{"type", "error"}, {"error", {{"type", "api_error"}, {"message", c.error}}}});
     std::string out;
     int index = 0;
+    if (forced()) {
+      // The tool_use block opened with its name and streamed its input.
+      out += CallEvents(ForcedDelta(0, true));
+      out += SseEvent("content_block_stop", {{"type", "content_block_stop"}, {"index", 0}});
+      return out + MessageDelta(c);
+    }
     if (text_open_) {
       out += SseEvent("content_block_stop", {{"type", "content_block_stop"}, {"index", 0}});
       index = 1;
@@ -71,17 +78,33 @@ class MessagesWriter : public ProtocolWriter {
       out += SseEvent("content_block_stop", {{"type", "content_block_stop"}, {"index", index}});
       ++index;
     }
-    out +=
-        SseEvent("message_delta",
-                 {{"type", "message_delta"},
-                  {"delta",
-                   {{"stop_reason", AnthropicStop(c)},
-                    {"stop_sequence", c.stop_matched.empty() ? ojson() : ojson(c.stop_matched)}}},
-                  {"usage", {{"output_tokens", c.completion_tokens}}}});
-    return out;
+    return out + MessageDelta(c);
   }
 
  private:
+  std::string MessageDelta(const ChoiceState& c) {
+    return SseEvent(
+        "message_delta",
+        {{"type", "message_delta"},
+         {"delta",
+          {{"stop_reason", AnthropicStop(c)},
+           {"stop_sequence", c.stop_matched.empty() ? ojson() : ojson(c.stop_matched)}}},
+         {"usage", {{"output_tokens", c.completion_tokens}}}});
+  }
+  std::string CallEvents(const CallDelta& d) {
+    std::string out;
+    if (d.name_ready)
+      out += BlockStart(0, {{"type", "tool_use"},
+                            {"id", CallIdPrefix() + "0"},
+                            {"name", d.name},
+                            {"input", ojson::object()}});
+    if (!d.args.empty())
+      out += SseEvent("content_block_delta",
+                      {{"type", "content_block_delta"},
+                       {"index", 0},
+                       {"delta", {{"type", "input_json_delta"}, {"partial_json", d.args}}}});
+    return out;
+  }
   std::string BlockStart(int index, ojson block) {
     return SseEvent(
         "content_block_start",
@@ -95,8 +118,13 @@ class MessagesWriter : public ProtocolWriter {
       content.push_back({{"type", "tool_use"},
                          {"id", call.id},
                          {"name", call.name},
-                         {"input", ojson::parse(call.arguments, nullptr, false)}});
+                         {"input", InputOf(call.arguments)}});
     return content;
+  }
+  // Arguments cut by max_tokens are no object yet: the block's input is {}.
+  static ojson InputOf(const std::string& arguments) {
+    ojson j = ojson::parse(arguments, nullptr, false);
+    return j.is_object() ? j : ojson::object();
   }
   ojson Message(ojson content, ojson stop_reason, ojson stop_sequence) const {
     const ChoiceState& c = choices_[0];

@@ -34,7 +34,27 @@ EngineBridge::EngineBridge(const engine::Model& model, engine::Scheduler& sched,
     : model_(model),
       sched_(sched),
       formatter_(std::move(formatter)),
-      base_(std::move(base_sampler)) {}
+      base_(std::move(base_sampler)) {
+  // How this template writes a call: render one (no tool list, so the text
+  // holds nothing but the call's own markers and keys).
+  using ojson = nlohmann::ordered_json;
+  const ojson probe =
+      ojson::array({{{"role", "user"}, {"content", "x"}},
+                    {{"role", "assistant"},
+                     {"content", ""},
+                     {"tool_calls",
+                      {{{"id", "lumenprob"},
+                        {"type", "function"},
+                        {"function", {{"name", "lumen_probe"}, {"arguments", "{\"x\": 1}"}}}}}}}});
+  auto text = formatter_.Render(probe, ojson(), /*add_generation_prompt=*/false, ojson::object());
+  tool_format_ =
+      DetectToolFormat(text.ok() ? *text : std::string(), model_.tokenizer().chat_template());
+}
+
+std::shared_ptr<const engine::TokenTable> EngineBridge::Table() const {
+  std::call_once(table_once_, [&] { table_ = engine::TokenTable::Build(model_.tokenizer()); });
+  return table_;
+}
 
 Result<Prepared> EngineBridge::Prepare(const GenRequest& r) const {
   Prepared p;
@@ -83,6 +103,38 @@ Result<Prepared> EngineBridge::Prepare(const GenRequest& r) const {
     return Errorf("{}: the prompt ({} tokens) does not leave room in the context ({} tokens)",
                   prompt_field, P, ctx);
   }
+  // Binding choices. Checked here, so a vocabulary that cannot spell the
+  // format is a 400 naming the field, not a failed job.
+  std::vector<engine::GrammarSegment> grammar;
+  const char* constraint_field = "response_format";
+  if (!r.raw_prompt && !p.tool_names.empty() &&
+      (r.tool_choice_named || r.tool_choice == "required")) {
+    std::vector<std::string> names = p.tool_names;
+    if (r.tool_choice_named) names = {r.tool_choice};
+    grammar = ToolCallGrammar(tool_format_, names);
+    p.tool_names = names;
+    p.forced_call = true;
+    constraint_field = "tool_choice";
+  } else if (!r.raw_prompt && r.response_format == "json_object") {
+    grammar = {engine::GrammarSegment::JsonObject()};
+  }
+  if (!grammar.empty()) {
+    auto table = Table();
+    for (const auto& g : grammar) {
+      std::vector<std::string> texts = g.options;
+      if (g.kind == engine::GrammarSegment::kLiteral) texts = {g.text};
+      if (g.kind == engine::GrammarSegment::kJsonObject) texts = {"{\"\": 0}"};
+      for (const auto& t : texts)
+        if (!table->EncodeExact(t))
+          return Errorf("{}: the model's vocabulary cannot spell '{}'{}", constraint_field, t,
+                        p.forced_call ? fmt::format(" (the {} tool-call format)",
+                                                    ToolFormatName(tool_format_))
+                                      : std::string());
+    }
+    auto c = engine::GrammarConstraint::Create(table, std::move(grammar));
+    if (!c.ok()) return Errorf("{}: {}", constraint_field, c.status().message());
+    p.constraint = std::shared_ptr<const engine::GrammarConstraint>(std::move(*c));
+  }
   nlohmann::json fields = r.sampler_fields;
   auto cfg = sample::ParseSamplerJson(fields, base_);
   if (!cfg.ok()) return cfg.status();
@@ -105,6 +157,7 @@ std::shared_ptr<RunState> EngineBridge::Start(const GenRequest& r, const Prepare
     j.max_tokens = p.max_tokens;
     j.stop = r.stop;
     j.want_logprobs = r.logprobs;
+    if (p.constraint) j.constraint = std::make_shared<engine::GrammarConstraint>(*p.constraint);
     std::weak_ptr<RunState> weak = run;
     j.on_event = [weak, i](const engine::JobEvent& e) {
       auto s = weak.lock();

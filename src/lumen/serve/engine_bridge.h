@@ -7,6 +7,12 @@
 // Status naming the request field (-> HTTP 400). Start submits one job per
 // choice (n) and funnels their events into one RunState queue that the HTTP
 // thread drains.
+//
+// Binding choices: tool_choice "required" (Anthropic "any") or a named tool
+// make every job carry a GrammarConstraint (tool_calls.h ToolCallGrammar) in
+// the model's tool-call format, detected once from the chat template;
+// response_format json_object makes the reply one JSON object. The token
+// table those need is built on the first such request.
 #pragma once
 
 #include <chrono>
@@ -20,6 +26,7 @@
 #include "lumen/engine/chat.h"
 #include "lumen/engine/scheduler.h"
 #include "lumen/serve/request.h"
+#include "lumen/serve/tool_calls.h"
 
 namespace lumen::serve {
 
@@ -29,6 +36,9 @@ struct Prepared {
   sample::SamplerConfig sampler;
   int max_tokens = -1;
   std::vector<std::string> tool_names;  // tools the reply may call
+  // Binding tool_choice / json_object: each job gets a copy (null: free text).
+  std::shared_ptr<const engine::GrammarConstraint> constraint;
+  bool forced_call = false;  // the reply is exactly one call to one of tool_names
 };
 
 struct ChoiceEvent {
@@ -68,12 +78,18 @@ class EngineBridge {
   const engine::Model& model() const { return model_; }
   engine::Scheduler& scheduler() { return sched_; }
   const sample::SamplerConfig& base_sampler() const { return base_; }
+  ToolFormat tool_format() const { return tool_format_; }
 
  private:
+  std::shared_ptr<const engine::TokenTable> Table() const;
+
   const engine::Model& model_;
   engine::Scheduler& sched_;
   engine::ChatFormatter formatter_;
   sample::SamplerConfig base_;
+  ToolFormat tool_format_ = ToolFormat::kHermes;
+  mutable std::once_flag table_once_;
+  mutable std::shared_ptr<const engine::TokenTable> table_;
 };
 
 }  // namespace lumen::serve

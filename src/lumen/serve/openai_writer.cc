@@ -72,6 +72,7 @@ class ChatWriter : public ProtocolWriter {
  protected:
   std::string OnText(int index, const std::string& text,
                      const engine::GeneratedToken* tok) override {
+    if (forced()) return CallChunks(index, ForcedDelta(index, false));
     if (tools()) return "";  // held until done (tool-call parsing)
     if (text.empty() && !(tok && x_.req.logprobs)) return "";
     ojson lp;
@@ -90,7 +91,9 @@ class ChatWriter : public ProtocolWriter {
                      {"code", nullptr}}}};
       return Sse(err);
     }
-    if (tools()) {
+    if (forced()) {
+      out += CallChunks(index, ForcedDelta(index, true));
+    } else if (tools()) {
       if (!c.reply.content.empty())
         out += Chunk(index, {{"content", c.reply.content}}, ojson(), ojson());
       if (!c.reply.calls.empty())
@@ -100,6 +103,25 @@ class ChatWriter : public ProtocolWriter {
   }
 
  private:
+  // A forced call as OpenAI streams one: the first delta holds index, id,
+  // type and name with empty arguments; later ones only argument pieces.
+  std::string CallChunks(int index, const CallDelta& d) const {
+    std::string out;
+    if (d.name_ready)
+      out += Chunk(
+          index,
+          {{"tool_calls", ojson::array({{{"index", 0},
+                                         {"id", CallIdPrefix() + "0"},
+                                         {"type", "function"},
+                                         {"function", {{"name", d.name}, {"arguments", ""}}}}})}},
+          ojson(), ojson());
+    if (!d.args.empty())
+      out += Chunk(
+          index,
+          {{"tool_calls", ojson::array({{{"index", 0}, {"function", {{"arguments", d.args}}}}})}},
+          ojson(), ojson());
+    return out;
+  }
   ojson Base() const {
     ojson j = {{"id", x_.id},
                {"object", "chat.completion.chunk"},

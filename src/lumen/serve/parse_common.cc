@@ -191,6 +191,7 @@ Status ParseToolChoice(const ojson& v, const char* field, GenRequest& r) {
       return Errorf("{}: must be \"none\", \"auto\", \"required\" or a function object, got '{}'",
                     field, s);
     r.tool_choice = s;
+    r.tool_choice_named = false;
     if (s == "required" && r.tools.is_null()) return Errorf("{}: \"required\" needs tools", field);
     return Status::Ok();
   }
@@ -208,6 +209,7 @@ Status ParseToolChoice(const ojson& v, const char* field, GenRequest& r) {
     for (const auto& t : r.tools) found |= t["function"]["name"] == name;
   if (!found) return Errorf("{}: no tool named '{}' in tools", field, name);
   r.tool_choice = name;
+  r.tool_choice_named = true;
   return Status::Ok();
 }
 

@@ -172,11 +172,13 @@ Result<GenRequest> ParseChatCompletions(const ojson& body) {
     if (!rf.is_object() || !rf.contains("type") || !rf["type"].is_string())
       return Error("response_format.type: must be a string");
     const std::string t = rf["type"].get<std::string>();
-    if (t != "text")
-      return Errorf(
-          "response_format.type: '{}' is not supported: lumen does not constrain "
-          "output to JSON yet; use \"text\"",
-          t);
+    if (t == "json_schema")
+      return Error(
+          "response_format.type: 'json_schema' is not supported: lumen constrains output to "
+          "one JSON object (\"json_object\") but does not enforce a schema");
+    if (t != "text" && t != "json_object")
+      return Errorf("response_format.type: unknown type '{}' (text, json_object)", t);
+    r.response_format = t;
   }
   return r;
 }

@@ -116,11 +116,14 @@ Result<GenRequest> ParseResponses(const ojson& body) {
     const ojson& f = body["text"]["format"];
     if (!f.is_object() || !f.contains("type") || !f["type"].is_string())
       return Error("text.format.type: must be a string");
-    if (f["type"] != "text")
-      return Errorf(
-          "text.format.type: '{}' is not supported: lumen does not constrain output to "
-          "JSON yet; use \"text\"",
-          f["type"].get<std::string>());
+    const std::string t = f["type"].get<std::string>();
+    if (t == "json_schema")
+      return Error(
+          "text.format.type: 'json_schema' is not supported: lumen constrains output to one "
+          "JSON object (\"json_object\") but does not enforce a schema");
+    if (t != "text" && t != "json_object")
+      return Errorf("text.format.type: unknown type '{}' (text, json_object)", t);
+    r.response_format = t;
   }
   return r;
 }

@@ -53,8 +53,10 @@ std::string ProtocolWriter::Feed(const ChoiceEvent& e) {
       c.prompt_tokens = e.ev.prompt_tokens;
       c.cached_tokens = e.ev.cached_tokens;
       c.completion_tokens = e.ev.completion_tokens;
-      if (tools())
-        c.reply = ParseToolCalls(c.text, x_.prep.tool_names, "call_" + x_.id + "_");
+      if (forced())
+        c.reply = ForcedReply(c.text, x_.prep.tool_names, CallIdPrefix());
+      else if (tools())
+        c.reply = ParseToolCalls(c.text, x_.prep.tool_names, CallIdPrefix());
       else
         c.reply.content = c.text;
       return out + OnDone(e.index);
@@ -66,6 +68,22 @@ std::string ProtocolWriter::Feed(const ChoiceEvent& e) {
       return OnDone(e.index);
   }
   return "";
+}
+
+ProtocolWriter::CallDelta ProtocolWriter::ForcedDelta(int index, bool at_done) {
+  ChoiceState& c = choices_[index];
+  CallDelta d;
+  const ForcedCall fc = ScanForcedCall(c.text);
+  if (!c.call_name_sent && (fc.name_done || at_done)) {
+    d.name_ready = true;
+    d.name = at_done && !c.reply.calls.empty() ? c.reply.calls[0].name : fc.name;
+    c.call_name_sent = true;
+  }
+  if (c.call_name_sent && fc.args.size() > c.call_args_sent) {
+    d.args = fc.args.substr(c.call_args_sent);
+    c.call_args_sent = fc.args.size();
+  }
+  return d;
 }
 
 ojson ProtocolWriter::LogprobEntry(const engine::GeneratedToken& t) const {
@@ -84,7 +102,7 @@ ojson ProtocolWriter::LogprobEntry(const engine::GeneratedToken& t) const {
 }
 
 std::string OpenAIFinish(const ChoiceState& c) {
-  if (!c.reply.calls.empty()) return "tool_calls";
+  if (!c.reply.calls.empty() && !c.reply.truncated) return "tool_calls";
   switch (c.finish) {
     case engine::FinishReason::kLength:
     case engine::FinishReason::kContext:
@@ -95,7 +113,7 @@ std::string OpenAIFinish(const ChoiceState& c) {
 }
 
 std::string AnthropicStop(const ChoiceState& c) {
-  if (!c.reply.calls.empty()) return "tool_use";
+  if (!c.reply.calls.empty() && !c.reply.truncated) return "tool_use";
   switch (c.finish) {
     case engine::FinishReason::kLength:
     case engine::FinishReason::kContext:

@@ -14,6 +14,9 @@
 // what each choice produced so far. When the request has tools, text is held
 // until the choice ends and then parsed for tool calls (tool_calls.h), since
 // a call's start cannot be told from text before its format marker is whole.
+// A forced call (tool_choice required / named) is known to be one call from
+// the first token, so it streams: the call's name once whole, then argument
+// pieces as they are generated.
 #pragma once
 
 #include <memory>
@@ -36,6 +39,9 @@ struct ChoiceState {
   std::string error;
   int64_t prompt_tokens = 0, cached_tokens = 0, completion_tokens = 0;
   ParsedReply reply;  // set at done when tools were offered
+  // Forced call streaming: what of it went out already.
+  bool call_name_sent = false;
+  size_t call_args_sent = 0;
 };
 
 struct ExchangeInfo {
@@ -69,6 +75,16 @@ class ProtocolWriter {
                              const engine::GeneratedToken* tok) = 0;
   virtual std::string OnDone(int index) = 0;
   bool tools() const { return !x_.prep.tool_names.empty(); }
+  bool forced() const { return x_.prep.forced_call; }
+  // What of the forced call is new since the last call: the name once whole
+  // (at_done: whatever it is), then new argument text.
+  struct CallDelta {
+    bool name_ready = false;
+    std::string name;
+    std::string args;
+  };
+  CallDelta ForcedDelta(int index, bool at_done);
+  std::string CallIdPrefix() const { return "call_" + x_.id + "_"; }
   int64_t completion_total() const;
   static std::string Sse(const nlohmann::ordered_json& data);  // data: ...
   static std::string SseEvent(const std::string& event, const nlohmann::ordered_json& data);

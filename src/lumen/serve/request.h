@@ -36,6 +36,10 @@ struct GenRequest {
   nlohmann::ordered_json messages = nlohmann::ordered_json::array();
   nlohmann::ordered_json tools;      // null when none
   std::string tool_choice = "auto";  // "none", "auto", "required" or a function name
+  bool tool_choice_named = false;    // tool_choice is a function name (binding)
+  // response_format / text.format: "text" or "json_object" (the reply is one
+  // JSON object).
+  std::string response_format = "text";
   nlohmann::ordered_json template_kwargs = nlohmann::ordered_json::object();
 
   std::optional<int64_t> max_tokens;  // unset: until the context is full

@@ -83,6 +83,61 @@ TEST(Request, ErrorsNameTheField) {
   }
 }
 
+TEST(Request, ToolChoiceAndResponseFormat) {
+  const char* tools_oa =
+      R"("tools":[{"type":"function","function":{"name":"f"}},{"type":"function","function":{"name":"g"}}])";
+  auto named = ParseChatCompletions(
+      ojson::parse(std::string(R"({"messages":[{"role":"user","content":"x"}],)") + tools_oa +
+                   R"(,"tool_choice":{"type":"function","function":{"name":"g"}}})"));
+  ASSERT_TRUE(named.ok()) << named.status().message();
+  EXPECT_TRUE(named->tool_choice_named);
+  EXPECT_EQ(named->tool_choice, "g");
+  auto req = ParseChatCompletions(
+      ojson::parse(std::string(R"({"messages":[{"role":"user","content":"x"}],)") + tools_oa +
+                   R"(,"tool_choice":"required"})"));
+  ASSERT_TRUE(req.ok());
+  EXPECT_FALSE(req->tool_choice_named);
+  EXPECT_EQ(req->tool_choice, "required");
+  auto any =
+      ParseMessages(ojson::parse(R"({"max_tokens":5,"messages":[{"role":"user","content":"x"}],
+      "tools":[{"name":"f","input_schema":{"type":"object"}}],"tool_choice":{"type":"any"}})"));
+  ASSERT_TRUE(any.ok());
+  EXPECT_EQ(any->tool_choice, "required");
+  auto tool =
+      ParseMessages(ojson::parse(R"({"max_tokens":5,"messages":[{"role":"user","content":"x"}],
+      "tools":[{"name":"f","input_schema":{"type":"object"}}],"tool_choice":{"type":"tool","name":"f"}})"));
+  ASSERT_TRUE(tool.ok());
+  EXPECT_TRUE(tool->tool_choice_named);
+  auto resp = ParseResponses(ojson::parse(R"({"input":"x","tools":[{"type":"function","name":"f"}],
+      "tool_choice":{"type":"function","name":"f"},"text":{"format":{"type":"json_object"}}})"));
+  ASSERT_TRUE(resp.ok()) << resp.status().message();
+  EXPECT_TRUE(resp->tool_choice_named);
+  EXPECT_EQ(resp->response_format, "json_object");
+  // Unknown names and json_schema are 400s naming the field.
+  for (
+      const char* body : {
+          R"({"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":{"type":"function","function":{"name":"h"}}})",
+          R"({"messages":[{"role":"user","content":"x"}],"tool_choice":"required"})",
+      }) {
+    auto r = ParseChatCompletions(ojson::parse(body));
+    ASSERT_FALSE(r.ok()) << body;
+    EXPECT_EQ(r.status().message().rfind("tool_choice", 0), 0u) << r.status().message();
+  }
+  auto bad_any =
+      ParseMessages(ojson::parse(R"({"max_tokens":5,"messages":[{"role":"user","content":"x"}],
+      "tools":[{"name":"f","input_schema":{"type":"object"}}],"tool_choice":{"type":"tool","name":"z"}})"));
+  ASSERT_FALSE(bad_any.ok());
+  EXPECT_EQ(bad_any.status().message().rfind("tool_choice", 0), 0u);
+  auto js = ParseChatCompletions(ojson::parse(R"({"messages":[{"role":"user","content":"x"}],
+      "response_format":{"type":"json_object"}})"));
+  ASSERT_TRUE(js.ok());
+  EXPECT_EQ(js->response_format, "json_object");
+  auto schema = ParseChatCompletions(ojson::parse(R"({"messages":[{"role":"user","content":"x"}],
+      "response_format":{"type":"json_schema","json_schema":{"name":"x","schema":{}}}})"));
+  ASSERT_FALSE(schema.ok());
+  EXPECT_EQ(schema.status().message().rfind("response_format.type: 'json_schema'", 0), 0u);
+}
+
 TEST(Body, Utf8AndLimits) {
   size_t bad = 0;
   EXPECT_TRUE(ValidUtf8("h\xc3\xa9llo \xf0\x9f\x98\x80", &bad));

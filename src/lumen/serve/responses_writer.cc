@@ -33,10 +33,10 @@ class ResponsesWriter : public ProtocolWriter {
   ojson Body() override {
     const ChoiceState& c = choices_[0];
     const bool incomplete =
-        c.finish == engine::FinishReason::kLength || c.finish == engine::FinishReason::kContext;
-    ojson r = Response(incomplete && c.reply.calls.empty() ? "incomplete" : "completed", Output(c));
-    if (incomplete && c.reply.calls.empty())
-      r["incomplete_details"] = {{"reason", "max_output_tokens"}};
+        (c.finish == engine::FinishReason::kLength || c.finish == engine::FinishReason::kContext) &&
+        (c.reply.calls.empty() || c.reply.truncated);
+    ojson r = Response(incomplete ? "incomplete" : "completed", Output(c));
+    if (incomplete) r["incomplete_details"] = {{"reason", "max_output_tokens"}};
     r["output_text"] = c.reply.content;
     r["usage"] = {{"input_tokens", c.prompt_tokens},
                   {"input_tokens_details", {{"cached_tokens", c.cached_tokens}}},
@@ -55,14 +55,14 @@ class ResponsesWriter : public ProtocolWriter {
         m["tool_calls"].push_back(
             {{"id", call.id},
              {"type", "function"},
-             {"function",
-              {{"name", call.name}, {"arguments", ojson::parse(call.arguments, nullptr, false)}}}});
+             {"function", {{"name", call.name}, {"arguments", ArgumentsJson(call.arguments)}}}});
     }
     return m;
   }
 
  protected:
   std::string OnText(int, const std::string& text, const engine::GeneratedToken*) override {
+    if (forced()) return CallEvents(ForcedDelta(0, false));
     if (tools() || text.empty()) return "";
     return Event(
         "response.output_text.delta",
@@ -78,6 +78,16 @@ class ResponsesWriter : public ProtocolWriter {
     }
     std::string out;
     int index = 0;
+    if (forced()) {
+      // The function_call item was added with its name and streamed its
+      // arguments; close it.
+      out += CallEvents(ForcedDelta(0, true));
+      const ToolCall& call = c.reply.calls[0];
+      const ojson item = CallItem(call, 0);
+      out += Event("response.function_call_arguments.done",
+                   {{"item_id", item["id"]}, {"output_index", 0}, {"arguments", call.arguments}});
+      return out + Event("response.output_item.done", {{"output_index", 0}, {"item", item}});
+    }
     if (!tools() || !c.reply.content.empty()) {
       if (tools()) out += OpenText();
       if (tools())
@@ -115,6 +125,25 @@ class ResponsesWriter : public ProtocolWriter {
   }
 
  private:
+  // Stored arguments are an object when they parse, else the text as is.
+  static ojson ArgumentsJson(const std::string& arguments) {
+    ojson j = ojson::parse(arguments, nullptr, false);
+    return j.is_discarded() ? ojson(arguments) : j;
+  }
+  std::string CallEvents(const CallDelta& d) {
+    std::string out;
+    const std::string item_id = "fc_" + x_.id.substr(5) + "_0";
+    if (d.name_ready) {
+      ToolCall call{CallIdPrefix() + "0", d.name, ""};
+      ojson item = CallItem(call, 0);
+      item["status"] = "in_progress";
+      out += Event("response.output_item.added", {{"output_index", 0}, {"item", item}});
+    }
+    if (!d.args.empty())
+      out += Event("response.function_call_arguments.delta",
+                   {{"item_id", item_id}, {"output_index", 0}, {"delta", d.args}});
+    return out;
+  }
   std::string Event(const std::string& type, ojson data) {
     ojson j = {{"type", type}, {"sequence_number", seq_++}};
     for (auto it = data.begin(); it != data.end(); ++it) j[it.key()] = it.value();
@@ -142,10 +171,11 @@ class ResponsesWriter : public ProtocolWriter {
             {"content", content}};
   }
   ojson CallItem(const ToolCall& call, size_t i) const {
+    const bool cut = choices_[0].reply.truncated;
     return {
         {"type", "function_call"},     {"id", "fc_" + x_.id.substr(5) + "_" + std::to_string(i)},
         {"call_id", call.id},          {"name", call.name},
-        {"arguments", call.arguments}, {"status", "completed"}};
+        {"arguments", call.arguments}, {"status", cut ? "incomplete" : "completed"}};
   }
   ojson Output(const ChoiceState& c) const {
     ojson out = ojson::array();
@@ -180,8 +210,10 @@ class ResponsesWriter : public ProtocolWriter {
             {"store", x_.req.store},
             {"temperature", x_.prep.sampler.temperature},
             {"top_p", x_.prep.sampler.top_p},
-            {"text", {{"format", {{"type", "text"}}}}},
-            {"tool_choice", x_.req.tool_choice},
+            {"text", {{"format", {{"type", x_.req.response_format}}}}},
+            {"tool_choice", x_.req.tool_choice_named
+                                ? ojson{{"type", "function"}, {"name", x_.req.tool_choice}}
+                                : ojson(x_.req.tool_choice)},
             {"tools", tools},
             {"truncation", "disabled"},
             {"usage", nullptr},

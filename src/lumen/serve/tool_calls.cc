@@ -1,6 +1,7 @@
 #include "lumen/serve/tool_calls.h"
 
 #include <algorithm>
+#include <cctype>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -178,6 +179,128 @@ ParsedReply ParseToolCalls(std::string_view text, const std::vector<std::string>
     r.calls.clear();
   }
   for (size_t i = 0; i < r.calls.size(); ++i) r.calls[i].id = fmt::format("{}{}", id_prefix, i);
+  return r;
+}
+
+ToolFormat DetectToolFormat(std::string_view rendered, std::string_view source) {
+  auto has = [](std::string_view t, std::string_view m) { return t.find(m) != t.npos; };
+  // The rendering shows the call itself; "parameters" there is the Llama 3
+  // argument key (the probe renders no tool list that could hold the word).
+  if (has(rendered, "<tool_call>")) return ToolFormat::kHermes;
+  if (has(rendered, "[TOOL_CALLS]")) return ToolFormat::kMistral;
+  if (has(rendered, "<|python_tag|>") || has(rendered, "\"parameters\""))
+    return ToolFormat::kLlama3;
+  if (has(source, "<tool_call>")) return ToolFormat::kHermes;
+  if (has(source, "[TOOL_CALLS]")) return ToolFormat::kMistral;
+  if (has(source, "<|python_tag|>")) return ToolFormat::kLlama3;
+  return ToolFormat::kHermes;
+}
+
+std::string_view ToolFormatName(ToolFormat f) {
+  switch (f) {
+    case ToolFormat::kLlama3:
+      return "llama3";
+    case ToolFormat::kMistral:
+      return "mistral";
+    default:
+      return "hermes";
+  }
+}
+
+std::vector<engine::GrammarSegment> ToolCallGrammar(ToolFormat f,
+                                                    const std::vector<std::string>& names) {
+  using G = engine::GrammarSegment;
+  std::vector<std::string> options;
+  for (const auto& n : names) options.push_back(n + "\"");
+  const char* open = "<tool_call>\n{\"name\": \"";
+  const char* key = ", \"arguments\":";
+  const char* close = "}\n</tool_call>";
+  if (f == ToolFormat::kLlama3) {
+    open = "{\"name\": \"";
+    key = ", \"parameters\":";
+    close = "}";
+  } else if (f == ToolFormat::kMistral) {
+    open = "[TOOL_CALLS] [{\"name\": \"";
+    close = "}]";
+  }
+  return {G::Literal(open), G::OneOf(std::move(options)), G::Literal(key), G::JsonObject(),
+          G::Literal(close)};
+}
+
+ForcedCall ScanForcedCall(std::string_view text) {
+  ForcedCall fc;
+  auto skip_ws = [&](size_t i) {
+    while (i < text.size() && std::isspace(static_cast<unsigned char>(text[i]))) ++i;
+    return i;
+  };
+  size_t i = text.find("\"name\"");
+  if (i == text.npos) return fc;
+  i = skip_ws(i + 6);
+  if (i >= text.size() || text[i] != ':') return fc;
+  i = skip_ws(i + 1);
+  if (i >= text.size() || text[i] != '"') return fc;
+  const size_t name_end = text.find('"', i + 1);
+  if (name_end == text.npos) {
+    fc.name = std::string(text.substr(i + 1));
+    return fc;
+  }
+  fc.name = std::string(text.substr(i + 1, name_end - i - 1));
+  fc.name_done = true;
+  i = name_end + 1;
+  size_t key = text.find("\"arguments\"", i);
+  size_t key_len = 11;
+  if (key == text.npos) key = text.find("\"parameters\"", i), key_len = 12;
+  if (key == text.npos) return fc;
+  i = skip_ws(key + key_len);
+  if (i >= text.size() || text[i] != ':') return fc;
+  i = skip_ws(i + 1);
+  if (i >= text.size() || text[i] != '{') return fc;
+  // The object's end: braces outside strings.
+  int depth = 0;
+  bool in_str = false, esc = false;
+  for (size_t k = i; k < text.size(); ++k) {
+    const char c = text[k];
+    if (in_str) {
+      if (esc)
+        esc = false;
+      else if (c == '\\')
+        esc = true;
+      else if (c == '"')
+        in_str = false;
+      continue;
+    }
+    if (c == '"') {
+      in_str = true;
+    } else if (c == '{' || c == '[') {
+      ++depth;
+    } else if ((c == '}' || c == ']') && --depth == 0) {
+      fc.args = std::string(text.substr(i, k + 1 - i));
+      fc.args_done = true;
+      return fc;
+    }
+  }
+  fc.args = std::string(text.substr(i));
+  return fc;
+}
+
+ParsedReply ForcedReply(std::string_view text, const std::vector<std::string>& tool_names,
+                        std::string_view id_prefix) {
+  const ForcedCall fc = ScanForcedCall(text);
+  ToolCall call;
+  call.id = fmt::format("{}0", id_prefix);
+  call.name = fc.name;
+  if (!fc.name_done || !Allowed(fc.name, tool_names)) {
+    // Cut inside the name: the first offered tool it starts.
+    for (const auto& n : tool_names)
+      if (n.starts_with(fc.name)) {
+        call.name = n;
+        break;
+      }
+  }
+  call.arguments = fc.args;
+  ParsedReply r;
+  r.truncated = !fc.args_done;
+  r.calls.push_back(std::move(call));
   return r;
 }
 

@@ -82,5 +82,109 @@ TEST(ToolCalls, IdsUsePrefix) {
   EXPECT_EQ(r.calls[0].id, "call_abc_0");
 }
 
+// Every byte a token: the grammar alone decides what may be generated.
+std::shared_ptr<const engine::TokenTable> ByteTable() {
+  std::vector<std::string> bytes;
+  for (int b = 0; b < 256; ++b) bytes.push_back(std::string(1, char(b)));
+  return engine::TokenTable::FromStrings(bytes);
+}
+
+bool Accepts(engine::GrammarConstraint& g, std::string_view text) {
+  for (unsigned char b : text)
+    if (!g.Accept(b)) return false;
+  return true;
+}
+
+// A forced call in each format is what the existing parser reads as a call
+// (the grammar and the format parsers agree), and ScanForcedCall reads every
+// prefix of it without error.
+TEST(ForcedToolCall, GrammarMatchesEachFormatsParser) {
+  struct Case {
+    ToolFormat f;
+    std::string open, key, close;
+  };
+  const std::vector<Case> cases = {
+      {ToolFormat::kHermes, "<tool_call>\n{\"name\": \"", ", \"arguments\":", "}\n</tool_call>"},
+      {ToolFormat::kLlama3, "{\"name\": \"", ", \"parameters\":", "}"},
+      {ToolFormat::kMistral, "[TOOL_CALLS] [{\"name\": \"", ", \"arguments\":", "}]"},
+  };
+  const std::string args = "{\"city\": \"Par\\\"is\", \"n\": [1, {\"x\": null}]}";
+  for (const auto& c : cases) {
+    SCOPED_TRACE(std::string(ToolFormatName(c.f)));
+    auto g = engine::GrammarConstraint::Create(ByteTable(), ToolCallGrammar(c.f, kTools));
+    ASSERT_TRUE(g.ok()) << g.status().message();
+    const std::string text = c.open + "search\"" + c.key + " " + args + c.close;
+    ASSERT_TRUE(Accepts(**g, text)) << (*g)->text();
+    EXPECT_TRUE((*g)->done());
+    // Not an offered name, or a second object, is refused.
+    auto g2 = engine::GrammarConstraint::Create(ByteTable(), ToolCallGrammar(c.f, kTools));
+    EXPECT_FALSE(Accepts(**g2, c.open + "sear\""));
+    auto parsed = ParseToolCalls(text, kTools);
+    ASSERT_EQ(parsed.calls.size(), 1u);
+    EXPECT_EQ(parsed.calls[0].name, "search");
+    EXPECT_EQ(Args(parsed.calls[0]), nlohmann::json::parse(args));
+    auto forced = ForcedReply(text, kTools, "call_x_");
+    ASSERT_EQ(forced.calls.size(), 1u);
+    EXPECT_FALSE(forced.truncated);
+    EXPECT_EQ(forced.calls[0].id, "call_x_0");
+    EXPECT_EQ(forced.calls[0].name, "search");
+    EXPECT_EQ(forced.calls[0].arguments, args);  // as generated
+    EXPECT_TRUE(forced.content.empty());
+    // Every cut: one call to an offered tool; arguments a prefix of the
+    // object, whole only once the object closed.
+    std::string streamed;
+    bool name_seen = false;
+    for (size_t n = 0; n <= text.size(); ++n) {
+      const std::string_view cut = std::string_view(text).substr(0, n);
+      auto r = ForcedReply(cut, kTools, "c");
+      ASSERT_EQ(r.calls.size(), 1u);
+      EXPECT_TRUE(r.calls[0].name == "search" || r.calls[0].name == "get_weather");
+      EXPECT_TRUE(args.starts_with(r.calls[0].arguments)) << cut;
+      EXPECT_EQ(r.truncated, r.calls[0].arguments != args) << cut;
+      const ForcedCall fc = ScanForcedCall(cut);
+      if (fc.name_done) {
+        EXPECT_EQ(fc.name, "search");
+        name_seen = true;
+      }
+      EXPECT_TRUE(fc.args.starts_with(streamed));  // arguments only grow
+      streamed = fc.args;
+    }
+    EXPECT_TRUE(name_seen);
+    EXPECT_EQ(streamed, args);
+  }
+}
+
+TEST(ForcedToolCall, OneNameIsForcedWhole) {
+  auto g = engine::GrammarConstraint::Create(ByteTable(),
+                                             ToolCallGrammar(ToolFormat::kHermes, {"get_weather"}));
+  ASSERT_TRUE(g.ok());
+  std::vector<int32_t> forced;
+  std::string err;
+  std::string text;
+  // Opening, then the only name: both forced, no choice left to the model.
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE((*g)->Forced(&forced, &err)) << err;
+    for (int32_t id : forced) ASSERT_TRUE((*g)->Accept(id));
+  }
+  EXPECT_EQ((*g)->text(), "<tool_call>\n{\"name\": \"get_weather\"");
+  ASSERT_TRUE((*g)->Forced(&forced, &err));
+  for (int32_t id : forced) ASSERT_TRUE((*g)->Accept(id));
+  EXPECT_EQ((*g)->text(), "<tool_call>\n{\"name\": \"get_weather\", \"arguments\":");
+  ASSERT_TRUE((*g)->Forced(&forced, &err));
+  EXPECT_TRUE(forced.empty());  // the arguments are the model's
+}
+
+TEST(ForcedToolCall, DetectFormat) {
+  EXPECT_EQ(DetectToolFormat("<|im_start|>assistant\n<tool_call>\n{\"name\"", ""),
+            ToolFormat::kHermes);
+  EXPECT_EQ(DetectToolFormat("[INST]x[/INST][TOOL_CALLS] [{\"name\"", ""), ToolFormat::kMistral);
+  EXPECT_EQ(DetectToolFormat("{\"name\": \"lumen_probe\", \"parameters\": {\"x\": 1}}", ""),
+            ToolFormat::kLlama3);
+  // No call in the rendering: the template source decides, else Hermes.
+  EXPECT_EQ(DetectToolFormat("plain", "{%- if x %}<|python_tag|>{% endif %}"), ToolFormat::kLlama3);
+  EXPECT_EQ(DetectToolFormat("plain", "{{ '[TOOL_CALLS]' }}"), ToolFormat::kMistral);
+  EXPECT_EQ(DetectToolFormat("plain", "no markers"), ToolFormat::kHermes);
+}
+
 }  // namespace
 }  // namespace lumen::serve

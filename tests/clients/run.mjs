@@ -87,6 +87,31 @@ check("openai: tool messages round trip", async ({ openai }) => {
   assert.ok(r.usage.prompt_tokens > 10);
 });
 
+check("openai: tool_choice named streams one call (SDK assembles the deltas)", async ({ openai }) => {
+  const req = {
+    model: "stories260K", max_tokens: 40, seed: 3, tools,
+    tool_choice: { type: "function", function: { name: "get_weather" } },
+    messages: [{ role: "user", content: "Weather in Paris?" }],
+  };
+  const full = await openai.chat.completions.create(req);
+  const call = full.choices[0].message.tool_calls[0];
+  assert.equal(full.choices[0].message.tool_calls.length, 1);
+  assert.equal(call.function.name, "get_weather");
+  const stream = openai.beta.chat.completions.stream(req);
+  const final = await stream.finalChatCompletion();
+  const got = final.choices[0].message.tool_calls;
+  assert.equal(got.length, 1);
+  assert.equal(got[0].id, call.id.replace(full.id, final.id));
+  assert.equal(got[0].function.name, "get_weather");
+  assert.equal(got[0].function.arguments, call.function.arguments);
+  assert.equal(final.choices[0].finish_reason, full.choices[0].finish_reason);
+  if (full.choices[0].finish_reason === "tool_calls") {
+    assert.equal(typeof JSON.parse(call.function.arguments), "object");
+  } else {
+    assert.equal(full.choices[0].finish_reason, "length");
+  }
+});
+
 check("openai: completions with logprobs", async ({ openai }) => {
   const r = await openai.completions.create({ model: "stories260K", prompt: "Once upon", max_tokens: 4, logprobs: 2, temperature: 0 });
   assert.equal(r.choices[0].logprobs.tokens.length, 4);
@@ -154,6 +179,21 @@ check("anthropic: tool_use / tool_result round trip", async ({ anthropic }) => {
     ],
   });
   assert.equal(m.type, "message");
+});
+
+check("anthropic: tool_choice any streams one tool_use block", async ({ anthropic }) => {
+  const stream = anthropic.messages.stream({
+    model: "stories260K", max_tokens: 30,
+    tools: [{ name: "get_weather", description: "Weather", input_schema: { type: "object" } },
+            { name: "search", description: "Search", input_schema: { type: "object" } }],
+    tool_choice: { type: "any" },
+    messages: [{ role: "user", content: "Weather?" }],
+  });
+  const m = await stream.finalMessage();
+  assert.equal(m.content.length, 1);
+  assert.equal(m.content[0].type, "tool_use");
+  assert.ok(["get_weather", "search"].includes(m.content[0].name));
+  assert.ok(["tool_use", "max_tokens"].includes(m.stop_reason));
 });
 
 check("anthropic: errors", async ({ anthropic }) => {

@@ -1,5 +1,7 @@
 // lumen eval diversity|kl|match: sampler evaluation over a prompt file
-// (eval/sampling_eval.h; docs/experiments/sampling.md for the definitions).
+// (eval/sampling_eval.h; docs/experiments/sampling.md for the definitions);
+// lumen eval route: the int8-activation route's KL to the exact route
+// (eval/route_eval.h; docs/reference/performance.md).
 #include <cmath>
 #include <cstdio>
 #include <memory>
@@ -8,6 +10,7 @@
 
 #include "lumen/cli/common.h"
 #include "lumen/cli/verbs.h"
+#include "lumen/eval/route_eval.h"
 #include "lumen/eval/sampling_eval.h"
 
 namespace lumen::cli {
@@ -127,6 +130,25 @@ void RunMatch(CLI::App* cmd, EvalArgs& a) {
   std::printf("(mean ± sample standard deviation over %d seeds)\n", a.seeds);
 }
 
+void RunRoute(EvalArgs& a) {
+  auto run = [&]() -> Status {
+    LUMEN_ASSIGN_OR_RETURN(auto text, eval::ReadPrompts(a.prompts));
+    ModelArgs exact_args = a.model, int8_args = a.model;
+    exact_args.act_route = "exact";
+    int8_args.act_route = "int8";
+    LUMEN_ASSIGN_OR_RETURN(auto exact, LoadModel(exact_args));
+    LUMEN_ASSIGN_OR_RETURN(auto int8, LoadModel(int8_args));
+    LUMEN_ASSIGN_OR_RETURN(auto prompts, eval::EncodePrompts(*exact, text));
+    LUMEN_ASSIGN_OR_RETURN(auto r, eval::RouteKl(*exact, *int8, prompts, a.opts));
+    std::printf(
+        "int8 route vs exact: mean KL %.4g nats (max %.4g) over %lld positions; top-1 agreement "
+        "%.1f%%\n",
+        r.kl_mean, r.kl_max, static_cast<long long>(r.positions), 100.0 * r.top1);
+    return Status::Ok();
+  };
+  if (Status s = run(); !s.ok()) ReportError(s);
+}
+
 void AddCommon(CLI::App* cmd, EvalArgs& a, bool samples) {
   AddModelArgs(cmd, a.model, /*positional=*/true);
   cmd->add_option("--prompts", a.prompts, "prompt file, one per line")->required();
@@ -141,7 +163,8 @@ void AddCommon(CLI::App* cmd, EvalArgs& a, bool samples) {
 }  // namespace
 
 void RegisterEval(CLI::App& app) {
-  auto* eval = app.add_subcommand("eval", "evaluate samplers: diversity, kl, match");
+  auto* eval = app.add_subcommand(
+      "eval", "evaluate samplers (diversity, kl, match) and kernel routes (route)");
   eval->require_subcommand(1);
   auto d = std::make_shared<EvalArgs>();
   auto* dc = eval->add_subcommand("diversity",
@@ -163,6 +186,14 @@ void RegisterEval(CLI::App& app) {
   mc->add_option("--seeds", m->seeds, "seeds to repeat the comparison over")
       ->check(CLI::Range(1, 100));
   mc->callback([mc, m] { RunMatch(mc, *m); });
+
+  auto r = std::make_shared<EvalArgs>();
+  auto* rc = eval->add_subcommand(
+      "route",
+      "mean KL(exact || int8 activations), decoding exact-route T=1 samples token by token");
+  r->opts.samples = 2;
+  AddCommon(rc, *r, false);
+  rc->callback([r] { RunRoute(*r); });
 }
 
 }  // namespace lumen::cli

@@ -123,16 +123,24 @@ Result<DiversityResult> Diversity(const engine::Model& model, std::span<const Se
   return r;
 }
 
+Result<std::vector<std::vector<Seq>>> BaseContinuations(const engine::Model& model,
+                                                        std::span<const Seq> prompts,
+                                                        const EvalOptions& opts) {
+  std::vector<std::vector<Seq>> out(prompts.size());
+  sample::SamplerConfig base;  // T = 1, nothing else
+  for (size_t p = 0; p < prompts.size(); ++p)
+    LUMEN_RETURN_IF_ERROR(Generate(model, prompts[p], p, base, opts, /*want_probs=*/false, out[p],
+                                   [](const std::vector<float>*, double, int32_t) {}));
+  return out;
+}
+
 Result<ForcedRows> BaseForcedRows(const engine::Model& model, std::span<const Seq> prompts,
                                   const EvalOptions& opts) {
   ForcedRows rows;
   rows.vocab = model.config().vocab_size;
-  sample::SamplerConfig base;  // T = 1, nothing else
+  LUMEN_ASSIGN_OR_RETURN(auto all_conts, BaseContinuations(model, prompts, opts));
   for (size_t p = 0; p < prompts.size(); ++p) {
-    std::vector<Seq> conts;
-    LUMEN_RETURN_IF_ERROR(Generate(model, prompts[p], p, base, opts, /*want_probs=*/false, conts,
-                                   [](const std::vector<float>*, double, int32_t) {}));
-    for (const Seq& cont : conts) {
+    for (const Seq& cont : all_conts[p]) {
       // One forward over prompt + continuation; row j predicts token j + 1.
       LUMEN_ASSIGN_OR_RETURN(auto session, engine::Session::Create(model, {}));
       Seq all = prompts[p];

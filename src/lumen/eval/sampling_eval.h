@@ -62,6 +62,12 @@ Result<std::vector<Seq>> EncodePrompts(const engine::Model& model,
 Result<DiversityResult> Diversity(const engine::Model& model, std::span<const Seq> prompts,
                                   const sample::SamplerConfig& config, const EvalOptions& opts);
 
+// opts.samples continuations per prompt sampled from the base model at T = 1
+// (seeded as Diversity's): [prompt][sample].
+Result<std::vector<std::vector<Seq>>> BaseContinuations(const engine::Model& model,
+                                                        std::span<const Seq> prompts,
+                                                        const EvalOptions& opts);
+
 // The logits the base model gives at every position of fixed continuations,
 // with the history each row was produced from; computed once, reused by every
 // teacher-forced statistic.

@@ -16,7 +16,7 @@
 
 namespace lumen::model {
 
-inline constexpr int64_t kMaxChunk = 256;  // tokens per forward call
+inline constexpr int64_t kMaxChunk = 128;  // tokens per forward call
 
 class KvCache {
  public:

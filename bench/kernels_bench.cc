@@ -118,7 +118,7 @@ void BM_MatVec(benchmark::State& state) {
       benchmark::Counter(2.0 * M * N * K * state.iterations(), benchmark::Counter::kIsRate);
 }
 BENCHMARK(BM_MatVec)->ArgsProduct({{0, 1, 2, 3, 4, 5, 6, 7}, {1, 2}, {0}, {1, 4}})->UseRealTime();
-BENCHMARK(BM_MatVec)->ArgsProduct({{3, 4, 5, 6}, {1, 2}, {1}, {1, 4}})->UseRealTime();
+BENCHMARK(BM_MatVec)->ArgsProduct({{3, 4, 5, 6, 7}, {1, 2}, {1}, {1, 4}})->UseRealTime();
 
 // Prefill / batched decode: Y[M, N] = X[M, K] W^T; K 2048 (q/o/gate/up) or 8192 (down).
 void BM_MatMul(benchmark::State& state) {

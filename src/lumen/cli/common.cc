@@ -20,7 +20,8 @@ void AddModelArgs(CLI::App* app, ModelArgs& args, bool positional) {
   app->add_option("--kv-type", args.kv_type, "KV cache element type: f16, bf16 or f32")
       ->check(CLI::IsMember({"f16", "bf16", "f32"}));
   app->add_option("--act-route", args.act_route,
-                  "matmul activations: exact (f32, default) or int8 (Q8_0/Q4_0/Q4_K/Q6_K weights at decode "
+                  "matmul activations: exact (f32, default) or int8 (Q8_0/Q4_0/Q4_K/Q6_K/MLX-4-bit "
+                  "weights at decode "
                   "quantize activations to int8 for VNNI dot products; tier L3, "
                   "docs/reference/performance.md)")
       ->check(CLI::IsMember({"exact", "int8"}));

@@ -24,7 +24,7 @@ namespace lumen::engine {
 struct LoadOptions {
   std::string tokenizer_path;  // llama2.c .bin models: their tokenizer file
   int threads = 0;             // 0: LUMEN_THREADS or all cores
-  // kInt8: products with Q8_0/Q4_0/Q4_K/Q6_K weights at decode and small batches
+  // kInt8: products with Q8_0/Q4_0/Q4_K/Q6_K/MLX-4-bit weights at decode and small batches
   // quantize their activations to int8 (tier L3, kernels/matmul_q8.h).
   kernels::ActRoute act_route = kernels::ActRoute::kExact;
 };

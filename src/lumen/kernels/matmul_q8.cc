@@ -29,6 +29,11 @@
 //   Q8_0 pair: [blk0 e0..31 | blk1 e0..31]
 // An odd last block is a 32-byte half vector in natural order.
 //
+// MLX affine 4-bit (w = s q + b per group of 64 or 128) is handled like the
+// K-quants with o = -b; byte j of a row holds elements 2j (low nibble) and
+// 2j + 1, so a 64-element vector is [even elements | odd elements] and the
+// activations are stored in that order.
+//
 // K-quants (Q4_K, Q6_K) have unsigned codes q and an offset per sub-block:
 // w = a q - o (Q4_K: a = d sc, o = dmin m; Q6_K: a = d sc, o = 32 a). Their
 // activations stay signed (vpdpbusd takes the codes as the unsigned operand,
@@ -41,8 +46,8 @@
 namespace lumen::kernels {
 namespace {
 
-enum class Fmt { kQ4_0, kQ8_0, kQ4K, kQ6K };
-constexpr int kNumFmts = 4;
+enum class Fmt { kQ4_0, kQ8_0, kQ4K, kQ6K, kMlx4 };
+constexpr int kNumFmts = 5;
 
 struct Geometry {
   Fmt fmt;
@@ -51,8 +56,9 @@ struct Geometry {
   int64_t sum_group;    // K-quants: elements per offset group (0: none)
 };
 
-Geometry GeometryFor(DType t) {
-  switch (t) {
+Geometry GeometryFor(const Matrix& W) {
+  if (W.mlx_bits == 4) return {Fmt::kMlx4, 0, false, W.mlx_group};
+  switch (W.w.dtype) {
     case DType::kQ4_0:
       return {Fmt::kQ4_0, sizeof(BlockQ4_0), true, 0};
     case DType::kQ4_K:
@@ -67,6 +73,10 @@ Geometry GeometryFor(DType t) {
 // Natural element index (within the row) of byte `pos` of the laid-out row.
 int64_t SourceIndex(Fmt fmt, int64_t nb, int64_t pos) {
   const int64_t b = pos / kQK;
+  if (fmt == Fmt::kMlx4) {  // a 64-chunk holds the even elements, then the odd ones
+    const int64_t base = pos / 64 * 64, o = pos % 64;
+    return base + (o < 32 ? 2 * o : 2 * (o - 32) + 1);
+  }
   if (fmt != Fmt::kQ4_0 || (nb % 2 == 1 && b == nb - 1)) return pos;  // natural order
   const int64_t p = pos / 64, o = pos % 64;                           // Q4_0 pair
   const int64_t blk = 2 * p + (o / 16) % 2, e = (o % 16) + (o >= 32 ? 16 : 0);
@@ -111,10 +121,16 @@ void Prepare(const Geometry& g, const float* X, int64_t M, int64_t ldx, int64_t 
       pos += n;
     }
     float* sums = reinterpret_cast<float*>(out->buf.as<uint8_t>() + m * out->stride + 2 * K);
+    // sum over the group of dx * q; a group is part of one block or whole blocks.
+    const int64_t part = std::min<int64_t>(g.sum_group, kQK);
     for (int64_t s = 0; s < nsum; ++s) {
-      int32_t t = 0;
-      for (int64_t i = 0; i < g.sum_group; ++i) t += qn[s * g.sum_group + i];
-      sums[s] = dn[s * g.sum_group / kQK] * static_cast<float>(t);
+      float acc = 0;
+      for (int64_t j = s * g.sum_group; j < (s + 1) * g.sum_group; j += part) {
+        int32_t t = 0;
+        for (int64_t i = 0; i < part; ++i) t += qn[j + i];
+        acc += dn[j / kQK] * static_cast<float>(t);
+      }
+      sums[s] = acc;
     }
   }
 }
@@ -393,6 +409,64 @@ LUMEN_VNNI void RowsQ6K(const Matrix& W, const Int8Rows& X, int64_t m0, float* Y
   }
 }
 
+// n values of type t (f16, bf16 or f32) as f32.
+LUMEN_VNNI inline void ToF32(DType t, const uint8_t* p, float* out, int64_t n) {
+  int64_t i = 0;
+  if (t == DType::kF16) {
+    for (; i + 16 <= n; i += 16)
+      _mm512_storeu_ps(
+          out + i,
+          _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 2 * i))));
+  } else if (t == DType::kBF16) {
+    for (; i + 16 <= n; i += 16) {
+      const __m512i w =
+          _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 2 * i)));
+      _mm512_storeu_ps(out + i, _mm512_castsi512_ps(_mm512_slli_epi32(w, 16)));
+    }
+  }
+  if (i < n) DequantizeRow(t, p + i * Info(t).block_bytes, out + i, n - i);
+}
+
+template <int MB>
+LUMEN_VNNI void RowsMlx4(const Matrix& W, const Int8Rows& X, int64_t m0, float* Y, int64_t ldy,
+                         int64_t n0, int64_t n1) {
+  const int64_t K = W.k, G = W.mlx_group, ng = K / G, cpg = G / 64;
+  const uint8_t* x[MB];
+  const float* sums[MB];
+  for (int r = 0; r < MB; ++r) {
+    x[r] = X.row(m0 + r);
+    sums[r] = X.sums(m0 + r);
+  }
+  std::vector<float> sb(2 * ng);  // the row's scales, then biases
+  for (int64_t n = n0; n < n1; ++n) {
+    const uint8_t* codes = W.w.row<const uint8_t>(n);
+    ToF32(W.scales.dtype, W.scales.row<const uint8_t>(n), sb.data(), ng);
+    ToF32(W.biases.dtype, W.biases.row<const uint8_t>(n), sb.data() + ng, ng);
+    __m512 acc[MB][2], off[MB];
+    for (int r = 0; r < MB; ++r) acc[r][0] = acc[r][1] = off[r] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < ng; ++g) {
+      const __m512 sc = _mm512_set1_ps(sb[g]);
+      for (int64_t c = g * cpg; c < (g + 1) * cpg; ++c) {
+        if (c % 2 == 0) {
+          DotRecords<MB, 0>(x, c, NibblePair(codes + 32 * c), sc, acc);
+        } else {
+          DotRecords<MB, 1>(x, c, NibblePair(codes + 32 * c), sc, acc);
+        }
+      }
+    }
+    // Bias term: sum_g b_g * (sum of the group's activations), 16 groups at a time.
+    for (int64_t g = 0; g < ng; g += 16) {
+      const __mmask16 k = ng - g >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (ng - g)) - 1);
+      const __m512 b = _mm512_maskz_loadu_ps(k, sb.data() + ng + g);
+      for (int r = 0; r < MB; ++r)
+        off[r] = _mm512_fmadd_ps(b, _mm512_maskz_loadu_ps(k, sums[r] + g), off[r]);
+    }
+    for (int r = 0; r < MB; ++r)
+      Y[(m0 + r) * ldy + n] =
+          _mm512_reduce_add_ps(_mm512_add_ps(acc[r][0], acc[r][1])) + _mm512_reduce_add_ps(off[r]);
+  }
+}
+
 // Calls run(integral_constant<MB>, m) over the rows four at a time, then the rest.
 template <class Run>
 void ByFours(int64_t M, Run run) {
@@ -412,7 +486,7 @@ void ByFours(int64_t M, Run run) {
 
 void MatMulRowsInt8(const Matrix& W, const Int8Rows& X, float* Y, int64_t ldy, int64_t n0,
                     int64_t n1) {
-  const Geometry g = GeometryFor(W.w.dtype);
+  const Geometry g = GeometryFor(W);
   ByFours(X.M, [&](auto mb, int64_t m) {
     constexpr int MB = decltype(mb)::value;
     switch (g.fmt) {
@@ -424,6 +498,8 @@ void MatMulRowsInt8(const Matrix& W, const Int8Rows& X, float* Y, int64_t ldy, i
         return RowsQ4K<MB>(W, X, m, Y, ldy, n0, n1);
       case Fmt::kQ6K:
         return RowsQ6K<MB>(W, X, m, Y, ldy, n0, n1);
+      case Fmt::kMlx4:
+        return RowsMlx4<MB>(W, X, m, Y, ldy, n0, n1);
     }
   });
 }
@@ -456,7 +532,13 @@ void QuantizeActivationBlock(const float* x, int8_t* q, float* d) {
 
 bool Int8RouteSupports(const Matrix& W) {
   static const bool vnni = CpuHasVnni();  // CPU feature, fixed for the process
-  if (!vnni || W.mlx_bits != 0) return false;
+  if (!vnni) return false;
+  if (W.mlx_bits != 0) {
+    const DType st = W.scales.dtype, bt = W.biases.dtype;
+    auto flt = [](DType t) { return t == DType::kF16 || t == DType::kBF16 || t == DType::kF32; };
+    return W.mlx_bits == 4 && (W.mlx_group == 64 || W.mlx_group == 128) && W.k % W.mlx_group == 0 &&
+           flt(st) && flt(bt);
+  }
   switch (W.w.dtype) {
     case DType::kQ4_0:
     case DType::kQ8_0:
@@ -483,7 +565,7 @@ void MatMulManyInt8(std::span<const MatMulOut> outs, const float* X, int64_t M, 
   int64_t total = 0;
   for (const MatMulOut& o : outs) {
     LUMEN_CHECK(Int8RouteSupports(*o.w));
-    const Geometry g = GeometryFor(o.w->w.dtype);
+    const Geometry g = GeometryFor(*o.w);
     const int f = static_cast<int>(g.fmt);
     if (!have[f]) Prepare(g, X, M, ldx, o.w->k, &rows[f]);
     have[f] = true;
@@ -493,7 +575,7 @@ void MatMulManyInt8(std::span<const MatMulOut> outs, const float* X, int64_t M, 
     int64_t off = 0;
     for (const MatMulOut& o : outs) {
       const int64_t lo = std::max<int64_t>(b - off, 0), hi = std::min<int64_t>(e - off, o.w->n);
-      const int f = static_cast<int>(GeometryFor(o.w->w.dtype).fmt);
+      const int f = static_cast<int>(GeometryFor(*o.w).fmt);
       if (lo < hi) MatMulRowsInt8(*o.w, rows[f], o.y, o.ldy, lo, hi);
       off += o.w->n;
     }

@@ -1,8 +1,9 @@
 // The int8-activation route of MatMul (tier L3): each activation row is
 // quantized to int8 in 32-element blocks (scale = absmax / 127, round to
-// nearest) and dotted with Q8_0 / Q4_0 / Q4_K / Q6_K weights by AVX512-VNNI
-// `vpdpbusd` (64 byte products per instruction, exact int32 sums), then each
-// block's integer sum is scaled by weight scale x activation scale in f32.
+// nearest) and dotted with Q8_0 / Q4_0 / Q4_K / Q6_K / MLX 4-bit (groups 64
+// and 128) weights by AVX512-VNNI `vpdpbusd` (64 byte products per
+// instruction, exact int32 sums); each block's integer sum is then scaled by
+// weight scale x activation scale in f32.
 //
 // Why: the exact route converts every weight to f32 and spends one FMA per
 // weight per activation row, which makes decode compute-bound on two cores
@@ -11,11 +12,10 @@
 // the block-scale FMA; the weight bytes are decoded once for up to 4 rows.
 //
 // Used by MatMul/MatMulMany when W.route == ActRoute::kInt8, the weight type is
-// Q8_0, Q4_0, Q4_K or Q6_K, the CPU has AVX512-VNNI and M <= kInt8MaxRows (prefill keeps the
+// one of those, the CPU has AVX512-VNNI and M <= kInt8MaxRows (prefill keeps the
 // exact f32 panels: with a scale per 32-block the integer dot saves nothing per
-// FMA there). Otherwise the exact route runs. MatMulQ8Ref (matmul_q8_ref.h) is
-// the scalar oracle: same activation quantization, exact integer dots, double
-// accumulation.
+// FMA there). Otherwise the exact route runs. MatMulInt8Ref (matmul_q8_ref.h)
+// is the scalar oracle: same activation quantization, double accumulation.
 #pragma once
 
 #include <cstdint>

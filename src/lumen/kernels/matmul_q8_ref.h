@@ -2,8 +2,8 @@
 // activation quantization, then y = sum_j w_j * (dx * qx_j) in double with the
 // weights split as the fast kernels see them, w = a - o: Q4_0/Q8_0 a = d q
 // (signed q), o = 0; Q4_K a = d sc q, o = dmin m; Q6_K a = d sc q, o = 32 d sc
-// (unsigned q). The split matters for the error bound: the kernels sum the a
-// and o parts separately, so their rounding scales with |a| + |o|, not |w|.
+// (unsigned q); MLX 4-bit a = s q, o = -b. The split matters for the error bound: the kernels sum
+// the a and o parts separately, so their rounding scales with |a| + |o|, not |w|.
 #pragma once
 
 #include <cmath>
@@ -28,6 +28,18 @@ inline void WeightParts(const Matrix& W, int64_t n, double* a, double* o) {
   const uint8_t* row = W.w.row<const uint8_t>(n);
   const int64_t K = W.k;
   for (int64_t i = 0; i < K; ++i) o[i] = 0;
+  if (W.mlx_bits == 4) {  // w = s q + b: element i in bits 4(i % 8) of little-endian word i / 8
+    const int64_t G = W.mlx_group;
+    std::vector<float> s(K / G), b(K / G);
+    DequantizeRow(W.scales.dtype, W.scales.row(n), s.data(), K / G);
+    DequantizeRow(W.biases.dtype, W.biases.row(n), b.data(), K / G);
+    for (int64_t i = 0; i < K; ++i) {
+      const int q = (row[i / 2] >> (4 * (i % 2))) & 15;
+      a[i] = double(s[i / G]) * q;
+      o[i] = -double(b[i / G]);
+    }
+    return;
+  }
   switch (W.w.dtype) {
     case DType::kQ4_0:
       for (int64_t b = 0; b < K / kQK; ++b) {

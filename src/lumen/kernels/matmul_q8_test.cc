@@ -22,33 +22,26 @@
 #include "lumen/core/quant.h"
 #include "lumen/kernels/matmul_q8_ref.h"
 #include "lumen/kernels/matmul_ref.h"
+#include "lumen/kernels/test_matrix.h"
 
 namespace lumen::kernels {
 namespace {
 
 constexpr double kU = 1.0 / (1 << 24);
 
-struct Owned {
-  std::vector<uint8_t> bytes;
-  Matrix m;
-};
-
-// N x K random weights quantized to t, rows at odd (misaligned) byte offsets.
-Owned Make(DType t, int64_t N, int64_t K, std::mt19937& rng) {
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  std::vector<float> w(K);
-  const size_t rb = *RowBytes(t, K), stride = rb + 3;
-  Owned o;
-  o.bytes.assign(N * stride + 8, 0);
-  uint8_t* base = o.bytes.data() + 1;
-  for (int64_t n = 0; n < N; ++n) {
-    for (auto& v : w) v = nd(rng);
-    QuantizeRow(t, w.data(), base + n * stride, K);
+// A matrix of type t (or MLX 4-bit with group g when t is kU32), marked for
+// the int8 route.
+OwnedMatrix MakeInt8(DType t, int64_t N, int64_t K, std::mt19937& rng, int g = 64,
+                     DType scale_type = DType::kBF16) {
+  Spec s;
+  if (t == DType::kU32) {
+    s.mlx_bits = 4;
+    s.mlx_group = g;
+    s.mlx_scale_type = scale_type;
+  } else {
+    s.dtype = t;
   }
-  o.m.w = TensorView::Contiguous(base, t, {N, K});
-  o.m.w.stride[0] = static_cast<int64_t>(stride);
-  o.m.n = N;
-  o.m.k = K;
+  OwnedMatrix o = Make(s, N, K, rng);
   o.m.route = ActRoute::kInt8;
   return o;
 }
@@ -89,12 +82,26 @@ TEST(QuantizeActivationBlock, KnownValues) {
 
 TEST(MatMulInt8, MatchesOracleAndExactBound) {
   std::mt19937 rng(7);
-  for (DType t : {DType::kQ4_0, DType::kQ8_0, DType::kQ4_K, DType::kQ6_K})
-    for (int64_t K : {32, 64, 96, 160, 256, 768, 2048})
+  struct Case {
+    DType t;
+    int group = 0;  // MLX (t == kU32): group size
+    DType scale_type = DType::kBF16;
+  };
+  const Case cases[] = {{DType::kQ4_0},
+                        {DType::kQ8_0},
+                        {DType::kQ4_K},
+                        {DType::kQ6_K},
+                        {DType::kU32, 64},
+                        {DType::kU32, 128, DType::kF16},
+                        {DType::kU32, 64, DType::kF32}};
+  for (const Case& c : cases)
+    for (int64_t K : {32, 64, 96, 160, 256, 768, 1152, 2048})
       for (int64_t M : {1, 2, 3, 4, 5, 7, 8}) {
-        if (K % Info(t).block_elems != 0) continue;
+        const DType t = c.t;
+        const int64_t block = t == DType::kU32 ? c.group : Info(t).block_elems;
+        if (K % block != 0) continue;
         const int64_t N = 37;
-        Owned W = Make(t, N, K, rng);
+        OwnedMatrix W = MakeInt8(t, N, K, rng, c.group, c.scale_type);
         SKIP_WITHOUT_VNNI(W.m);
         const std::vector<float> X = RandomX(M, K, rng);
         std::vector<float> Y(M * N, -7.0f), Yq(M * N), Ye(M * N);
@@ -124,7 +131,9 @@ TEST(MatMulInt8, MatchesOracleAndExactBound) {
             const double e_exact = std::fabs(double(Y[m * N + n]) - Ye[m * N + n]);
             if (e_ref > b_ref || e_exact > b_exact) {
               if (++bad < 5)
-                ADD_FAILURE() << Name(t) << " K=" << K << " M=" << M << " n=" << n << " m=" << m
+                ADD_FAILURE() << (t == DType::kU32 ? "mlx4_g" + std::to_string(c.group)
+                                                   : std::string(Name(t)))
+                              << " K=" << K << " M=" << M << " n=" << n << " m=" << m
                               << ": y=" << Y[m * N + n] << " oracle=" << Yq[m * N + n] << " (err "
                               << e_ref << " > " << b_ref << "?) exact=" << Ye[m * N + n] << " (err "
                               << e_exact << " > " << b_exact << "?)";
@@ -136,7 +145,7 @@ TEST(MatMulInt8, MatchesOracleAndExactBound) {
 
 TEST(MatMulInt8, RouteSelection) {
   std::mt19937 rng(11);
-  Owned W = Make(DType::kQ4_0, 40, 256, rng);
+  OwnedMatrix W = MakeInt8(DType::kQ4_0, 40, 256, rng);
   SKIP_WITHOUT_VNNI(W.m);
   const int64_t M = kInt8MaxRows + 1, N = 40, K = 256;
   const std::vector<float> X = RandomX(M, K, rng);
@@ -155,16 +164,18 @@ TEST(MatMulInt8, RouteSelection) {
   EXPECT_NE(c, d);
   EXPECT_EQ(c, e);
   // Types without an int8 kernel ignore the mark.
-  Owned F = Make(DType::kQ5_K, 8, 256, rng);
+  OwnedMatrix F = MakeInt8(DType::kQ5_K, 8, 256, rng);
   EXPECT_FALSE(Int8RouteSupports(F.m));
   EXPECT_FALSE(UsesInt8Route(F.m, 1));
+  OwnedMatrix G32 = MakeInt8(DType::kU32, 8, 256, rng, 32);  // MLX group 32: exact route
+  EXPECT_FALSE(Int8RouteSupports(G32.m));
 }
 
 TEST(MatMulInt8, ManyAndThreadsAreBitIdentical) {
   std::mt19937 rng(13);
   const int64_t K = 320, M = 3;
-  Owned q4 = Make(DType::kQ4_0, 70, K, rng), q8 = Make(DType::kQ8_0, 50, K, rng),
-        f16 = Make(DType::kF16, 30, K, rng);
+  OwnedMatrix q4 = MakeInt8(DType::kQ4_0, 70, K, rng), q8 = MakeInt8(DType::kQ8_0, 50, K, rng),
+              f16 = MakeInt8(DType::kF16, 30, K, rng);
   // K-quants need K % 256 == 0: a second X for them below.
   SKIP_WITHOUT_VNNI(q4.m);
   const std::vector<float> X = RandomX(M, K, rng);

@@ -25,68 +25,13 @@
 
 #include "lumen/core/quant.h"
 #include "lumen/kernels/matmul_ref.h"
+#include "lumen/kernels/test_matrix.h"
 
 namespace lumen::kernels {
 namespace {
 
 constexpr double kU = 1.0 / (1 << 24);
 double MatMulBound(int64_t K, double abs_dot) { return (K + 2) * kU * abs_dot + 1e-30; }
-
-// A weight matrix with its own storage, rows at misaligned addresses.
-struct OwnedMatrix {
-  std::vector<uint8_t> bytes, sbytes, bbytes;
-  Matrix m;
-};
-
-struct Spec {
-  std::string name;
-  DType dtype = DType::kF32;
-  int mlx_bits = 0, mlx_group = 0;
-  DType mlx_scale_type = DType::kF16;
-  int block = 1;  // K must be a multiple
-};
-
-OwnedMatrix Make(const Spec& s, int64_t N, int64_t K, std::mt19937& rng) {
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  std::vector<float> w(N * K);
-  for (auto& v : w) v = nd(rng);
-  OwnedMatrix o;
-  if (s.mlx_bits == 0) {
-    const size_t rb = *RowBytes(s.dtype, K), stride = rb + 3;
-    o.bytes.assign(N * stride + 8, 0);
-    uint8_t* base = o.bytes.data() + 1;
-    for (int64_t n = 0; n < N; ++n) QuantizeRow(s.dtype, &w[n * K], base + n * stride, K);
-    o.m.w = TensorView::Contiguous(base, s.dtype, {N, K});
-    o.m.w.stride[0] = static_cast<int64_t>(stride);
-    o.m.n = N;
-    o.m.k = K;
-    return o;
-  }
-  const int64_t words = K * s.mlx_bits / 32, groups = K / s.mlx_group;
-  const size_t stride = words * 4 + 3;
-  o.bytes.assign(N * stride + 8, 0);
-  uint8_t* base = o.bytes.data() + 1;
-  const size_t ss = *RowBytes(s.mlx_scale_type, groups);
-  o.sbytes.assign(N * ss, 0);
-  o.bbytes.assign(N * ss, 0);
-  std::vector<uint32_t> packed(words);
-  std::vector<float> sc(groups), bi(groups);
-  for (int64_t n = 0; n < N; ++n) {
-    QuantizeMlxRow(&w[n * K], s.mlx_bits, s.mlx_group, packed.data(), sc.data(), bi.data(), K);
-    std::memcpy(base + n * stride, packed.data(), words * 4);
-    QuantizeRow(s.mlx_scale_type, sc.data(), o.sbytes.data() + n * ss, groups);
-    QuantizeRow(s.mlx_scale_type, bi.data(), o.bbytes.data() + n * ss, groups);
-  }
-  o.m.w = TensorView::Contiguous(base, DType::kU32, {N, words});
-  o.m.w.stride[0] = static_cast<int64_t>(stride);
-  o.m.scales = TensorView::Contiguous(o.sbytes.data(), s.mlx_scale_type, {N, groups});
-  o.m.biases = TensorView::Contiguous(o.bbytes.data(), s.mlx_scale_type, {N, groups});
-  o.m.mlx_bits = s.mlx_bits;
-  o.m.mlx_group = s.mlx_group;
-  o.m.n = N;
-  o.m.k = K;
-  return o;
-}
 
 std::vector<Spec> AllSpecs() {
   std::vector<Spec> v;

@@ -17,6 +17,7 @@
 #include "lumen/engine/chat.h"
 #include "lumen/engine/default_model.h"
 #include "lumen/engine/scheduler.h"
+#include "lumen/model/kv_cache.h"
 #include "lumen/serve/engine_bridge.h"
 #include "lumen/serve/server.h"
 
@@ -151,7 +152,7 @@ void RegisterServe(CLI::App& app) {
   cmd->add_option("--port", a->port, "TCP port (0: any free port, printed on stderr)")
       ->check(CLI::Range(0, 65535));
   cmd->add_option("-P,--parallel", a->parallel, "sequences decoded together (continuous batching)")
-      ->check(CLI::Range(1, 256));
+      ->check(CLI::Range(int64_t(1), model::kMaxChunk));
   cmd->add_option("--queue", a->queue, "requests that may wait for a slot; beyond: 429 / 529")
       ->check(CLI::Range(0, 1 << 20));
   cmd->add_option("--api-key", a->api_key,

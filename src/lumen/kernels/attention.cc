@@ -10,6 +10,7 @@
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "lumen/kernels/attention.cc"
+#include <hwy/cache_control.h>
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
 // clang-format off
@@ -110,6 +111,21 @@ void AttendGroup(const float* q, const AttentionShape& s, const KvRing& kv, int6
 // vector column. So DRAM sees each KV byte once, sequentially.
 constexpr int64_t kBlock = 64;
 
+// Prefetches this head's slice of the row one block ahead. Each pass reads
+// Dh elements of every Hkv * Dh row (128 of 1024 bytes for Llama-3.2-1B), a
+// stride the hardware prefetchers did not follow: from DRAM the kernel ran at
+// a third of its in-cache speed.
+template <DType T>
+HWY_INLINE void PrefetchAhead(const void* base, int64_t slot, int64_t capacity, int64_t row,
+                              int64_t off, int Dh) {
+  int64_t ahead = slot + kBlock;
+  if (ahead >= capacity) ahead -= capacity;
+  if (ahead >= capacity) return;  // ring smaller than a block: all of it is in cache
+  const size_t elem = T == DType::kF32 ? 4 : 2;
+  const char* p = static_cast<const char*>(base) + (ahead * row + off) * elem;
+  for (size_t b = 0; b < Dh * elem; b += 64) hwy::Prefetch(p + b);
+}
+
 template <DType T, int G>
 void ScoreBlock(const float* q, const AttentionShape& s, const KvRing& kv, int64_t first,
                 int64_t j0, int64_t j1, int64_t S, int g, float* scores) {
@@ -121,6 +137,7 @@ void ScoreBlock(const float* q, const AttentionShape& s, const KvRing& kv, int64
   int64_t slot = (first + j0) % kv.capacity;
   for (int64_t j = j0; j < j1; ++j) {
     const int64_t at = slot * row + off;
+    PrefetchAhead<T>(kv.k, slot, kv.capacity, row, off, Dh);
     VF acc[G];
     for (int h = 0; h < G; ++h) acc[h] = hn::Zero(d);
     for (int c = 0; c < CH; ++c) {
@@ -149,6 +166,7 @@ void ValueBlock(const AttentionShape& s, const KvRing& kv, int64_t first, int64_
     for (int h = 0; h < G; ++h) acc[h] = hn::LoadU(d, og + h * Dh + c * N);
     int64_t slot = (first + j0) % kv.capacity;
     for (int64_t j = j0; j < j1; ++j) {
+      if (c == 0) PrefetchAhead<T>(kv.v, slot, kv.capacity, row, off, Dh);
       const VF v = LoadKv<T>(kv.v, slot * row + off + c * N);
       for (int h = 0; h < G; ++h) acc[h] = hn::MulAdd(hn::Set(d, p[h * S + j]), v, acc[h]);
       if (++slot == kv.capacity) slot = 0;

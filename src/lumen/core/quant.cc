@@ -241,6 +241,8 @@ void QuantizeQ8_1(const float* x, uint8_t* dst, int64_t nb) {
 
 }  // namespace
 
+float QuantizeBlockQ8(const float* x, int8_t* qs) { return QuantizeQ8Symmetric(x, qs); }
+
 bool CanQuantize(DType t) {
   switch (t) {
     case DType::kF32:

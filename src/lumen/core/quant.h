@@ -130,6 +130,11 @@ void DequantizeRow(DType t, const void* src, float* dst, int64_t n);
 // candidate scales, then quantize the sub-block scales to 4/6/8 bits.
 void QuantizeRow(DType t, const float* src, void* dst, int64_t n);
 
+// One 32-element block by the Q8_0 rule: d = amax / 127, q = round(x / d)
+// (ties away from zero, as ggml); returns d (0 for an all-zero block). Also
+// how the int8 matmul route quantizes activations (kernels/matmul_q8.h).
+float QuantizeBlockQ8(const float* x, int8_t* qs);
+
 // MLX affine quantization: weights packed little-endian into u32 words, `bits`
 // (4 or 8) per value, element j of a word in bits [bits*j, bits*(j+1)), groups of `group_size`
 // along the row, each with a scale and bias (stored as f16/bf16/f32 by the caller; passed here as

@@ -96,6 +96,19 @@ struct Int8Rows {
   const float* sums(int64_t m) const { return reinterpret_cast<const float*>(row(m) + 2 * K); }
 };
 
+// Activation rows m0 .. m0 + MB - 1 of X: records and offset sums.
+template <int MB>
+struct RowPtrs {
+  const uint8_t* x[MB];
+  const float* sums[MB];
+  RowPtrs(const Int8Rows& X, int64_t m0) {
+    for (int r = 0; r < MB; ++r) {
+      x[r] = X.row(m0 + r);
+      sums[r] = X.sums(m0 + r);
+    }
+  }
+};
+
 constexpr int64_t kRecord = 128;
 
 void Prepare(const Geometry& g, const float* X, int64_t M, int64_t ldx, int64_t K, Int8Rows* out) {
@@ -109,7 +122,7 @@ void Prepare(const Geometry& g, const float* X, int64_t M, int64_t ldx, int64_t 
   const int bias = g.unsigned_acts ? 128 : 0;
   for (int64_t m = 0; m < M; ++m) {
     for (int64_t b = 0; b < nb; ++b)
-      QuantizeActivationBlock(X + m * ldx + b * kQK, qn.data() + b * kQK, &dn[b]);
+      dn[b] = QuantizeBlockQ8(X + m * ldx + b * kQK, qn.data() + b * kQK);
     uint8_t* rec = out->buf.as<uint8_t>() + m * out->stride;
     for (int64_t pos = 0; pos < K;) {
       const int64_t n = std::min<int64_t>(64, K - pos);  // 64, or 32 for the half record
@@ -209,8 +222,8 @@ LUMEN_VNNI void Rows(const Matrix& W, const Geometry& g, const Int8Rows& X, int6
                      int64_t ldy, int64_t n0, int64_t n1) {
   constexpr int kAcc = 2;
   const int64_t K = W.k, nb = K / kQK, pairs = nb / 2, bb = g.block_bytes;
-  const uint8_t* x[MB];
-  for (int r = 0; r < MB; ++r) x[r] = X.row(m0 + r);
+  const RowPtrs<MB> rp(X, m0);
+  const auto& x = rp.x;
   for (int64_t n = n0; n < n1; ++n) {
     const uint8_t* row = W.w.row<const uint8_t>(n);
     __m512 acc[MB][kAcc];
@@ -319,12 +332,8 @@ template <int MB>
 LUMEN_VNNI void RowsQ4K(const Matrix& W, const Int8Rows& X, int64_t m0, float* Y, int64_t ldy,
                         int64_t n0, int64_t n1) {
   const int64_t nsb = W.k / kQKK;
-  const uint8_t* x[MB];
-  const float* sums[MB];
-  for (int r = 0; r < MB; ++r) {
-    x[r] = X.row(m0 + r);
-    sums[r] = X.sums(m0 + r);
-  }
+  const RowPtrs<MB> rows(X, m0);
+  const auto& x = rows.x;
   const __m512i idx[4] = {LaneIndex(0, 8), LaneIndex(2, 8), LaneIndex(4, 8), LaneIndex(6, 8)};
   for (int64_t n = n0; n < n1; ++n) {
     const uint8_t* row = W.w.row<const uint8_t>(n);
@@ -346,7 +355,7 @@ LUMEN_VNNI void RowsQ4K(const Matrix& W, const Int8Rows& X, int64_t m0, float* Y
       DotRecords<MB, 1>(x, c + 3, NibblePair(qs + 96), _mm512_permutexvar_ps(idx[3], av), acc);
       const __m256 ov = _mm512_extractf32x8_ps(sm, 1);  // dmin m_j
       for (int r = 0; r < MB; ++r)
-        off[r] = _mm256_fmadd_ps(ov, _mm256_loadu_ps(sums[r] + 8 * sb), off[r]);
+        off[r] = _mm256_fmadd_ps(ov, _mm256_loadu_ps(rows.sums[r] + 8 * sb), off[r]);
     }
     for (int r = 0; r < MB; ++r) {
       alignas(32) float t[8];
@@ -369,12 +378,8 @@ template <int MB>
 LUMEN_VNNI void RowsQ6K(const Matrix& W, const Int8Rows& X, int64_t m0, float* Y, int64_t ldy,
                         int64_t n0, int64_t n1) {
   const int64_t nsb = W.k / kQKK;
-  const uint8_t* x[MB];
-  const float* sums[MB];
-  for (int r = 0; r < MB; ++r) {
-    x[r] = X.row(m0 + r);
-    sums[r] = X.sums(m0 + r);
-  }
+  const RowPtrs<MB> rows(X, m0);
+  const auto& x = rows.x;
   // Sub-blocks of 16: lane l of chunk k (64 elements) is sub-block 4k + l / 4.
   const __m512i idx[4] = {LaneIndex(0, 4), LaneIndex(4, 4), LaneIndex(8, 4), LaneIndex(12, 4)};
   for (int64_t n = n0; n < n1; ++n) {
@@ -401,7 +406,7 @@ LUMEN_VNNI void RowsQ6K(const Matrix& W, const Int8Rows& X, int64_t m0, float* Y
         DotRecords<MB, 1>(x, c + 2 * h + 1, w2, _mm512_permutexvar_ps(idx[2 * h + 1], av), acc);
       }
       for (int r = 0; r < MB; ++r)
-        off[r] = _mm512_fmadd_ps(av, _mm512_loadu_ps(sums[r] + 16 * sb), off[r]);
+        off[r] = _mm512_fmadd_ps(av, _mm512_loadu_ps(rows.sums[r] + 16 * sb), off[r]);
     }
     for (int r = 0; r < MB; ++r)
       Y[(m0 + r) * ldy + n] = _mm512_reduce_add_ps(_mm512_add_ps(acc[r][0], acc[r][1])) -
@@ -431,12 +436,8 @@ template <int MB>
 LUMEN_VNNI void RowsMlx4(const Matrix& W, const Int8Rows& X, int64_t m0, float* Y, int64_t ldy,
                          int64_t n0, int64_t n1) {
   const int64_t K = W.k, G = W.mlx_group, ng = K / G, cpg = G / 64;
-  const uint8_t* x[MB];
-  const float* sums[MB];
-  for (int r = 0; r < MB; ++r) {
-    x[r] = X.row(m0 + r);
-    sums[r] = X.sums(m0 + r);
-  }
+  const RowPtrs<MB> rows(X, m0);
+  const auto& x = rows.x;
   std::vector<float> sb(2 * ng);  // the row's scales, then biases
   for (int64_t n = n0; n < n1; ++n) {
     const uint8_t* codes = W.w.row<const uint8_t>(n);
@@ -459,7 +460,7 @@ LUMEN_VNNI void RowsMlx4(const Matrix& W, const Int8Rows& X, int64_t m0, float* 
       const __mmask16 k = ng - g >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (ng - g)) - 1);
       const __m512 b = _mm512_maskz_loadu_ps(k, sb.data() + ng + g);
       for (int r = 0; r < MB; ++r)
-        off[r] = _mm512_fmadd_ps(b, _mm512_maskz_loadu_ps(k, sums[r] + g), off[r]);
+        off[r] = _mm512_fmadd_ps(b, _mm512_maskz_loadu_ps(k, rows.sums[r] + g), off[r]);
     }
     for (int r = 0; r < MB; ++r)
       Y[(m0 + r) * ldy + n] =
@@ -516,19 +517,6 @@ void MatMulRowsInt8(const Matrix&, const Int8Rows&, float*, int64_t, int64_t, in
 #endif
 
 }  // namespace
-
-void QuantizeActivationBlock(const float* x, int8_t* q, float* d) {
-  float amax = 0.0f;
-  for (int i = 0; i < kQK; ++i) amax = std::max(amax, std::fabs(x[i]));
-  const float scale = amax / 127.0f;
-  const float inv = scale != 0.0f ? 1.0f / scale : 0.0f;
-  for (int i = 0; i < kQK; ++i) {
-    // |x * inv| <= 127 up to one rounding; the clamp keeps a rounding to 127.5 in range.
-    const float v = std::nearbyint(x[i] * inv);
-    q[i] = static_cast<int8_t>(std::clamp(v, -127.0f, 127.0f));
-  }
-  *d = scale;
-}
 
 bool Int8RouteSupports(const Matrix& W) {
   static const bool vnni = CpuHasVnni();  // CPU feature, fixed for the process

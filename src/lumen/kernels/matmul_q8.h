@@ -1,7 +1,7 @@
 // The int8-activation route of MatMul (tier L3): each activation row is
-// quantized to int8 in 32-element blocks (scale = absmax / 127, round to
-// nearest) and dotted with Q8_0 / Q4_0 / Q4_K / Q6_K / MLX 4-bit (groups 64
-// and 128) weights by AVX512-VNNI `vpdpbusd` (64 byte products per
+// quantized to int8 in 32-element blocks exactly as Q8_0 quantizes weights
+// (QuantizeBlockQ8 in core/quant.h: scale = absmax / 127) and dotted with Q8_0 / Q4_0 / Q4_K / Q6_K
+// / MLX 4-bit (groups 64 and 128) weights by AVX512-VNNI `vpdpbusd` (64 byte products per
 // instruction, exact int32 sums); each block's integer sum is then scaled by
 // weight scale x activation scale in f32.
 //
@@ -28,9 +28,6 @@
 namespace lumen::kernels {
 
 inline constexpr int64_t kInt8MaxRows = 8;
-
-// x[0..32) -> q[0..32) and its scale d (x ~= d * q). All-zero block: d = 0.
-void QuantizeActivationBlock(const float* x, int8_t* q, float* d);
 
 // True when the int8 route can run W's storage on this CPU (ignores W.route).
 bool Int8RouteSupports(const Matrix& W);

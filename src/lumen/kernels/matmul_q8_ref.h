@@ -104,8 +104,7 @@ inline void MatMulInt8Ref(const Matrix& W, const float* X, int64_t M, float* Y,
   int8_t q[kQK];
   for (int64_t m = 0; m < M; ++m)
     for (int64_t b = 0; b < nb; ++b) {
-      float d;
-      QuantizeActivationBlock(X + m * K + b * kQK, q, &d);
+      const float d = QuantizeBlockQ8(X + m * K + b * kQK, q);
       for (int j = 0; j < kQK; ++j) xq[m * K + b * kQK + j] = double(d) * q[j];
     }
   if (abs_dot) abs_dot->assign(M * N, 0.0);

@@ -59,23 +59,22 @@ std::vector<float> RandomX(int64_t M, int64_t K, std::mt19937& rng) {
   GTEST_SKIP() << "no AVX512-VNNI on this CPU: the " \
                   "int8 route falls back to exact"
 
-TEST(QuantizeActivationBlock, KnownValues) {
+TEST(QuantizeBlockQ8, KnownValues) {
   float x[kQK] = {};
   x[0] = 63.5f;    // amax: scale 0.5 (every value below is exact in binary)
-  x[1] = -31.75f;  // -63.5 steps: ties to even, -64
-  x[2] = 0.25f;    // 0.5 steps: 0
+  x[1] = -31.75f;  // -63.5 steps: ties away from zero, -64
+  x[2] = 0.25f;    // 0.5 steps: 1
   x[3] = 0.75f;    // 1.5 steps: 2
   int8_t q[kQK];
-  float d;
-  QuantizeActivationBlock(x, q, &d);
+  float d = QuantizeBlockQ8(x, q);
   EXPECT_EQ(d, 0.5f);
   EXPECT_EQ(q[0], 127);
   EXPECT_EQ(q[1], -64);
-  EXPECT_EQ(q[2], 0);
+  EXPECT_EQ(q[2], 1);
   EXPECT_EQ(q[3], 2);
   for (int i = 4; i < kQK; ++i) EXPECT_EQ(q[i], 0);
   float z[kQK] = {};
-  QuantizeActivationBlock(z, q, &d);
+  d = QuantizeBlockQ8(z, q);
   EXPECT_EQ(d, 0.0f);
   for (int8_t v : q) EXPECT_EQ(v, 0);
 }
@@ -120,8 +119,7 @@ TEST(MatMulInt8, MatchesOracleAndExactBound) {
             double b_exact = 0, abs_wx = 0;
             for (int64_t b = 0; b < K / kQK; ++b) {
               int8_t q[kQK];
-              float dx;
-              QuantizeActivationBlock(&X[m * K + b * kQK], q, &dx);
+              const float dx = QuantizeBlockQ8(&X[m * K + b * kQK], q);
               for (int j = 0; j < kQK; ++j) {
                 b_exact += 0.5 * dx * std::fabs(w[b * kQK + j]);
                 abs_wx += std::fabs(double(w[b * kQK + j]) * X[m * K + b * kQK + j]);

@@ -37,7 +37,7 @@ Result<std::unique_ptr<Scheduler>> Scheduler::Create(const Model& model, Schedul
 
 Scheduler::Scheduler(const Model& model, SchedulerOptions opts, int64_t ctx)
     : model_(model),
-      opts_(std::move(opts)),
+      opts_(opts),
       ctx_(ctx),
       forward_(model.config(), model.weights(), model.pool()),
       batch_logits_(size_t(opts_.parallel) * model.config().vocab_size) {}

@@ -211,6 +211,7 @@ std::vector<engine::GrammarSegment> ToolCallGrammar(ToolFormat f,
                                                     const std::vector<std::string>& names) {
   using G = engine::GrammarSegment;
   std::vector<std::string> options;
+  options.reserve(names.size());
   for (const auto& n : names) options.push_back(n + "\"");
   const char* open = "<tool_call>\n{\"name\": \"";
   const char* key = ", \"arguments\":";

@@ -19,6 +19,7 @@ struct BenchArgs {
   engine::BenchOptions opts;
   int threads = 0;
   std::string act_route = "exact";
+  std::string kv_type = "f16";
   int64_t depth = 0;
   bool membw_only = false;
   bool no_membw = false;
@@ -58,6 +59,7 @@ void RunBenchVerb(BenchArgs& a) {
   auto model = LoadModel(margs);
   if (!model.ok()) return ReportError(model.status());
   a.opts.depth = a.depth;
+  a.opts.kv_dtype = *ParseDType(a.kv_type);  // the flag's check admits only valid names
   a.opts.membw = !a.no_membw;
   auto rr = engine::RunBench(**model, a.opts);
   if (!rr.ok()) return ReportError(rr.status());
@@ -130,8 +132,11 @@ void RegisterBench(CLI::App& app) {
       ->check(CLI::Range(1, 1000));
   cmd->add_option("--ctx", a->depth, "also decode starting at this context position")
       ->check(CLI::Range(int64_t(1), int64_t(1) << 24));
-  cmd->add_option("--act-route", a->act_route, "matmul activations: exact or int8 (see lumen run)")
+  cmd->add_option("--act-route", a->act_route,
+                  "matmul activations: exact or int8 (docs/reference/cli.md)")
       ->check(CLI::IsMember({"exact", "int8"}));
+  cmd->add_option("--kv-type", a->kv_type, "KV cache element type: f16, bf16, f32 or q8_0")
+      ->check(CLI::IsMember({"f16", "bf16", "f32", "q8_0"}));
   cmd->add_flag("--membw", a->membw_only, "only measure the read bandwidth (1 and all threads)");
   cmd->add_flag("--no-membw", a->no_membw, "skip the bandwidth measurement");
   cmd->callback([a] { RunBenchVerb(*a); });

@@ -17,8 +17,10 @@ void AddModelArgs(CLI::App* app, ModelArgs& args, bool positional) {
       ->check(CLI::Range(1, 1024));
   app->add_option("-c,--ctx", args.ctx, "context size in tokens (default: the model's, max 4096)")
       ->check(CLI::Range(int64_t(1), int64_t(1) << 24));
-  app->add_option("--kv-type", args.kv_type, "KV cache element type: f16, bf16 or f32")
-      ->check(CLI::IsMember({"f16", "bf16", "f32"}));
+  app->add_option("--kv-type", args.kv_type,
+                  "KV cache element type: f16, bf16, f32 or q8_0 (8-bit blocks of 32: half the "
+                  "memory and bandwidth of f16, head dim a multiple of 32)")
+      ->check(CLI::IsMember({"f16", "bf16", "f32", "q8_0"}));
   app->add_option("--act-route", args.act_route,
                   "matmul activations: exact (f32, default) or int8 (Q8_0/Q4_0/Q4_K/Q6_K/MLX-4-bit "
                   "weights at decode "

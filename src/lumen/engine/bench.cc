@@ -170,7 +170,8 @@ Result<BenchReport> RunBench(const Model& model, const BenchOptions& o) {
   const int64_t ctx = o.prompt + o.gen;
   const std::vector<int32_t> prompt = RandomTokens(o.prompt, c.vocab_size, o.seed);
   auto one = [&](int prompt_len, int gen, double* pre_s, double* dec_s) -> Status {
-    LUMEN_ASSIGN_OR_RETURN(auto s, Session::Create(model, SessionOptions{.ctx = ctx}));
+    LUMEN_ASSIGN_OR_RETURN(
+        auto s, Session::Create(model, SessionOptions{.ctx = ctx, .kv_dtype = o.kv_dtype}));
     auto t0 = Clock::now();
     LUMEN_RETURN_IF_ERROR(s->Append(std::span(prompt.data(), prompt_len)));
     *pre_s = Since(t0);
@@ -206,7 +207,7 @@ Result<BenchReport> RunBench(const Model& model, const BenchOptions& o) {
   auto run_rows = [&](int B, int64_t depth, std::vector<double>* tok_s) -> Status {
     std::vector<model::KvCache> caches;
     for (int b = 0; b < B; ++b) {
-      LUMEN_ASSIGN_OR_RETURN(auto kc, model::KvCache::Create(c, depth + o.gen, DType::kF16));
+      LUMEN_ASSIGN_OR_RETURN(auto kc, model::KvCache::Create(c, depth + o.gen, o.kv_dtype));
       caches.push_back(std::move(kc));
     }
     model::Forward fwd(c, w, pool);

@@ -60,6 +60,7 @@ struct BenchOptions {
   int repeat = 3;
   int64_t depth = 0;  // > 0: also decode starting at this context position
   bool membw = true;  // measure bandwidth in the same run
+  DType kv_dtype = DType::kF16;
   uint64_t seed = 1;
 };
 

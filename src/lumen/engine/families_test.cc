@@ -524,6 +524,31 @@ TEST_F(QuantTypes, Int8RouteTracksExact) {
   }
 }
 
+// 8-bit KV cache (--kv-type q8_0): the same model with an f16 and a Q8_0 KV
+// gives close logits at every position of a prompt (each cached key and value
+// moves by at most half a step of its block's scale), and different ones (the
+// 8-bit path ran). Head dims that are not whole blocks are refused by name.
+TEST_F(QuantTypes, Q8KvCacheTracksF16) {
+  auto m = MustLoad((*dir_ / "f32.gguf").string());
+  ASSERT_TRUE(m);
+  const std::vector<int32_t> prompt = {1,  17,  300, 42, 5,  99,  250, 7,
+                                       13, 401, 77,  2,  64, 128, 3,   9};
+  const std::vector<float> f16 = PromptLogits(*m, prompt, DType::kF16);
+  const std::vector<float> q8 = PromptLogits(*m, prompt, DType::kQ8_0);
+  const std::vector<float> bf16 = PromptLogits(*m, prompt, DType::kBF16);
+  const double diff = MaxAbsDiff(f16, q8), scale = MaxAbs(f16);
+  const double diff_bf16 = MaxAbsDiff(f16, bf16);
+  std::printf("q8_0 KV vs f16 KV: max|dlogit| %.3g; bf16 KV vs f16 KV: %.3g (max|logit| %.3g)\n",
+              diff, diff_bf16, scale);
+  EXPECT_LE(diff, 0.1 * scale);
+  EXPECT_GT(diff, 0.0);
+  model::ModelConfig odd = m->config();
+  odd.head_dim = 48;
+  auto kv = model::KvCache::Create(odd, 64, DType::kQ8_0);
+  ASSERT_FALSE(kv.ok());
+  EXPECT_NE(kv.status().message().find("head dimension"), std::string::npos);
+}
+
 // MLX affine 4/8-bit (group 64): an MLX-layout HF dir written by the engine's
 // writer, against its own dequantization (converted to an f32 HF dir).
 TEST_F(QuantTypes, MlxMatchesDequantized) {

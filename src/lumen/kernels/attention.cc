@@ -7,6 +7,7 @@
 
 #include "lumen/core/check.h"
 #include "lumen/core/half.h"
+#include "lumen/core/quant.h"
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "lumen/kernels/attention.cc"
@@ -42,6 +43,15 @@ HWY_INLINE VF LoadKv(const void* base, int64_t at) {
   } else if constexpr (T == DType::kBF16) {
     const hn::Rebind<hwy::bfloat16_t, DF> dh;
     return hn::PromoteTo(d, hn::LoadU(dh, static_cast<const hwy::bfloat16_t*>(base) + at));
+  } else if constexpr (T == DType::kQ8_0) {  // lanes never cross a 32-block (Dh % 32 == 0)
+    const uint8_t* blk = static_cast<const uint8_t*>(base) + (at / kQK) * sizeof(BlockQ8_0);
+    uint16_t h;
+    std::memcpy(&h, blk, 2);
+    const hn::Rebind<int8_t, DF> d8;
+    const hn::RebindToSigned<DF> di;
+    const auto q =
+        hn::PromoteTo(di, hn::LoadU(d8, reinterpret_cast<const int8_t*>(blk + 2) + at % kQK));
+    return hn::Mul(hn::ConvertTo(d, q), hn::Set(d, F16ToF32(h)));
   } else {
     return hn::LoadU(d, static_cast<const float*>(base) + at);
   }
@@ -120,10 +130,13 @@ HWY_INLINE void PrefetchAhead(const void* base, int64_t slot, int64_t capacity, 
                               int64_t off, int Dh) {
   int64_t ahead = slot + kBlock;
   if (ahead >= capacity) ahead -= capacity;
-  if (ahead >= capacity) return;  // ring smaller than a block: all of it is in cache
-  const size_t elem = T == DType::kF32 ? 4 : 2;
-  const char* p = static_cast<const char*>(base) + (ahead * row + off) * elem;
-  for (size_t b = 0; b < Dh * elem; b += 64) hwy::Prefetch(p + b);
+  if (ahead >= capacity) return;               // ring smaller than a block: all of it is in cache
+  auto bytes = [](int64_t elems) -> int64_t {  // offset of element `elems` of a row run
+    if constexpr (T == DType::kQ8_0) return elems / kQK * int64_t(sizeof(BlockQ8_0));
+    return elems * (T == DType::kF32 ? 4 : 2);
+  };
+  const char* p = static_cast<const char*>(base) + bytes(ahead * row + off);
+  for (int64_t b = 0; b < bytes(Dh); b += 64) hwy::Prefetch(p + b);
 }
 
 template <DType T, int G>
@@ -306,6 +319,9 @@ bool AttendHeadsT(const float* q, const AttentionShape& s, const KvRing& kv, int
       case DType::kF32:
         done = AttendGroups<DType::kF32>(G, q, s, kv, pos_begin, S, g0, g1, out, scratch);
         break;
+      case DType::kQ8_0:
+        done = AttendGroups<DType::kQ8_0>(G, q, s, kv, pos_begin, S, g0, g1, out, scratch);
+        break;
       default:
         break;
     }
@@ -322,6 +338,9 @@ bool AttendHeadsT(const float* q, const AttentionShape& s, const KvRing& kv, int
         break;
       case DType::kF32:
         ok = Dispatch<DType::kF32>(q, s, kv, pos_begin, S, g, out, scratch);
+        break;
+      case DType::kQ8_0:
+        ok = Dispatch<DType::kQ8_0>(q, s, kv, pos_begin, S, g, out, scratch);
         break;
       default:
         break;
@@ -353,6 +372,9 @@ void LoadRow(DType t, const void* base, int64_t at, int64_t n, float* dst) {
       for (int64_t i = 0; i < n; ++i) dst[i] = BF16ToF32(p[i]);
       break;
     }
+    case DType::kQ8_0:  // at and n are whole blocks (KvCache checks Dh % 32 == 0)
+      DequantizeRow(t, static_cast<const uint8_t*>(base) + at / kQK * sizeof(BlockQ8_0), dst, n);
+      break;
     default:
       LUMEN_CHECK(false && "unsupported KV dtype");
   }
@@ -373,6 +395,9 @@ void StoreRow(DType t, void* base, int64_t row, int64_t n, const float* src) {
       for (int64_t i = 0; i < n; ++i) p[i] = F32ToBF16(src[i]);
       break;
     }
+    case DType::kQ8_0:
+      QuantizeRow(t, src, static_cast<uint8_t*>(base) + row * (n / kQK) * sizeof(BlockQ8_0), n);
+      break;
     default:
       LUMEN_CHECK(false && "unsupported KV dtype");
   }

@@ -1,7 +1,8 @@
 // Attention of one query token over a range of positions in a KV cache.
 //
 // The cache is a ring of `capacity` rows per layer ([capacity, Hkv * Dh], row
-// for position p at p % capacity), stored as f32, f16 or bf16; sliding-window
+// for position p at p % capacity), stored as f32, f16, bf16 or Q8_0 (blocks of 32 along the row,
+// so head_dim must be a multiple of 32); sliding-window
 // layers simply have capacity = window. The caller passes the visible range
 // [pos_begin, pos_end) instead of assuming causal 0..T-1, so block masks,
 // prefix sharing and batching use this same kernel. GQA: query head h reads kv

@@ -37,8 +37,8 @@ struct Case {
 
 void Check(const Case& c, std::mt19937& rng, const std::string& what) {
   const int64_t row = int64_t(c.Hkv) * c.Dh, S = c.end - c.begin;
-  const size_t esize = c.dtype == DType::kF32 ? 4 : 2;
-  std::vector<uint8_t> kb(c.capacity * row * esize), vb(c.capacity * row * esize);
+  const size_t row_bytes = *RowBytes(c.dtype, row);
+  std::vector<uint8_t> kb(c.capacity * row_bytes), vb(c.capacity * row_bytes);
   KvRing kv{c.dtype, kb.data(), vb.data(), c.capacity};
   std::uniform_real_distribution<float> ud(-1.0f, 1.0f);
   std::vector<float> kr(row), vr(row);
@@ -101,6 +101,10 @@ TEST(AttentionTest, EveryTargetWithinBound) {
       {DType::kF32, 2, 1, 8, 20, 0, 17, 30.0f},
       {DType::kF16, 6, 2, 64, 70, 0, 70, 0.0f},        // group 3: per-head route
       {DType::kBF16, 16, 2, 64, 300, 100, 390, 0.0f},  // group 8, ring wrap
+      {DType::kQ8_0, 32, 8, 64, 600, 0, 513, 0.0f},    // 8-bit KV, llama-3.2-1b decode
+      {DType::kQ8_0, 6, 2, 128, 90, 30, 120, 0.0f},    // 8-bit KV, group 3, Dh 128, wrap
+      {DType::kQ8_0, 8, 4, 256, 40, 10, 45, 50.0f},    // 8-bit KV, softcap, Dh 256
+      {DType::kQ8_0, 2, 1, 32, 20, 0, 17, 0.0f},       // 8-bit KV, one block per head
   };
   for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
     hwy::SetSupportedTargetsForTest(target);

@@ -6,19 +6,24 @@
 namespace lumen::model {
 
 Result<KvCache> KvCache::Create(const ModelConfig& c, int64_t ctx, DType dtype) {
-  if (dtype != DType::kF16 && dtype != DType::kBF16 && dtype != DType::kF32)
-    return Errorf("KV cache type must be f16, bf16 or f32, got {}", Name(dtype));
+  if (dtype != DType::kF16 && dtype != DType::kBF16 && dtype != DType::kF32 &&
+      dtype != DType::kQ8_0)
+    return Errorf("KV cache type must be f16, bf16, f32 or q8_0, got {}", Name(dtype));
+  // Q8_0 blocks run along the row; each head's slice must be whole blocks.
+  if (dtype == DType::kQ8_0 && c.head_dim % 32 != 0)
+    return Errorf("KV cache type q8_0 needs a head dimension that is a multiple of 32, got {}",
+                  c.head_dim);
   if (ctx <= 0) return Errorf("context size must be positive, got {}", ctx);
   KvCache kv;
   kv.ctx_ = ctx;
   kv.dtype_ = dtype;
   kv.row_elems_ = c.kv_dim();
-  const size_t elem = Info(dtype).block_bytes;
+  const size_t row_bytes = *RowBytes(dtype, kv.row_elems_);
   std::vector<int64_t> caps(c.n_layers);
   size_t total = 0;
   for (int l = 0; l < c.n_layers; ++l) {
     caps[l] = c.layer_sliding[l] ? std::min(ctx, c.sliding_window + kMaxChunk) : ctx;
-    total += 2 * size_t(caps[l]) * kv.row_elems_ * elem;
+    total += 2 * size_t(caps[l]) * row_bytes;
   }
   kv.buf_ = AlignedBuffer(total);
   char* p = kv.buf_.as<char>();
@@ -26,7 +31,7 @@ Result<KvCache> KvCache::Create(const ModelConfig& c, int64_t ctx, DType dtype) 
     kernels::KvRing r;
     r.dtype = dtype;
     r.capacity = caps[l];
-    const size_t bytes = size_t(caps[l]) * kv.row_elems_ * elem;
+    const size_t bytes = size_t(caps[l]) * row_bytes;
     r.k = p;
     r.v = p + bytes;
     p += 2 * bytes;
@@ -38,7 +43,7 @@ Result<KvCache> KvCache::Create(const ModelConfig& c, int64_t ctx, DType dtype) 
 void KvCache::CopyPrefix(const KvCache& other, int64_t n) {
   LUMEN_CHECK(other.rings_.size() == rings_.size() && other.row_elems_ == row_elems_ &&
               other.dtype_ == dtype_);
-  const size_t row_bytes = row_elems_ * Info(dtype_).block_bytes;
+  const size_t row_bytes = *RowBytes(dtype_, row_elems_);
   for (size_t l = 0; l < rings_.size(); ++l) {
     const auto& src = other.rings_[l];
     const auto& dst = rings_[l];

@@ -162,14 +162,23 @@ HWY_INLINE void SumOfLanes4(const VF* a, float* out) {
 #endif
 }
 
-template <DType T, int G>
-void ScoreBlock(const float* q, const AttentionShape& s, const KvRing& kv, int64_t first,
-                int64_t j0, int64_t j1, int64_t S, int g, float* scores) {
+// Scores of positions [j0, j1) for kv head g's G query heads. KCH > 0: the
+// head is KCH vectors and the G x KCH query vectors stay in registers (they
+// were reloaded for every position); 0: any width, queries loaded per use.
+// Same arithmetic in the same order either way.
+template <DType T, int G, int KCH>
+void ScoreRows(const float* q, const AttentionShape& s, const KvRing& kv, int64_t first, int64_t j0,
+               int64_t j1, int64_t S, int g, float* scores) {
   const DF d;
   const int64_t N = hn::Lanes(d);
-  const int Dh = s.head_dim, CH = static_cast<int>(Dh / N);
+  const int Dh = s.head_dim, CH = KCH > 0 ? KCH : static_cast<int>(Dh / N);
   const int64_t row = int64_t(s.n_kv_heads) * Dh, off = int64_t(g) * Dh;
   const float* qg = q + int64_t(g) * G * Dh;
+  constexpr int kQ = KCH > 0 ? KCH : 1;
+  VF qv[G][kQ];
+  if constexpr (KCH > 0)
+    for (int h = 0; h < G; ++h)
+      for (int c = 0; c < KCH; ++c) qv[h][c] = hn::LoadU(d, qg + h * Dh + c * N);
   int64_t slot = (first + j0) % kv.capacity;
   for (int64_t j = j0; j < j1; ++j) {
     const int64_t at = slot * row + off;
@@ -178,7 +187,13 @@ void ScoreBlock(const float* q, const AttentionShape& s, const KvRing& kv, int64
     for (int h = 0; h < G; ++h) acc[h] = hn::Zero(d);
     for (int c = 0; c < CH; ++c) {
       const VF k = LoadKv<T>(kv.k, at + c * N);
-      for (int h = 0; h < G; ++h) acc[h] = hn::MulAdd(hn::LoadU(d, qg + h * Dh + c * N), k, acc[h]);
+      for (int h = 0; h < G; ++h) {
+        if constexpr (KCH > 0) {
+          acc[h] = hn::MulAdd(qv[h][c], k, acc[h]);
+        } else {
+          acc[h] = hn::MulAdd(hn::LoadU(d, qg + h * Dh + c * N), k, acc[h]);
+        }
+      }
     }
     float dots[G];
     if constexpr (G % 4 == 0) {
@@ -193,6 +208,21 @@ void ScoreBlock(const float* q, const AttentionShape& s, const KvRing& kv, int64
     }
     if (++slot == kv.capacity) slot = 0;
   }
+}
+
+template <DType T, int G>
+void ScoreBlock(const float* q, const AttentionShape& s, const KvRing& kv, int64_t first,
+                int64_t j0, int64_t j1, int64_t S, int g, float* scores) {
+  const int64_t CH = s.head_dim / static_cast<int64_t>(hn::Lanes(DF()));
+  // Register budget: G * CH query vectors + G accumulators + 1 key of 32.
+  if constexpr (G <= 4) {
+    if (CH == 4) return ScoreRows<T, G, 4>(q, s, kv, first, j0, j1, S, g, scores);
+    if (CH == 2) return ScoreRows<T, G, 2>(q, s, kv, first, j0, j1, S, g, scores);
+  }
+  if constexpr (G <= 8) {
+    if (CH == 1) return ScoreRows<T, G, 1>(q, s, kv, first, j0, j1, S, g, scores);
+  }
+  ScoreRows<T, G, 0>(q, s, kv, first, j0, j1, S, g, scores);
 }
 
 template <DType T, int G>

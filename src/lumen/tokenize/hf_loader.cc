@@ -282,6 +282,12 @@ Result<Tokenizer> Build(std::string_view tj, std::string_view cj, const std::str
     LUMEN_RETURN_IF_ERROR(ParsePreTokenizer(j.value("pre_tokenizer", json()), impl->pretokenizers));
     LUMEN_RETURN_IF_ERROR(ParseDecoder(j.value("decoder", json()), impl->decoders));
     ParsePostProcessor(j.value("post_processor", json()), *impl);
+    const int64_t V = static_cast<int64_t>(impl->model.pieces.size());
+    for (const std::vector<int32_t>* ids : {&impl->prefix_ids, &impl->suffix_ids})
+      for (const int32_t id : *ids)
+        if (id < 0 || id >= V)
+          return Errorf("post_processor: special token id {} is outside the vocabulary (size {})",
+                        id, V);
     for (const DecoderStep& d : impl->decoders) {
       if (d.kind == DecoderKind::kByteLevel) impl->byte_level_decode = true;
     }

@@ -243,6 +243,26 @@ TEST(Tokenizer, AddSpecialFollowsPostProcessor) {
   }
 }
 
+// A post-processor naming a special token id outside the vocabulary is an
+// error naming the field (found by the tokenizer_json fuzzer: the id was used
+// to index the vocabulary; the input is in tests/fuzz/corpus/tokenizer_json/).
+TEST(Tokenizer, PostProcessorIdOutsideVocabularyIsAnError) {
+  const std::string json = R"({"model":{"type":"BPE","vocab":{"a":0,"b":1},"merges":[]},
+    "post_processor":{"type":"TemplateProcessing",
+      "single":[{"SpecialToken":{"id":"<s>","type_id":0}},{"Sequence":{"id":"A","type_id":0}}],
+      "special_tokens":{"<s>":{"id":"<s>","ids":[99],"tokens":["<s>"]}}}})";
+  auto r = Tokenizer::FromHfJson(json, "", "t.json");
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("post_processor"), std::string::npos) << r.status().message();
+  EXPECT_NE(r.status().message().find("99"), std::string::npos);
+  // The same with an id inside the vocabulary loads and prepends it.
+  std::string ok = json;
+  ok.replace(ok.find("[99]"), 4, "[1]");
+  auto t = Tokenizer::FromHfJson(ok, "", "t.json");
+  ASSERT_TRUE(t.ok()) << t.status().message();
+  EXPECT_EQ(t->Encode("a", true), (std::vector<int32_t>{1, 0}));
+}
+
 TEST(Tokenizer, SpecialTokensParsedOnlyWhenAsked) {
   const Tokenizer* tok = Load("qwen3");
   if (!tok) GTEST_SKIP() << "fixture missing";

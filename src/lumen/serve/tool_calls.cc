@@ -46,14 +46,12 @@ bool CallFromJson(const json& j, const std::vector<std::string>& names, ToolCall
 
 // Parses the JSON value starting at s (skipping leading spaces); returns the
 // length consumed, 0 if none.
-size_t ParseJsonPrefix(std::string_view s, json* out) {
-  size_t i = 0;
-  while (i < s.size() && std::isspace(static_cast<unsigned char>(s[i]))) ++i;
-  if (i == s.size() || (s[i] != '{' && s[i] != '[')) return 0;
-  // Find the matching close bracket outside strings.
+// Index of the bracket that closes the one at s[open] ('{' or '['), counting
+// brackets outside JSON strings; npos when the text ends first.
+size_t MatchingClose(std::string_view s, size_t open) {
   int depth = 0;
   bool in_str = false, esc = false;
-  for (size_t k = i; k < s.size(); ++k) {
+  for (size_t k = open; k < s.size(); ++k) {
     const char c = s[k];
     if (in_str) {
       if (esc)
@@ -64,18 +62,25 @@ size_t ParseJsonPrefix(std::string_view s, json* out) {
         in_str = false;
       continue;
     }
-    if (c == '"')
+    if (c == '"') {
       in_str = true;
-    else if (c == '{' || c == '[')
+    } else if (c == '{' || c == '[') {
       ++depth;
-    else if (c == '}' || c == ']') {
-      if (--depth == 0) {
-        *out = json::parse(s.substr(i, k + 1 - i), nullptr, false);
-        return out->is_discarded() ? 0 : k + 1;
-      }
+    } else if ((c == '}' || c == ']') && --depth == 0) {
+      return k;
     }
   }
-  return 0;
+  return std::string_view::npos;
+}
+
+size_t ParseJsonPrefix(std::string_view s, json* out) {
+  size_t i = 0;
+  while (i < s.size() && std::isspace(static_cast<unsigned char>(s[i]))) ++i;
+  if (i == s.size() || (s[i] != '{' && s[i] != '[')) return 0;
+  const size_t k = MatchingClose(s, i);
+  if (k == std::string_view::npos) return 0;
+  *out = json::parse(s.substr(i, k + 1 - i), nullptr, false);
+  return out->is_discarded() ? 0 : k + 1;
 }
 
 bool ParseHermes(std::string_view text, const std::vector<std::string>& names, ParsedReply& r) {
@@ -256,31 +261,13 @@ ForcedCall ScanForcedCall(std::string_view text) {
   if (i >= text.size() || text[i] != ':') return fc;
   i = skip_ws(i + 1);
   if (i >= text.size() || text[i] != '{') return fc;
-  // The object's end: braces outside strings.
-  int depth = 0;
-  bool in_str = false, esc = false;
-  for (size_t k = i; k < text.size(); ++k) {
-    const char c = text[k];
-    if (in_str) {
-      if (esc)
-        esc = false;
-      else if (c == '\\')
-        esc = true;
-      else if (c == '"')
-        in_str = false;
-      continue;
-    }
-    if (c == '"') {
-      in_str = true;
-    } else if (c == '{' || c == '[') {
-      ++depth;
-    } else if ((c == '}' || c == ']') && --depth == 0) {
-      fc.args = std::string(text.substr(i, k + 1 - i));
-      fc.args_done = true;
-      return fc;
-    }
+  const size_t k = MatchingClose(text, i);
+  if (k == std::string_view::npos) {
+    fc.args = std::string(text.substr(i));  // cut before the object closed
+    return fc;
   }
-  fc.args = std::string(text.substr(i));
+  fc.args = std::string(text.substr(i, k + 1 - i));
+  fc.args_done = true;
   return fc;
 }
 

@@ -57,6 +57,27 @@ HWY_INLINE VF LoadKv(const void* base, int64_t at) {
   }
 }
 
+// Softmax numerators of one head's scores in place (vector exp); returns 1/sum.
+HWY_INLINE float SoftmaxNumerators(float* sh, int64_t S) {
+  const DF d;
+  const int64_t N = hn::Lanes(d);
+  auto vmax = hn::Set(d, -std::numeric_limits<float>::infinity());
+  int64_t j = 0;
+  for (; j + N <= S; j += N) vmax = hn::Max(vmax, hn::LoadU(d, sh + j));
+  float mx = hn::GetLane(hn::MaxOfLanes(d, vmax));
+  for (; j < S; ++j) mx = std::max(mx, sh[j]);
+  const auto vmx = hn::Set(d, mx);
+  auto vsum = hn::Zero(d);
+  float sum = 0;
+  for (j = 0; j + N <= S; j += N) {
+    const auto e = hn::Exp(d, hn::Sub(hn::LoadU(d, sh + j), vmx));
+    hn::StoreU(e, d, sh + j);
+    vsum = hn::Add(vsum, e);
+  }
+  for (; j < S; ++j) sum += (sh[j] = std::exp(sh[j] - mx));
+  return 1.0f / (sum + hn::GetLane(hn::SumOfLanes(d, vsum)));
+}
+
 // One kv head g: q heads [g*group, (g+1)*group). CH = head_dim / lanes.
 template <DType T, int CH>
 void AttendGroup(const float* q, const AttentionShape& s, const KvRing& kv, int64_t pos_begin,
@@ -73,7 +94,6 @@ void AttendGroup(const float* q, const AttentionShape& s, const KvRing& kv, int6
     for (int c = 0; c < CH; ++c) qv[c] = hn::LoadU(d, qh + c * N);
     // Scores.
     int64_t slot = first;
-    auto vmax = hn::Set(d, -std::numeric_limits<float>::infinity());
     for (int64_t j = 0; j < S; ++j) {
       const int64_t at = slot * row + off;
       VF acc = hn::Mul(qv[0], LoadKv<T>(kv.k, at));
@@ -83,32 +103,18 @@ void AttendGroup(const float* q, const AttentionShape& s, const KvRing& kv, int6
       scores[j] = sc;
       if (++slot == kv.capacity) slot = 0;
     }
-    // Softmax numerators (vector exp), f32 sum.
-    int64_t j = 0;
-    for (; j + N <= S; j += N) vmax = hn::Max(vmax, hn::LoadU(d, scores + j));
-    float mx = hn::GetLane(hn::MaxOfLanes(d, vmax));
-    for (; j < S; ++j) mx = std::max(mx, scores[j]);
-    const auto vmx = hn::Set(d, mx);
-    auto vsum = hn::Zero(d);
-    float sum = 0;
-    for (j = 0; j + N <= S; j += N) {
-      const auto e = hn::Exp(d, hn::Sub(hn::LoadU(d, scores + j), vmx));
-      hn::StoreU(e, d, scores + j);
-      vsum = hn::Add(vsum, e);
-    }
-    for (; j < S; ++j) sum += (scores[j] = std::exp(scores[j] - mx));
-    sum += hn::GetLane(hn::SumOfLanes(d, vsum));
+    const float inv_sum = SoftmaxNumerators(scores, S);
     // Weighted sum of V.
     VF acc[CH];
     for (int c = 0; c < CH; ++c) acc[c] = hn::Zero(d);
     slot = first;
-    for (j = 0; j < S; ++j) {
+    for (int64_t j = 0; j < S; ++j) {
       const int64_t at = slot * row + off;
       const auto p = hn::Set(d, scores[j]);
       for (int c = 0; c < CH; ++c) acc[c] = hn::MulAdd(p, LoadKv<T>(kv.v, at + c * N), acc[c]);
       if (++slot == kv.capacity) slot = 0;
     }
-    const auto inv = hn::Set(d, 1.0f / sum);
+    const auto inv = hn::Set(d, inv_sum);
     for (int c = 0; c < CH; ++c) hn::StoreU(hn::Mul(acc[c], inv), d, out + int64_t(h) * Dh + c * N);
   }
 }
@@ -245,27 +251,6 @@ void ValueBlock(const AttentionShape& s, const KvRing& kv, int64_t first, int64_
     }
     for (int h = 0; h < G; ++h) hn::StoreU(acc[h], d, og + h * Dh + c * N);
   }
-}
-
-// Softmax numerators of one head's scores in place (vector exp); returns 1/sum.
-HWY_INLINE float SoftmaxNumerators(float* sh, int64_t S) {
-  const DF d;
-  const int64_t N = hn::Lanes(d);
-  auto vmax = hn::Set(d, -std::numeric_limits<float>::infinity());
-  int64_t j = 0;
-  for (; j + N <= S; j += N) vmax = hn::Max(vmax, hn::LoadU(d, sh + j));
-  float mx = hn::GetLane(hn::MaxOfLanes(d, vmax));
-  for (; j < S; ++j) mx = std::max(mx, sh[j]);
-  const auto vmx = hn::Set(d, mx);
-  auto vsum = hn::Zero(d);
-  float sum = 0;
-  for (j = 0; j + N <= S; j += N) {
-    const auto e = hn::Exp(d, hn::Sub(hn::LoadU(d, sh + j), vmx));
-    hn::StoreU(e, d, sh + j);
-    vsum = hn::Add(vsum, e);
-  }
-  for (; j < S; ++j) sum += (sh[j] = std::exp(sh[j] - mx));
-  return 1.0f / (sum + hn::GetLane(hn::SumOfLanes(d, vsum)));
 }
 
 // kv heads [g0, g1); scratch holds (g1 - g0) * G * S scores.

@@ -183,13 +183,10 @@ HWY_INLINE double VSumD(D d, V v) {
   return s;
 }
 
-// Shared by ExpShiftSum and BlockSum: kExp selects the exp.
-template <bool kExp>
-inline double BlockedT(const float* HWY_RESTRICT s, size_t n, float shift, float* HWY_RESTRICT e,
-                       double* HWY_RESTRICT blocks) {
+// Sums of x in blocks of kSumBlock (f32 vector lanes, then f64 per block).
+inline double BlockSumT(const float* HWY_RESTRICT x, size_t n, double* HWY_RESTRICT blocks) {
   const hn::ScalableTag<float> d;
   const size_t N = hn::Lanes(d);
-  const auto vs = hn::Set(d, shift);
   double total = 0;
   size_t nb = 0;
   for (size_t b = 0; b < n; b += kSumBlock) {
@@ -197,27 +194,11 @@ inline double BlockedT(const float* HWY_RESTRICT s, size_t n, float shift, float
     auto acc0 = hn::Zero(d), acc1 = hn::Zero(d);
     size_t i = b;
     for (; i + 2 * N <= end; i += 2 * N) {
-      auto v0 = hn::LoadU(d, s + i), v1 = hn::LoadU(d, s + i + N);
-      if constexpr (kExp) {
-        v0 = VExp(d, hn::Sub(v0, vs));
-        v1 = VExp(d, hn::Sub(v1, vs));
-        if (e) {
-          hn::StoreU(v0, d, e + i);
-          hn::StoreU(v1, d, e + i + N);
-        }
-      }
-      acc0 = hn::Add(acc0, v0);
-      acc1 = hn::Add(acc1, v1);
+      acc0 = hn::Add(acc0, hn::LoadU(d, x + i));
+      acc1 = hn::Add(acc1, hn::LoadU(d, x + i + N));
     }
     double sum = VSumD(d, hn::Add(acc0, acc1));
-    for (; i < end; ++i) {
-      float v = s[i];
-      if constexpr (kExp) {
-        v = ref::ExpRef(v - shift);
-        if (e) e[i] = v;
-      }
-      sum += v;
-    }
+    for (; i < end; ++i) sum += x[i];
     if (blocks) blocks[nb] = sum;
     ++nb;
     total += sum;
@@ -276,9 +257,6 @@ inline double ExpShiftSumT(const float* s, size_t n, float shift, float* e, doub
   return ScoreExpBlocked(
       n, shift, nullptr, e, blocks, [&](size_t i) { return hn::LoadU(d, s + i); },
       [&](size_t i) { return s[i]; });
-}
-inline double BlockSumT(const float* x, size_t n, double* blocks) {
-  return BlockedT<false>(x, n, 0.0f, nullptr, blocks);
 }
 
 inline void ExpMomentsT(const float* HWY_RESTRICT lp, size_t n, double* sum_e, double* sum_elp) {
@@ -436,7 +414,7 @@ inline double PchipScoreExpT(const float* lp, size_t n, double log_z, const Pchi
 
 inline double LogSoftmaxT(const float* x, size_t n, float* out) {
   const float mx = MaxF32T(x, n);
-  const double sum = BlockedT<true>(x, n, mx, nullptr, nullptr);
+  const double sum = ExpShiftSumT(x, n, mx, nullptr, nullptr);
   const float ls = static_cast<float>(std::log(sum));
   const hn::ScalableTag<float> d;
   const size_t N = hn::Lanes(d);

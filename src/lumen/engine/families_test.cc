@@ -374,6 +374,17 @@ TEST(RopeFreqs, LlamaCppStyleGgufMatchesLlama3Golden) {
 //    averaging over K and a few layers) -> 2e-2. A wrong block layout (nibble
 //    order, scale packing, sign) gives errors of the order of the logits.
 // The shape has rows of 256 so K-quants apply to every matrix.
+// tiny-llama with rows of 256, so every K-quant applies to every matrix.
+SynthOptions Tiny256() {
+  SynthOptions o;
+  o.name = "tiny-llama";
+  o.dim = 256;
+  o.ffn = 512;
+  o.heads = 4;
+  o.kv_heads = 2;
+  return o;
+}
+
 struct QuantCase {
   DType type;
   double rel_bound;
@@ -383,12 +394,7 @@ class QuantTypes : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     dir_ = new fs::path(TempDir("quant"));
-    SynthOptions o;
-    o.name = "tiny-llama";
-    o.dim = 256;
-    o.ffn = 512;
-    o.heads = 4;
-    o.kv_heads = 2;
+    SynthOptions o = Tiny256();
     o.out = (*dir_ / "f32.gguf").string();
     o.format = OutputFormat::kGguf;
     o.dtype = DType::kF32;
@@ -438,15 +444,10 @@ TEST_F(QuantTypes, QuantizedMatchesDequantized) {
 }
 
 // --quant q4_k_m: Q6_K exactly where the mix puts it (8 layers: 0 and 7 by the
-// first/last-eighth rule, 3 and 6 by the every-third rule; the tied LM head).
+// first/last-eighth rule, 3 and 6 by the every-third rule; and the LM head).
 TEST(Synth, Q4KMMix) {
   const fs::path dir = TempDir("q4km");
-  SynthOptions o;
-  o.name = "tiny-llama";
-  o.dim = 256;
-  o.ffn = 512;
-  o.heads = 4;
-  o.kv_heads = 2;
+  SynthOptions o = Tiny256();
   o.layers = 8;
   o.out = (dir / "m.gguf").string();
   ASSERT_TRUE(ParseSynthQuant("q4_k_m", o).ok());

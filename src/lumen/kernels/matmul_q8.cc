@@ -120,6 +120,9 @@ void Prepare(const Geometry& g, const float* X, int64_t M, int64_t ldx, int64_t 
   std::vector<int8_t> qn(K);
   std::vector<float> dn(nb);
   const int bias = g.unsigned_acts ? 128 : 0;
+  // Q8_0 and the K-quants keep natural order: no per-byte index mapping on
+  // this per-call path.
+  const bool natural = g.fmt != Fmt::kQ4_0 && g.fmt != Fmt::kMlx4;
   for (int64_t m = 0; m < M; ++m) {
     for (int64_t b = 0; b < nb; ++b)
       dn[b] = QuantizeBlockQ8(X + m * ldx + b * kQK, qn.data() + b * kQK);
@@ -127,9 +130,14 @@ void Prepare(const Geometry& g, const float* X, int64_t M, int64_t ldx, int64_t 
     for (int64_t pos = 0; pos < K;) {
       const int64_t n = std::min<int64_t>(64, K - pos);  // 64, or 32 for the half record
       float* dx = reinterpret_cast<float*>(rec + n);
-      for (int64_t i = 0; i < n; ++i)
-        rec[i] = static_cast<uint8_t>(qn[SourceIndex(g.fmt, nb, pos + i)] + bias);
-      for (int64_t l = 0; l < n / 4; ++l) dx[l] = dn[SourceIndex(g.fmt, nb, pos + 4 * l) / kQK];
+      if (natural) {
+        for (int64_t i = 0; i < n; ++i) rec[i] = static_cast<uint8_t>(qn[pos + i] + bias);
+        for (int64_t l = 0; l < n / 4; ++l) dx[l] = dn[(pos + 4 * l) / kQK];
+      } else {
+        for (int64_t i = 0; i < n; ++i)
+          rec[i] = static_cast<uint8_t>(qn[SourceIndex(g.fmt, nb, pos + i)] + bias);
+        for (int64_t l = 0; l < n / 4; ++l) dx[l] = dn[SourceIndex(g.fmt, nb, pos + 4 * l) / kQK];
+      }
       rec += 2 * n;
       pos += n;
     }

@@ -225,6 +225,19 @@ TEST(Cli, BadInputGivesClearErrors) {
   EXPECT_EQ(r.code, 1);
   EXPECT_NE(r.err.find("q9_9"), std::string::npos);
   EXPECT_FALSE(fs::exists(TempDir() + "/x.gguf"));
+
+  r = Lumen("generate \"x\" --act-route fast");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.err.find("--act-route"), std::string::npos) << r.err;
+
+  // stories260K has head dim 8: not whole Q8_0 blocks.
+  r = Lumen("generate \"x\" -n 2 --kv-type q8_0");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("head dimension"), std::string::npos) << r.err;
+
+  r = Lumen("eval route --prompts /nonexistent/prompts.txt");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("/nonexistent/prompts.txt"), std::string::npos) << r.err;
 }
 
 }  // namespace

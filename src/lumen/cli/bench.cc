@@ -79,11 +79,17 @@ void RunBenchVerb(BenchArgs& a) {
   const double pre_flops = r.prefill_tok_s.median * r.prefill_flop_per_token;
   std::printf(
       "%s = %.1f GFLOP/s = %.0f%% of f32 FMA peak (%.1f GFLOP/s: %.1f measured per core x %d), "
-      "%.0f%% of %s peak (%.1f GFLOP/s)\n",
+      "%.0f%% of %s peak (%.1f GFLOP/s)",
       Line("prefill", r.prefill_tok_s, "tok/s").c_str(), pre_flops / 1e9,
       100.0 * pre_flops / r.peak.f32_peak, r.peak.f32_peak / 1e9, r.peak.f32_fma_per_core / 1e9,
       r.peak.cores, 100.0 * pre_flops / r.peak.best_peak, r.peak.best_isa.c_str(),
       r.peak.best_peak / 1e9);
+  if (r.peak.int8_dot_per_core > 0) {
+    const double int8_peak = r.peak.int8_dot_per_core * r.peak.cores;
+    std::printf(", %.0f%% of AVX512-VNNI int8 peak (%.1f GOP/s measured)",
+                100.0 * pre_flops / int8_peak, int8_peak / 1e9);
+  }
+  std::printf("\n");
   if (roof > 0) {
     std::printf("%s = %.0f%% of roofline (%.1f tok/s = %.1f GB/s / %.3f GB per token)\n",
                 Line("decode", r.decode_tok_s, "tok/s").c_str(), pct(r.decode_tok_s.median), roof,

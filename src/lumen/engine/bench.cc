@@ -118,14 +118,16 @@ ComputePeak MeasureComputePeak(int cores) {
   p.has_avx512_bf16 = flags.find(" avx512_bf16 ") != std::string::npos;
   p.has_avx512_vnni = flags.find(" avx512_vnni ") != std::string::npos;
   p.has_amx = flags.find(" amx_tile ") != std::string::npos;
+  p.bf16_dot_per_core = kernels::MeasureBf16DotFlops(0.2);
+  p.int8_dot_per_core = kernels::MeasureInt8DotOps(0.2);
   if (p.has_amx) {
     // No measured AMX loop in lumen yet: nominal 1024 bf16 FLOP/cycle/core
     // relative to 64 for AVX-512 f32 FMA (Intel SPR), i.e. 16x the f32 peak.
     p.best_isa = "AMX-BF16 (nominal 16x f32 FMA)";
     p.best_peak = 16 * p.f32_peak;
-  } else if (p.has_avx512_bf16) {
-    p.best_isa = "AVX512-BF16 (nominal 2x f32 FMA)";
-    p.best_peak = 2 * p.f32_peak;
+  } else if (p.bf16_dot_per_core > 0) {
+    p.best_isa = "AVX512-BF16 vdpbf16ps (measured)";
+    p.best_peak = p.bf16_dot_per_core * p.cores;
   } else {
     p.best_isa = "f32 FMA";
     p.best_peak = p.f32_peak;

@@ -45,8 +45,11 @@ struct ComputePeak {
   int cores = 0;                // threads used for the peak
   double f32_peak = 0;          // f32_fma_per_core * cores
   bool has_avx512_bf16 = false, has_avx512_vnni = false, has_amx = false;
-  // Nominal peak of the best matrix instruction set present: AMX tiles > AVX512-BF16
-  // (2x f32 FMA: a bf16 pair dot per f32 lane) > f32 FMA. Names which in best_isa.
+  double bf16_dot_per_core = 0;  // measured vdpbf16ps FLOP/s, one thread (0: absent)
+  double int8_dot_per_core = 0;  // measured vpdpbusd OP/s, one thread (0: absent)
+  // Peak of the best floating-point matrix instruction set present: AMX tiles
+  // (nominal: no AMX loop is measured) > AVX512-BF16 (measured) > f32 FMA.
+  // Names which in best_isa. The int8 peak is reported beside it.
   std::string best_isa;
   double best_peak = 0;
 };

@@ -33,8 +33,12 @@ double FmaFlopsT(double seconds) {
   const hn::ScalableTag<float> d;
   const double N = static_cast<double>(hn::Lanes(d));
   // 12 independent chains cover FMA latency x throughput on current cores.
-  auto v0 = hn::Set(d, 1.0f), v1 = v0, v2 = v0, v3 = v0, v4 = v0, v5 = v0;
-  auto v6 = v0, v7 = v0, v8 = v0, v9 = v0, v10 = v0, v11 = v0;
+  // Each starts from its own value: chains that start equal compute equal
+  // values, and GCC merges them into one (the loop then reads 12x too fast).
+  auto v0 = hn::Set(d, 1.0f), v1 = hn::Set(d, 1.001f), v2 = hn::Set(d, 1.002f);
+  auto v3 = hn::Set(d, 1.003f), v4 = hn::Set(d, 1.004f), v5 = hn::Set(d, 1.005f);
+  auto v6 = hn::Set(d, 1.006f), v7 = hn::Set(d, 1.007f), v8 = hn::Set(d, 1.008f);
+  auto v9 = hn::Set(d, 1.009f), v10 = hn::Set(d, 1.010f), v11 = hn::Set(d, 1.011f);
   const auto m = hn::Set(d, 0.999999f), c = hn::Set(d, 1e-7f);
   const auto t0 = std::chrono::steady_clock::now();
   double flops = 0, elapsed = 0;

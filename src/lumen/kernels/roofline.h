@@ -17,6 +17,13 @@ uint64_t StreamRead(const void* p, size_t size);
 // peak for the best target.
 double MeasureFmaFlops(double seconds);
 
+// Peaks of the dot-product instructions that prefill could use, measured the
+// same way (independent chains, one thread): AVX512-BF16 `vdpbf16ps` in f32
+// FLOP/s (2 products and 2 adds per f32 lane) and AVX512-VNNI `vpdpbusd` in
+// int8 OP/s (4 products and 4 adds per int32 lane). 0 when the CPU lacks it.
+double MeasureBf16DotFlops(double seconds);
+double MeasureInt8DotOps(double seconds);
+
 // Name of the Highway target the kernels dispatch to on this CPU ("AVX3", "AVX2"...)
 // and its f32 lanes per vector.
 const char* KernelTargetName();

@@ -139,8 +139,8 @@ void RegisterBench(CLI::App& app) {
   cmd->add_option("--ctx", a->depth, "also decode starting at this context position")
       ->check(CLI::Range(int64_t(1), int64_t(1) << 24));
   cmd->add_option("--act-route", a->act_route,
-                  "matmul activations: exact or int8 (docs/reference/cli.md)")
-      ->check(CLI::IsMember({"exact", "int8"}));
+                  "matmul activations: exact, int8, bf16 or int8+bf16 (docs/reference/cli.md)")
+      ->check(CLI::IsMember({"exact", "int8", "bf16", "int8+bf16"}));
   cmd->add_option("--kv-type", a->kv_type, "KV cache element type: f16, bf16, f32 or q8_0")
       ->check(CLI::IsMember({"f16", "bf16", "f32", "q8_0"}));
   cmd->add_flag("--membw", a->membw_only, "only measure the read bandwidth (1 and all threads)");

@@ -22,18 +22,18 @@ void AddModelArgs(CLI::App* app, ModelArgs& args, bool positional) {
                   "memory and bandwidth of f16, head dim a multiple of 32)")
       ->check(CLI::IsMember({"f16", "bf16", "f32", "q8_0"}));
   app->add_option("--act-route", args.act_route,
-                  "matmul activations: exact (f32, default) or int8 (Q8_0/Q4_0/Q4_K/Q6_K/MLX-4-bit "
-                  "weights at decode "
-                  "quantize activations to int8 for VNNI dot products; tier L3, "
-                  "docs/reference/performance.md)")
-      ->check(CLI::IsMember({"exact", "int8"}));
+                  "matmul activations: exact (f32, default); int8 (decode: Q8_0/Q4_0/Q4_K/Q6_K/"
+                  "MLX-4-bit weights against int8 activations, VNNI dot products); bf16 (prefill: "
+                  "bf16 weights and activations, AVX512-BF16 dot products); int8+bf16 (both). "
+                  "int8 and bf16 are tier L3, docs/reference/performance.md")
+      ->check(CLI::IsMember({"exact", "int8", "bf16", "int8+bf16"}));
 }
 
 Result<std::unique_ptr<engine::Model>> LoadModel(const ModelArgs& args) {
   engine::LoadOptions opts;
   opts.tokenizer_path = args.tokenizer;
   opts.threads = args.threads;
-  opts.act_route = args.act_route == "int8" ? kernels::ActRoute::kInt8 : kernels::ActRoute::kExact;
+  opts.act_route = kernels::ParseActRoute(args.act_route).value_or(kernels::ActRoute::kExact);
   return engine::LoadModelOrDefault(args.model, opts);
 }
 

@@ -12,6 +12,7 @@
 #include "lumen/core/thread_pool.h"
 #include "lumen/engine/session.h"
 #include "lumen/kernels/matmul.h"
+#include "lumen/kernels/matmul_bf16.h"
 #include "lumen/kernels/matmul_q8.h"
 #include "lumen/kernels/roofline.h"
 #include "lumen/model/forward.h"
@@ -157,9 +158,12 @@ Result<BenchReport> RunBench(const Model& model, const BenchOptions& o) {
     const std::string name =
         m.mlx_bits ? "mlx" + std::to_string(m.mlx_bits) + "_g" + std::to_string(m.mlx_group)
                    : std::string(Name(m.w.dtype));
-    routes.insert(name + (kernels::UsesInt8Route(m, 1) ? ": int8 activations, VNNI (L3)"
-                          : kernels::MatMulIsFused(m)  ? ": fused decode"
-                                                       : ": scalar dequant"));
+    std::string route = kernels::UsesInt8Route(m, 1) ? ": decode int8 activations, VNNI (L3)"
+                        : kernels::MatMulIsFused(m)  ? ": fused decode"
+                                                     : ": scalar dequant";
+    if (kernels::RouteHasBf16(m.route) && kernels::CpuHasBf16())
+      route += ", prefill bf16, AVX512-BF16 (L3)";
+    routes.insert(name + route);
   });
   if (w.output.w.data != w.tok_embd.w.data) r.weight_bytes_per_token += w.tok_embd.w.row_bytes();
   r.kernel_routes.assign(routes.begin(), routes.end());

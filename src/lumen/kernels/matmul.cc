@@ -8,6 +8,7 @@
 #include "lumen/core/buffer.h"
 #include "lumen/core/half.h"
 #include "lumen/core/quant.h"
+#include "lumen/kernels/matmul_bf16.h"
 #include "lumen/kernels/matmul_q8.h"
 
 #undef HWY_TARGET_INCLUDE
@@ -517,6 +518,35 @@ void LargeM(RowDecoder& dec, const PreparedX& X, int64_t M, float* Y, int64_t ld
   }
 }
 
+// The bf16 route (matmul_bf16.h): as LargeM, but the panel rows and the X rows
+// are rounded to bf16 so each dot instruction does 32 products. Every thread
+// converts all M rows of X: M K conversions against M K (n1 - n0) products.
+void LargeMBf16(RowDecoder& dec, const PreparedX& X, int64_t M, float* Y, int64_t ldy, int64_t n0,
+                int64_t n1) {
+  const DF d;
+  const int64_t N = hn::Lanes(d);
+  const int64_t K = dec.W.k, ldp = (K + N - 1) / N * N;
+  const int64_t ld = (K + kBf16RowAlign - 1) / kBf16RowAlign * kBf16RowAlign;
+  AlignedBuffer xb_buf(M * ld * sizeof(uint16_t));
+  uint16_t* xb = xb_buf.as<uint16_t>();
+  for (int64_t m = 0; m < M; ++m) ToBf16Padded(X.row(m), K, ld, xb + m * ld);
+  AlignedBuffer row_buf(ldp * sizeof(float));
+  float* row = row_buf.as<float>();
+  // Half of L2 for the panel, as LargeM; a multiple of 4 rows (the tile height).
+  const int64_t P = std::clamp<int64_t>((512 * 1024 / (ld * 2)) / 4 * 4, 4, 128);
+  AlignedBuffer panel_buf(P * ld * sizeof(uint16_t));  // zero-filled: rows past np stay finite
+  uint16_t* panel = panel_buf.as<uint16_t>();
+  auto store = [&](int64_t k, VF w, auto) HWY_ATTR { hn::Store(w, d, row + k); };
+  for (int64_t n = n0; n < n1; n += P) {
+    const int64_t np = std::min(P, n1 - n);
+    for (int64_t i = 0; i < np; ++i) {
+      dec.Decode(n + i, store);
+      ToBf16Padded(row, K, ld, panel + i * ld);
+    }
+    Bf16PanelProduct(panel, np, xb, M, ld, Y, ldy, n);
+  }
+}
+
 }  // namespace
 
 // Rows [n0, n1) of W against all M rows of X.
@@ -524,6 +554,7 @@ void MatMulRows(const Matrix& W, const float* X, int64_t M, int64_t ldx, float* 
                 int64_t n0, int64_t n1) {
   RowDecoder dec(W);
   const PreparedX x(W, dec.path, X, M, ldx);
+  if (M > 4 && RouteHasBf16(W.route) && CpuHasBf16()) return LargeMBf16(dec, x, M, Y, ldy, n0, n1);
   if (M > 4) {
     // Tile reads X up to the padded K: only safe when X is padded or K % N == 0.
     const int64_t N = hn::Lanes(DF());

@@ -11,10 +11,10 @@
 // per-weight work is one byte lane of one instruction, shared by nothing but
 // the block-scale FMA; the weight bytes are decoded once for up to 4 rows.
 //
-// Used by MatMul/MatMulMany when W.route == ActRoute::kInt8, the weight type is
+// Used by MatMul/MatMulMany when W.route has int8 (matrix.h), the weight type is
 // one of those, the CPU has AVX512-VNNI and M <= kInt8MaxRows (prefill keeps the
-// exact f32 panels: with a scale per 32-block the integer dot saves nothing per
-// FMA there). Otherwise the exact route runs. MatMulInt8Ref (matmul_q8_ref.h)
+// exact f32 panels or the bf16 route: with a scale per 32-block the integer dot
+// saves nothing per FMA there). Otherwise the exact route runs. MatMulInt8Ref (matmul_q8_ref.h)
 // is the scalar oracle: same activation quantization, double accumulation.
 #pragma once
 
@@ -34,7 +34,7 @@ bool Int8RouteSupports(const Matrix& W);
 
 // True when MatMul(W, ..., M, ...) takes the int8 route.
 inline bool UsesInt8Route(const Matrix& W, int64_t M) {
-  return W.route == ActRoute::kInt8 && M <= kInt8MaxRows && Int8RouteSupports(W);
+  return RouteHasInt8(W.route) && M <= kInt8MaxRows && Int8RouteSupports(W);
 }
 
 // Y[M, N] = X[M, K] * W^T through the int8 route; requires Int8RouteSupports(W).

@@ -33,30 +33,6 @@ namespace {
 constexpr double kU = 1.0 / (1 << 24);
 double MatMulBound(int64_t K, double abs_dot) { return (K + 2) * kU * abs_dot + 1e-30; }
 
-std::vector<Spec> AllSpecs() {
-  std::vector<Spec> v;
-  for (DType t : {DType::kF32, DType::kF16, DType::kBF16, DType::kQ4_0, DType::kQ4_1, DType::kQ5_0,
-                  DType::kQ5_1, DType::kQ8_0, DType::kQ2_K, DType::kQ3_K, DType::kQ4_K,
-                  DType::kQ5_K, DType::kQ6_K}) {
-    Spec s;
-    s.name = std::string(Name(t));
-    s.dtype = t;
-    s.block = Info(t).block_elems;
-    v.push_back(s);
-  }
-  for (int bits : {4, 8})
-    for (int g : {32, 64, 128}) {
-      Spec s;
-      s.name = "mlx" + std::to_string(bits) + "_g" + std::to_string(g);
-      s.mlx_bits = bits;
-      s.mlx_group = g;
-      s.block = g;
-      s.mlx_scale_type = g == 64 ? DType::kBF16 : DType::kF16;
-      v.push_back(s);
-    }
-  return v;
-}
-
 // Every target compiled into the kernels that this CPU can run.
 std::vector<int64_t> Targets() {
   std::vector<int64_t> out;

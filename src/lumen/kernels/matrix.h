@@ -7,16 +7,31 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
+#include <string_view>
 
 #include "lumen/core/tensor.h"
 
 namespace lumen::kernels {
 
 // How a product with this matrix treats its activations. kExact: f32 as given
-// (tier L2). kInt8: rows quantized to int8 per 32-element block and dotted
-// with VNNI integer instructions where the weight type and CPU allow it
-// (tier L3, matmul_q8.h); the exact route otherwise.
-enum class ActRoute : uint8_t { kExact, kInt8 };
+// (tier L2). kInt8: products with few rows (decode) quantize the rows to int8
+// per 32-element block and dot them with VNNI integer instructions where the
+// weight type and CPU allow it (tier L3, matmul_q8.h). kBf16: products with
+// many rows (prefill) round activations and decoded weights to bf16 and dot
+// them with AVX512-BF16 (tier L3, matmul_bf16.h). kInt8Bf16: both. Where a
+// route does not apply (row count, weight type, CPU) the exact route runs.
+enum class ActRoute : uint8_t { kExact, kInt8, kBf16, kInt8Bf16 };
+inline bool RouteHasInt8(ActRoute r) { return r == ActRoute::kInt8 || r == ActRoute::kInt8Bf16; }
+inline bool RouteHasBf16(ActRoute r) { return r == ActRoute::kBf16 || r == ActRoute::kInt8Bf16; }
+// Command-line names: "exact", "int8", "bf16", "int8+bf16" (nullopt: none of these).
+inline std::optional<ActRoute> ParseActRoute(std::string_view s) {
+  if (s == "exact") return ActRoute::kExact;
+  if (s == "int8") return ActRoute::kInt8;
+  if (s == "bf16") return ActRoute::kBf16;
+  if (s == "int8+bf16") return ActRoute::kInt8Bf16;
+  return std::nullopt;
+}
 
 struct Matrix {
   TensorView w;       // [N, K], or MLX packed codes [N, K * bits / 32] (u32)

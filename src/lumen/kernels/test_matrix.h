@@ -70,4 +70,30 @@ inline OwnedMatrix Make(const Spec& s, int64_t N, int64_t K, std::mt19937& rng) 
   return o;
 }
 
+// Every weight storage the kernels read: each GGUF dtype with a matmul path and
+// MLX affine 4/8-bit at groups 32/64/128; `block` is the K granularity.
+inline std::vector<Spec> AllSpecs() {
+  std::vector<Spec> v;
+  for (DType t : {DType::kF32, DType::kF16, DType::kBF16, DType::kQ4_0, DType::kQ4_1, DType::kQ5_0,
+                  DType::kQ5_1, DType::kQ8_0, DType::kQ2_K, DType::kQ3_K, DType::kQ4_K,
+                  DType::kQ5_K, DType::kQ6_K}) {
+    Spec s;
+    s.name = std::string(Name(t));
+    s.dtype = t;
+    s.block = Info(t).block_elems;
+    v.push_back(s);
+  }
+  for (int bits : {4, 8})
+    for (int g : {32, 64, 128}) {
+      Spec s;
+      s.name = "mlx" + std::to_string(bits) + "_g" + std::to_string(g);
+      s.mlx_bits = bits;
+      s.mlx_group = g;
+      s.block = g;
+      s.mlx_scale_type = g == 64 ? DType::kBF16 : DType::kF16;
+      v.push_back(s);
+    }
+  return v;
+}
+
 }  // namespace lumen::kernels

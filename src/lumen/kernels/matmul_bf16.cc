@@ -1,0 +1,137 @@
+#include "lumen/kernels/matmul_bf16.h"
+
+#include "lumen/core/check.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#define LUMEN_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
+#endif
+
+// The microkernel is dot-shaped like the exact route's: 4 weight rows x MB
+// activation rows, each accumulator a vector of partial sums along K (lane l
+// of a 32-element step holds products 2l and 2l + 1), reduced at the end four
+// accumulators at a time. Per 32 elements: 4 + MB loads and 4 MB dot
+// instructions; 16 accumulators cover the instruction's latency.
+
+namespace lumen::kernels {
+
+#if defined(__x86_64__)
+
+// GCC 12's AVX-512 intrinsics pass _mm512_undefined_* as the unused merge
+// source, which -Wmaybe-uninitialized reports at every inlined use.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+
+bool CpuHasBf16() {
+  static const bool has = [] {  // CPU feature, fixed for the process
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16");
+  }();
+  return has;
+}
+
+namespace {
+
+// The four lane sums of a, b, c, d, in that order.
+LUMEN_BF16 inline __m128 Sum4(__m512 a, __m512 b, __m512 c, __m512 d) {
+  // Quarters: ab = [a0+a2, a1+a3, b0+b2, b1+b3], then t = [sum a, sum b, sum c, sum d]
+  // as four 4-lane quarters; two in-lane swaps finish each quarter's sum.
+  const __m512 ab =
+      _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xEE));
+  const __m512 cd =
+      _mm512_add_ps(_mm512_shuffle_f32x4(c, d, 0x44), _mm512_shuffle_f32x4(c, d, 0xEE));
+  __m512 t = _mm512_add_ps(_mm512_shuffle_f32x4(ab, cd, 0x88), _mm512_shuffle_f32x4(ab, cd, 0xDD));
+  t = _mm512_add_ps(t, _mm512_permute_ps(t, 0x4E));
+  t = _mm512_add_ps(t, _mm512_permute_ps(t, 0xB1));
+  const __m512i first = _mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 12, 8, 4, 0);
+  return _mm512_castps512_ps128(_mm512_permutexvar_ps(first, t));
+}
+
+// y[j][0, nb) = dot(x[j], w row i) for 4 weight rows at w (stride ld), MB activation rows.
+template <int MB>
+LUMEN_BF16 inline void Tile(const uint16_t* w, int64_t ld, const uint16_t* const* x,
+                            float* const* y, int nb) {
+  __m512 acc[4][MB];
+#pragma GCC unroll 4
+  for (int i = 0; i < 4; ++i)
+#pragma GCC unroll 4
+    for (int j = 0; j < MB; ++j) acc[i][j] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < ld; k += kBf16RowAlign) {
+    __m512bh xv[MB];
+#pragma GCC unroll 4
+    for (int j = 0; j < MB; ++j) xv[j] = (__m512bh)_mm512_load_si512(x[j] + k);
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; ++i) {
+      const __m512bh wv = (__m512bh)_mm512_load_si512(w + i * ld + k);
+#pragma GCC unroll 4
+      for (int j = 0; j < MB; ++j) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], wv, xv[j]);
+    }
+  }
+  const __mmask8 keep = static_cast<__mmask8>((1u << nb) - 1);
+#pragma GCC unroll 4
+  for (int j = 0; j < MB; ++j)
+    _mm_mask_storeu_ps(y[j], keep, Sum4(acc[0][j], acc[1][j], acc[2][j], acc[3][j]));
+}
+
+template <int MB>
+LUMEN_BF16 void Sweep(const uint16_t* panel, int64_t rows, const uint16_t* xb, int64_t m,
+                      int64_t ld, float* Y, int64_t ldy, int64_t n0) {
+  const uint16_t* x[MB];
+  float* y[MB];
+  for (int j = 0; j < MB; ++j) x[j] = xb + (m + j) * ld;
+  for (int64_t i = 0; i < rows; i += 4) {
+    for (int j = 0; j < MB; ++j) y[j] = Y + (m + j) * ldy + n0 + i;
+    Tile<MB>(panel + i * ld, ld, x, y, static_cast<int>(rows - i < 4 ? rows - i : 4));
+  }
+}
+
+}  // namespace
+
+LUMEN_BF16 void ToBf16Padded(const float* src, int64_t n, int64_t padded, uint16_t* dst) {
+  int64_t k = 0;
+  for (; k + 16 <= n; k += 16)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + k),
+                        (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(src + k)));
+  if (k < n) {
+    const __mmask16 live = static_cast<__mmask16>((1u << (n - k)) - 1);
+    const __m256i h = (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(live, src + k));
+    _mm256_mask_storeu_epi16(dst + k, live, h);
+    k = n;
+  }
+  for (; k < padded; ++k) dst[k] = 0;
+}
+
+void Bf16PanelProduct(const uint16_t* panel, int64_t rows, const uint16_t* xb, int64_t M,
+                      int64_t ld, float* Y, int64_t ldy, int64_t n0) {
+  LUMEN_CHECK(ld % kBf16RowAlign == 0);
+  int64_t m = 0;
+  // The 4-row X group stays in L1 while the panel's tiles stream from L2.
+  for (; m + 4 <= M; m += 4) Sweep<4>(panel, rows, xb, m, ld, Y, ldy, n0);
+  switch (M - m) {
+    case 3:
+      return Sweep<3>(panel, rows, xb, m, ld, Y, ldy, n0);
+    case 2:
+      return Sweep<2>(panel, rows, xb, m, ld, Y, ldy, n0);
+    case 1:
+      return Sweep<1>(panel, rows, xb, m, ld, Y, ldy, n0);
+    default:
+      return;
+  }
+}
+
+#pragma GCC diagnostic pop
+
+#else  // no x86: the route is never taken, so these are never called
+
+bool CpuHasBf16() { return false; }
+void ToBf16Padded(const float*, int64_t, int64_t, uint16_t*) { LUMEN_CHECK(false); }
+void Bf16PanelProduct(const uint16_t*, int64_t, const uint16_t*, int64_t, int64_t, float*, int64_t,
+                      int64_t) {
+  LUMEN_CHECK(false);
+}
+
+#endif
+
+}  // namespace lumen::kernels

@@ -1,0 +1,178 @@
+// The bf16 prefill route (matmul_bf16.h) against its oracle MatMulBf16Ref and,
+// as an L3 route, against the exact product.
+//
+// Against the oracle (u = 2^-24, mag = sum_k |wb_k xb_k| over the bf16 values):
+// products of two bf16 values are exact in f32, so only the f32 summation
+// rounds: |y - y_ref| <= (K + 2) u mag. The route's decoders may produce a
+// weight one f32 rounding away from DequantizeMatrixRow (scale * q + offset as
+// one FMA), which can move its bf16 rounding by one bf16 ulp (2^-7 relative);
+// two such weights per output are allowed: + 2 * 2^-7 * max_k |w_k x_k|.
+// Against the exact f32 product: each of w and x moves by at most 2^-9
+// relative, so |y - y_exact| <= (2^-8 + 2^-18) sum |w x| + the f32 slack.
+#include "lumen/kernels/matmul_bf16.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <hwy/highway.h>
+#include <hwy/targets.h>
+
+#include "lumen/kernels/matmul.h"
+#include "lumen/kernels/matmul_bf16_ref.h"
+#include "lumen/kernels/matmul_q8.h"
+#include "lumen/kernels/matmul_ref.h"
+#include "lumen/kernels/test_matrix.h"
+
+namespace lumen::kernels {
+namespace {
+
+constexpr double kU = 1.0 / (1 << 24);
+
+#define SKIP_WITHOUT_BF16()                                                         \
+  if (!CpuHasBf16())                                                                \
+  GTEST_SKIP() << "no AVX512-BF16 on this CPU: the bf16 route falls back to exact " \
+                  "(MatMulBf16.FallsBackToExactWithoutTheRoute covers that)"
+
+std::vector<float> RandomX(int64_t M, int64_t K, std::mt19937& rng) {
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> x(M * K);
+  for (auto& v : x) v = nd(rng);
+  for (int64_t i = 0; i < M * K; i += 97) x[i] *= 40.0f;  // activation outliers
+  return x;
+}
+
+// Runs the route on the current target; checks every output against the
+// oracle bound and against the exact product's bound.
+void CheckOne(const Matrix& W, int64_t M, ThreadPool* pool, std::mt19937& rng,
+              const std::string& what) {
+  const int64_t N = W.n, K = W.k;
+  const std::vector<float> X = RandomX(M, K, rng);
+  const int64_t ldy = N + 3;  // strided Y
+  std::vector<float> Y(M * ldy, -7.0f), Yref(M * N), Yexact(M * N);
+  MatMul(W, X.data(), M, K, Y.data(), ldy, pool);
+  MatMulBf16Ref(W, X.data(), M, Yref.data());
+  MatMulRef(W, X.data(), M, Yexact.data());
+  std::vector<float> w(K);
+  int bad = 0;
+  for (int64_t n = 0; n < N; ++n) {
+    DequantizeMatrixRow(W, n, w.data());
+    for (int64_t m = 0; m < M; ++m) {
+      double mag = 0, abs_dot = 0, top = 0;
+      for (int64_t k = 0; k < K; ++k) {
+        const double x = X[m * K + k];
+        mag += std::fabs(double(RoundBf16(w[k])) * RoundBf16(float(x)));
+        abs_dot += std::fabs(w[k] * x);
+        top = std::max(top, std::fabs(w[k] * x));
+      }
+      const double y = Y[m * ldy + n];
+      const double to_ref = std::fabs(y - Yref[m * N + n]);
+      const double ref_bound = (K + 2) * kU * mag + 2.0 * std::ldexp(top, -7) * 1.01 + 1e-30;
+      const double to_exact = std::fabs(y - Yexact[m * N + n]);
+      const double exact_bound =
+          (std::ldexp(1.0, -8) + std::ldexp(1.0, -18) + (K + 4) * kU) * abs_dot +
+          2.0 * std::ldexp(top, -7) * 1.01 + 1e-30;
+      if ((!(to_ref <= ref_bound) || !(to_exact <= exact_bound)) && bad++ < 3)
+        ADD_FAILURE() << what << " M=" << M << " K=" << K << " n=" << n << " m=" << m << " got "
+                      << y << " oracle " << Yref[m * N + n] << " (err " << to_ref << ", bound "
+                      << ref_bound << ") exact " << Yexact[m * N + n] << " (err " << to_exact
+                      << ", bound " << exact_bound << ")";
+    }
+  }
+}
+
+TEST(MatMulBf16, EveryTargetDtypeAndShapeWithinBound) {
+  SKIP_WITHOUT_BF16();
+  std::mt19937 rng(42);
+  ThreadPool pool(2);
+  for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    hwy::SetSupportedTargetsForTest(target);
+    const std::string tname = hwy::TargetName(target);
+    for (const Spec& s : AllSpecs()) {
+      // Odd multiples of the block; plain K that 32 does not divide (padding).
+      std::vector<int64_t> ks = {s.block * 1, s.block * 3};
+      if (s.block == 1) ks = {37, 96, 200};
+      for (int64_t K : ks) {
+        if (s.mlx_bits == 0 && !RowBytes(s.dtype, K)) continue;
+        OwnedMatrix o = Make(s, /*N=*/37, K, rng);  // 37: a last tile of 1 row
+        o.m.route = ActRoute::kBf16;
+        for (int64_t M : {5, 6, 7, 16})  // every remainder of the 4-row X groups
+          CheckOne(o.m, M, M == 7 ? &pool : nullptr, rng, tname + " " + s.name);
+      }
+    }
+  }
+  hwy::SetSupportedTargetsForTest(0);
+}
+
+TEST(MatMulBf16, SeveralPanelsAndWideK) {
+  SKIP_WITHOUT_BF16();
+  std::mt19937 rng(5);
+  Spec s;
+  s.dtype = DType::kQ4_0;
+  // K = 64: 128-row panels, so 301 rows are three panels; K = 4096: 64-row panels.
+  for (int64_t K : {64, 4096}) {
+    OwnedMatrix o = Make(s, 301, K, rng);
+    o.m.route = ActRoute::kBf16;
+    CheckOne(o.m, 9, nullptr, rng, "q4_0 panels");
+  }
+}
+
+TEST(MatMulBf16, RouteSelectionAndThreads) {
+  SKIP_WITHOUT_BF16();
+  std::mt19937 rng(9);
+  Spec s;
+  s.dtype = DType::kQ4_0;
+  OwnedMatrix o = Make(s, 133, 256, rng);
+  const std::vector<float> X = RandomX(16, 256, rng);
+  ThreadPool pool(2);
+  auto run = [&](ActRoute r, int64_t M, ThreadPool* p) {
+    o.m.route = r;
+    std::vector<float> y(M * 133);
+    MatMul(o.m, X.data(), M, 256, y.data(), 133, p);
+    return y;
+  };
+  // M <= 4 is not the bf16 route's: bit-identical to exact.
+  EXPECT_EQ(run(ActRoute::kExact, 3, nullptr), run(ActRoute::kBf16, 3, nullptr));
+  // M > 4 is: the outputs differ from exact (rounding), and threads change nothing.
+  EXPECT_NE(run(ActRoute::kExact, 6, nullptr), run(ActRoute::kBf16, 6, nullptr));
+  EXPECT_EQ(run(ActRoute::kBf16, 16, nullptr), run(ActRoute::kBf16, 16, &pool));
+  // int8+bf16: int8 for M <= kInt8MaxRows, bf16 above.
+  if (Int8RouteSupports(o.m)) {
+    EXPECT_EQ(run(ActRoute::kInt8, 6, nullptr), run(ActRoute::kInt8Bf16, 6, nullptr));
+    EXPECT_EQ(run(ActRoute::kBf16, 9, nullptr), run(ActRoute::kInt8Bf16, 9, nullptr));
+    EXPECT_NE(run(ActRoute::kBf16, 6, nullptr), run(ActRoute::kInt8Bf16, 6, nullptr));
+  }
+  // MatMulMany through the route equals separate calls.
+  o.m.route = ActRoute::kBf16;
+  OwnedMatrix o2 = Make(s, 40, 256, rng);
+  o2.m.route = ActRoute::kBf16;
+  std::vector<float> a(16 * 133), b(16 * 40), ma(16 * 133), mb(16 * 40);
+  MatMul(o.m, X.data(), 16, 256, a.data(), 133, nullptr);
+  MatMul(o2.m, X.data(), 16, 256, b.data(), 40, nullptr);
+  const MatMulOut outs[] = {{&o.m, ma.data(), 133}, {&o2.m, mb.data(), 40}};
+  MatMulMany(outs, X.data(), 16, 256, &pool);
+  EXPECT_EQ(a, ma);
+  EXPECT_EQ(b, mb);
+}
+
+TEST(MatMulBf16, ToBf16RoundsToNearestEvenAndPads) {
+  SKIP_WITHOUT_BF16();
+  // 1 + 2^-8 is a tie between bf16 1 and 1 + 2^-7: even is 1. 1 + 3 * 2^-8 ties up to 1 + 2^-6.
+  std::vector<float> src = {1.0f + 0x1p-8f, 1.0f + 3 * 0x1p-8f, -2.5f, 1e-3f, 65504.0f};
+  for (int i = 0; i < 20; ++i) src.push_back(0.1f * float(i) - 1.0f);  // crosses a 16-wide step
+  const int64_t n = static_cast<int64_t>(src.size()), padded = 32;
+  std::vector<uint16_t> dst(padded, 0xffff);
+  ToBf16Padded(src.data(), n, padded, dst.data());
+  EXPECT_EQ(dst[0], 0x3f80);
+  EXPECT_EQ(dst[1], 0x3f82);
+  for (int64_t i = 0; i < n; ++i) EXPECT_EQ(dst[i], F32ToBF16(src[i])) << i;
+  for (int64_t i = n; i < padded; ++i) EXPECT_EQ(dst[i], 0) << i;
+}
+
+}  // namespace
+}  // namespace lumen::kernels

@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -11,6 +12,7 @@
 
 #include "lumen/core/buffer.h"
 #include "lumen/formats/gguf.h"
+#include "lumen/kernels/matmul_bf16.h"
 
 namespace lumen {
 namespace {
@@ -88,6 +90,31 @@ TEST(Cli, SeededSamplingIsReproducible) {
   ASSERT_EQ(a.code, 0) << a.err;
   EXPECT_EQ(a.out, b.out);
   EXPECT_NE(a.out, c.out);
+}
+
+// The L3 routes from the command line: `eval route` measures the one named
+// by --act-route where it applies (bf16: one prefill per sequence).
+TEST(Cli, ActRoutesRunAndReportTheirKl) {
+  const std::string prompts = TempDir() + "/route_prompts.txt";
+  std::ofstream(prompts) << "Once upon a time\nLily saw a big dog\n";
+  for (const char* route : {"bf16", "int8+bf16"}) {
+    CliRun r = Lumen(std::string("eval route --prompts ") + prompts + " -n 1 --max-tokens 16 " +
+                     "--act-route " + route);
+    ASSERT_EQ(r.code, 0) << r.err;
+    const std::string head =
+        std::string(route) + " route vs exact (one prefill per sequence): mean KL ";
+    const size_t at = r.out.find(head);
+    ASSERT_NE(at, std::string::npos) << r.out;
+    const double kl = std::strtod(r.out.c_str() + at + head.size(), nullptr);
+    // The route ran (exact vs exact is 0), where the CPU has the instructions.
+    if (kernels::CpuHasBf16()) {
+      EXPECT_GT(kl, 0.0) << r.out;
+    }
+    EXPECT_LT(kl, 0.01) << r.out;
+  }
+  CliRun g = Lumen("generate \"Once upon a time\" -n 24 --temp 0 --act-route int8+bf16");
+  ASSERT_EQ(g.code, 0) << g.err;
+  EXPECT_EQ(g.out.rfind("Once upon a time", 0), 0u) << g.out;
 }
 
 TEST(Cli, InspectEmbedded) {

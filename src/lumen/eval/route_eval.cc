@@ -23,7 +23,7 @@ Status DecodeOneByOne(engine::Session& s, std::span<const int32_t> ids, std::vec
 }  // namespace
 
 Result<RouteResult> RouteKl(const engine::Model& exact, const engine::Model& route,
-                            std::span<const Seq> prompts, const EvalOptions& opts) {
+                            std::span<const Seq> prompts, const EvalOptions& opts, RouteMode mode) {
   if (exact.config().vocab_size != route.config().vocab_size)
     return Error("eval route: the two models have different vocabularies");
   LUMEN_ASSIGN_OR_RETURN(auto conts, BaseContinuations(exact, prompts, opts));
@@ -38,9 +38,13 @@ Result<RouteResult> RouteKl(const engine::Model& exact, const engine::Model& rou
       all.insert(all.end(), cont.begin(), cont.end() - 1);  // the last token predicts nothing
       std::vector<float> le, lr;
       LUMEN_ASSIGN_OR_RETURN(auto se, engine::Session::Create(exact, {}));
-      LUMEN_ASSIGN_OR_RETURN(auto sr, engine::Session::Create(route, {}));
       LUMEN_RETURN_IF_ERROR(DecodeOneByOne(*se, all, le));
-      LUMEN_RETURN_IF_ERROR(DecodeOneByOne(*sr, all, lr));
+      LUMEN_ASSIGN_OR_RETURN(auto sr, engine::Session::Create(route, {}));
+      if (mode == RouteMode::kPrefill) {
+        LUMEN_RETURN_IF_ERROR(sr->Append(all, &lr));  // every row's logits from one prefill
+      } else {
+        LUMEN_RETURN_IF_ERROR(DecodeOneByOne(*sr, all, lr));
+      }
       // Row i predicts token i + 1; continuation positions start at the last prompt token.
       for (size_t i = prompts[p].size() - 1; i < all.size(); ++i) {
         const float* e = le.data() + i * V;

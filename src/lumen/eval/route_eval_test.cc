@@ -14,6 +14,7 @@
 
 #include "lumen/engine/convert.h"
 #include "lumen/engine/default_model.h"
+#include "lumen/kernels/matmul_bf16.h"
 
 namespace lumen::eval {
 namespace {
@@ -28,7 +29,7 @@ std::unique_ptr<engine::Model> Load(const std::string& path, kernels::ActRoute r
   return m.ok() ? std::move(m).value() : nullptr;
 }
 
-TEST(RouteKl, Int8RouteCostsAboutWhatQ8WeightsCost) {
+TEST(RouteKl, Int8AndBf16RoutesCostAboutWhatQ8WeightsCost) {
   auto f32 = engine::LoadDefaultModel();
   ASSERT_TRUE(f32.ok());
   const fs::path dir = fs::temp_directory_path() / ("lumen_route_" + std::to_string(::getpid()));
@@ -68,6 +69,22 @@ TEST(RouteKl, Int8RouteCostsAboutWhatQ8WeightsCost) {
     EXPECT_GT(r->kl_mean, 0.0) << Name(t);  // the route ran
     EXPECT_LE(r->kl_mean, 2 * kl_weights) << Name(t);
     EXPECT_GE(r->top1, 0.9) << Name(t);
+
+    // The bf16 route, measured where it applies: one prefill per sequence.
+    if (!kernels::CpuHasBf16()) continue;
+    auto bf16 = Load(path, kernels::ActRoute::kBf16);
+    ASSERT_TRUE(bf16);
+    auto exact_prefill = RouteKl(*exact, *exact, *prompts, o, RouteMode::kPrefill);
+    ASSERT_TRUE(exact_prefill.ok());
+    EXPECT_LT(exact_prefill->kl_mean, 1e-6) << Name(t);  // prefill vs decode: f32 order only
+    auto b = RouteKl(*exact, *bf16, *prompts, o, RouteMode::kPrefill);
+    ASSERT_TRUE(b.ok()) << b.status().message();
+    std::printf("%s bf16 prefill route vs exact: mean KL %.3g (max %.3g), top-1 %.3f over %lld\n",
+                std::string(Name(t)).c_str(), b->kl_mean, b->kl_max, b->top1,
+                static_cast<long long>(b->positions));
+    EXPECT_GT(b->kl_mean, 100 * exact_prefill->kl_mean) << Name(t);  // the route ran
+    EXPECT_LE(b->kl_mean, 2 * kl_weights) << Name(t);
+    EXPECT_GE(b->top1, 0.9) << Name(t);
   }
   fs::remove_all(dir);
 }

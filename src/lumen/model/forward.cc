@@ -13,6 +13,10 @@ namespace lumen::model {
 
 using kernels::MatMul;
 
+// Below this many elements the FFN activation runs on the calling thread: a
+// decode step's 8k elements take a few microseconds, about what a hand-off costs.
+constexpr int64_t kParallelActivation = 16384;
+
 Activations::Activations(const ModelConfig& c, int threads)
     : x(kMaxChunk * c.dim * sizeof(float)),
       xn(kMaxChunk * c.dim * sizeof(float)),
@@ -175,14 +179,30 @@ void Forward::FfnBlock(int l, int64_t T) {
   if (L.w_gate.valid()) {
     const kernels::MatMulOut outs[] = {{&L.w_gate, gate, F}, {&L.w_up, up, F}};
     kernels::MatMulMany(outs, xn, T, D, pool_);
-    for (int64_t t = 0; t < T; ++t) kernels::GatedActivation(c_.act, gate + t * F, up + t * F, F);
+    // gate and up are dense [T, F]: split the elements across threads.
+    auto act = [&](int64_t b, int64_t e, int) {
+      kernels::GatedActivation(c_.act, gate + b, up + b, e - b);
+    };
+    if (pool_ && T * F >= kParallelActivation) {
+      pool_->ParallelFor(T * F, act, 1024);
+    } else {
+      act(0, T * F, 0);
+    }
   } else {  // fused [gate; up] rows: one row of output is [gate F | up F]
     MatMul(L.w_up, xn, T, D, gate, 2 * F, pool_);
-    for (int64_t t = 0; t < T; ++t) {
-      float* g = gate + t * 2 * F;
-      kernels::GatedActivation(c_.act, g, g + F, F);
-      std::memmove(gate + t * F, g, F * sizeof(float));  // compact to [T, F]
+    auto act = [&](int64_t b, int64_t e, int) {
+      for (int64_t t = b; t < e; ++t) {
+        float* g = gate + t * 2 * F;
+        kernels::GatedActivation(c_.act, g, g + F, F);
+      }
+    };
+    if (pool_ && T > 1) {
+      pool_->ParallelFor(T, act);
+    } else {
+      act(0, T, 0);
     }
+    for (int64_t t = 1; t < T; ++t)  // compact to [T, F], in order (rows overlap)
+      std::memmove(gate + t * F, gate + t * 2 * F, F * sizeof(float));
   }
   MatMul(L.w_down, gate, T, F, tmp, D, pool_);
   for (int64_t t = 0; t < T; ++t) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <type_traits>
 #include <vector>
 
@@ -124,8 +125,7 @@ void Prepare(const Geometry& g, const float* X, int64_t M, int64_t ldx, int64_t 
   // this per-call path.
   const bool natural = g.fmt != Fmt::kQ4_0 && g.fmt != Fmt::kMlx4;
   for (int64_t m = 0; m < M; ++m) {
-    for (int64_t b = 0; b < nb; ++b)
-      dn[b] = QuantizeBlockQ8(X + m * ldx + b * kQK, qn.data() + b * kQK);
+    QuantizeBlocksQ8(X + m * ldx, nb, qn.data(), dn.data());
     uint8_t* rec = out->buf.as<uint8_t>() + m * out->stride;
     for (int64_t pos = 0; pos < K;) {
       const int64_t n = std::min<int64_t>(64, K - pos);  // 64, or 32 for the half record
@@ -174,6 +174,47 @@ LUMEN_VNNI inline uint32_t LoadU16(const uint8_t* p) {
   std::memcpy(&h, p, 2);
   return h;
 }
+
+// QuantizeBlockQ8 on 32 floats, 16 lanes at a time: amax, d = amax / 127,
+// round(x / d) half away from zero (trunc, then +-1 where the dropped fraction
+// is at least one half: exact, as v - trunc(v) is exact below 2^23).
+LUMEN_VNNI inline __m128i RoundHalfAway(__m512 v) {
+  const __m512 t = _mm512_roundscale_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+  const __m512 frac = _mm512_abs_ps(_mm512_sub_ps(v, t));
+  const __mmask16 up = _mm512_cmp_ps_mask(frac, _mm512_set1_ps(0.5f), _CMP_GE_OQ);
+  const __m512 step =
+      _mm512_or_ps(_mm512_set1_ps(1.0f), _mm512_and_ps(v, _mm512_set1_ps(-0.0f)));  // +-1, v's sign
+  __m512 r = _mm512_mask_add_ps(t, up, t, step);
+  r = _mm512_min_ps(_mm512_max_ps(r, _mm512_set1_ps(-127.0f)), _mm512_set1_ps(127.0f));
+  return _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(r));
+}
+
+}  // namespace
+
+void QuantizeBlocksQ8(const float* x, int64_t nb, int8_t* q, float* d) {
+  static const bool avx512 = CpuHasVnni();  // CPU feature, fixed for the process
+  if (!avx512) {
+    for (int64_t b = 0; b < nb; ++b) d[b] = QuantizeBlockQ8(x + b * kQK, q + b * kQK);
+    return;
+  }
+  [&]() LUMEN_VNNI {
+    for (int64_t b = 0; b < nb; ++b, x += kQK, q += kQK) {
+      const __m512 lo = _mm512_loadu_ps(x), hi = _mm512_loadu_ps(x + 16);
+      const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(lo), _mm512_abs_ps(hi)));
+      if (!(amax <= std::numeric_limits<float>::max())) {  // inf or NaN: the scalar rules
+        d[b] = QuantizeBlockQ8(x, q);
+        continue;
+      }
+      d[b] = amax / 127;
+      const float id = d[b] != 0 ? 1.0f / d[b] : 0.0f;
+      const __m512 vid = _mm512_set1_ps(id);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(q), RoundHalfAway(_mm512_mul_ps(lo, vid)));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16), RoundHalfAway(_mm512_mul_ps(hi, vid)));
+    }
+  }();
+}
+
+namespace {
 
 // Codes of blocks blk and blk + block_bytes as one 64-byte vector.
 template <Fmt F>
@@ -518,6 +559,11 @@ void MatMulRowsInt8(const Matrix& W, const Int8Rows& X, float* Y, int64_t ldy, i
 #else  // no x86: the route is never supported, so these are never called
 
 bool CpuHasVnni() { return false; }
+}  // namespace
+void QuantizeBlocksQ8(const float* x, int64_t nb, int8_t* q, float* d) {
+  for (int64_t b = 0; b < nb; ++b) d[b] = QuantizeBlockQ8(x + b * kQK, q + b * kQK);
+}
+namespace {
 void MatMulRowsInt8(const Matrix&, const Int8Rows&, float*, int64_t, int64_t, int64_t) {
   LUMEN_CHECK(false);
 }

@@ -37,6 +37,10 @@ inline bool UsesInt8Route(const Matrix& W, int64_t M) {
   return RouteHasInt8(W.route) && M <= kInt8MaxRows && Int8RouteSupports(W);
 }
 
+// q[32 b + j], d[b] = QuantizeBlockQ8 (core/quant.h) of each of the nb
+// 32-element blocks of x: the same bits, vectorized on AVX-512 CPUs.
+void QuantizeBlocksQ8(const float* x, int64_t nb, int8_t* q, float* d);
+
 // Y[M, N] = X[M, K] * W^T through the int8 route; requires Int8RouteSupports(W).
 void MatMulInt8(const Matrix& W, const float* X, int64_t M, int64_t ldx, float* Y, int64_t ldy,
                 ThreadPool* pool);

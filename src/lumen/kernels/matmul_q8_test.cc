@@ -15,6 +15,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -52,6 +54,34 @@ std::vector<float> RandomX(int64_t M, int64_t K, std::mt19937& rng) {
   for (auto& v : x) v = nd(rng);
   for (int64_t i = 0; i < M * K; i += 97) x[i] *= 40.0f;  // activation outliers
   return x;
+}
+
+TEST(QuantizeBlocksQ8, SameBitsAsTheScalarBlockQuantizer) {
+  std::mt19937 rng(17);
+  constexpr int64_t nb = 40;
+  std::vector<float> x = RandomX(1, nb * kQK, rng);
+  // Block 0: exact ties at every half step (amax 127 * 0.25: d = 0.25).
+  for (int j = 0; j < kQK; ++j) x[j] = 0.25f * (static_cast<float>(j) - 16.0f + 0.5f);
+  x[31] = 31.75f;
+  // Block 1: zeros (d = 0); block 2: a NaN; block 3: an inf; block 4: tiny values.
+  for (int j = 0; j < kQK; ++j) x[kQK + j] = 0.0f;
+  x[2 * kQK + 5] = std::nanf("");
+  x[3 * kQK + 9] = -std::numeric_limits<float>::infinity();
+  for (int j = 0; j < kQK; ++j) x[4 * kQK + j] = 1e-30f * static_cast<float>(j - 16);
+  std::vector<int8_t> q(nb * kQK), want(nb * kQK);
+  std::vector<float> d(nb), want_d(nb);
+  QuantizeBlocksQ8(x.data(), nb, q.data(), d.data());
+  for (int64_t b = 0; b < nb; ++b)
+    want_d[b] = QuantizeBlockQ8(x.data() + b * kQK, want.data() + b * kQK);
+  EXPECT_EQ(q, want);
+  for (int64_t b = 0; b < nb; ++b)
+    EXPECT_EQ(0, std::memcmp(&d[b], &want_d[b], sizeof(float))) << "block " << b;
+  // Ties go away from zero: -15.5 -> -16, -14.5 -> -15, 0.5 -> 1; amax -> 127.
+  EXPECT_EQ(d[0], 0.25f);
+  EXPECT_EQ(q[0], -16);
+  EXPECT_EQ(q[1], -15);
+  EXPECT_EQ(q[16], 1);
+  EXPECT_EQ(q[31], 127);
 }
 
 #define SKIP_WITHOUT_VNNI(W)                         \

@@ -38,7 +38,8 @@ void AttendOne(const float* q, const AttentionShape& s, const KvRing& kv, int64_
 // The same for kv heads [kv_head_begin, kv_head_end) only (and their groups
 // of q heads): lets a caller split one token's attention across threads
 // (decode has one row, so splitting rows leaves all but one thread idle).
-// Each call needs its own scratch of (pos_end - pos_begin) * (H / Hkv + 1) floats.
+// Each call needs its own scratch of (pos_end - pos_begin) * ((kv_head_end - kv_head_begin)
+// * H / Hkv + 1) floats.
 void AttendHeads(const float* q, const AttentionShape& s, const KvRing& kv, int64_t pos_begin,
                  int64_t pos_end, float* out, float* scratch, int kv_head_begin, int kv_head_end);
 

@@ -140,15 +140,20 @@ void Forward::AttentionBlock(int l, std::span<const BatchRow> rows) {
   } else {
     // Decode has fewer rows than threads: split each row's kv heads instead.
     const int64_t Hkv = c_.n_kv_heads;
+    // A thread's heads of one row go in one call: its blocked passes then read
+    // all of them per cache row (adjacent in the row) instead of one head's
+    // 2 * Dh bytes of every row per pass.
     pool_->ParallelFor(T * Hkv, [&](int64_t b, int64_t e, int thread) {
       float* scratch = a_.attn_scratch.as<float>() + thread * a_.attn_scratch_per_thread;
-      for (int64_t u = b; u < e; ++u) {
+      for (int64_t u = b; u < e;) {
         const int64_t t = u / Hkv;
-        const int h = static_cast<int>(u % Hkv);
+        const int64_t u_end = std::min(e, (t + 1) * Hkv);
         const int64_t p = rows[t].pos;
         const int64_t begin = window > 0 ? std::max<int64_t>(0, p - window + 1) : 0;
         kernels::AttendHeads(qkv + t * QKV, shape, rows[t].cache->layer(l), begin, p + 1,
-                             att + t * Q, scratch, h, h + 1);
+                             att + t * Q, scratch, static_cast<int>(u % Hkv),
+                             static_cast<int>(u_end - t * Hkv));
+        u = u_end;
       }
     });
   }

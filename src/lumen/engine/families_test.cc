@@ -22,6 +22,7 @@
 #include <filesystem>
 #include <fstream>
 #include <numeric>
+#include <random>
 
 #include <unistd.h>
 
@@ -31,6 +32,7 @@
 #include "lumen/engine/model.h"
 #include "lumen/engine/session.h"
 #include "lumen/engine/synth.h"
+#include "lumen/kernels/attention.h"
 #include "lumen/kernels/rope.h"
 #include "lumen/model/forward.h"
 #include "lumen/model/test_util.h"
@@ -440,6 +442,39 @@ TEST_F(QuantTypes, QuantizedMatchesDequantized) {
     EXPECT_GT(MaxAbsDiff(lq, base), 0.0) << Name(qc.type);
     std::printf("%-5s max|q - deq| = %.3g (max|logit| %.3g), max|q - f32 original| = %.3g\n",
                 std::string(Name(qc.type)).c_str(), diff, scale, MaxAbsDiff(lq, base));
+  }
+}
+
+// Past kSplitAttention (1024) visible positions a decode row's attention is
+// split across threads by position: decoding there with 2 threads must give
+// what one thread (the whole-row kernel) gives, up to f32 summation order.
+TEST_F(QuantTypes, LongContextDecodeSplitsAttentionByPosition) {
+  const std::string path = (*dir_ / "f32.gguf").string();
+  auto two = MustLoad(path);
+  LoadOptions lo;
+  lo.threads = 1;
+  auto one = Model::Load(path, lo);
+  ASSERT_TRUE(two && one.ok());
+  const model::ModelConfig& c = two->config();
+  const kernels::AttentionShape shape{c.n_heads, c.n_kv_heads, c.head_dim, 1.0f, 0.0f};
+  ASSERT_TRUE(kernels::AttendSplitSupported(shape, DType::kF16));  // the route below runs
+  std::mt19937 rng(3);
+  std::vector<int32_t> ids(1100);
+  for (auto& t : ids) t = static_cast<int32_t>(rng() % c.vocab_size);
+  SessionOptions so;
+  so.ctx = 1200;
+  auto a = Session::Create(*two, so);
+  auto b = Session::Create(**one, so);
+  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_TRUE((*a)->Append(ids).ok());
+  ASSERT_TRUE((*b)->Append(ids).ok());
+  for (int step = 0; step < 3; ++step) {
+    const std::span<const float> la = (*a)->logits(), lb = (*b)->logits();
+    const std::vector<float> va(la.begin(), la.end()), vb(lb.begin(), lb.end());
+    EXPECT_LE(MaxAbsDiff(va, vb), 1e-4 * MaxAbs(vb)) << "step " << step;
+    const int32_t next = Argmax(lb);
+    ASSERT_TRUE((*a)->Append(std::span(&next, 1)).ok());
+    ASSERT_TRUE((*b)->Append(std::span(&next, 1)).ok());
   }
 }
 

@@ -343,7 +343,100 @@ bool AttendGroups(int G, const float* q, const AttentionShape& s, const KvRing& 
   }
 }
 
+// The position-split phases (attention.h): scores[H, S] shared by the callers.
+template <DType T, int G>
+void SplitScores(const float* q, const AttentionShape& s, const KvRing& kv, int64_t pos_begin,
+                 int64_t S, int64_t j0, int64_t j1, float* scores) {
+  const int64_t first = pos_begin % kv.capacity;
+  for (int64_t b = j0; b < j1; b += kBlock) {
+    const int64_t e = std::min(j1, b + kBlock);
+    for (int g = 0; g < s.n_kv_heads; ++g)
+      ScoreBlock<T, G>(q, s, kv, first, b, e, S, g, scores + int64_t(g) * G * S);
+  }
+}
+
+template <DType T, int G>
+void SplitValues(const AttentionShape& s, const KvRing& kv, int64_t pos_begin, int64_t S,
+                 int64_t j0, int64_t j1, const float* probs, float* out) {
+  const int64_t first = pos_begin % kv.capacity;
+  std::fill(out, out + int64_t(s.n_heads) * s.head_dim, 0.0f);
+  for (int64_t b = j0; b < j1; b += kBlock) {
+    const int64_t e = std::min(j1, b + kBlock);
+    for (int g = 0; g < s.n_kv_heads; ++g)
+      ValueBlock<T, G>(s, kv, first, b, e, S, g, probs + int64_t(g) * G * S, out);
+  }
+}
+
+// Calls f.template operator()<T, G>() for the shape's KV type and group size
+// when the vector kernels cover them; false otherwise.
+template <class F>
+bool ForSplitShape(const AttentionShape& s, DType t, const F& f) {
+  if (s.head_dim % static_cast<int>(hn::Lanes(DF())) != 0) return false;
+  auto by_group = [&]<DType T>() {
+    switch (s.n_heads / s.n_kv_heads) {
+      case 1:
+        f.template operator()<T, 1>();
+        return true;
+      case 2:
+        f.template operator()<T, 2>();
+        return true;
+      case 4:
+        f.template operator()<T, 4>();
+        return true;
+      case 8:
+        f.template operator()<T, 8>();
+        return true;
+      default:
+        return false;
+    }
+  };
+  switch (t) {
+    case DType::kF16:
+      return by_group.template operator()<DType::kF16>();
+    case DType::kBF16:
+      return by_group.template operator()<DType::kBF16>();
+    case DType::kF32:
+      return by_group.template operator()<DType::kF32>();
+    case DType::kQ8_0:
+      return by_group.template operator()<DType::kQ8_0>();
+    default:
+      return false;
+  }
+}
+
 }  // namespace
+
+bool AttendSplitSupportedT(const AttentionShape& s, DType t) {
+  return ForSplitShape(s, t, []<DType, int>() {});
+}
+
+void AttendScoresT(const float* q, const AttentionShape& s, const KvRing& kv, int64_t pos_begin,
+                   int64_t pos_end, int64_t j0, int64_t j1, float* scores) {
+  const bool ok = ForSplitShape(s, kv.dtype, [&]<DType T, int G>() {
+    SplitScores<T, G>(q, s, kv, pos_begin, pos_end - pos_begin, j0, j1, scores);
+  });
+  LUMEN_CHECK(ok);
+}
+
+void AttendSoftmaxT(int64_t S, float* scores, int h0, int h1) {
+  const DF d;
+  const int64_t N = hn::Lanes(d);
+  for (int h = h0; h < h1; ++h) {
+    float* sh = scores + int64_t(h) * S;
+    const auto vi = hn::Set(d, SoftmaxNumerators(sh, S));
+    int64_t j = 0;
+    for (; j + N <= S; j += N) hn::StoreU(hn::Mul(hn::LoadU(d, sh + j), vi), d, sh + j);
+    for (; j < S; ++j) sh[j] *= hn::GetLane(vi);
+  }
+}
+
+void AttendValuesT(const AttentionShape& s, const KvRing& kv, int64_t pos_begin, int64_t pos_end,
+                   int64_t j0, int64_t j1, const float* probs, float* out) {
+  const bool ok = ForSplitShape(s, kv.dtype, [&]<DType T, int G>() {
+    SplitValues<T, G>(s, kv, pos_begin, pos_end - pos_begin, j0, j1, probs, out);
+  });
+  LUMEN_CHECK(ok);
+}
 
 // Returns false when this target has no vector route for the shape (the
 // caller then runs the scalar loop).
@@ -481,6 +574,26 @@ void AttendScalar(const float* q, const AttentionShape& s, const KvRing& kv, int
 }  // namespace
 
 HWY_EXPORT(AttendHeadsT);
+HWY_EXPORT(AttendSplitSupportedT);
+HWY_EXPORT(AttendScoresT);
+HWY_EXPORT(AttendSoftmaxT);
+HWY_EXPORT(AttendValuesT);
+
+bool AttendSplitSupported(const AttentionShape& s, DType kv) {
+  return HWY_DYNAMIC_DISPATCH(AttendSplitSupportedT)(s, kv);
+}
+void AttendScores(const float* q, const AttentionShape& s, const KvRing& kv, int64_t pos_begin,
+                  int64_t pos_end, int64_t j0, int64_t j1, float* scores) {
+  LUMEN_DCHECK(pos_end > pos_begin && pos_end - pos_begin <= kv.capacity);
+  HWY_DYNAMIC_DISPATCH(AttendScoresT)(q, s, kv, pos_begin, pos_end, j0, j1, scores);
+}
+void AttendSoftmax(int64_t S, float* scores, int h0, int h1) {
+  HWY_DYNAMIC_DISPATCH(AttendSoftmaxT)(S, scores, h0, h1);
+}
+void AttendValues(const AttentionShape& s, const KvRing& kv, int64_t pos_begin, int64_t pos_end,
+                  int64_t j0, int64_t j1, const float* probs, float* out) {
+  HWY_DYNAMIC_DISPATCH(AttendValuesT)(s, kv, pos_begin, pos_end, j0, j1, probs, out);
+}
 
 void StoreKv(const KvRing& kv, int64_t row_elems, int64_t pos, const float* k, const float* v) {
   const int64_t slot = pos % kv.capacity;

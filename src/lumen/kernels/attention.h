@@ -43,6 +43,25 @@ void AttendOne(const float* q, const AttentionShape& s, const KvRing& kv, int64_
 void AttendHeads(const float* q, const AttentionShape& s, const KvRing& kv, int64_t pos_begin,
                  int64_t pos_end, float* out, float* scratch, int kv_head_begin, int kv_head_end);
 
+// The same attention split by position instead (one query, several threads:
+// each streams a contiguous range of every kv head's K and V rows, where a
+// split by head reads a few heads' slices of every row). With S = pos_end -
+// pos_begin and scores[H, S] shared by the callers, in three phases:
+//   AttendScores for disjoint position ranges [j0, j1) covering [0, S);
+//   AttendSoftmax for disjoint q-head ranges covering [0, H) (scores become
+//     probabilities);
+//   AttendValues for disjoint position ranges, each into its own out[H, Dh]
+//     (overwritten).
+// The sum of the AttendValues outputs is AttendOne's out (tier L2, same bound).
+// AttendSplitSupported says whether this CPU's kernels cover the shape and KV
+// type (else use AttendHeads); the other three require it.
+bool AttendSplitSupported(const AttentionShape& s, DType kv);
+void AttendScores(const float* q, const AttentionShape& s, const KvRing& kv, int64_t pos_begin,
+                  int64_t pos_end, int64_t j0, int64_t j1, float* scores);
+void AttendSoftmax(int64_t S, float* scores, int h0, int h1);
+void AttendValues(const AttentionShape& s, const KvRing& kv, int64_t pos_begin, int64_t pos_end,
+                  int64_t j0, int64_t j1, const float* probs, float* out);
+
 // Stores a key/value row (f32 in) at position pos of the ring.
 void StoreKv(const KvRing& kv, int64_t row_elems, int64_t pos, const float* k, const float* v);
 

@@ -14,6 +14,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <vector>
@@ -35,7 +36,9 @@ struct Case {
   float softcap;
 };
 
-void Check(const Case& c, std::mt19937& rng, const std::string& what) {
+// split: run the position-split phases (three position ranges, two head
+// ranges) and sum their outputs instead of AttendOne.
+void Check(const Case& c, std::mt19937& rng, const std::string& what, bool split = false) {
   const int64_t row = int64_t(c.Hkv) * c.Dh, S = c.end - c.begin;
   const size_t row_bytes = *RowBytes(c.dtype, row);
   std::vector<uint8_t> kb(c.capacity * row_bytes), vb(c.capacity * row_bytes);
@@ -51,7 +54,24 @@ void Check(const Case& c, std::mt19937& rng, const std::string& what) {
   for (auto& x : q) x = 2.0f * ud(rng);
   const AttentionShape shape{c.H, c.Hkv, c.Dh, 1.0f / std::sqrt(float(c.Dh)), c.softcap};
   std::vector<float> scratch(S * (c.H + 1) + 2 * row);
-  AttendOne(q.data(), shape, kv, c.begin, c.end, out.data(), scratch.data());
+  if (!split) {
+    AttendOne(q.data(), shape, kv, c.begin, c.end, out.data(), scratch.data());
+  } else {
+    if (!AttendSplitSupported(shape, c.dtype)) return;  // AttendHeads serves such shapes
+    std::vector<float> scores(S * c.H), part(q.size());
+    const int64_t cuts[] = {0, S / 3, S / 2 + 1, S};
+    for (int i = 0; i < 3; ++i)
+      if (cuts[i] < cuts[i + 1])
+        AttendScores(q.data(), shape, kv, c.begin, c.end, cuts[i], cuts[i + 1], scores.data());
+    AttendSoftmax(S, scores.data(), 0, 1);
+    AttendSoftmax(S, scores.data(), 1, c.H);
+    std::fill(out.begin(), out.end(), 0.0f);
+    for (int i = 0; i < 3; ++i) {
+      if (cuts[i] == cuts[i + 1]) continue;
+      AttendValues(shape, kv, c.begin, c.end, cuts[i], cuts[i + 1], scores.data(), part.data());
+      for (size_t e = 0; e < out.size(); ++e) out[e] += part[e];
+    }
+  }
   AttendOneRef(q.data(), shape, kv, c.begin, c.end, ref.data());
 
   const int group = c.H / c.Hkv;
@@ -89,9 +109,8 @@ void Check(const Case& c, std::mt19937& rng, const std::string& what) {
   }
 }
 
-TEST(AttentionTest, EveryTargetWithinBound) {
-  std::mt19937 rng(5);
-  const std::vector<Case> cases = {
+const std::vector<Case>& Cases() {
+  static const std::vector<Case> cases = {
       {DType::kF16, 32, 8, 64, 600, 0, 513, 0.0f},  // llama-3.2-1b decode
       {DType::kF16, 8, 8, 128, 64, 40, 104, 0.0f},  // ring wrap, MHA, Dh 128
       {DType::kBF16, 4, 2, 64, 100, 3, 60, 0.0f},
@@ -99,19 +118,42 @@ TEST(AttentionTest, EveryTargetWithinBound) {
       {DType::kF16, 8, 4, 256, 40, 10, 45, 50.0f},  // gemma-style softcap, Dh 256
       {DType::kF16, 4, 1, 24, 30, 0, 29, 0.0f},     // Dh 24: scalar on 16-lane targets
       {DType::kF32, 2, 1, 8, 20, 0, 17, 30.0f},
-      {DType::kF16, 6, 2, 64, 70, 0, 70, 0.0f},        // group 3: per-head route
-      {DType::kBF16, 16, 2, 64, 300, 100, 390, 0.0f},  // group 8, ring wrap
-      {DType::kQ8_0, 32, 8, 64, 600, 0, 513, 0.0f},    // 8-bit KV, llama-3.2-1b decode
-      {DType::kQ8_0, 6, 2, 128, 90, 30, 120, 0.0f},    // 8-bit KV, group 3, Dh 128, wrap
-      {DType::kQ8_0, 8, 4, 256, 40, 10, 45, 50.0f},    // 8-bit KV, softcap, Dh 256
-      {DType::kQ8_0, 2, 1, 32, 20, 0, 17, 0.0f},       // 8-bit KV, one block per head
+      {DType::kF16, 6, 2, 64, 70, 0, 70, 0.0f},          // group 3: per-head route
+      {DType::kBF16, 16, 2, 64, 300, 100, 390, 0.0f},    // group 8, ring wrap
+      {DType::kQ8_0, 32, 8, 64, 600, 0, 513, 0.0f},      // 8-bit KV, llama-3.2-1b decode
+      {DType::kQ8_0, 6, 2, 128, 90, 30, 120, 0.0f},      // 8-bit KV, group 3, Dh 128, wrap
+      {DType::kQ8_0, 8, 4, 256, 40, 10, 45, 50.0f},      // 8-bit KV, softcap, Dh 256
+      {DType::kQ8_0, 2, 1, 32, 20, 0, 17, 0.0f},         // 8-bit KV, one block per head
+      {DType::kF16, 32, 8, 64, 4096, 1000, 4096, 0.0f},  // many 64-position blocks
   };
+  return cases;
+}
+
+TEST(AttentionTest, EveryTargetWithinBound) {
+  std::mt19937 rng(5);
   for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
     hwy::SetSupportedTargetsForTest(target);
-    for (size_t i = 0; i < cases.size(); ++i)
-      Check(cases[i], rng, std::string(hwy::TargetName(target)) + " case " + std::to_string(i));
+    for (size_t i = 0; i < Cases().size(); ++i)
+      Check(Cases()[i], rng, std::string(hwy::TargetName(target)) + " case " + std::to_string(i));
   }
   hwy::SetSupportedTargetsForTest(0);
+}
+
+TEST(AttentionTest, PositionSplitWithinBound) {
+  std::mt19937 rng(6);
+  int ran = 0;
+  for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    hwy::SetSupportedTargetsForTest(target);
+    for (size_t i = 0; i < Cases().size(); ++i) {
+      const Case& c = Cases()[i];
+      const AttentionShape shape{c.H, c.Hkv, c.Dh, 1.0f, c.softcap};
+      ran += AttendSplitSupported(shape, c.dtype);
+      Check(c, rng, std::string(hwy::TargetName(target)) + " split, case " + std::to_string(i),
+            /*split=*/true);
+    }
+  }
+  hwy::SetSupportedTargetsForTest(0);
+  EXPECT_GT(ran, 8);  // the vector shapes (all but Dh 24 / group 3) took the split route
 }
 
 TEST(AttentionTest, HeadSplitEqualsWhole) {

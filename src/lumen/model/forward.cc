@@ -17,6 +17,10 @@ using kernels::MatMul;
 // decode step's 8k elements take a few microseconds, about what a hand-off costs.
 constexpr int64_t kParallelActivation = 16384;
 
+// From this many visible positions a decode row's attention is split across
+// threads by position (each streams whole KV rows) instead of by kv head.
+constexpr int64_t kSplitAttention = 1024;
+
 Activations::Activations(const ModelConfig& c, int threads)
     : x(kMaxChunk * c.dim * sizeof(float)),
       xn(kMaxChunk * c.dim * sizeof(float)),
@@ -28,6 +32,7 @@ Activations::Activations(const ModelConfig& c, int threads)
   const int64_t S = c.max_ctx;  // longest visible range
   attn_scratch_per_thread = S * (c.n_heads + 1) + 2 * c.kv_dim();
   attn_scratch = AlignedBuffer(size_t(threads) * attn_scratch_per_thread * sizeof(float));
+  attn_parts = AlignedBuffer(size_t(threads) * c.q_dim() * sizeof(float));
 }
 
 float EmbedScale(const ModelConfig& c, const Weights& w) {
@@ -137,6 +142,42 @@ void Forward::AttentionBlock(int l, std::span<const BatchRow> rows) {
       pool_->ParallelFor(T, attend);
     else
       attend(0, T, 0);
+  } else if (max_pos + 1 >= kSplitAttention &&
+             std::all_of(rows.begin(), rows.end(), [&](const BatchRow& r) {
+               return kernels::AttendSplitSupported(shape, r.cache->layer(l).dtype);
+             })) {
+    // Decode with a long context: split each row's positions (three passes).
+    // scores [H, S] live in thread 0's scratch; each thread sums its positions'
+    // values into its own part, and the parts add up to the output.
+    float* scores = a_.attn_scratch.as<float>();
+    float* parts = a_.attn_parts.as<float>();
+    for (int64_t t = 0; t < T; ++t) {
+      const kernels::KvRing& kv = rows[t].cache->layer(l);
+      const int64_t p = rows[t].pos;
+      const int64_t begin = window > 0 ? std::max<int64_t>(0, p - window + 1) : 0,
+                    S = p + 1 - begin;
+      const float* q = qkv + t * QKV;
+      std::fill(parts, parts + int64_t(threads) * Q, 0.0f);
+      pool_->ParallelFor(
+          S,
+          [&](int64_t b, int64_t e, int) {
+            kernels::AttendScores(q, shape, kv, begin, p + 1, b, e, scores);
+          },
+          64);
+      pool_->ParallelFor(c_.n_heads, [&](int64_t b, int64_t e, int) {
+        kernels::AttendSoftmax(S, scores, static_cast<int>(b), static_cast<int>(e));
+      });
+      pool_->ParallelFor(
+          S,
+          [&](int64_t b, int64_t e, int thread) {
+            kernels::AttendValues(shape, kv, begin, p + 1, b, e, scores, parts + thread * Q);
+          },
+          64);
+      float* o = att + t * Q;
+      std::copy(parts, parts + Q, o);
+      for (int i = 1; i < threads; ++i)
+        for (int64_t k = 0; k < Q; ++k) o[k] += parts[i * Q + k];
+    }
   } else {
     // Decode has fewer rows than threads: split each row's kv heads instead.
     const int64_t Hkv = c_.n_kv_heads;

@@ -33,6 +33,7 @@ struct Activations {
   AlignedBuffer up;            // [T, F]
   AlignedBuffer attn_scratch;  // per thread: see kernels::AttendOne
   int64_t attn_scratch_per_thread = 0;
+  AlignedBuffer attn_parts;  // [threads, H*Dh]: position-split attention's partial outputs
 };
 
 enum class LogitsFor { kLast, kAll };

@@ -1,6 +1,8 @@
 // Kernel micro-benchmarks (issue 5): quantized matvec (decode) and matmul
-// (prefill) per weight type with bytes/s and FLOP/s counters, attention over
-// an f16 KV ring at context 512/4k/16k, RMSNorm and RoPE. Shapes are
+// (prefill; exact, int8 and bf16 routes) per weight type with bytes/s and
+// FLOP/s counters, attention over an f16 KV ring at context 512/4k/16k (one
+// thread, and two threads split by kv head or by position), the gated FFN
+// activations, RMSNorm and RoPE. Shapes are
 // Llama-3.2-1B's (D 2048, F 8192, 32 heads, 8 kv heads, head dim 64).
 //
 // Matvec weights total >= 256 MiB of f16 (several copies of a quantized
@@ -16,6 +18,7 @@
 #include "lumen/core/buffer.h"
 #include "lumen/core/quant.h"
 #include "lumen/core/thread_pool.h"
+#include "lumen/kernels/activation.h"
 #include "lumen/kernels/attention.h"
 #include "lumen/kernels/matmul.h"
 #include "lumen/kernels/norm.h"
@@ -126,9 +129,10 @@ void BM_MatMul(benchmark::State& state) {
   const int64_t M = state.range(1);
   const int threads = static_cast<int>(state.range(2));
   const int64_t K = state.range(3), N = 2048;
-  const bool int8 = state.range(4) == 1;
+  const int route = static_cast<int>(state.range(4));  // 0 exact, 1 int8, 2 bf16
   auto w = MakeWeight(type, N, K);
-  if (int8) w->m.route = ActRoute::kInt8;
+  if (route == 1) w->m.route = ActRoute::kInt8;
+  if (route == 2) w->m.route = ActRoute::kBf16;
   std::vector<float> x(M * K), y(M * N);
   std::mt19937 rng(2);
   for (auto& v : x) v = std::uniform_real_distribution<float>(-1, 1)(rng);
@@ -137,7 +141,7 @@ void BM_MatMul(benchmark::State& state) {
     MatMul(w->m, x.data(), M, K, y.data(), N, &pool);
     benchmark::DoNotOptimize(y.data());
   }
-  state.SetLabel(std::string(TypeName(type)) + (int8 ? " int8" : ""));
+  state.SetLabel(std::string(TypeName(type)) + (route == 1 ? " int8" : route == 2 ? " bf16" : ""));
   state.counters["FLOP/s"] =
       benchmark::Counter(2.0 * M * N * K * state.iterations(), benchmark::Counter::kIsRate);
   state.counters["bytes/s"] =
@@ -147,6 +151,23 @@ BENCHMARK(BM_MatMul)
     ->ArgsProduct({{0, 1, 2, 3, 4, 5, 6, 7}, {4, 256}, {1, 2}, {2048, 8192}, {0}})
     ->UseRealTime();
 BENCHMARK(BM_MatMul)->ArgsProduct({{3, 4}, {4, 8}, {1, 2}, {2048, 8192}, {1}})->UseRealTime();
+// The bf16 prefill route (matmul_bf16.h) beside the exact M=256 rows above.
+BENCHMARK(BM_MatMul)
+    ->ArgsProduct({{0, 1, 2, 3, 4, 5, 6, 7}, {256}, {1, 2}, {2048}, {2}})
+    ->UseRealTime();
+
+// Every row of the ring and the query ~ U(-1, 1).
+void FillRandom(const KvRing& ring, int64_t row, std::vector<float>& q) {
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> ud(-1, 1);
+  std::vector<float> kr(row), vr(row);
+  for (int64_t p = 0; p < ring.capacity; ++p) {
+    for (auto& f : kr) f = ud(rng);
+    for (auto& f : vr) f = ud(rng);
+    StoreKv(ring, row, p, kr.data(), vr.data());
+  }
+  for (auto& f : q) f = ud(rng);
+}
 
 // One decode token's attention for one layer at context S (f16 KV).
 void BM_Attention(benchmark::State& state) {
@@ -154,15 +175,9 @@ void BM_Attention(benchmark::State& state) {
   const int H = 32, Hkv = 8, Dh = 64;
   const int64_t row = int64_t(Hkv) * Dh;
   AlignedBuffer k(S * row * 2), v(S * row * 2);
-  std::mt19937 rng(3);
-  std::vector<float> kr(row), vr(row), q(H * Dh), out(H * Dh);
-  KvRing ring{DType::kF16, k.data(), v.data(), S};
-  for (int64_t p = 0; p < S; ++p) {
-    for (auto& f : kr) f = std::uniform_real_distribution<float>(-1, 1)(rng);
-    for (auto& f : vr) f = std::uniform_real_distribution<float>(-1, 1)(rng);
-    StoreKv(ring, row, p, kr.data(), vr.data());
-  }
-  for (auto& f : q) f = std::uniform_real_distribution<float>(-1, 1)(rng);
+  const KvRing ring{DType::kF16, k.data(), v.data(), S};
+  std::vector<float> q(H * Dh), out(H * Dh);
+  FillRandom(ring, row, q);
   std::vector<float> scratch(S * (H + 1) + 2 * row);
   const AttentionShape shape{H, Hkv, Dh, 0.125f, 0.0f};
   for (auto _ : state) {
@@ -175,6 +190,73 @@ void BM_Attention(benchmark::State& state) {
       benchmark::Counter(4.0 * S * H * Dh * state.iterations(), benchmark::Counter::kIsRate);
 }
 BENCHMARK(BM_Attention)->Arg(512)->Arg(4096)->Arg(16384)->UseRealTime();
+
+// The same token's attention for all 32 heads on a 2-thread pool, as the
+// forward runs it at decode: range(1) == 0 splits the 8 kv heads (AttendHeads),
+// 1 splits the positions (AttendScores / AttendSoftmax / AttendValues).
+void BM_AttentionThreads(benchmark::State& state) {
+  const int64_t S = state.range(0);
+  const bool by_position = state.range(1) == 1;
+  const int H = 32, Hkv = 8, Dh = 64;
+  const int64_t row = int64_t(Hkv) * Dh;
+  AlignedBuffer k(S * row * 2), v(S * row * 2);
+  const KvRing ring{DType::kF16, k.data(), v.data(), S};
+  std::vector<float> q(H * Dh), out(H * Dh), parts(2 * H * Dh);
+  FillRandom(ring, row, q);
+  std::vector<float> scratch(2 * (S * (H + 1) + 2 * row));
+  const AttentionShape shape{H, Hkv, Dh, 0.125f, 0.0f};
+  ThreadPool pool(2);
+  for (auto _ : state) {
+    if (by_position) {
+      pool.ParallelFor(
+          S,
+          [&](int64_t b, int64_t e, int) {
+            AttendScores(q.data(), shape, ring, 0, S, b, e, scratch.data());
+          },
+          64);
+      pool.ParallelFor(H, [&](int64_t b, int64_t e, int) {
+        AttendSoftmax(S, scratch.data(), static_cast<int>(b), static_cast<int>(e));
+      });
+      pool.ParallelFor(
+          S,
+          [&](int64_t b, int64_t e, int t) {
+            AttendValues(shape, ring, 0, S, b, e, scratch.data(), parts.data() + t * H * Dh);
+          },
+          64);
+      for (int i = 0; i < H * Dh; ++i) out[i] = parts[i] + parts[H * Dh + i];
+    } else {
+      pool.ParallelFor(Hkv, [&](int64_t b, int64_t e, int t) {
+        AttendHeads(q.data(), shape, ring, 0, S, out.data(),
+                    scratch.data() + t * (S * (H + 1) + 2 * row), static_cast<int>(b),
+                    static_cast<int>(e));
+      });
+    }
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.SetLabel(by_position ? "split by position" : "split by kv head");
+  state.counters["bytes/s"] =
+      benchmark::Counter(2.0 * S * row * 2 * state.iterations(), benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_AttentionThreads)->ArgsProduct({{4096, 8192, 16384}, {0, 1}})->UseRealTime();
+
+// The gated FFN activation over one 128-token chunk of Llama-3.2-1B (F 8192).
+void BM_GatedActivation(benchmark::State& state) {
+  const Activation act = state.range(0) == 0 ? Activation::kSilu : Activation::kGeluTanh;
+  const int64_t n = 128 * 8192;
+  std::vector<float> g(n), u(n, 1.0f);
+  std::mt19937 rng(4);
+  for (auto& f : g) f = std::normal_distribution<float>(0, 2)(rng);
+  std::vector<float> work(n);
+  for (auto _ : state) {
+    std::memcpy(work.data(), g.data(), n * sizeof(float));
+    GatedActivation(act, work.data(), u.data(), n);
+    benchmark::DoNotOptimize(work.data());
+  }
+  state.SetLabel(state.range(0) == 0 ? "silu" : "gelu_tanh");
+  state.counters["elements/s"] =
+      benchmark::Counter(double(n) * state.iterations(), benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_GatedActivation)->Arg(0)->Arg(1);
 
 void BM_RmsNorm(benchmark::State& state) {
   const int64_t D = state.range(0);

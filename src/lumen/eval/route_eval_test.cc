@@ -1,8 +1,10 @@
 // RouteKl on the embedded stories260K (trained weights, so real activation
-// statistics): identical routes give KL 0 exactly; the int8-activation route on
-// Q8_0 and Q4_0 weights costs at most about what Q8_0 weight quantization
-// costs (int8 per 32-block is the same precision on the other operand); a
-// wrong kernel gives KL of order 1.
+// statistics): identical routes give KL 0 exactly; the int8-activation route
+// (decoded token by token) and the bf16 prefill route (one prefill per
+// sequence) on Q8_0 and Q4_0 weights each cost at most about what Q8_0 weight
+// quantization costs (int8 per 32-block is the same precision on the other
+// operand; bf16 rounds both operands to 8 significant bits); a wrong kernel
+// gives KL of order 1.
 #include "lumen/eval/route_eval.h"
 
 #include <gtest/gtest.h>

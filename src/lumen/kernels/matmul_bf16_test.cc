@@ -39,20 +39,12 @@ constexpr double kU = 1.0 / (1 << 24);
   GTEST_SKIP() << "no AVX512-BF16 on this CPU: the bf16 route falls back to exact " \
                   "(MatMulBf16.FallsBackToExactWithoutTheRoute covers that)"
 
-std::vector<float> RandomX(int64_t M, int64_t K, std::mt19937& rng) {
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  std::vector<float> x(M * K);
-  for (auto& v : x) v = nd(rng);
-  for (int64_t i = 0; i < M * K; i += 97) x[i] *= 40.0f;  // activation outliers
-  return x;
-}
-
 // Runs the route on the current target; checks every output against the
 // oracle bound and against the exact product's bound.
 void CheckOne(const Matrix& W, int64_t M, ThreadPool* pool, std::mt19937& rng,
               const std::string& what) {
   const int64_t N = W.n, K = W.k;
-  const std::vector<float> X = RandomX(M, K, rng);
+  const std::vector<float> X = RandomActivations(M, K, rng);
   const int64_t ldy = N + 3;  // strided Y
   std::vector<float> Y(M * ldy, -7.0f), Yref(M * N), Yexact(M * N);
   MatMul(W, X.data(), M, K, Y.data(), ldy, pool);
@@ -128,7 +120,7 @@ TEST(MatMulBf16, RouteSelectionAndThreads) {
   Spec s;
   s.dtype = DType::kQ4_0;
   OwnedMatrix o = Make(s, 133, 256, rng);
-  const std::vector<float> X = RandomX(16, 256, rng);
+  const std::vector<float> X = RandomActivations(16, 256, rng);
   ThreadPool pool(2);
   auto run = [&](ActRoute r, int64_t M, ThreadPool* p) {
     o.m.route = r;

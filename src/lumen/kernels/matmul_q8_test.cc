@@ -48,18 +48,10 @@ OwnedMatrix MakeInt8(DType t, int64_t N, int64_t K, std::mt19937& rng, int g = 6
   return o;
 }
 
-std::vector<float> RandomX(int64_t M, int64_t K, std::mt19937& rng) {
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  std::vector<float> x(M * K);
-  for (auto& v : x) v = nd(rng);
-  for (int64_t i = 0; i < M * K; i += 97) x[i] *= 40.0f;  // activation outliers
-  return x;
-}
-
 TEST(QuantizeBlocksQ8, SameBitsAsTheScalarBlockQuantizer) {
   std::mt19937 rng(17);
   constexpr int64_t nb = 40;
-  std::vector<float> x = RandomX(1, nb * kQK, rng);
+  std::vector<float> x = RandomActivations(1, nb * kQK, rng);
   // Block 0: exact ties at every half step (amax 127 * 0.25: d = 0.25).
   for (int j = 0; j < kQK; ++j) x[j] = 0.25f * (static_cast<float>(j) - 16.0f + 0.5f);
   x[31] = 31.75f;
@@ -132,7 +124,7 @@ TEST(MatMulInt8, MatchesOracleAndExactBound) {
         const int64_t N = 37;
         OwnedMatrix W = MakeInt8(t, N, K, rng, c.group, c.scale_type);
         SKIP_WITHOUT_VNNI(W.m);
-        const std::vector<float> X = RandomX(M, K, rng);
+        const std::vector<float> X = RandomActivations(M, K, rng);
         std::vector<float> Y(M * N, -7.0f), Yq(M * N), Ye(M * N);
         MatMul(W.m, X.data(), M, K, Y.data(), N, nullptr);
         std::vector<double> mag;
@@ -176,7 +168,7 @@ TEST(MatMulInt8, RouteSelection) {
   OwnedMatrix W = MakeInt8(DType::kQ4_0, 40, 256, rng);
   SKIP_WITHOUT_VNNI(W.m);
   const int64_t M = kInt8MaxRows + 1, N = 40, K = 256;
-  const std::vector<float> X = RandomX(M, K, rng);
+  const std::vector<float> X = RandomActivations(M, K, rng);
   // Above kInt8MaxRows rows the exact route runs: bit-identical to kExact.
   std::vector<float> a(M * N), b(M * N);
   MatMul(W.m, X.data(), M, K, a.data(), N, nullptr);
@@ -206,7 +198,7 @@ TEST(MatMulInt8, ManyAndThreadsAreBitIdentical) {
               f16 = MakeInt8(DType::kF16, 30, K, rng);
   // K-quants need K % 256 == 0: a second X for them below.
   SKIP_WITHOUT_VNNI(q4.m);
-  const std::vector<float> X = RandomX(M, K, rng);
+  const std::vector<float> X = RandomActivations(M, K, rng);
   ThreadPool pool(3);
   std::vector<float> y4(M * 70), y8(M * 50), y16(M * 30);
   MatMul(q4.m, X.data(), M, K, y4.data(), 70, nullptr);

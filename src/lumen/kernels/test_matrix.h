@@ -70,6 +70,16 @@ inline OwnedMatrix Make(const Spec& s, int64_t N, int64_t K, std::mt19937& rng) 
   return o;
 }
 
+// M x K activations ~ N(0, 1) with every 97th element scaled by 40 (the
+// outliers real activations have).
+inline std::vector<float> RandomActivations(int64_t M, int64_t K, std::mt19937& rng) {
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> x(M * K);
+  for (auto& v : x) v = nd(rng);
+  for (int64_t i = 0; i < M * K; i += 97) x[i] *= 40.0f;
+  return x;
+}
+
 // Every weight storage the kernels read: each GGUF dtype with a matmul path and
 // MLX affine 4/8-bit at groups 32/64/128; `block` is the K granularity.
 inline std::vector<Spec> AllSpecs() {

@@ -180,7 +180,7 @@ void ScoreRows(const float* q, const AttentionShape& s, const KvRing& kv, int64_
   const int Dh = s.head_dim, CH = KCH > 0 ? KCH : static_cast<int>(Dh / N);
   const int64_t row = int64_t(s.n_kv_heads) * Dh, off = int64_t(g) * Dh;
   const float* qg = q + int64_t(g) * G * Dh;
-  constexpr int kQ = KCH > 0 ? KCH : 1;
+  constexpr int kQ = std::max(KCH, 1);
   VF qv[G][kQ];
   if constexpr (KCH > 0)
     for (int h = 0; h < G; ++h)

@@ -77,7 +77,10 @@ Status Model::InitGguf(const LoadOptions& opts) {
   }
   LUMEN_ASSIGN_OR_RETURN(tokenize::Tokenizer tok, tokenize::Tokenizer::FromGguf(gg));
   tokenizer_.emplace(std::move(tok));
-  return Finish(opts);
+  LUMEN_RETURN_IF_ERROR(Finish(opts));
+  // Config and tokenizer are built: the metadata (vocabulary arrays) is not read again.
+  sources_->gguf->DropMetadata();
+  return Status::Ok();
 }
 
 Status Model::InitHf(const LoadOptions& opts) {

@@ -470,6 +470,11 @@ const GgufTensorInfo* GgufFile::FindTensor(const std::string& name) const {
   return it == tensor_index_.end() ? nullptr : &tensors_[it->second];
 }
 
+void GgufFile::DropMetadata() {
+  std::vector<std::pair<std::string, GgufValue>>().swap(kv_);
+  kv_index_.clear();
+}
+
 Result<int64_t> GgufFile::GetInt(const std::string& key) const {
   const GgufValue* v = Find(key);
   if (!v) return Errorf("{}: key '{}': missing", path_, key);

@@ -94,6 +94,12 @@ class GgufFile {
   const std::vector<GgufTensorInfo>& tensors() const { return tensors_; }
   const GgufTensorInfo* FindTensor(const std::string& name) const;
 
+  // Frees the parsed metadata (afterwards metadata() is empty and Find finds
+  // nothing); tensors and the mapping stay. A loaded model keeps the file open
+  // for its tensors only, and a 128k vocabulary's token and merge arrays are
+  // tens of MB of heap once the tokenizer has been built from them.
+  void DropMetadata();
+
  private:
   // Validates and indexes `bytes` (the whole file) into *this.
   Status Parse(const uint8_t* bytes, size_t size);

@@ -21,17 +21,16 @@ constexpr int64_t kParallelActivation = 16384;
 // threads by position (each streams whole KV rows) instead of by kv head.
 constexpr int64_t kSplitAttention = 1024;
 
-Activations::Activations(const ModelConfig& c, int threads)
+Activations::Activations(const ModelConfig& c, int threads, bool fused_gate_up)
     : x(kMaxChunk * c.dim * sizeof(float)),
       xn(kMaxChunk * c.dim * sizeof(float)),
       qkv(kMaxChunk * (c.q_dim() + 2 * c.kv_dim()) * sizeof(float)),
       att(kMaxChunk * c.q_dim() * sizeof(float)),
       tmp(kMaxChunk * c.dim * sizeof(float)),
-      gate(kMaxChunk * 2 * int64_t(c.ffn_dim) * sizeof(float)),
+      gate(kMaxChunk * (fused_gate_up ? 2 : 1) * int64_t(c.ffn_dim) * sizeof(float)),
       up(kMaxChunk * int64_t(c.ffn_dim) * sizeof(float)) {
-  const int64_t S = c.max_ctx;  // longest visible range
-  attn_scratch_per_thread = S * (c.n_heads + 1) + 2 * c.kv_dim();
-  attn_scratch = AlignedBuffer(size_t(threads) * attn_scratch_per_thread * sizeof(float));
+  // attn_scratch is sized by RunRows for the longest cache it is given: the
+  // model's context (128k for Llama-3.2) would cost 35 MB for a 4k session.
   attn_parts = AlignedBuffer(size_t(threads) * c.q_dim() * sizeof(float));
 }
 
@@ -45,7 +44,11 @@ float EmbedScale(const ModelConfig& c, const Weights& w) {
 }
 
 Forward::Forward(const ModelConfig& c, const Weights& w, ThreadPool* pool)
-    : c_(c), w_(w), pool_(pool), a_(c, pool ? pool->size() : 1), embed_scale_(EmbedScale(c, w)) {}
+    : c_(c),
+      w_(w),
+      pool_(pool),
+      a_(c, pool ? pool->size() : 1, !w.layers.empty() && !w.layers[0].w_gate.valid()),
+      embed_scale_(EmbedScale(c, w)) {}
 
 const kernels::RopeTable& Forward::Rope(bool sliding, int64_t seq_len) {
   // Only dynamic NTK depends on the call's length (HF: max position + 1, and
@@ -293,7 +296,7 @@ Status Forward::RunRows(std::span<const BatchRow> rows, int64_t first, float* lo
   int64_t max_ctx = 0;
   for (const auto& r : rows) max_ctx = std::max(max_ctx, r.cache->ctx());
   const int64_t need = max_ctx * (c_.n_heads + 1) + 2 * c_.kv_dim();
-  if (need > a_.attn_scratch_per_thread) {  // a longer --ctx than the model's default
+  if (need > a_.attn_scratch_per_thread) {  // the first call, or a longer cache than before
     a_.attn_scratch_per_thread = need;
     a_.attn_scratch = AlignedBuffer(size_t(pool_ ? pool_->size() : 1) * need * sizeof(float));
   }

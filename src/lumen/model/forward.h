@@ -23,15 +23,16 @@ namespace lumen::model {
 
 // Scratch for one chunk; sized once for kMaxChunk tokens.
 struct Activations {
-  explicit Activations(const ModelConfig& c, int threads);
+  // fused_gate_up: the FFN's gate and up are one [2F, D] matrix (gate holds both).
+  Activations(const ModelConfig& c, int threads, bool fused_gate_up);
   AlignedBuffer x;             // [T, D] residual stream
   AlignedBuffer xn;            // [T, D] normed input of the current block
   AlignedBuffer qkv;           // [T, H*Dh + 2*Hkv*Dh]
   AlignedBuffer att;           // [T, H*Dh] attention output (pre o_proj)
   AlignedBuffer tmp;           // [T, D] block output before the residual add
-  AlignedBuffer gate;          // [T, 2F] gate (and up for fused), then act(gate)*up
+  AlignedBuffer gate;          // [T, F] gate ([T, 2F] gate and up when fused), then act(gate)*up
   AlignedBuffer up;            // [T, F]
-  AlignedBuffer attn_scratch;  // per thread: see kernels::AttendOne
+  AlignedBuffer attn_scratch;  // per thread: see kernels::AttendOne (grown by RunRows)
   int64_t attn_scratch_per_thread = 0;
   AlignedBuffer attn_parts;  // [threads, H*Dh]: position-split attention's partial outputs
 };

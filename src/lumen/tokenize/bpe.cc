@@ -37,10 +37,37 @@ void MergeTable::Insert(int32_t a, int32_t b, Value v) {
   }
 }
 
+void PieceIndex::Build(const std::vector<std::string>& pieces) {
+  size_t n = 16;
+  while (n < 2 * pieces.size()) n *= 2;
+  slots_.assign(n, -1);
+  overrides_.clear();
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    const size_t at = SlotOf(pieces, pieces[i]);
+    if (slots_[at] < 0) slots_[at] = int32_t(i);  // the first id of a repeated piece wins
+  }
+}
+
+size_t PieceIndex::SlotOf(const std::vector<std::string>& pieces, std::string_view piece) const {
+  const size_t mask = slots_.size() - 1;
+  size_t i = StringHash{}(piece)&mask;
+  while (slots_[i] >= 0 && pieces[size_t(slots_[i])] != piece) i = (i + 1) & mask;
+  return i;
+}
+
+void PieceIndex::Set(const std::vector<std::string>& pieces, std::string_view piece, int32_t id) {
+  // The table's keys are pieces[id]: an id whose piece is other text goes to
+  // the (small) override map, as does anything set before Build.
+  if (slots_.empty() || id < 0 || size_t(id) >= pieces.size() || pieces[size_t(id)] != piece) {
+    overrides_.insert_or_assign(std::string(piece), id);
+    return;
+  }
+  if (auto it = overrides_.find(piece); it != overrides_.end()) overrides_.erase(it);
+  slots_[SlotOf(pieces, piece)] = id;  // replaces an earlier id with the same piece
+}
+
 void BpeModel::BuildIndex() {
-  piece_to_id.clear();
-  piece_to_id.reserve(pieces.size());
-  for (size_t i = 0; i < pieces.size(); ++i) piece_to_id.emplace(pieces[i], int32_t(i));
+  piece_to_id.Build(pieces);
   for (int b = 0; b < 256; ++b) {
     char buf[8];
     snprintf(buf, sizeof(buf), "<0x%02X>", b);

@@ -212,7 +212,7 @@ Status LoadModel(const json& m, TokenizerImpl& impl) {
   }
   bpe.BuildIndex();
   // transformers.js maps token text to ids with added tokens taking precedence.
-  for (const AddedToken& t : impl.added) bpe.piece_to_id[t.content] = t.id;
+  for (const AddedToken& t : impl.added) bpe.SetPiece(t.content, t.id);
   bpe.byte_fallback = m.value("byte_fallback", false);
   bpe.ignore_merges = m.value("ignore_merges", false);
   bpe.fuse_unk = m.value("fuse_unk", false);

@@ -13,10 +13,36 @@
 
 #include "lumen/core/buffer.h"
 #include "lumen/formats/gguf.h"
+#include "lumen/tokenize/bpe.h"
 #include "lumen/tokenize/unicode.h"
 
 namespace lumen::tokenize {
 namespace {
+
+// The vocabulary index: every piece found, the first id of a repeated piece,
+// overrides for the same text (a slot update) and for other text (the side map).
+TEST(PieceIndex, FindsEveryPieceFirstDuplicateWinsAndSetOverrides) {
+  BpeModel m;
+  for (int i = 0; i < 5000; ++i) m.pieces.push_back("p" + std::to_string(i));
+  m.pieces.push_back("p7");  // id 5000 repeats id 7
+  m.pieces.push_back("");    // an empty piece (gaps in HF vocabularies)
+  m.BuildIndex();
+  for (int i = 0; i < 5000; ++i) ASSERT_EQ(m.Find("p" + std::to_string(i)), i);
+  EXPECT_EQ(m.Find("p7"), 7);
+  EXPECT_EQ(m.Find(""), 5001);
+  EXPECT_EQ(m.Find("p5000"), std::nullopt);
+  EXPECT_EQ(m.Find("q"), std::nullopt);
+  m.SetPiece("p7", 5000);  // the same text: the later id now wins
+  EXPECT_EQ(m.Find("p7"), 5000);
+  m.SetPiece("<extra>", 3);  // text that is not pieces[3]: an override
+  EXPECT_EQ(m.Find("<extra>"), 3);
+  EXPECT_EQ(m.Find("p3"), 3);
+  m.SetPiece("p9", 12);  // also not pieces[12]: overrides p9's own id
+  EXPECT_EQ(m.Find("p9"), 12);
+  const BpeModel copy = m;  // the index keys on the owner's pieces, so copies work
+  EXPECT_EQ(copy.Find("p4999"), 4999);
+  EXPECT_EQ(copy.Find("p9"), 12);
+}
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;

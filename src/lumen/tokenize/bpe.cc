@@ -9,7 +9,7 @@ namespace lumen::tokenize {
 
 void MergeTable::Reserve(size_t n) {
   size_t cap = 16;
-  while (cap < n * 2) cap <<= 1;
+  while (cap * 3 < n * 4) cap <<= 1;  // at most 3/4 full: 16 bytes a slot add up (280k merges)
   if (cap <= slots_.size()) return;
   std::vector<Slot> old = std::move(slots_);
   slots_.assign(cap, Slot{});
@@ -19,10 +19,10 @@ void MergeTable::Reserve(size_t n) {
   }
 }
 
-void MergeTable::Grow() { Reserve(slots_.empty() ? 8 : slots_.size()); }
+void MergeTable::Grow() { Reserve(slots_.empty() ? 12 : slots_.size()); }  // doubles
 
 void MergeTable::Insert(int32_t a, int32_t b, Value v) {
-  if ((size_ + 1) * 2 > slots_.size()) Grow();
+  if ((size_ + 1) * 4 > slots_.size() * 3) Grow();
   uint64_t key = Key(a, b);
   size_t mask = slots_.size() - 1;
   for (size_t i = Hash(key) & mask;; i = (i + 1) & mask) {

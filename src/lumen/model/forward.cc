@@ -149,38 +149,7 @@ void Forward::AttentionBlock(int l, std::span<const BatchRow> rows) {
              std::all_of(rows.begin(), rows.end(), [&](const BatchRow& r) {
                return kernels::AttendSplitSupported(shape, r.cache->layer(l).dtype);
              })) {
-    // Decode with a long context: split each row's positions (three passes).
-    // scores [H, S] live in thread 0's scratch; each thread sums its positions'
-    // values into its own part, and the parts add up to the output.
-    float* scores = a_.attn_scratch.as<float>();
-    float* parts = a_.attn_parts.as<float>();
-    for (int64_t t = 0; t < T; ++t) {
-      const kernels::KvRing& kv = rows[t].cache->layer(l);
-      const int64_t p = rows[t].pos;
-      const int64_t begin = window > 0 ? std::max<int64_t>(0, p - window + 1) : 0,
-                    S = p + 1 - begin;
-      const float* q = qkv + t * QKV;
-      std::fill(parts, parts + int64_t(threads) * Q, 0.0f);
-      pool_->ParallelFor(
-          S,
-          [&](int64_t b, int64_t e, int) {
-            kernels::AttendScores(q, shape, kv, begin, p + 1, b, e, scores);
-          },
-          64);
-      pool_->ParallelFor(c_.n_heads, [&](int64_t b, int64_t e, int) {
-        kernels::AttendSoftmax(S, scores, static_cast<int>(b), static_cast<int>(e));
-      });
-      pool_->ParallelFor(
-          S,
-          [&](int64_t b, int64_t e, int thread) {
-            kernels::AttendValues(shape, kv, begin, p + 1, b, e, scores, parts + thread * Q);
-          },
-          64);
-      float* o = att + t * Q;
-      std::copy(parts, parts + Q, o);
-      for (int i = 1; i < threads; ++i)
-        for (int64_t k = 0; k < Q; ++k) o[k] += parts[i * Q + k];
-    }
+    for (int64_t t = 0; t < T; ++t) AttendByPosition(l, rows[t], t, shape, window);
   } else {
     // Decode has fewer rows than threads: split each row's kv heads instead.
     const int64_t Hkv = c_.n_kv_heads;
@@ -212,6 +181,42 @@ void Forward::AttentionBlock(int l, std::span<const BatchRow> rows) {
     float* xr = x + t * D;
     for (int64_t i = 0; i < D; ++i) xr[i] += o[i] * c_.residual_scale;
   }
+}
+
+// One decode row's attention split across threads by position (three passes;
+// kernels/attention.h): scores [H, S] live in thread 0's scratch, each thread
+// sums its positions' values into its own part, and the parts add up to the
+// row's output.
+void Forward::AttendByPosition(int l, const BatchRow& row, int64_t t,
+                               const kernels::AttentionShape& shape, int64_t window) {
+  const int64_t Q = c_.q_dim(), QKV = Q + 2 * c_.kv_dim();
+  const int threads = pool_->size();
+  float* scores = a_.attn_scratch.as<float>();
+  float* parts = a_.attn_parts.as<float>();
+  const kernels::KvRing& kv = row.cache->layer(l);
+  const int64_t p = row.pos;
+  const int64_t begin = window > 0 ? std::max<int64_t>(0, p - window + 1) : 0, S = p + 1 - begin;
+  const float* q = a_.qkv.as<float>() + t * QKV;
+  std::fill(parts, parts + int64_t(threads) * Q, 0.0f);
+  pool_->ParallelFor(
+      S,
+      [&](int64_t b, int64_t e, int) {
+        kernels::AttendScores(q, shape, kv, begin, p + 1, b, e, scores);
+      },
+      64);
+  pool_->ParallelFor(c_.n_heads, [&](int64_t b, int64_t e, int) {
+    kernels::AttendSoftmax(S, scores, static_cast<int>(b), static_cast<int>(e));
+  });
+  pool_->ParallelFor(
+      S,
+      [&](int64_t b, int64_t e, int thread) {
+        kernels::AttendValues(shape, kv, begin, p + 1, b, e, scores, parts + thread * Q);
+      },
+      64);
+  float* o = a_.att.as<float>() + t * Q;
+  std::copy(parts, parts + Q, o);
+  for (int i = 1; i < threads; ++i)
+    for (int64_t k = 0; k < Q; ++k) o[k] += parts[i * Q + k];
 }
 
 void Forward::FfnBlock(int l, int64_t T) {

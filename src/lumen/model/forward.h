@@ -14,6 +14,7 @@
 
 #include "lumen/core/buffer.h"
 #include "lumen/core/thread_pool.h"
+#include "lumen/kernels/attention.h"
 #include "lumen/kernels/rope.h"
 #include "lumen/model/config.h"
 #include "lumen/model/kv_cache.h"
@@ -71,6 +72,8 @@ class Forward {
   Status RunRows(std::span<const BatchRow> rows, int64_t first_logit_row, float* logits);
   void Embed(std::span<const BatchRow> rows, float* x) const;
   void AttentionBlock(int l, std::span<const BatchRow> rows);
+  void AttendByPosition(int l, const BatchRow& row, int64_t t, const kernels::AttentionShape& shape,
+                        int64_t window);
   void FfnBlock(int l, int64_t T);
   const kernels::RopeTable& Rope(bool sliding, int64_t seq_len);
 

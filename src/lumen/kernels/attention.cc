@@ -78,6 +78,17 @@ HWY_INLINE float SoftmaxNumerators(float* sh, int64_t S) {
   return 1.0f / (sum + hn::GetLane(hn::SumOfLanes(d, vsum)));
 }
 
+// One head's scores to probabilities in place.
+HWY_INLINE void Softmax(float* sh, int64_t S) {
+  const DF d;
+  const int64_t N = hn::Lanes(d);
+  const float inv = SoftmaxNumerators(sh, S);
+  const auto vi = hn::Set(d, inv);
+  int64_t j = 0;
+  for (; j + N <= S; j += N) hn::StoreU(hn::Mul(hn::LoadU(d, sh + j), vi), d, sh + j);
+  for (; j < S; ++j) sh[j] *= inv;
+}
+
 // One kv head g: q heads [g*group, (g+1)*group). CH = head_dim / lanes.
 template <DType T, int CH>
 void AttendGroup(const float* q, const AttentionShape& s, const KvRing& kv, int64_t pos_begin,
@@ -253,40 +264,40 @@ void ValueBlock(const AttentionShape& s, const KvRing& kv, int64_t first, int64_
   }
 }
 
+// Scores of positions [j0, j1) for kv heads [g0, g1), a block of positions
+// at a time (every head of a block while its rows are in cache), into
+// scores[(g - g0) * G * S + h * S + j].
+template <DType T, int G>
+void ScoreRange(const float* q, const AttentionShape& s, const KvRing& kv, int64_t first, int64_t S,
+                int64_t j0, int64_t j1, int g0, int g1, float* scores) {
+  for (int64_t b = j0; b < j1; b += kBlock) {
+    const int64_t e = std::min(j1, b + kBlock);
+    for (int g = g0; g < g1; ++g)
+      ScoreBlock<T, G>(q, s, kv, first, b, e, S, g, scores + int64_t(g - g0) * G * S);
+  }
+}
+
+// out[heads of g0..g1] += sum over positions [j0, j1) of probs * V, laid out as ScoreRange's.
+template <DType T, int G>
+void ValueRange(const AttentionShape& s, const KvRing& kv, int64_t first, int64_t S, int64_t j0,
+                int64_t j1, int g0, int g1, const float* probs, float* out) {
+  for (int64_t b = j0; b < j1; b += kBlock) {
+    const int64_t e = std::min(j1, b + kBlock);
+    for (int g = g0; g < g1; ++g)
+      ValueBlock<T, G>(s, kv, first, b, e, S, g, probs + int64_t(g - g0) * G * S, out);
+  }
+}
+
 // kv heads [g0, g1); scratch holds (g1 - g0) * G * S scores.
 template <DType T, int G>
 void AttendBlocked(const float* q, const AttentionShape& s, const KvRing& kv, int64_t pos_begin,
                    int64_t S, int g0, int g1, float* out, float* scratch) {
-  const DF d;
-  const int64_t N = hn::Lanes(d);
-  const int Dh = s.head_dim;
   const int64_t first = pos_begin % kv.capacity;
-  auto scores_of = [&](int g) { return scratch + int64_t(g - g0) * G * S; };
-  for (int64_t j0 = 0; j0 < S; j0 += kBlock) {
-    const int64_t j1 = std::min(S, j0 + kBlock);
-    for (int g = g0; g < g1; ++g) ScoreBlock<T, G>(q, s, kv, first, j0, j1, S, g, scores_of(g));
-  }
-  for (int g = g0; g < g1; ++g) {
-    float inv[G];
-    for (int h = 0; h < G; ++h) {
-      inv[h] = SoftmaxNumerators(scores_of(g) + h * S, S);
-      float* o = out + (int64_t(g) * G + h) * Dh;
-      std::fill(o, o + Dh, 0.0f);
-    }
-    // 1/sum folded into the probabilities: one pass over S per head, so the
-    // V pass below needs no per-head epilogue.
-    for (int h = 0; h < G; ++h) {
-      float* sh = scores_of(g) + h * S;
-      const auto vi = hn::Set(d, inv[h]);
-      int64_t j = 0;
-      for (; j + N <= S; j += N) hn::StoreU(hn::Mul(hn::LoadU(d, sh + j), vi), d, sh + j);
-      for (; j < S; ++j) sh[j] *= inv[h];
-    }
-  }
-  for (int64_t j0 = 0; j0 < S; j0 += kBlock) {
-    const int64_t j1 = std::min(S, j0 + kBlock);
-    for (int g = g0; g < g1; ++g) ValueBlock<T, G>(s, kv, first, j0, j1, S, g, scores_of(g), out);
-  }
+  ScoreRange<T, G>(q, s, kv, first, S, 0, S, g0, g1, scratch);
+  // 1/sum folded into the probabilities, so the V pass needs no per-head epilogue.
+  for (int64_t h = 0; h < int64_t(g1 - g0) * G; ++h) Softmax(scratch + h * S, S);
+  std::fill(out + int64_t(g0) * G * s.head_dim, out + int64_t(g1) * G * s.head_dim, 0.0f);
+  ValueRange<T, G>(s, kv, first, S, 0, S, g0, g1, scratch, out);
 }
 
 template <DType T>
@@ -321,58 +332,30 @@ bool Dispatch(const float* q, const AttentionShape& s, const KvRing& kv, int64_t
   }
 }
 
-// The blocked kernel, instantiated for the common query-group sizes.
-template <DType T>
-bool AttendGroups(int G, const float* q, const AttentionShape& s, const KvRing& kv,
-                  int64_t pos_begin, int64_t S, int g0, int g1, float* out, float* scratch) {
-  switch (G) {
-    case 1:
-      AttendBlocked<T, 1>(q, s, kv, pos_begin, S, g0, g1, out, scratch);
-      return true;
-    case 2:
-      AttendBlocked<T, 2>(q, s, kv, pos_begin, S, g0, g1, out, scratch);
-      return true;
-    case 4:
-      AttendBlocked<T, 4>(q, s, kv, pos_begin, S, g0, g1, out, scratch);
-      return true;
-    case 8:
-      AttendBlocked<T, 8>(q, s, kv, pos_begin, S, g0, g1, out, scratch);
-      return true;
+// Calls f.template operator()<T>() for a KV type with vector kernels; false for others.
+template <class F>
+bool ForKvType(DType t, const F& f) {
+  switch (t) {
+    case DType::kF16:
+      return f.template operator()<DType::kF16>();
+    case DType::kBF16:
+      return f.template operator()<DType::kBF16>();
+    case DType::kF32:
+      return f.template operator()<DType::kF32>();
+    case DType::kQ8_0:
+      return f.template operator()<DType::kQ8_0>();
     default:
       return false;
   }
 }
 
-// The position-split phases (attention.h): scores[H, S] shared by the callers.
-template <DType T, int G>
-void SplitScores(const float* q, const AttentionShape& s, const KvRing& kv, int64_t pos_begin,
-                 int64_t S, int64_t j0, int64_t j1, float* scores) {
-  const int64_t first = pos_begin % kv.capacity;
-  for (int64_t b = j0; b < j1; b += kBlock) {
-    const int64_t e = std::min(j1, b + kBlock);
-    for (int g = 0; g < s.n_kv_heads; ++g)
-      ScoreBlock<T, G>(q, s, kv, first, b, e, S, g, scores + int64_t(g) * G * S);
-  }
-}
-
-template <DType T, int G>
-void SplitValues(const AttentionShape& s, const KvRing& kv, int64_t pos_begin, int64_t S,
-                 int64_t j0, int64_t j1, const float* probs, float* out) {
-  const int64_t first = pos_begin % kv.capacity;
-  std::fill(out, out + int64_t(s.n_heads) * s.head_dim, 0.0f);
-  for (int64_t b = j0; b < j1; b += kBlock) {
-    const int64_t e = std::min(j1, b + kBlock);
-    for (int g = 0; g < s.n_kv_heads; ++g)
-      ValueBlock<T, G>(s, kv, first, b, e, S, g, probs + int64_t(g) * G * S, out);
-  }
-}
-
-// Calls f.template operator()<T, G>() for the shape's KV type and group size
-// when the vector kernels cover them; false otherwise.
+// Calls f.template operator()<T, G>() when the blocked kernels cover the
+// shape (head_dim a multiple of the lanes, G = H / Hkv in {1, 2, 4, 8}) and
+// the KV type; false otherwise.
 template <class F>
-bool ForSplitShape(const AttentionShape& s, DType t, const F& f) {
+bool ForBlockedShape(const AttentionShape& s, DType t, const F& f) {
   if (s.head_dim % static_cast<int>(hn::Lanes(DF())) != 0) return false;
-  auto by_group = [&]<DType T>() {
+  return ForKvType(t, [&]<DType T>() {
     switch (s.n_heads / s.n_kv_heads) {
       case 1:
         f.template operator()<T, 1>();
@@ -389,51 +372,34 @@ bool ForSplitShape(const AttentionShape& s, DType t, const F& f) {
       default:
         return false;
     }
-  };
-  switch (t) {
-    case DType::kF16:
-      return by_group.template operator()<DType::kF16>();
-    case DType::kBF16:
-      return by_group.template operator()<DType::kBF16>();
-    case DType::kF32:
-      return by_group.template operator()<DType::kF32>();
-    case DType::kQ8_0:
-      return by_group.template operator()<DType::kQ8_0>();
-    default:
-      return false;
-  }
+  });
 }
 
 }  // namespace
 
 bool AttendSplitSupportedT(const AttentionShape& s, DType t) {
-  return ForSplitShape(s, t, []<DType, int>() {});
+  return ForBlockedShape(s, t, []<DType, int>() {});
 }
 
 void AttendScoresT(const float* q, const AttentionShape& s, const KvRing& kv, int64_t pos_begin,
                    int64_t pos_end, int64_t j0, int64_t j1, float* scores) {
-  const bool ok = ForSplitShape(s, kv.dtype, [&]<DType T, int G>() {
-    SplitScores<T, G>(q, s, kv, pos_begin, pos_end - pos_begin, j0, j1, scores);
+  const bool ok = ForBlockedShape(s, kv.dtype, [&]<DType T, int G>() {
+    ScoreRange<T, G>(q, s, kv, pos_begin % kv.capacity, pos_end - pos_begin, j0, j1, 0,
+                     s.n_kv_heads, scores);
   });
   LUMEN_CHECK(ok);
 }
 
 void AttendSoftmaxT(int64_t S, float* scores, int h0, int h1) {
-  const DF d;
-  const int64_t N = hn::Lanes(d);
-  for (int h = h0; h < h1; ++h) {
-    float* sh = scores + int64_t(h) * S;
-    const auto vi = hn::Set(d, SoftmaxNumerators(sh, S));
-    int64_t j = 0;
-    for (; j + N <= S; j += N) hn::StoreU(hn::Mul(hn::LoadU(d, sh + j), vi), d, sh + j);
-    for (; j < S; ++j) sh[j] *= hn::GetLane(vi);
-  }
+  for (int h = h0; h < h1; ++h) Softmax(scores + int64_t(h) * S, S);
 }
 
 void AttendValuesT(const AttentionShape& s, const KvRing& kv, int64_t pos_begin, int64_t pos_end,
                    int64_t j0, int64_t j1, const float* probs, float* out) {
-  const bool ok = ForSplitShape(s, kv.dtype, [&]<DType T, int G>() {
-    SplitValues<T, G>(s, kv, pos_begin, pos_end - pos_begin, j0, j1, probs, out);
+  std::fill(out, out + int64_t(s.n_heads) * s.head_dim, 0.0f);
+  const bool ok = ForBlockedShape(s, kv.dtype, [&]<DType T, int G>() {
+    ValueRange<T, G>(s, kv, pos_begin % kv.capacity, pos_end - pos_begin, j0, j1, 0, s.n_kv_heads,
+                     probs, out);
   });
   LUMEN_CHECK(ok);
 }
@@ -443,48 +409,16 @@ void AttendValuesT(const AttentionShape& s, const KvRing& kv, int64_t pos_begin,
 bool AttendHeadsT(const float* q, const AttentionShape& s, const KvRing& kv, int64_t pos_begin,
                   int64_t pos_end, float* out, float* scratch, int g0, int g1) {
   const int64_t S = pos_end - pos_begin;
-  if (s.head_dim % hn::Lanes(DF()) == 0) {
-    const int G = s.n_heads / s.n_kv_heads;
-    bool done = false;
-    switch (kv.dtype) {
-      case DType::kF16:
-        done = AttendGroups<DType::kF16>(G, q, s, kv, pos_begin, S, g0, g1, out, scratch);
-        break;
-      case DType::kBF16:
-        done = AttendGroups<DType::kBF16>(G, q, s, kv, pos_begin, S, g0, g1, out, scratch);
-        break;
-      case DType::kF32:
-        done = AttendGroups<DType::kF32>(G, q, s, kv, pos_begin, S, g0, g1, out, scratch);
-        break;
-      case DType::kQ8_0:
-        done = AttendGroups<DType::kQ8_0>(G, q, s, kv, pos_begin, S, g0, g1, out, scratch);
-        break;
-      default:
-        break;
-    }
-    if (done) return true;
-  }
-  for (int g = g0; g < g1; ++g) {
-    bool ok = false;
-    switch (kv.dtype) {
-      case DType::kF16:
-        ok = Dispatch<DType::kF16>(q, s, kv, pos_begin, S, g, out, scratch);
-        break;
-      case DType::kBF16:
-        ok = Dispatch<DType::kBF16>(q, s, kv, pos_begin, S, g, out, scratch);
-        break;
-      case DType::kF32:
-        ok = Dispatch<DType::kF32>(q, s, kv, pos_begin, S, g, out, scratch);
-        break;
-      case DType::kQ8_0:
-        ok = Dispatch<DType::kQ8_0>(q, s, kv, pos_begin, S, g, out, scratch);
-        break;
-      default:
-        break;
-    }
-    if (!ok) return false;
-  }
-  return true;
+  if (ForBlockedShape(s, kv.dtype, [&]<DType T, int G>() {
+        AttendBlocked<T, G>(q, s, kv, pos_begin, S, g0, g1, out, scratch);
+      }))
+    return true;
+  // Other group sizes: one kv head's query heads at a time.
+  return ForKvType(kv.dtype, [&]<DType T>() {
+    for (int g = g0; g < g1; ++g)
+      if (!Dispatch<T>(q, s, kv, pos_begin, S, g, out, scratch)) return false;
+    return true;
+  });
 }
 
 }  // namespace lumen::kernels::HWY_NAMESPACE

@@ -164,9 +164,12 @@ void Prepare(const Geometry& g, const float* X, int64_t M, int64_t ldx, int64_t 
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
 bool CpuHasVnni() {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+  static const bool has = [] {  // CPU feature, fixed for the process
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+  }();
+  return has;
 }
 
 LUMEN_VNNI inline uint32_t LoadU16(const uint8_t* p) {
@@ -189,32 +192,21 @@ LUMEN_VNNI inline __m128i RoundHalfAway(__m512 v) {
   return _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(r));
 }
 
-}  // namespace
-
-void QuantizeBlocksQ8(const float* x, int64_t nb, int8_t* q, float* d) {
-  static const bool avx512 = CpuHasVnni();  // CPU feature, fixed for the process
-  if (!avx512) {
-    for (int64_t b = 0; b < nb; ++b) d[b] = QuantizeBlockQ8(x + b * kQK, q + b * kQK);
-    return;
-  }
-  [&]() LUMEN_VNNI {
-    for (int64_t b = 0; b < nb; ++b, x += kQK, q += kQK) {
-      const __m512 lo = _mm512_loadu_ps(x), hi = _mm512_loadu_ps(x + 16);
-      const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(lo), _mm512_abs_ps(hi)));
-      if (!(amax <= std::numeric_limits<float>::max())) {  // inf or NaN: the scalar rules
-        d[b] = QuantizeBlockQ8(x, q);
-        continue;
-      }
-      d[b] = amax / 127;
-      const float id = d[b] != 0 ? 1.0f / d[b] : 0.0f;
-      const __m512 vid = _mm512_set1_ps(id);
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(q), RoundHalfAway(_mm512_mul_ps(lo, vid)));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16), RoundHalfAway(_mm512_mul_ps(hi, vid)));
+LUMEN_VNNI void QuantizeBlocksAvx512(const float* x, int64_t nb, int8_t* q, float* d) {
+  for (int64_t b = 0; b < nb; ++b, x += kQK, q += kQK) {
+    const __m512 lo = _mm512_loadu_ps(x), hi = _mm512_loadu_ps(x + 16);
+    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(lo), _mm512_abs_ps(hi)));
+    if (!(amax <= std::numeric_limits<float>::max())) {  // inf or NaN: the scalar rules
+      d[b] = QuantizeBlockQ8(x, q);
+      continue;
     }
-  }();
+    d[b] = amax / 127;
+    const float id = d[b] != 0 ? 1.0f / d[b] : 0.0f;
+    const __m512 vid = _mm512_set1_ps(id);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q), RoundHalfAway(_mm512_mul_ps(lo, vid)));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16), RoundHalfAway(_mm512_mul_ps(hi, vid)));
+  }
 }
-
-namespace {
 
 // Codes of blocks blk and blk + block_bytes as one 64-byte vector.
 template <Fmt F>
@@ -559,11 +551,7 @@ void MatMulRowsInt8(const Matrix& W, const Int8Rows& X, float* Y, int64_t ldy, i
 #else  // no x86: the route is never supported, so these are never called
 
 bool CpuHasVnni() { return false; }
-}  // namespace
-void QuantizeBlocksQ8(const float* x, int64_t nb, int8_t* q, float* d) {
-  for (int64_t b = 0; b < nb; ++b) d[b] = QuantizeBlockQ8(x + b * kQK, q + b * kQK);
-}
-namespace {
+void QuantizeBlocksAvx512(const float*, int64_t, int8_t*, float*) { LUMEN_CHECK(false); }
 void MatMulRowsInt8(const Matrix&, const Int8Rows&, float*, int64_t, int64_t, int64_t) {
   LUMEN_CHECK(false);
 }
@@ -572,9 +560,13 @@ void MatMulRowsInt8(const Matrix&, const Int8Rows&, float*, int64_t, int64_t, in
 
 }  // namespace
 
+void QuantizeBlocksQ8(const float* x, int64_t nb, int8_t* q, float* d) {
+  if (CpuHasVnni()) return QuantizeBlocksAvx512(x, nb, q, d);
+  for (int64_t b = 0; b < nb; ++b) d[b] = QuantizeBlockQ8(x + b * kQK, q + b * kQK);
+}
+
 bool Int8RouteSupports(const Matrix& W) {
-  static const bool vnni = CpuHasVnni();  // CPU feature, fixed for the process
-  if (!vnni) return false;
+  if (!CpuHasVnni()) return false;
   if (W.mlx_bits != 0) {
     const DType st = W.scales.dtype, bt = W.biases.dtype;
     auto flt = [](DType t) { return t == DType::kF16 || t == DType::kBF16 || t == DType::kF32; };

@@ -8,6 +8,7 @@
 #include "lumen/core/check.h"
 #include "lumen/core/half.h"
 #include "lumen/core/quant.h"
+#include "lumen/kernels/sum4_avx512.h"
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "lumen/kernels/attention.cc"
@@ -156,23 +157,12 @@ HWY_INLINE void PrefetchAhead(const void* base, int64_t slot, int64_t capacity, 
   for (int64_t b = 0; b < bytes(Dh); b += 64) hwy::Prefetch(p + b);
 }
 
-// out[i] = sum of the lanes of a[i], i < 4. On AVX-512 one shuffle tree for
-// all four (13 ops instead of 4 separate reductions of 8): the scores' horizontal
-// sums were most of the scoring work at head_dim 64.
+// out[i] = sum of the lanes of a[i], i < 4: one shuffle tree on AVX-512
+// (sum4_avx512.h); the scores' horizontal sums were most of the scoring work
+// at head_dim 64.
 HWY_INLINE void SumOfLanes4(const VF* a, float* out) {
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
-  const __m512 t0 = _mm512_add_ps(_mm512_shuffle_f32x4(a[0].raw, a[1].raw, 0x44),
-                                  _mm512_shuffle_f32x4(a[0].raw, a[1].raw, 0xEE));
-  const __m512 t1 = _mm512_add_ps(_mm512_shuffle_f32x4(a[2].raw, a[3].raw, 0x44),
-                                  _mm512_shuffle_f32x4(a[2].raw, a[3].raw, 0xEE));
-  // 128-bit lane i now holds four partial sums of a[i].
-  const __m512 u =
-      _mm512_add_ps(_mm512_shuffle_f32x4(t0, t1, 0x88), _mm512_shuffle_f32x4(t0, t1, 0xDD));
-  const __m512 v = _mm512_add_ps(u, _mm512_permute_ps(u, 0x4E));
-  const __m512 w = _mm512_add_ps(v, _mm512_permute_ps(v, 0xB1));
-  alignas(64) float t[16];
-  _mm512_store_ps(t, w);
-  for (int i = 0; i < 4; ++i) out[i] = t[4 * i];
+  _mm_storeu_ps(out, SumLanes4(a[0].raw, a[1].raw, a[2].raw, a[3].raw));
 #else
   const DF d;
   for (int i = 0; i < 4; ++i) out[i] = hn::GetLane(hn::SumOfLanes(d, a[i]));

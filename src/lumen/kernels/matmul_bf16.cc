@@ -1,6 +1,7 @@
 #include "lumen/kernels/matmul_bf16.h"
 
 #include "lumen/core/check.h"
+#include "lumen/kernels/sum4_avx512.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -34,21 +35,6 @@ bool CpuHasBf16() {
 
 namespace {
 
-// The four lane sums of a, b, c, d, in that order.
-LUMEN_BF16 inline __m128 Sum4(__m512 a, __m512 b, __m512 c, __m512 d) {
-  // Quarters: ab = [a0+a2, a1+a3, b0+b2, b1+b3], then t = [sum a, sum b, sum c, sum d]
-  // as four 4-lane quarters; two in-lane swaps finish each quarter's sum.
-  const __m512 ab =
-      _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xEE));
-  const __m512 cd =
-      _mm512_add_ps(_mm512_shuffle_f32x4(c, d, 0x44), _mm512_shuffle_f32x4(c, d, 0xEE));
-  __m512 t = _mm512_add_ps(_mm512_shuffle_f32x4(ab, cd, 0x88), _mm512_shuffle_f32x4(ab, cd, 0xDD));
-  t = _mm512_add_ps(t, _mm512_permute_ps(t, 0x4E));
-  t = _mm512_add_ps(t, _mm512_permute_ps(t, 0xB1));
-  const __m512i first = _mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 12, 8, 4, 0);
-  return _mm512_castps512_ps128(_mm512_permutexvar_ps(first, t));
-}
-
 // y[j][0, nb) = dot(x[j], w row i) for 4 weight rows at w (stride ld), MB activation rows.
 template <int MB>
 LUMEN_BF16 inline void Tile(const uint16_t* w, int64_t ld, const uint16_t* const* x,
@@ -72,7 +58,7 @@ LUMEN_BF16 inline void Tile(const uint16_t* w, int64_t ld, const uint16_t* const
   const __mmask8 keep = static_cast<__mmask8>((1u << nb) - 1);
 #pragma GCC unroll 4
   for (int j = 0; j < MB; ++j)
-    _mm_mask_storeu_ps(y[j], keep, Sum4(acc[0][j], acc[1][j], acc[2][j], acc[3][j]));
+    _mm_mask_storeu_ps(y[j], keep, SumLanes4(acc[0][j], acc[1][j], acc[2][j], acc[3][j]));
 }
 
 template <int MB>

@@ -138,11 +138,8 @@ void RegisterBench(CLI::App& app) {
       ->check(CLI::Range(1, 1000));
   cmd->add_option("--ctx", a->depth, "also decode starting at this context position")
       ->check(CLI::Range(int64_t(1), int64_t(1) << 24));
-  cmd->add_option("--act-route", a->act_route,
-                  "matmul activations: exact, int8, bf16 or int8+bf16 (docs/reference/cli.md)")
-      ->check(CLI::IsMember({"exact", "int8", "bf16", "int8+bf16"}));
-  cmd->add_option("--kv-type", a->kv_type, "KV cache element type: f16, bf16, f32 or q8_0")
-      ->check(CLI::IsMember({"f16", "bf16", "f32", "q8_0"}));
+  AddActRouteOption(cmd, a->act_route);
+  AddKvTypeOption(cmd, a->kv_type);
   cmd->add_flag("--membw", a->membw_only, "only measure the read bandwidth (1 and all threads)");
   cmd->add_flag("--no-membw", a->no_membw, "skip the bandwidth measurement");
   cmd->callback([a] { RunBenchVerb(*a); });

@@ -4,6 +4,7 @@
 
 #include "lumen/cli/verbs.h"
 #include "lumen/engine/default_model.h"
+#include "lumen/kernels/matrix.h"
 
 namespace lumen::cli {
 
@@ -17,16 +18,25 @@ void AddModelArgs(CLI::App* app, ModelArgs& args, bool positional) {
       ->check(CLI::Range(1, 1024));
   app->add_option("-c,--ctx", args.ctx, "context size in tokens (default: the model's, max 4096)")
       ->check(CLI::Range(int64_t(1), int64_t(1) << 24));
-  app->add_option("--kv-type", args.kv_type,
+  AddKvTypeOption(app, args.kv_type);
+  AddActRouteOption(app, args.act_route);
+}
+
+void AddKvTypeOption(CLI::App* app, std::string& kv_type) {
+  app->add_option("--kv-type", kv_type,
                   "KV cache element type: f16, bf16, f32 or q8_0 (8-bit blocks of 32: half the "
                   "memory and bandwidth of f16, head dim a multiple of 32)")
       ->check(CLI::IsMember({"f16", "bf16", "f32", "q8_0"}));
-  app->add_option("--act-route", args.act_route,
+}
+
+void AddActRouteOption(CLI::App* app, std::string& act_route) {
+  app->add_option("--act-route", act_route,
                   "matmul activations: exact (f32, default); int8 (decode: Q8_0/Q4_0/Q4_K/Q6_K/"
                   "MLX-4-bit weights against int8 activations, VNNI dot products); bf16 (prefill: "
                   "bf16 weights and activations, AVX512-BF16 dot products); int8+bf16 (both). "
                   "int8 and bf16 are tier L3, docs/reference/performance.md")
-      ->check(CLI::IsMember({"exact", "int8", "bf16", "int8+bf16"}));
+      ->check(CLI::IsMember(std::vector<std::string>(kernels::kActRouteNames.begin(),
+                                                     kernels::kActRouteNames.end())));
 }
 
 Result<std::unique_ptr<engine::Model>> LoadModel(const ModelArgs& args) {

@@ -27,6 +27,9 @@ struct ModelArgs {
 };
 
 void AddModelArgs(CLI::App* app, ModelArgs& args, bool positional = true);
+// --kv-type and --act-route with their checks (AddModelArgs, and bench's own arguments).
+void AddKvTypeOption(CLI::App* app, std::string& kv_type);
+void AddActRouteOption(CLI::App* app, std::string& act_route);
 Result<std::unique_ptr<engine::Model>> LoadModel(const ModelArgs& args);
 Result<engine::SessionOptions> SessionOptionsFrom(const ModelArgs& args);
 

@@ -6,6 +6,7 @@
 // the single place that knows both, so every kernel handles every layout.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <string_view>
@@ -24,12 +25,13 @@ namespace lumen::kernels {
 enum class ActRoute : uint8_t { kExact, kInt8, kBf16, kInt8Bf16 };
 inline bool RouteHasInt8(ActRoute r) { return r == ActRoute::kInt8 || r == ActRoute::kInt8Bf16; }
 inline bool RouteHasBf16(ActRoute r) { return r == ActRoute::kBf16 || r == ActRoute::kInt8Bf16; }
-// Command-line names: "exact", "int8", "bf16", "int8+bf16" (nullopt: none of these).
+// Command-line names, indexed by the enum's value.
+inline constexpr std::array<std::string_view, 4> kActRouteNames = {"exact", "int8", "bf16",
+                                                                   "int8+bf16"};
+// nullopt: none of kActRouteNames.
 inline std::optional<ActRoute> ParseActRoute(std::string_view s) {
-  if (s == "exact") return ActRoute::kExact;
-  if (s == "int8") return ActRoute::kInt8;
-  if (s == "bf16") return ActRoute::kBf16;
-  if (s == "int8+bf16") return ActRoute::kInt8Bf16;
+  for (size_t i = 0; i < kActRouteNames.size(); ++i)
+    if (s == kActRouteNames[i]) return static_cast<ActRoute>(i);
   return std::nullopt;
 }
 

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "lumen/core/half.h"
+#include "lumen/core/quant.h"
 #include "lumen/kernels/attention.h"
 
 namespace lumen::kernels {
@@ -16,11 +17,11 @@ namespace lumen::kernels {
 inline float KvElemRef(const KvRing& kv, const void* base, int64_t slot, int64_t row, int64_t i) {
   const int64_t at = slot * row + i;
   switch (kv.dtype) {
-    case DType::kQ8_0: {  // blocks of 32 along the row: [f16 d | 32 x int8]
-      const uint8_t* blk = static_cast<const uint8_t*>(base) + (at / 32) * 34;
+    case DType::kQ8_0: {  // blocks of kQK along the row: [f16 d | kQK x int8]
+      const uint8_t* blk = static_cast<const uint8_t*>(base) + (at / kQK) * sizeof(BlockQ8_0);
       uint16_t d;
       std::memcpy(&d, blk, 2);
-      return F16ToF32(d) * static_cast<float>(static_cast<int8_t>(blk[2 + at % 32]));
+      return F16ToF32(d) * static_cast<float>(static_cast<int8_t>(blk[2 + at % kQK]));
     }
     case DType::kF16:
       return F16ToF32(static_cast<const uint16_t*>(base)[at]);

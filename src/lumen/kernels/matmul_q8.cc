@@ -163,6 +163,8 @@ void Prepare(const Geometry& g, const float* X, int64_t M, int64_t ldx, int64_t 
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
+}  // namespace
+
 bool CpuHasVnni() {
   static const bool has = [] {  // CPU feature, fixed for the process
     __builtin_cpu_init();
@@ -171,6 +173,8 @@ bool CpuHasVnni() {
   }();
   return has;
 }
+
+namespace {
 
 LUMEN_VNNI inline uint32_t LoadU16(const uint8_t* p) {
   uint16_t h;
@@ -550,7 +554,9 @@ void MatMulRowsInt8(const Matrix& W, const Int8Rows& X, float* Y, int64_t ldy, i
 
 #else  // no x86: the route is never supported, so these are never called
 
+}  // namespace
 bool CpuHasVnni() { return false; }
+namespace {
 void QuantizeBlocksAvx512(const float*, int64_t, int8_t*, float*) { LUMEN_CHECK(false); }
 void MatMulRowsInt8(const Matrix&, const Int8Rows&, float*, int64_t, int64_t, int64_t) {
   LUMEN_CHECK(false);

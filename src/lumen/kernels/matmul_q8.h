@@ -29,6 +29,9 @@ namespace lumen::kernels {
 
 inline constexpr int64_t kInt8MaxRows = 8;
 
+// True when this CPU has AVX512-VNNI (and AVX512F/BW/VL).
+bool CpuHasVnni();
+
 // True when the int8 route can run W's storage on this CPU (ignores W.route).
 bool Int8RouteSupports(const Matrix& W);
 

@@ -4,6 +4,9 @@
 
 #include "lumen/kernels/roofline.h"
 
+#include "lumen/kernels/matmul_bf16.h"
+#include "lumen/kernels/matmul_q8.h"
+
 #if defined(__x86_64__)
 #include <immintrin.h>
 #define LUMEN_BF16 __attribute__((target("avx512f,avx512bf16")))
@@ -75,9 +78,7 @@ LUMEN_VNNI_PEAK double Int8Loop(double seconds) {
 
 double MeasureBf16DotFlops(double seconds) {
 #if defined(__x86_64__)
-  __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16"))
-    return Bf16Loop(seconds);
+  if (CpuHasBf16()) return Bf16Loop(seconds);
 #endif
   (void)seconds;
   return 0;
@@ -85,9 +86,7 @@ double MeasureBf16DotFlops(double seconds) {
 
 double MeasureInt8DotOps(double seconds) {
 #if defined(__x86_64__)
-  __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vnni"))
-    return Int8Loop(seconds);
+  if (CpuHasVnni()) return Int8Loop(seconds);
 #endif
   (void)seconds;
   return 0;

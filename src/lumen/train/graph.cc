@@ -1,0 +1,394 @@
+#include "lumen/train/graph.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "lumen/core/check.h"
+#include "lumen/kernels/attention_train.h"
+#include "lumen/kernels/matrix.h"
+#include "lumen/kernels/train_ops.h"
+#include "lumen/model/forward.h"
+#include "lumen/train/frozen.h"
+
+namespace lumen::train {
+
+using kernels::KeyRanges;
+using model::LayerWeights;
+using model::Matrix;
+
+template <class Real>
+Graph<Real>::Graph(const model::ModelConfig& c, const model::Weights& w, const LoraLayout* layout,
+                   ThreadPool* pool)
+    : c_(c), w_(w), layout_(layout), pool_(pool), embed_scale_(model::EmbedScale(c, w)) {
+  rope_global_ =
+      kernels::MakeRopeTable(c.rope_dim, c.rope_theta, c.rope_scaling, c.max_ctx, c.max_ctx);
+  rope_local_ = kernels::MakeRopeTable(c.rope_dim, c.rope_theta_local, {}, c.max_ctx, c.max_ctx);
+  if (w.rope_freqs)
+    for (size_t i = 0; i < rope_global_.inv_freq.size(); ++i)
+      rope_global_.inv_freq[i] /= w.rope_freqs[i];
+}
+
+template <class Real>
+const kernels::RopeTable& Graph<Real>::Rope(int l) const {
+  return c_.layer_sliding[l] && c_.family == model::Family::kGemma3 ? rope_local_ : rope_global_;
+}
+
+template <class Real>
+template <class Fn>
+void Graph<Real>::ForRows(int64_t M, Fn&& fn) {
+  if (pool_ && M > 1) {
+    pool_->ParallelFor(M, [&](int64_t b, int64_t e, int) {
+      for (int64_t i = b; i < e; ++i) fn(i);
+    });
+  } else {
+    for (int64_t i = 0; i < M; ++i) fn(i);
+  }
+}
+
+template <class Real>
+size_t Graph<Real>::saved_bytes() const {
+  size_t n = 0;
+  for (const auto& s : saved_) {
+    for (const auto* v : {&s.x_in, &s.xn1, &s.q_pre, &s.k_pre, &s.q, &s.k, &s.v, &s.att, &s.lse,
+                          &s.o_pre, &s.x_mid, &s.xn2, &s.g, &s.u, &s.h, &s.d_pre})
+      n += v->size();
+    for (const auto& u : s.lora_u) n += u.size();
+  }
+  return n * sizeof(Real);
+}
+
+namespace {
+// The dropout multiplier of element (row m, column k) of a target's input.
+inline float DropScale(const DropoutKey& key, float p, int l, Target t, int64_t m, int64_t k) {
+  const double r =
+      Uniform01(HashKey({key.seed, key.step, uint64_t(l), uint64_t(t), uint64_t(m), uint64_t(k)}));
+  return r < p ? 0.0f : 1.0f / (1.0f - p);
+}
+}  // namespace
+
+template <class Real>
+void Graph<Real>::Linear(int l, Target t, const Matrix& W, const Real* x, int64_t M, Real* y,
+                         std::vector<Real>& u) {
+  FrozenProduct(W, x, M, y, pool_);
+  const LoraSlot* slot = params_ && layout_ ? layout_->Find(l, t) : nullptr;
+  if (!slot || lora_scale_ == 0.0f) {
+    u.clear();
+    return;
+  }
+  const int r = layout_->cfg.rank;
+  const int64_t N = slot->n, K = slot->k;
+  const float p = layout_->cfg.dropout;
+  const Real* A = params_->w.data() + slot->a_off;
+  const Real* B = params_->w.data() + slot->b_off;
+  const Real s = Real(lora_scale_);
+  u.assign(size_t(M) * r, Real(0));
+  ForRows(M, [&](int64_t m) {
+    const Real* xm = x + m * K;
+    std::vector<Real> xd;
+    if (p > 0) {
+      xd.resize(K);
+      for (int64_t k = 0; k < K; ++k) xd[k] = xm[k] * Real(DropScale(key_, p, l, t, m, k));
+      xm = xd.data();
+    }
+    Real* um = u.data() + m * r;
+    for (int j = 0; j < r; ++j) {
+      Real acc = 0;
+      const Real* Aj = A + int64_t(j) * K;
+      for (int64_t k = 0; k < K; ++k) acc += Aj[k] * xm[k];
+      um[j] = acc;
+    }
+    Real* ym = y + m * N;
+    for (int64_t n = 0; n < N; ++n) {
+      Real acc = 0;
+      const Real* Bn = B + n * r;
+      for (int j = 0; j < r; ++j) acc += Bn[j] * um[j];
+      ym[n] += s * acc;
+    }
+  });
+}
+
+template <class Real>
+void Graph<Real>::LinearBackward(int l, Target t, const Matrix& W, const Real* x, const Real* u,
+                                 const Real* dy, int64_t M, Real* dx, LoraParams<Real>& grad) {
+  FrozenProductT(W, dy, M, dx, pool_);
+  const LoraSlot* slot = layout_ ? layout_->Find(l, t) : nullptr;
+  if (!slot || lora_scale_ == 0.0f) return;
+  const int r = layout_->cfg.rank;
+  const int64_t N = slot->n, K = slot->k;
+  const float p = layout_->cfg.dropout;
+  const Real* A = params_->w.data() + slot->a_off;
+  const Real* B = params_->w.data() + slot->b_off;
+  Real* dA = grad.w.data() + slot->a_off;
+  Real* dB = grad.w.data() + slot->b_off;
+  const Real s = Real(lora_scale_);
+  // dB [N, r] += s dy^T u
+  ForRows(N, [&](int64_t n) {
+    for (int j = 0; j < r; ++j) {
+      Real acc = 0;
+      for (int64_t m = 0; m < M; ++m) acc += dy[m * N + n] * u[m * r + j];
+      dB[n * r + j] += s * acc;
+    }
+  });
+  // du [M, r] = s dy B
+  std::vector<Real> du(size_t(M) * r);
+  ForRows(M, [&](int64_t m) {
+    for (int j = 0; j < r; ++j) {
+      Real acc = 0;
+      for (int64_t n = 0; n < N; ++n) acc += dy[m * N + n] * B[n * r + j];
+      du[m * r + j] = s * acc;
+    }
+  });
+  // dA [r, K] += du^T drop(x); dx [M, K] += drop'(du A)
+  ForRows(K, [&](int64_t k) {
+    for (int j = 0; j < r; ++j) {
+      Real acc = 0;
+      for (int64_t m = 0; m < M; ++m) {
+        Real xv = x[m * K + k];
+        if (p > 0) xv *= Real(DropScale(key_, p, l, t, m, k));
+        acc += du[m * r + j] * xv;
+      }
+      dA[int64_t(j) * K + k] += acc;
+    }
+  });
+  ForRows(M, [&](int64_t m) {
+    for (int64_t k = 0; k < K; ++k) {
+      Real acc = 0;
+      for (int j = 0; j < r; ++j) acc += du[m * r + j] * A[int64_t(j) * K + k];
+      if (p > 0) acc *= Real(DropScale(key_, p, l, t, m, k));
+      dx[m * K + k] += acc;
+    }
+  });
+}
+
+template <class Real>
+void Graph<Real>::Layer(int l, const PackedBatch& b, Real* x, LayerSaved& s) {
+  const int64_t M = b.size(), D = c_.dim, Q = c_.q_dim(), KV = c_.kv_dim(), F = c_.ffn_dim;
+  const int64_t Dh = c_.head_dim;
+  const LayerWeights& L = w_.layers[l];
+  const float off = c_.norm_offset, eps = c_.norm_eps;
+  s.x_in.assign(x, x + M * D);
+  s.xn1.resize(M * D);
+  ForRows(M, [&](int64_t i) {
+    kernels::RmsNormRow(x + i * D, L.attn_norm, off, eps, D, s.xn1.data() + i * D);
+  });
+  s.q.resize(M * Q);
+  s.k.resize(M * KV);
+  s.v.resize(M * KV);
+  Linear(l, Target::kQ, L.wq, s.xn1.data(), M, s.q.data(), s.lora_u[int(Target::kQ)]);
+  Linear(l, Target::kK, L.wk, s.xn1.data(), M, s.k.data(), s.lora_u[int(Target::kK)]);
+  Linear(l, Target::kV, L.wv, s.xn1.data(), M, s.v.data(), s.lora_u[int(Target::kV)]);
+  auto add_bias = [&](std::vector<Real>& y, const float* bias, int64_t N) {
+    if (!bias) return;
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t n = 0; n < N; ++n) y[i * N + n] += Real(bias[n]);
+  };
+  add_bias(s.q, L.bq, Q);
+  add_bias(s.k, L.bk, KV);
+  add_bias(s.v, L.bv, KV);
+  if (L.q_norm) {
+    s.q_pre = s.q;
+    s.k_pre = s.k;
+    ForRows(M, [&](int64_t i) {
+      for (int h = 0; h < c_.n_heads; ++h) {
+        Real* qh = s.q.data() + i * Q + h * Dh;
+        kernels::RmsNormRow(qh, L.q_norm, off, eps, Dh, qh);
+      }
+      for (int h = 0; h < c_.n_kv_heads; ++h) {
+        Real* kh = s.k.data() + i * KV + h * Dh;
+        kernels::RmsNormRow(kh, L.k_norm, off, eps, Dh, kh);
+      }
+    });
+  }
+  const kernels::RopeTable& rope = Rope(l);
+  ForRows(M, [&](int64_t i) {
+    kernels::RopeRotate(s.q.data() + i * Q, c_.n_heads, c_.head_dim, c_.rope_dim, rope, b.pos[i],
+                        c_.rope_style, 1);
+    kernels::RopeRotate(s.k.data() + i * KV, c_.n_kv_heads, c_.head_dim, c_.rope_dim, rope,
+                        b.pos[i], c_.rope_style, 1);
+  });
+  s.att.resize(M * Q);
+  s.lse.resize(M * c_.n_heads);
+  const kernels::TrainAttentionShape shape{
+      c_.n_heads,    c_.n_kv_heads,   c_.head_dim,
+      c_.attn_scale, c_.attn_softcap, c_.layer_sliding[l] ? c_.sliding_window : 0};
+  auto attend = [&](int64_t h0, int64_t h1, int) {
+    kernels::AttentionTrainForward(shape, s.q.data(), s.k.data(), s.v.data(), b.pos.data(),
+                                   b.visible.data(), M, s.att.data(), s.lse.data(), int(h0),
+                                   int(h1));
+  };
+  if (pool_)
+    pool_->ParallelFor(c_.n_kv_heads, attend);
+  else
+    attend(0, c_.n_kv_heads, 0);
+
+  std::vector<Real> o(M * D);
+  Linear(l, Target::kO, L.wo, s.att.data(), M, o.data(), s.lora_u[int(Target::kO)]);
+  add_bias(o, L.bo, D);
+  if (L.post_attn_norm) {
+    s.o_pre = o;
+    ForRows(M, [&](int64_t i) {
+      kernels::RmsNormRow(o.data() + i * D, L.post_attn_norm, off, eps, D, o.data() + i * D);
+    });
+  }
+  const Real rs = Real(c_.residual_scale);
+  for (int64_t i = 0; i < M * D; ++i) x[i] += o[i] * rs;
+  s.x_mid.assign(x, x + M * D);
+  s.xn2.resize(M * D);
+  ForRows(M, [&](int64_t i) {
+    kernels::RmsNormRow(x + i * D, L.ffn_norm, off, eps, D, s.xn2.data() + i * D);
+  });
+  s.g.resize(M * F);
+  s.u.resize(M * F);
+  s.h.resize(M * F);
+  Linear(l, Target::kGate, L.w_gate, s.xn2.data(), M, s.g.data(), s.lora_u[int(Target::kGate)]);
+  Linear(l, Target::kUp, L.w_up, s.xn2.data(), M, s.u.data(), s.lora_u[int(Target::kUp)]);
+  ForRows(M, [&](int64_t i) {
+    kernels::GatedForward(c_.act, s.g.data() + i * F, s.u.data() + i * F, F, s.h.data() + i * F);
+  });
+  std::vector<Real>& d = o;  // reuse [M, D]
+  Linear(l, Target::kDown, L.w_down, s.h.data(), M, d.data(), s.lora_u[int(Target::kDown)]);
+  if (L.post_ffn_norm) {
+    s.d_pre = d;
+    ForRows(M, [&](int64_t i) {
+      kernels::RmsNormRow(d.data() + i * D, L.post_ffn_norm, off, eps, D, d.data() + i * D);
+    });
+  }
+  for (int64_t i = 0; i < M * D; ++i) x[i] += d[i] * rs;
+}
+
+template <class Real>
+const std::vector<Real>& Graph<Real>::Forward(const PackedBatch& b, const LoraParams<Real>* params,
+                                              DropoutKey key, bool keep) {
+  const int64_t M = b.size(), D = c_.dim;
+  params_ = params;
+  lora_scale_ = params && layout_ ? layout_->cfg.Scale() : 0.0f;
+  key_ = key;
+  keep_ = keep;
+  hidden_.assign(M * D, Real(0));
+  std::vector<float> row(D);
+  for (int64_t i = 0; i < M; ++i) {
+    kernels::DequantizeMatrixRow(w_.tok_embd, b.tokens[i], row.data());
+    for (int64_t k = 0; k < D; ++k) hidden_[i * D + k] = Real(row[k]) * Real(embed_scale_);
+  }
+  if (keep) saved_.resize(c_.n_layers);
+  for (int l = 0; l < c_.n_layers; ++l) Layer(l, b, hidden_.data(), keep ? saved_[l] : scratch_);
+  return hidden_;
+}
+
+template <class Real>
+void Graph<Real>::LayerBackward(int l, const PackedBatch& b, LayerSaved& s, Real* dx,
+                                LoraParams<Real>& grad) {
+  const int64_t M = b.size(), D = c_.dim, Q = c_.q_dim(), KV = c_.kv_dim(), F = c_.ffn_dim;
+  const int64_t Dh = c_.head_dim;
+  const LayerWeights& L = w_.layers[l];
+  const float off = c_.norm_offset, eps = c_.norm_eps;
+  const Real rs = Real(c_.residual_scale);
+  const bool need_dx = l > layout_->first_layer;  // nothing below the lowest adapted layer learns
+
+  // FFN: x_out = x_mid + rs * post_norm(down(act(gate(xn2)) * up(xn2)))
+  std::vector<Real> dd(M * D);
+  for (int64_t i = 0; i < M * D; ++i) dd[i] = dx[i] * rs;
+  if (L.post_ffn_norm) {
+    std::vector<Real> pre(M * D, Real(0));
+    ForRows(M, [&](int64_t i) {
+      kernels::RmsNormRowBackward(s.d_pre.data() + i * D, L.post_ffn_norm, off, eps, D,
+                                  dd.data() + i * D, pre.data() + i * D);
+    });
+    dd.swap(pre);
+  }
+  std::vector<Real> dh(M * F, Real(0));
+  LinearBackward(l, Target::kDown, L.w_down, s.h.data(), s.lora_u[int(Target::kDown)].data(),
+                 dd.data(), M, dh.data(), grad);
+  std::vector<Real> dg(M * F), du(M * F);
+  ForRows(M, [&](int64_t i) {
+    kernels::GatedBackward(c_.act, s.g.data() + i * F, s.u.data() + i * F, dh.data() + i * F, F,
+                           dg.data() + i * F, du.data() + i * F);
+  });
+  std::vector<Real> dxn(M * D, Real(0));
+  LinearBackward(l, Target::kGate, L.w_gate, s.xn2.data(), s.lora_u[int(Target::kGate)].data(),
+                 dg.data(), M, dxn.data(), grad);
+  LinearBackward(l, Target::kUp, L.w_up, s.xn2.data(), s.lora_u[int(Target::kUp)].data(), du.data(),
+                 M, dxn.data(), grad);
+  ForRows(M, [&](int64_t i) {
+    kernels::RmsNormRowBackward(s.x_mid.data() + i * D, L.ffn_norm, off, eps, D, dxn.data() + i * D,
+                                dx + i * D);
+  });
+
+  // Attention: x_mid = x_in + rs * post_norm(o(attn(rope(q), rope(k), v)))
+  std::vector<Real>& dob = dd;
+  for (int64_t i = 0; i < M * D; ++i) dob[i] = dx[i] * rs;
+  if (L.post_attn_norm) {
+    std::vector<Real> pre(M * D, Real(0));
+    ForRows(M, [&](int64_t i) {
+      kernels::RmsNormRowBackward(s.o_pre.data() + i * D, L.post_attn_norm, off, eps, D,
+                                  dob.data() + i * D, pre.data() + i * D);
+    });
+    dob.swap(pre);
+  }
+  std::vector<Real> datt(M * Q, Real(0));
+  LinearBackward(l, Target::kO, L.wo, s.att.data(), s.lora_u[int(Target::kO)].data(), dob.data(), M,
+                 datt.data(), grad);
+  std::vector<Real> dq(M * Q, Real(0)), dk(M * KV, Real(0)), dv(M * KV, Real(0));
+  const kernels::TrainAttentionShape shape{
+      c_.n_heads,    c_.n_kv_heads,   c_.head_dim,
+      c_.attn_scale, c_.attn_softcap, c_.layer_sliding[l] ? c_.sliding_window : 0};
+  auto attend = [&](int64_t h0, int64_t h1, int) {
+    kernels::AttentionTrainBackward(shape, s.q.data(), s.k.data(), s.v.data(), b.pos.data(),
+                                    b.visible.data(), M, s.att.data(), s.lse.data(), datt.data(),
+                                    dq.data(), dk.data(), dv.data(), int(h0), int(h1));
+  };
+  if (pool_)
+    pool_->ParallelFor(c_.n_kv_heads, attend);
+  else
+    attend(0, c_.n_kv_heads, 0);
+  const kernels::RopeTable& rope = Rope(l);
+  ForRows(M, [&](int64_t i) {
+    kernels::RopeRotate(dq.data() + i * Q, c_.n_heads, c_.head_dim, c_.rope_dim, rope, b.pos[i],
+                        c_.rope_style, -1);
+    kernels::RopeRotate(dk.data() + i * KV, c_.n_kv_heads, c_.head_dim, c_.rope_dim, rope, b.pos[i],
+                        c_.rope_style, -1);
+  });
+  if (L.q_norm) {
+    std::vector<Real> dq_pre(M * Q, Real(0)), dk_pre(M * KV, Real(0));
+    ForRows(M, [&](int64_t i) {
+      for (int h = 0; h < c_.n_heads; ++h) {
+        const int64_t o = i * Q + h * Dh;
+        kernels::RmsNormRowBackward(s.q_pre.data() + o, L.q_norm, off, eps, Dh, dq.data() + o,
+                                    dq_pre.data() + o);
+      }
+      for (int h = 0; h < c_.n_kv_heads; ++h) {
+        const int64_t o = i * KV + h * Dh;
+        kernels::RmsNormRowBackward(s.k_pre.data() + o, L.k_norm, off, eps, Dh, dk.data() + o,
+                                    dk_pre.data() + o);
+      }
+    });
+    dq.swap(dq_pre);
+    dk.swap(dk_pre);
+  }
+  std::fill(dxn.begin(), dxn.end(), Real(0));
+  LinearBackward(l, Target::kQ, L.wq, s.xn1.data(), s.lora_u[int(Target::kQ)].data(), dq.data(), M,
+                 dxn.data(), grad);
+  LinearBackward(l, Target::kK, L.wk, s.xn1.data(), s.lora_u[int(Target::kK)].data(), dk.data(), M,
+                 dxn.data(), grad);
+  LinearBackward(l, Target::kV, L.wv, s.xn1.data(), s.lora_u[int(Target::kV)].data(), dv.data(), M,
+                 dxn.data(), grad);
+  if (!need_dx) return;
+  ForRows(M, [&](int64_t i) {
+    kernels::RmsNormRowBackward(s.x_in.data() + i * D, L.attn_norm, off, eps, D, dxn.data() + i * D,
+                                dx + i * D);
+  });
+}
+
+template <class Real>
+void Graph<Real>::Backward(const PackedBatch& b, const LoraParams<Real>& params,
+                           const Real* dhidden, LoraParams<Real>& grad) {
+  LUMEN_CHECK(keep_ && layout_ && params_ == &params);
+  std::vector<Real> dx(dhidden, dhidden + b.size() * c_.dim);
+  for (int l = c_.n_layers - 1; l >= layout_->first_layer; --l)
+    LayerBackward(l, b, saved_[l], dx.data(), grad);
+}
+
+template class Graph<float>;
+template class Graph<double>;
+
+}  // namespace lumen::train

@@ -1,0 +1,89 @@
+// The training forward and backward of every supported dense family over a
+// PackedBatch, with LoRA on the chosen targets and every base weight frozen
+// (any storage type: products through W use kernels::MatMul and, backward,
+// kernels::MatMulT, which decode W on the fly).
+//
+// Real = float is the training route; Real = double is the finite-difference
+// oracle (frozen rows decoded to f32, arithmetic in double): the same code at
+// both precisions, so an FD check in double covers what trains.
+//
+// Forward(batch) returns the final residual stream [M, D] (before the final
+// norm: the head, train/head.h, owns that); Backward(dhidden) accumulates the
+// LoRA gradients into `grad` (same layout as the parameters). The forward
+// keeps per layer what the backward needs (LayerSaved); LoRA dropout masks
+// are a hash of (seed, step, layer, target, token, column), so a recomputed
+// forward is bit-identical.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "lumen/core/thread_pool.h"
+#include "lumen/kernels/rope.h"
+#include "lumen/model/config.h"
+#include "lumen/model/weights.h"
+#include "lumen/train/batch.h"
+#include "lumen/train/lora.h"
+
+namespace lumen::train {
+
+// Identifies a step's dropout masks.
+struct DropoutKey {
+  uint64_t seed = 0;
+  uint64_t step = 0;
+};
+
+template <class Real>
+class Graph {
+ public:
+  // lora may be null (base model only, e.g. reference log-probs).
+  Graph(const model::ModelConfig& c, const model::Weights& w, const LoraLayout* layout,
+        ThreadPool* pool);
+
+  // params: null or scale 0 runs the base model. keep: save activations for
+  // Backward. Returns hidden [M, D].
+  const std::vector<Real>& Forward(const PackedBatch& b, const LoraParams<Real>* params,
+                                   DropoutKey key, bool keep);
+  // dhidden [M, D] -> grad += d loss / d params. Needs a Forward with keep.
+  void Backward(const PackedBatch& b, const LoraParams<Real>& params, const Real* dhidden,
+                LoraParams<Real>& grad);
+
+  // Bytes held by the saved activations of the last Forward (for reports).
+  size_t saved_bytes() const;
+
+ private:
+  struct LayerSaved {
+    std::vector<Real> x_in, xn1, q_pre, k_pre, q, k, v, att, lse, o_pre, x_mid, xn2, g, u, h, d_pre;
+    std::vector<Real> lora_u[kNumTargets];  // A x per target [M, r]
+  };
+  void Layer(int l, const PackedBatch& b, Real* x, LayerSaved& s);
+  void LayerBackward(int l, const PackedBatch& b, LayerSaved& s, Real* dx, LoraParams<Real>& grad);
+  // y [M, N] = x W^T + s B (A drop(x)); saves A drop(x) in u.
+  void Linear(int l, Target t, const model::Matrix& W, const Real* x, int64_t M, Real* y,
+              std::vector<Real>& u);
+  // dx [M, K] += dy W + s (dy B) A (dropout-masked); grads of A and B.
+  void LinearBackward(int l, Target t, const model::Matrix& W, const Real* x, const Real* u,
+                      const Real* dy, int64_t M, Real* dx, LoraParams<Real>& grad);
+  const kernels::RopeTable& Rope(int l) const;
+  template <class Fn>
+  void ForRows(int64_t M, Fn&& fn);
+
+  const model::ModelConfig& c_;
+  const model::Weights& w_;
+  const LoraLayout* layout_;
+  ThreadPool* pool_;
+  const LoraParams<Real>* params_ = nullptr;
+  float lora_scale_ = 0.0f;
+  DropoutKey key_;
+  bool keep_ = false;
+  kernels::RopeTable rope_global_, rope_local_;
+  float embed_scale_;
+  std::vector<LayerSaved> saved_;
+  LayerSaved scratch_;  // the layer's buffers when nothing is kept
+  std::vector<Real> hidden_;
+};
+
+extern template class Graph<float>;
+extern template class Graph<double>;
+
+}  // namespace lumen::train

@@ -1,0 +1,78 @@
+#include "lumen/train/head.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "lumen/kernels/train_ops.h"
+#include "lumen/train/frozen.h"
+
+namespace lumen::train {
+
+template <class Real>
+void PlainHead<Real>::Forward(const Real* hidden, const PackedBatch& b, std::vector<Real>& logp) {
+  const int64_t D = c_.dim, V = c_.vocab_size;
+  M_ = b.size();
+  rows_.clear();
+  targets_.clear();
+  for (int64_t i = 0; i < M_; ++i)
+    if (b.targets[i] >= 0) {
+      rows_.push_back(i);
+      targets_.push_back(b.targets[i]);
+    }
+  const int64_t R = int64_t(rows_.size());
+  h_.resize(R * D);
+  xn_.resize(R * D);
+  for (int64_t r = 0; r < R; ++r) {
+    std::copy(hidden + rows_[r] * D, hidden + (rows_[r] + 1) * D, h_.begin() + r * D);
+    kernels::RmsNormRow(h_.data() + r * D, w_.output_norm, c_.norm_offset, c_.norm_eps, D,
+                        xn_.data() + r * D);
+    if (c_.logit_scale != 1.0f)
+      for (int64_t k = 0; k < D; ++k) xn_[r * D + k] *= Real(c_.logit_scale);
+  }
+  logits_.resize(R * V);
+  lse_.resize(R);
+  logp.assign(M_, Real(0));
+  if (R == 0) return;
+  FrozenProduct(w_.output, xn_.data(), R, logits_.data(), pool_);
+  if (c_.final_softcap > 0) kernels::SoftCapForward(logits_.data(), R * V, c_.final_softcap);
+  for (int64_t r = 0; r < R; ++r) {
+    const Real* z = logits_.data() + r * V;
+    const Real mx = *std::max_element(z, z + V);
+    Real sum = 0;
+    for (int64_t v = 0; v < V; ++v) sum += std::exp(z[v] - mx);
+    lse_[r] = mx + std::log(sum);
+    logp[rows_[r]] = z[targets_[r]] - lse_[r];
+  }
+}
+
+template <class Real>
+void PlainHead<Real>::Backward(const Real* dlogp, std::vector<Real>& dhidden) {
+  const int64_t D = c_.dim, V = c_.vocab_size, R = int64_t(rows_.size());
+  dhidden.assign(M_ * D, Real(0));
+  if (R == 0) return;
+  // d logp / d z_v = onehot - softmax
+  std::vector<Real> dz(R * V);
+  for (int64_t r = 0; r < R; ++r) {
+    const Real g = dlogp[rows_[r]];
+    const Real* z = logits_.data() + r * V;
+    Real* d = dz.data() + r * V;
+    for (int64_t v = 0; v < V; ++v) d[v] = -g * std::exp(z[v] - lse_[r]);
+    d[targets_[r]] += g;
+  }
+  if (c_.final_softcap > 0)
+    kernels::SoftCapBackward(logits_.data(), dz.data(), R * V, c_.final_softcap, dz.data());
+  std::vector<Real> dxn(R * D, Real(0));
+  FrozenProductT(w_.output, dz.data(), R, dxn.data(), pool_);
+  for (int64_t r = 0; r < R; ++r) {
+    Real* dn = dxn.data() + r * D;
+    if (c_.logit_scale != 1.0f)
+      for (int64_t k = 0; k < D; ++k) dn[k] *= Real(c_.logit_scale);
+    kernels::RmsNormRowBackward(h_.data() + r * D, w_.output_norm, c_.norm_offset, c_.norm_eps, D,
+                                dn, dhidden.data() + rows_[r] * D);
+  }
+}
+
+template class PlainHead<float>;
+template class PlainHead<double>;
+
+}  // namespace lumen::train

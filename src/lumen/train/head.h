@@ -1,0 +1,48 @@
+// The LM head as a unit of its own: hidden [M, D] -> per-token log-prob of
+// each token's target (final norm, logit scale, W_out, final soft-cap,
+// log-softmax), and back: d loss / d logp [M] -> d loss / d hidden [M, D].
+// Objectives only see log-probs, so the fused linear cross-entropy head (which
+// never holds [M, V]) replaces this one without touching them.
+//
+// PlainHead keeps the logits of the scored rows ([R, V], R = tokens with a
+// target) between Forward and Backward.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "lumen/core/thread_pool.h"
+#include "lumen/model/config.h"
+#include "lumen/model/weights.h"
+#include "lumen/train/batch.h"
+
+namespace lumen::train {
+
+template <class Real>
+class PlainHead {
+ public:
+  PlainHead(const model::ModelConfig& c, const model::Weights& w, ThreadPool* pool)
+      : c_(c), w_(w), pool_(pool) {}
+  // logp [M] (0 where the token has no target).
+  void Forward(const Real* hidden, const PackedBatch& b, std::vector<Real>& logp);
+  // dlogp [M] -> dhidden [M, D] (overwritten; zero rows where no target).
+  void Backward(const Real* dlogp, std::vector<Real>& dhidden);
+  size_t saved_bytes() const { return (logits_.size() + xn_.size()) * sizeof(Real); }
+
+ private:
+  const model::ModelConfig& c_;
+  const model::Weights& w_;
+  ThreadPool* pool_;
+  int64_t M_ = 0;
+  std::vector<int64_t> rows_;     // [R] packed index of each scored row
+  std::vector<int32_t> targets_;  // [R]
+  std::vector<Real> h_;           // [R, D] hidden of scored rows
+  std::vector<Real> xn_;          // [R, D] normed (and scaled) hidden
+  std::vector<Real> logits_;      // [R, V] after the soft-cap
+  std::vector<Real> lse_;         // [R]
+};
+
+extern template class PlainHead<float>;
+extern template class PlainHead<double>;
+
+}  // namespace lumen::train

@@ -46,7 +46,7 @@ TARGET_MODULE = {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_at
 METHODS = ("sft", "dpo", "dpo_ls", "orpo", "simpo", "ipo", "hinge")
 
 LORA_RANK = 4
-LORA_ALPHA = 8.0
+LORA_ALPHA = 8
 LORA_SEED = 7
 LORA_A_STD = 0.05
 LORA_B_STD = 0.02
@@ -252,8 +252,9 @@ class Model:
         T, d = x.shape[0], x.shape[-1]
         inv = self.spec.theta ** (-torch.arange(0, d // 2, dtype=torch.float64) * 2.0 / d)
         ang = torch.arange(T, dtype=torch.float64)[:, None] * inv[None, :]
-        cos = torch.cat([ang.cos(), ang.cos()], -1)[:, None, :]
-        sin = torch.cat([ang.sin(), ang.sin()], -1)[:, None, :]
+        # Angles in float64, cos/sin then in the working dtype (families.md section 3).
+        cos = torch.cat([ang.cos(), ang.cos()], -1)[:, None, :].to(x.dtype)
+        sin = torch.cat([ang.sin(), ang.sin()], -1)[:, None, :].to(x.dtype)
         x1, x2 = x[..., : d // 2], x[..., d // 2:]
         return x * cos + torch.cat([-x2, x1], -1) * sin
 
@@ -346,12 +347,13 @@ def objective(method, lw, lr, ref_w, ref_r):
     F = torch.nn.functional
     Sw = torch.stack([t.sum() for t in lw])
     Sr = torch.stack([t.sum() for t in lr])
-    Aw = Sw / torch.tensor([float(len(t)) for t in lw], dtype=torch.float64)
-    Ar = Sr / torch.tensor([float(len(t)) for t in lr], dtype=torch.float64)
+    dt = Sw.dtype
+    Aw = Sw / torch.tensor([float(len(t)) for t in lw], dtype=dt)
+    Ar = Sr / torch.tensor([float(len(t)) for t in lr], dtype=dt)
     rSw = torch.stack([t.sum() for t in ref_w])
     rSr = torch.stack([t.sum() for t in ref_r])
-    rAw = rSw / torch.tensor([float(len(t)) for t in ref_w], dtype=torch.float64)
-    rAr = rSr / torch.tensor([float(len(t)) for t in ref_r], dtype=torch.float64)
+    rAw = rSw / torch.tensor([float(len(t)) for t in ref_w], dtype=dt)
+    rAr = rSr / torch.tensor([float(len(t)) for t in ref_r], dtype=dt)
     nll = -torch.cat(lw).sum() / sum(len(t) for t in lw)
     hp = HP[method]
     if method == "sft":
@@ -450,6 +452,35 @@ def fd_check(model, pairs, lora, scale, ref, grads, n_entries, rng):
     return max(per.values()), len(picks), per
 
 
+def f32_deviation(model, pairs, lora, scale, losses, grads):
+    """The same formulas run in float32 torch (weights, adapter and every op in
+    f32; RoPE angles in f64). Informative: how far an f32 implementation lands
+    from the f64 golden. Per method: relative loss error, and the largest
+    max|g32 - g64| / max|g64| over the gradient tensors."""
+    m32 = Model.__new__(Model)
+    m32.spec, m32.w = model.spec, {k: v.float() for k, v in model.w.items()}
+    l32 = {k: (A.detach().float().requires_grad_(True), B.detach().float().requires_grad_(True))
+           for k, (A, B) in lora.items()}
+    with torch.no_grad():
+        ref = ([response_logp(m32, p["prompt"], p["chosen"], None, 0.0) for p in pairs],
+               [response_logp(m32, p["prompt"], p["rejected"], None, 0.0) for p in pairs])
+    _, _, L32 = all_losses(m32, pairs, l32, scale, ref)
+    params = [x for ab in l32.values() for x in ab]
+    out = {}
+    for m in METHODS:
+        gs = torch.autograd.grad(L32[m][0], params, retain_graph=True)
+        it = iter(gs)
+        worst = 0.0
+        for key in l32:
+            for j in range(2):
+                g32 = next(it).double()
+                g64 = grads[m][key][j]
+                worst = max(worst, ((g32 - g64).abs().max() / g64.abs().max()).item())
+        out[m] = {"loss_rel": abs(L32[m][0].item() - losses[m][0].item()) / abs(losses[m][0].item()),
+                  "grad_rel_to_tensor_absmax": worst}
+    return out
+
+
 def crosscheck_forward_ref(model_dir, ids, base_logits):
     """Max |diff| between this forward (adapter off) and forward_ref.py's numpy forward."""
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -488,6 +519,13 @@ def run_case(lumen, case, out_dir, tmp, fd_entries):
         # Scale 0 with the adapter present is the adapter-off model, exactly.
         z = response_logp(model, pairs[0]["prompt"], pairs[0]["chosen"], lora, 0.0)
         assert torch.equal(z, ref_w[0])
+        # The golden must exercise the window: without it the log-probs change.
+        if windows:
+            saved = spec.window
+            spec.window = [None] * spec.L
+            nowin = response_logp(model, pairs[0]["prompt"], pairs[0]["chosen"], None, 0.0)
+            spec.window = saved
+            assert (nowin - ref_w[0]).abs().max() > 1e-6, "the sliding window changes nothing"
     ref = (ref_w, ref_r)
     lw, lr, losses = all_losses(model, pairs, lora, scale, ref)
 
@@ -506,6 +544,8 @@ def run_case(lumen, case, out_dir, tmp, fd_entries):
 
     rng = __import__("random").Random(1234)
     fd_rel, fd_n, fd_per = fd_check(model, pairs, lora, scale, ref, grads, fd_entries, rng)
+
+    f32dev = f32_deviation(model, pairs, lora, scale, losses, grads)
 
     # Logits of the first chosen sequence, without and with the adapter.
     seq0 = pairs[0]["prompt"] + pairs[0]["chosen"]
@@ -531,6 +571,8 @@ def run_case(lumen, case, out_dir, tmp, fd_entries):
           f"max relative error {fd_rel:.3e} (" + ", ".join(f"{m} {v:.1e}" for m, v in fd_per.items()) + ")")
     print(f"  forward vs forward_ref.py: max |diff| {xref if xref is not None else 'n/a'}; "
           f"merged vs unmerged: {merge_diff:.3e}")
+    print("  f32 torch vs f64: loss rel max {:.1e}, grad (per-tensor absmax-relative) max {:.1e}".format(
+        max(v["loss_rel"] for v in f32dev.values()), max(v["grad_rel_to_tensor_absmax"] for v in f32dev.values())))
     if fd_rel > 1e-6:
         raise SystemExit(f"{case}: finite-difference check failed ({fd_rel:.3e} > 1e-6)")
 
@@ -599,7 +641,7 @@ def run_case(lumen, case, out_dir, tmp, fd_entries):
             "logp.{i}.chosen|rejected": "[n] per response token, adapter on (scale alpha/r)",
             "ref_logp.{i}.chosen|rejected": "[n] per response token, adapter off (the reference model)",
             "S": "sum of a sequence's response log-probs; A = S / n (mean)",
-            "sft": "sum of -logp over all chosen tokens of both pairs / their count (14)",
+            "sft": "sum of -logp over all chosen tokens of both pairs / their count (2 x 7 = 14)",
             "dpo": "mean over pairs of -(1-ls) logsigmoid(z) - ls logsigmoid(-z), "
                    "z = beta ((S_w - refS_w) - (S_r - refS_r)); dpo_ls has ls = 0.1",
             "orpo": "nll (as sft) + lambda * mean over pairs of -logsigmoid(log_odds), "
@@ -616,7 +658,8 @@ def run_case(lumen, case, out_dir, tmp, fd_entries):
         },
         "checks": {"fd_entries": fd_n, "fd_step": FD_STEP, "fd_max_relative_error": fd_rel,
                    "fd_max_relative_error_per_method": fd_per, "fd_stencil": "4th-order central",
-                   "forward_ref_max_abs_diff": xref, "merged_vs_unmerged_max_abs_diff": merge_diff},
+                   "forward_ref_max_abs_diff": xref, "merged_vs_unmerged_max_abs_diff": merge_diff,
+                   "f32_torch_deviation (informative)": f32dev},
         "losses": {m: losses[m][0].item() for m in METHODS},
     }
     with open(os.path.join(cdir, "case.json"), "w") as f:

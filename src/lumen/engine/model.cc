@@ -1,6 +1,8 @@
 #include "lumen/engine/model.h"
 
+#include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <set>
 
@@ -9,8 +11,44 @@
 #include "lumen/formats/hf_dir.h"
 #include "lumen/formats/llama2c.h"
 #include "lumen/formats/mlx.h"
+#include "lumen/formats/safetensors.h"
 
 namespace lumen::engine {
+namespace {
+
+// Names the model file once: the format readers already start their messages
+// with the path, other errors (binding, config checks) get it added here.
+Status InFile(Status s, const std::string& path) {
+  if (s.ok() || s.message().starts_with(path)) return s;
+  return s.WithContext(path);
+}
+
+bool StartsWithGgufMagic(const std::string& path) {
+  char magic[4] = {};
+  std::ifstream f(path, std::ios::binary);
+  return f.read(magic, 4) && std::memcmp(magic, "GGUF", 4) == 0;
+}
+
+// The error for a *.safetensors path whose bytes are not safetensors: the
+// reason without the reader's own path prefix, and the header length read as
+// the format would read it when that is what fails.
+Status NotSafetensors(const std::string& path, const Status& why) {
+  std::error_code ec;
+  const uint64_t size = std::filesystem::file_size(path, ec);
+  std::ifstream f(path, std::ios::binary);
+  uint64_t n = 0;
+  if (!ec && size >= 8 && f.read(reinterpret_cast<char*>(&n), 8) && n > size - 8) {
+    return Errorf(
+        "{}: not a safetensors file: header length {} exceeds the file size ({} bytes), and "
+        "not GGUF either (no 'GGUF' magic)",
+        path, n, size);
+  }
+  std::string reason = why.message();
+  if (reason.starts_with(path + ": ")) reason.erase(0, path.size() + 2);
+  return Errorf("{}: not a safetensors file: {}", path, reason);
+}
+
+}  // namespace
 
 struct Model::Sources {
   std::optional<formats::GgufFile> gguf;
@@ -158,7 +196,7 @@ Result<std::unique_ptr<Model>> Model::LoadGgufBytes(const uint8_t* data, size_t 
   m->name_ = name;
   LUMEN_ASSIGN_OR_RETURN(formats::GgufFile g, formats::GgufFile::FromBytes(data, size, name));
   m->sources_->gguf.emplace(std::move(g));
-  LUMEN_RETURN_IF_ERROR(m->InitGguf(opts).WithContext(name));
+  LUMEN_RETURN_IF_ERROR(InFile(m->InitGguf(opts), name));
   return m;
 }
 
@@ -171,18 +209,30 @@ Result<std::unique_ptr<Model>> Model::Load(const std::string& path, const LoadOp
   if (fs::is_directory(path, ec)) {
     LUMEN_ASSIGN_OR_RETURN(formats::HfModelDir hf, formats::HfModelDir::Open(path));
     m->sources_->hf.emplace(std::move(hf));
-    LUMEN_RETURN_IF_ERROR(m->InitHf(opts).WithContext(path));
+    LUMEN_RETURN_IF_ERROR(InFile(m->InitHf(opts), path));
     return m;
   }
   if (path.ends_with(".bin")) {
     LUMEN_ASSIGN_OR_RETURN(formats::Llama2cModel l, formats::Llama2cModel::Open(path));
     m->sources_->l2c.emplace(std::move(l));
-    LUMEN_RETURN_IF_ERROR(m->InitLlama2c(opts).WithContext(path));
+    LUMEN_RETURN_IF_ERROR(InFile(m->InitLlama2c(opts), path));
     return m;
+  }
+  if (path.ends_with(".safetensors") && !StartsWithGgufMagic(path)) {
+    // A lone safetensors file holds weights only: load the model directory it
+    // sits in, or say what the bytes are.
+    auto st = formats::SafetensorsFile::Open(path);
+    if (!st.ok()) return NotSafetensors(path, st.status());
+    const fs::path dir = fs::path(path).parent_path();
+    if (fs::exists(dir / "config.json", ec)) return Load(dir.empty() ? "." : dir.string(), opts);
+    return Errorf(
+        "{}: a safetensors file holds only weights; pass the Hugging Face model directory "
+        "(config.json, tokenizer.json and the *.safetensors files)",
+        path);
   }
   LUMEN_ASSIGN_OR_RETURN(formats::GgufFile g, formats::GgufFile::Open(path));
   m->sources_->gguf.emplace(std::move(g));
-  LUMEN_RETURN_IF_ERROR(m->InitGguf(opts).WithContext(path));
+  LUMEN_RETURN_IF_ERROR(InFile(m->InitGguf(opts), path));
   return m;
 }
 

@@ -7,6 +7,7 @@
 #include "lumen/core/quant.h"
 #include "lumen/formats/gguf.h"
 #include "lumen/formats/safetensors.h"
+#include "lumen/kernels/rope.h"
 #include "lumen/model/weights.h"
 
 namespace lumen::engine {
@@ -30,19 +31,56 @@ Result<std::string> Encode(const TensorPlan& p, DType dtype) {
   return out;
 }
 
+// llama.cpp has no rope.scaling.type for Llama 3's scaling (it aborts on
+// "llama3"): its converter writes the per-pair frequency divisors as the tensor
+// rope_freqs.weight [rope_dim / 2] and no scaling keys. For an arch "llama"
+// model with llama3 scaling this returns the config without the scaling and
+// puts that tensor in `freqs` (unless the plans already carry one).
+model::ModelConfig LlamaCppRope(const model::ModelConfig& config,
+                                const std::vector<TensorPlan>& plans,
+                                std::vector<TensorPlan>& freqs) {
+  using model::Family;
+  model::ModelConfig c = config;
+  if (c.rope_scaling.type != kernels::RopeScaling::Type::kLlama3 ||
+      (c.family != Family::kLlama && c.family != Family::kMistral))
+    return c;
+  c.rope_scaling = {};
+  for (const auto& p : plans)
+    if (p.name == "rope_freqs.weight") return c;
+  const auto scaled = kernels::MakeRopeTable(config.rope_dim, config.rope_theta,
+                                             config.rope_scaling, config.max_ctx, 1);
+  const auto plain =
+      kernels::MakeRopeTable(config.rope_dim, config.rope_theta, {}, config.max_ctx, 1);
+  TensorPlan t;
+  t.name = "rope_freqs.weight";
+  t.shape = {config.rope_dim / 2};
+  t.row = [scaled, plain](int64_t, float* out) {
+    for (size_t i = 0; i < plain.inv_freq.size(); ++i)
+      out[i] = float(plain.inv_freq[i] / scaled.inv_freq[i]);
+  };
+  freqs.push_back(std::move(t));
+  return c;
+}
+
 }  // namespace
 
 Status WriteGgufModel(const model::ModelConfig& config, const tokenize::Tokenizer& tok,
                       const std::vector<TensorPlan>& plans, const WriteOptions& opts,
                       const std::string& path) {
   formats::GgufWriter w;
-  model::ConfigToGguf(config, w);
+  std::vector<TensorPlan> freqs;
+  const model::ModelConfig c = LlamaCppRope(config, plans, freqs);
+  model::ConfigToGguf(c, w);
   w.SetString("general.name",
               opts.name.empty() ? std::filesystem::path(path).stem().string() : opts.name);
   LUMEN_RETURN_IF_ERROR(tok.ExportGguf(w));
   if (!opts.chat_template.empty()) w.SetString("tokenizer.chat_template", opts.chat_template);
-  Progress progress("writing " + path, static_cast<int64_t>(plans.size()));
-  for (const auto& p : plans) {
+  Progress progress("writing " + path, static_cast<int64_t>(plans.size() + freqs.size()));
+  std::vector<const TensorPlan*> all;
+  for (const auto& p : freqs) all.push_back(&p);  // llama.cpp's converter writes it first
+  for (const auto& p : plans) all.push_back(&p);
+  for (const TensorPlan* pp : all) {
+    const TensorPlan& p = *pp;
     DType dt = p.dtype ? *p.dtype : opts.dtype.value_or(p.source_dtype);
     if (p.shape.size() == 1) dt = DType::kF32;
     if (!formats::GgmlFromDType(dt)) dt = DType::kF16;

@@ -416,7 +416,10 @@ Result<ModelConfig> ConfigFromGguf(const formats::GgufFile& g) {
     else if (const auto* t = g.FindTensor("token_embd.weight"))
       c.vocab_size = int(t->view.dim(0));
   }
-  if (const auto* v = g.Find(p + "rope.scaling.type"); v && v->AsString()) {
+  // llama.cpp's key, else lumen's own for the types llama.cpp has no name for.
+  const formats::GgufValue* scaling_type = g.Find(p + "rope.scaling.type");
+  if (!scaling_type) scaling_type = g.Find(p + "rope.scaling.lumen_type");
+  if (const auto* v = scaling_type; v && v->AsString()) {
     const std::string& t = *v->AsString();
     auto& s = c.rope_scaling;
     if (t == "linear")
@@ -433,8 +436,11 @@ Result<ModelConfig> ConfigFromGguf(const formats::GgufFile& g) {
     LUMEN_RETURN_IF_ERROR(opt_i("rope.scaling.original_context_length", s.original_max_pos));
     LUMEN_RETURN_IF_ERROR(opt_f("rope.scaling.low_freq_factor", s.low_freq_factor));
     LUMEN_RETURN_IF_ERROR(opt_f("rope.scaling.high_freq_factor", s.high_freq_factor));
+    // yarn_beta_*: llama.cpp's names; beta_*: what older lumen files hold.
     LUMEN_RETURN_IF_ERROR(opt_f("rope.scaling.beta_fast", s.beta_fast));
     LUMEN_RETURN_IF_ERROR(opt_f("rope.scaling.beta_slow", s.beta_slow));
+    LUMEN_RETURN_IF_ERROR(opt_f("rope.scaling.yarn_beta_fast", s.beta_fast));
+    LUMEN_RETURN_IF_ERROR(opt_f("rope.scaling.yarn_beta_slow", s.beta_slow));
     LUMEN_RETURN_IF_ERROR(opt_f("rope.scaling.attn_factor", s.attention_factor));
   }
   c.tied_embeddings = g.FindTensor("output.weight") == nullptr;
@@ -536,15 +542,29 @@ void ConfigToGguf(const ModelConfig& c, formats::GgufWriter& w) {
   w.SetF32(p + "attention.layer_norm_rms_epsilon", c.norm_eps);
   w.SetF32(p + "rope.freq_base", float(c.rope_theta));
   if (c.sliding_window > 0) w.SetU32(p + "attention.sliding_window", uint32_t(c.sliding_window));
+  // Rope scaling in llama.cpp's keys where llama.cpp has the type (linear,
+  // yarn); llama.cpp aborts on any other rope.scaling.type, so llama3 and
+  // dynamic go under a lumen-only key it ignores. (WriteGgufModel turns llama3
+  // scaling of "llama" files into llama.cpp's rope_freqs.weight tensor first.)
   const auto& s = c.rope_scaling;
-  if (s.type != RopeScaling::Type::kNone) {
+  using T = RopeScaling::Type;
+  if (s.type == T::kLinear || s.type == T::kYarn) {
     w.SetString(p + "rope.scaling.type", std::string(RopeTypeName(s.type)));
+  } else if (s.type != T::kNone) {
+    w.SetString(p + "rope.scaling.lumen_type", std::string(RopeTypeName(s.type)));
+  }
+  if (s.type != T::kNone) {
     w.SetF32(p + "rope.scaling.factor", float(s.factor));
-    w.SetU32(p + "rope.scaling.original_context_length", uint32_t(s.original_max_pos));
+    if (s.original_max_pos > 0)
+      w.SetU32(p + "rope.scaling.original_context_length", uint32_t(s.original_max_pos));
+  }
+  if (s.type == T::kLlama3) {
     w.SetF32(p + "rope.scaling.low_freq_factor", float(s.low_freq_factor));
     w.SetF32(p + "rope.scaling.high_freq_factor", float(s.high_freq_factor));
-    w.SetF32(p + "rope.scaling.beta_fast", float(s.beta_fast));
-    w.SetF32(p + "rope.scaling.beta_slow", float(s.beta_slow));
+  }
+  if (s.type == T::kYarn) {
+    w.SetF32(p + "rope.scaling.yarn_beta_fast", float(s.beta_fast));
+    w.SetF32(p + "rope.scaling.yarn_beta_slow", float(s.beta_slow));
     if (s.attention_factor > 0) w.SetF32(p + "rope.scaling.attn_factor", float(s.attention_factor));
   }
   const bool any_sliding =

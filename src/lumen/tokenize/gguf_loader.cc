@@ -2,10 +2,12 @@
 // exporting a Tokenizer to GGUF metadata or a Hugging Face directory.
 #include <cstring>
 #include <filesystem>
+#include <span>
 
 #include <nlohmann/json.hpp>
 
 #include "lumen/core/buffer.h"
+#include "lumen/core/log.h"
 #include "lumen/formats/gguf.h"
 #include "lumen/tokenize/tokenizer.h"
 #include "lumen/tokenize/tokenizer_impl.h"
@@ -62,6 +64,118 @@ std::string PreRegexFor(const std::string& pre) {
   return {};
 }
 
+// A special-token id as stored: absent, an id inside the vocabulary, or a value
+// that means "none" (-1 as a signed type, 0xFFFFFFFF as u32, or any id outside
+// the vocabulary; converters write all three).
+struct StoredId {
+  enum Kind { kAbsent, kValid, kNone } kind = kAbsent;
+  int32_t id = -1;
+  std::string shown;  // the value as stored, for the warning
+};
+
+StoredId ReadStoredId(const GgufFile& g, const std::string& key, size_t n) {
+  StoredId r;
+  const GgufValue* v = g.Find(key);
+  if (!v) return r;
+  const std::optional<int64_t> x = v->AsInt();
+  if (!x) {
+    r.kind = StoredId::kNone;
+    r.shown = "a non-integer value";
+    return r;
+  }
+  r.shown = std::to_string(*x);
+  if (*x < 0 || *x >= int64_t(n)) {
+    r.kind = StoredId::kNone;
+    return r;
+  }
+  r.kind = StoredId::kValid;
+  r.id = int32_t(*x);
+  return r;
+}
+
+// The id a vocabulary conventionally uses for BOS / EOS / UNK when the key is
+// absent or unusable: SentencePiece ("llama") vocabularies use llama.cpp's
+// defaults 1 / 2 / 0; byte-level ("gpt2") ones the first conventional text
+// found (llama.cpp's own gpt2 default, id 11, is a GPT-NeoX-era id that means
+// nothing in other vocabularies).
+int32_t ConventionalId(const TokenizerImpl& impl, bool spm, std::string_view which) {
+  const auto& pieces = impl.model.pieces;
+  const int32_t n = int32_t(pieces.size());
+  if (spm) {
+    const int32_t id = which == "bos" ? 1 : which == "eos" ? 2 : 0;
+    return id < n ? id : -1;
+  }
+  static constexpr std::string_view kBos[] = {"<|begin_of_text|>", "<s>", "<bos>",
+                                              "<|startoftext|>"};
+  static constexpr std::string_view kEos[] = {"<|end_of_text|>", "</s>", "<eos>", "<|endoftext|>"};
+  static constexpr std::string_view kUnk[] = {"<unk>", "<|unk|>"};
+  std::span<const std::string_view> names(kUnk);
+  if (which == "bos") names = kBos;
+  if (which == "eos") names = kEos;
+  for (std::string_view name : names) {
+    if (auto id = impl.model.Find(name)) return *id;
+  }
+  return -1;
+}
+
+// Reads every tokenizer.ggml.*_token_id key into `impl` by the rule in
+// docs/reference/formats.md ("Special token ids"): a "none" value is never an
+// error; it logs one warning naming the key and the value, then BOS / EOS / UNK
+// fall back to the vocabulary's conventional id and the optional ids to none.
+Status ReadSpecialIds(const GgufFile& g, bool spm, TokenizerImpl& impl) {
+  const size_t n = impl.model.pieces.size();
+  auto warn_none = [&](const std::string& key, const StoredId& s, const std::string& then) {
+    LUMEN_LOG_WARN("{}: {} = {} is not a token id of this {}-token vocabulary; {}", g.path(), key,
+                   s.shown, n, then);
+  };
+  struct Needed {
+    const char* key;
+    const char* which;
+    int32_t* dst;
+  };
+  for (const Needed& k : {Needed{"tokenizer.ggml.bos_token_id", "bos", &impl.bos},
+                          Needed{"tokenizer.ggml.eos_token_id", "eos", &impl.eos},
+                          Needed{"tokenizer.ggml.unknown_token_id", "unk", &impl.unk}}) {
+    const StoredId s = ReadStoredId(g, k.key, n);
+    if (s.kind == StoredId::kValid) {
+      *k.dst = s.id;
+      continue;
+    }
+    // Absent: SentencePiece vocabularies take llama.cpp's defaults silently, as
+    // llama.cpp does; byte-level ones have none (HF: the token is None).
+    if (s.kind == StoredId::kAbsent) {
+      *k.dst = spm ? ConventionalId(impl, spm, k.which) : -1;
+      continue;
+    }
+    *k.dst = ConventionalId(impl, spm, k.which);
+    warn_none(k.key, s,
+              *k.dst >= 0
+                  ? fmt::format("using id {} ('{}') instead", *k.dst, impl.model.pieces[*k.dst])
+                  : std::string("this model has none"));
+  }
+  // Optional ids: used when valid, "none" otherwise. lumen reads pad, eot and
+  // eom (end-of-generation); the others are checked so a bad value is reported
+  // the same way, then ignored.
+  static constexpr const char* kOptional[] = {
+      "tokenizer.ggml.padding_token_id",   "tokenizer.ggml.eot_token_id",
+      "tokenizer.ggml.eom_token_id",       "tokenizer.ggml.seperator_token_id",
+      "tokenizer.ggml.separator_token_id", "tokenizer.ggml.cls_token_id",
+      "tokenizer.ggml.mask_token_id",      "tokenizer.ggml.fim_pre_token_id",
+      "tokenizer.ggml.fim_suf_token_id",   "tokenizer.ggml.fim_mid_token_id",
+      "tokenizer.ggml.fim_pad_token_id",   "tokenizer.ggml.fim_rep_token_id",
+      "tokenizer.ggml.fim_sep_token_id",   "tokenizer.ggml.prefix_token_id",
+      "tokenizer.ggml.suffix_token_id",    "tokenizer.ggml.middle_token_id"};
+  for (const char* key : kOptional) {
+    const StoredId s = ReadStoredId(g, key, n);
+    if (s.kind == StoredId::kNone) warn_none(key, s, "treated as none");
+    if (s.kind != StoredId::kValid) continue;
+    const std::string_view k(key);
+    if (k.ends_with("padding_token_id")) impl.pad = s.id;
+    if (k.ends_with("eot_token_id") || k.ends_with("eom_token_id")) impl.eog.insert(s.id);
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 Result<Tokenizer> Tokenizer::FromGguf(const formats::GgufFile& g) {
@@ -88,19 +202,7 @@ Result<Tokenizer> Tokenizer::FromGguf(const formats::GgufFile& g) {
                                             [](const GgufValue& v) { return v.AsInt(); })));
   impl->token_type.resize(n, kTypeNormal);
   impl->model.BuildIndex();
-  auto id_key = [&](const char* key, int32_t& dst) -> Status {
-    LUMEN_ASSIGN_OR_RETURN(int64_t v, g.GetInt(key, -1));
-    if (v >= int64_t(n)) return Errorf("{}: {} = {} is outside the vocabulary", g.path(), key, v);
-    dst = int32_t(v);
-    return Status::Ok();
-  };
-  LUMEN_RETURN_IF_ERROR(id_key("tokenizer.ggml.bos_token_id", impl->bos));
-  LUMEN_RETURN_IF_ERROR(id_key("tokenizer.ggml.eos_token_id", impl->eos));
-  LUMEN_RETURN_IF_ERROR(id_key("tokenizer.ggml.unknown_token_id", impl->unk));
-  LUMEN_RETURN_IF_ERROR(id_key("tokenizer.ggml.padding_token_id", impl->pad));
-  int32_t eot = -1;
-  LUMEN_RETURN_IF_ERROR(id_key("tokenizer.ggml.eot_token_id", eot));
-  if (eot >= 0) impl->eog.insert(eot);
+  LUMEN_RETURN_IF_ERROR(ReadSpecialIds(g, model == "llama", *impl));
   if (const GgufValue* ct = g.Find("tokenizer.chat_template")) {
     if (const std::string* s = ct->AsString()) impl->chat_template = *s;
   }
@@ -138,10 +240,15 @@ Result<Tokenizer> Tokenizer::FromGguf(const formats::GgufFile& g) {
     }
     if (regex.empty()) regex = PreRegexFor(pre);
     if (regex.empty()) {
-      return Errorf(
-          "{}: tokenizer.ggml.pre '{}' is not supported (known: default, gpt-2, "
-          "llama-bpe, llama3, qwen2, ...)",
+      // llama.cpp refuses a name it does not know; lumen falls back to the
+      // GPT-2 split (HF's ByteLevel default), which differs from the model's
+      // own pre-tokenizer only on some digit, space and punctuation runs.
+      LUMEN_LOG_WARN(
+          "{}: tokenizer.ggml.pre = '{}' is not a pre-tokenizer lumen knows (default, gpt-2, "
+          "llama-bpe, llama3, qwen2, ...); using the GPT-2 split, so some texts may tokenize "
+          "differently from the original",
           g.path(), pre);
+      regex = kGpt2Pattern;
     }
     PreTokenizerStep split;
     split.kind = PreTokenizerKind::kSplit;

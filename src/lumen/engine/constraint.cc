@@ -1,6 +1,7 @@
 #include "lumen/engine/constraint.h"
 
 #include <algorithm>
+#include <bit>
 #include <limits>
 
 namespace lumen::engine {
@@ -399,6 +400,7 @@ void GrammarConstraint::Enter(State& st) const {
     if (g.kind == GrammarSegment::kLiteral && g.text.empty()) continue;
     if (g.kind == GrammarSegment::kOneOf) st.lo = 0, st.hi = uint32_t(g.options.size());
     if (g.kind == GrammarSegment::kJsonObject) st.json = JsonAcceptor();
+    if (g.kind == GrammarSegment::kSchema) st.stacks = g.schema->Start();
     return;
   }
 }
@@ -440,6 +442,17 @@ bool GrammarConstraint::Step(State& st, uint8_t c) const {
         Enter(st);
       }
       return true;
+    case GrammarSegment::kSchema: {
+      SchemaGrammar::Stacks next = g.schema->Advance(st.stacks, c);
+      if (next.empty()) return false;
+      st.stacks = std::move(next);
+      if (SchemaGrammar::Accepted(st.stacks)) {
+        st.stacks.clear();
+        ++st.seg;
+        Enter(st);
+      }
+      return true;
+    }
   }
   return false;
 }
@@ -464,8 +477,29 @@ bool GrammarConstraint::Forced(std::vector<int32_t>* out, std::string* error) {
     rest = std::string_view(g.text).substr(state_.off);
   else if (g.kind == GrammarSegment::kOneOf && state_.hi - state_.lo == 1)
     rest = std::string_view(g.options[state_.lo]).substr(state_.off);
-  else
-    return true;
+  std::string schema_run;
+  if (g.kind == GrammarSegment::kSchema) {
+    // The bytes that are the only possible next one, one after another.
+    SchemaGrammar::Stacks st = state_.stacks;
+    while (!st.empty() && !SchemaGrammar::Accepted(st) && schema_run.size() < 256) {
+      const SchemaGrammar::ByteSet b = g.schema->NextBytes(st);
+      int count = 0, byte = -1;
+      for (int w = 0; w < 4; ++w) {
+        count += std::popcount(b[size_t(w)]);
+        if (b[size_t(w)]) byte = w * 64 + std::countr_zero(b[size_t(w)]);
+      }
+      if (count != 1) break;
+      schema_run += static_cast<char>(byte);
+      st = g.schema->Advance(st, static_cast<uint8_t>(byte));
+    }
+    // Stop at a character boundary.
+    while (!schema_run.empty() && (static_cast<uint8_t>(schema_run.back()) & 0xC0) == 0x80)
+      schema_run.pop_back();
+    if (!schema_run.empty() && static_cast<uint8_t>(schema_run.back()) >= 0xC0)
+      schema_run.pop_back();
+    rest = schema_run;
+  }
+  if (rest.empty()) return true;
   auto ids = table_->EncodeExact(rest);
   if (!ids) {
     *error = fmt::format("constraint: the vocabulary cannot spell '{}'", rest);
@@ -479,9 +513,14 @@ size_t GrammarConstraint::Mask(std::span<float> logits) const {
   const TokenTable& t = *table_;
   const int32_t V = std::min<int32_t>(t.size(), static_cast<int32_t>(logits.size()));
   for (size_t i = size_t(V); i < logits.size(); ++i) logits[i] = kNegInf;
-  const bool in_string = state_.seg < segs_.size() &&
-                         segs_[state_.seg].kind == GrammarSegment::kJsonObject &&
-                         state_.json.in_plain_string();
+  const GrammarSegment* seg = state_.seg < segs_.size() ? &segs_[state_.seg] : nullptr;
+  const bool schema = seg && seg->kind == GrammarSegment::kSchema;
+  bool in_string = seg && seg->kind == GrammarSegment::kJsonObject && state_.json.in_plain_string();
+  SchemaGrammar::ByteSet first{};
+  if (schema) {
+    in_string = seg->schema->InFreeString(state_.stacks);
+    first = seg->schema->NextBytes(state_.stacks);
+  }
   size_t allowed = 0;
   for (int32_t id = 0; id < V; ++id) {
     if (t.special(id)) {
@@ -493,6 +532,13 @@ size_t GrammarConstraint::Mask(std::span<float> logits) const {
       continue;
     }
     const std::string_view s = t.text(id);
+    if (schema && !s.empty()) {
+      const auto c = static_cast<uint8_t>(s[0]);
+      if (!((first[c >> 6] >> (c & 63)) & 1)) {
+        logits[size_t(id)] = kNegInf;
+        continue;
+      }
+    }
     State st = state_;
     if (s.empty() || !Walk(st, s)) {
       logits[size_t(id)] = kNegInf;

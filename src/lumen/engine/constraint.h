@@ -12,7 +12,8 @@
 //
 // GrammarConstraint is the one implementation: a byte-level matcher over a
 // sequence of segments, each a literal, a choice among prefix-free strings
-// (tool names followed by their closing quote) or one JSON object. A token is
+// (tool names followed by their closing quote), one JSON object, or one JSON
+// value valid against a schema (constraint_schema.h). A token is
 // allowed when all of its bytes keep the text a prefix of some sentence of the
 // grammar, so tokens may cross segment boundaries. Token bytes come from a
 // TokenTable built once per tokenizer; a masked step touches each vocabulary
@@ -30,6 +31,7 @@
 #include <vector>
 
 #include "lumen/core/status.h"
+#include "lumen/engine/constraint_schema.h"
 #include "lumen/tokenize/tokenizer.h"
 
 namespace lumen::engine {
@@ -151,12 +153,17 @@ class TokenConstraint {
 };
 
 struct GrammarSegment {
-  enum Kind { kLiteral, kOneOf, kJsonObject } kind = kLiteral;
-  std::string text;                  // kLiteral
-  std::vector<std::string> options;  // kOneOf: non-empty, prefix-free
-  static GrammarSegment Literal(std::string t) { return {kLiteral, std::move(t), {}}; }
-  static GrammarSegment OneOf(std::vector<std::string> o) { return {kOneOf, {}, std::move(o)}; }
-  static GrammarSegment JsonObject() { return {kJsonObject, {}, {}}; }
+  enum Kind { kLiteral, kOneOf, kJsonObject, kSchema } kind = kLiteral;
+  std::string text;                             // kLiteral
+  std::vector<std::string> options;             // kOneOf: non-empty, prefix-free
+  std::shared_ptr<const SchemaGrammar> schema;  // kSchema: one value valid against it
+  static GrammarSegment Literal(std::string t) { return {kLiteral, std::move(t), {}, {}}; }
+  static GrammarSegment OneOf(std::vector<std::string> o) { return {kOneOf, {}, std::move(o), {}}; }
+  static GrammarSegment JsonObject() { return {kJsonObject, {}, {}, {}}; }
+  // The segment ends as soon as a whole value has been read.
+  static GrammarSegment Schema(std::shared_ptr<const SchemaGrammar> g) {
+    return {kSchema, {}, {}, std::move(g)};
+  }
 };
 
 class GrammarConstraint : public TokenConstraint {
@@ -181,6 +188,7 @@ class GrammarConstraint : public TokenConstraint {
     uint32_t off = 0;         // bytes matched in a literal / option
     uint32_t lo = 0, hi = 0;  // options still possible: [lo, hi) of the sorted list
     JsonAcceptor json;
+    SchemaGrammar::Stacks stacks;  // kSchema
   };
   GrammarConstraint(std::shared_ptr<const TokenTable> t, std::vector<GrammarSegment> s);
   void Enter(State& st) const;  // sets up st.seg's start state, skipping empty ones

@@ -1,0 +1,478 @@
+#include "lumen/train/trainer.h"
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "lumen/core/buffer.h"
+#include "lumen/core/log.h"
+#include "lumen/engine/adapter.h"
+#include "lumen/formats/safetensors.h"
+#include "lumen/train/graph.h"
+#include "lumen/train/head.h"
+
+namespace lumen::train {
+
+namespace {
+namespace fs = std::filesystem;
+using json = nlohmann::ordered_json;
+
+// Set by SIGINT; the loop saves a checkpoint at the next step boundary. The
+// one process-wide flag a signal handler can touch.
+std::atomic<bool> g_interrupted{false};
+extern "C" void OnSigint(int) { g_interrupted.store(true); }
+
+double PeakRssMb() {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind("VmHWM:", 0) == 0) return std::stod(line.substr(6)) / 1024.0;
+  return 0;
+}
+
+// One step's rows packed: sequences and pairs.
+struct Packed {
+  PackedBatch batch;
+  std::vector<Pair> pairs;
+  std::vector<int> rows;  // dataset row of each pair
+};
+
+Packed Pack(const Dataset& d, std::span<const int> rows, bool preference, bool mask_prompt) {
+  Packed p;
+  for (int r : rows) {
+    const Example& e = d.rows[r];
+    std::vector<int32_t> seq = e.prompt;
+    seq.insert(seq.end(), e.chosen.begin(), e.chosen.end());
+    const int64_t begin = mask_prompt || preference ? int64_t(e.prompt.size()) : 1;
+    Pair pr;
+    pr.chosen = p.batch.AddSequence(seq, begin);
+    if (preference) {
+      seq = e.prompt;
+      seq.insert(seq.end(), e.rejected.begin(), e.rejected.end());
+      pr.rejected = p.batch.AddSequence(seq, begin);
+    }
+    p.pairs.push_back(pr);
+    p.rows.push_back(r);
+  }
+  return p;
+}
+
+// Summed log-probs per sequence of a batch under the base model (adapter off).
+std::vector<double> SequenceSums(Graph<float>& g, PlainHead<float>& head, const PackedBatch& b) {
+  const auto& h = g.Forward(b, nullptr, {}, false);
+  std::vector<float> logp;
+  head.Forward(h.data(), b, logp);
+  std::vector<double> S(b.sequences(), 0.0);
+  for (int64_t i = 0; i < b.size(); ++i)
+    if (b.targets[i] >= 0) S[b.seq[i]] += double(logp[i]);
+  return S;
+}
+
+void AddMetrics(EvalMetrics& m, const ObjectiveResult& r) {
+  const double w = r.pairs;
+  m.loss += r.loss * w;
+  m.nll += r.nll * w;
+  m.l_w += r.l_w * w;
+  m.l_r += r.l_r * w;
+  m.margin += r.margin * w;
+  m.accuracy += r.accuracy * w;
+  m.pairs += r.pairs;
+}
+void FinishMetrics(EvalMetrics& m) {
+  if (m.pairs == 0) return;
+  for (double* v : {&m.loss, &m.nll, &m.l_w, &m.l_r, &m.margin, &m.accuracy}) *v /= m.pairs;
+}
+
+json MetricsJson(const EvalMetrics& m) {
+  return {{"loss", m.loss}, {"nll", m.nll},       {"l_w", m.l_w},
+          {"l_r", m.l_r},   {"margin", m.margin}, {"accuracy", m.accuracy}};
+}
+
+// The run's state a checkpoint holds (with the adapter).
+struct State {
+  LoraParams<float> params;
+  std::vector<float> m, v;
+  int64_t step = 0;
+  int64_t cursor = 0;  // rows consumed
+};
+
+engine::Adapter ToAdapter(const LoraLayout& layout, const LoraParams<float>& p,
+                          const std::string& base) {
+  engine::Adapter a;
+  a.rank = layout.cfg.rank;
+  a.rs_lora = layout.cfg.rs_lora;
+  // PEFT stores alpha; a --scale override is expressed through it.
+  a.alpha = layout.cfg.scale > 0 ? (layout.cfg.rs_lora ? layout.cfg.scale * std::sqrt(float(a.rank))
+                                                       : layout.cfg.scale * float(a.rank))
+                                 : layout.cfg.alpha;
+  a.base_model = base;
+  for (const LoraSlot& s : layout.slots) {
+    engine::AdapterPair pr;
+    pr.layer = s.layer;
+    pr.target = int(s.target);
+    pr.n = s.n;
+    pr.k = s.k;
+    pr.a.assign(p.w.begin() + s.a_off, p.w.begin() + s.a_off + int64_t(a.rank) * s.k);
+    pr.b.assign(p.w.begin() + s.b_off, p.w.begin() + s.b_off + s.n * a.rank);
+    a.pairs.push_back(std::move(pr));
+  }
+  return a;
+}
+
+Status SaveCheckpoint(const fs::path& dir, const LoraLayout& layout, const State& st,
+                      const model::ModelConfig& c, const std::string& base) {
+  const fs::path final_dir = dir / fmt::format("step-{:08d}", st.step);
+  const fs::path tmp = dir / fmt::format(".tmp-step-{:08d}", st.step);
+  std::error_code ec;
+  fs::remove_all(tmp, ec);
+  fs::create_directories(tmp, ec);
+  if (ec) return Errorf("checkpoint {}: {}", tmp.string(), ec.message());
+  LUMEN_RETURN_IF_ERROR(engine::SaveAdapter(tmp.string(), ToAdapter(layout, st.params, base), c));
+  formats::SafetensorsWriter w;
+  auto add = [&](const char* name, const std::vector<float>& v) {
+    return w.AddBorrowed(name, DType::kF32, {int64_t(v.size())}, v.data(), v.size() * 4);
+  };
+  LUMEN_RETURN_IF_ERROR(add("params", st.params.w));
+  LUMEN_RETURN_IF_ERROR(add("adam_m", st.m));
+  LUMEN_RETURN_IF_ERROR(add("adam_v", st.v));
+  w.SetMetadata("step", std::to_string(st.step));
+  w.SetMetadata("cursor", std::to_string(st.cursor));
+  LUMEN_RETURN_IF_ERROR(w.Write((tmp / "state.safetensors").string()));
+  fs::remove_all(final_dir, ec);
+  fs::rename(tmp, final_dir, ec);
+  if (ec) return Errorf("checkpoint {}: rename failed: {}", final_dir.string(), ec.message());
+  return WriteFileAtomic((dir / "latest").string(), final_dir.filename().string() + "\n");
+}
+
+Result<State> LoadCheckpoint(const std::string& resume, const LoraLayout& layout) {
+  fs::path dir = resume;
+  if (fs::exists(dir / "checkpoints" / "latest")) dir = dir / "checkpoints";
+  if (fs::exists(dir / "latest")) {
+    std::ifstream f(dir / "latest");
+    std::string name;
+    f >> name;
+    dir = dir / name;
+  }
+  const std::string path = (dir / "state.safetensors").string();
+  if (!fs::exists(path))
+    return Errorf("--resume {}: no checkpoint (state.safetensors) found", resume);
+  LUMEN_ASSIGN_OR_RETURN(auto st, formats::SafetensorsFile::Open(path));
+  State s;
+  auto get = [&](const char* name, std::vector<float>& out) -> Status {
+    const auto* t = st.Find(name);
+    if (!t || t->dtype != DType::kF32 || t->view.numel() != layout.size)
+      return Errorf(
+          "{}: '{}' is missing or not {} f32 values (a checkpoint of another run "
+          "configuration?)",
+          path, name, layout.size);
+    out.resize(layout.size);
+    std::memcpy(out.data(), t->view.data, out.size() * 4);
+    return Status::Ok();
+  };
+  LUMEN_RETURN_IF_ERROR(get("params", s.params.w));
+  LUMEN_RETURN_IF_ERROR(get("adam_m", s.m));
+  LUMEN_RETURN_IF_ERROR(get("adam_v", s.v));
+  try {
+    s.step = std::stoll(st.metadata().value("step", "x"));
+    s.cursor = std::stoll(st.metadata().value("cursor", "x"));
+  } catch (...) {
+    return Errorf("{}: metadata lacks step/cursor", path);
+  }
+  return s;
+}
+
+double LearningRate(const TrainOptions& o, int64_t step, int64_t total) {
+  if (o.warmup > 0 && step < o.warmup) return o.lr * double(step + 1) / double(o.warmup);
+  const double span = double(std::max<int64_t>(1, total - o.warmup));
+  const double t = std::min(1.0, double(step - o.warmup) / span);
+  switch (o.schedule) {
+    case LrSchedule::kCosine:
+      return o.lr * 0.5 * (1.0 + std::cos(M_PI * t));
+    case LrSchedule::kLinear:
+      return o.lr * (1.0 - t);
+    default:
+      return o.lr;
+  }
+}
+
+class Runner {
+ public:
+  Runner(const engine::Model& model, const LoraLayout* layout)
+      : graph(model.config(), model.weights(), layout, model.pool()),
+        head(model.config(), model.weights(), model.pool()) {}
+  Graph<float> graph;
+  PlainHead<float> head;
+  std::map<int, std::pair<double, double>> ref_cache;  // row -> (ref_w, ref_r)
+
+  void FillRefs(const Dataset& d, Packed& p, bool mask_prompt) {
+    for (size_t i = 0; i < p.pairs.size(); ++i) {
+      auto it = ref_cache.find(p.rows[i]);
+      if (it == ref_cache.end()) {
+        const int r = p.rows[i];
+        Packed one = Pack(d, std::span<const int>(&r, 1), true, mask_prompt);
+        const auto S = SequenceSums(graph, head, one.batch);
+        it = ref_cache.emplace(r, std::make_pair(S[0], S[1])).first;
+      }
+      p.pairs[i].ref_chosen = it->second.first;
+      p.pairs[i].ref_rejected = it->second.second;
+    }
+  }
+};
+
+}  // namespace
+
+Result<EvalMetrics> Evaluate(const engine::Model& model, const Dataset& data, Method m,
+                             const ObjectiveParams& op, const LoraLayout* layout,
+                             const LoraParams<float>* params, int batch_size) {
+  Runner run(model, layout);
+  EvalMetrics out;
+  const bool pref = IsPreference(m);
+  if (pref && data.kind != RowKind::kPreference)
+    return Errorf("{}: {} needs preference rows", data.path, MethodName(m));
+  for (int b = 0; b < int(data.rows.size()); b += batch_size) {
+    std::vector<int> rows;
+    for (int r = b; r < std::min<int>(b + batch_size, int(data.rows.size())); ++r)
+      rows.push_back(r);
+    Packed p = Pack(data, rows, pref, true);
+    if (NeedsReference(m)) run.FillRefs(data, p, true);
+    const auto& h = run.graph.Forward(p.batch, params, {}, false);
+    std::vector<float> logp, dlogp;
+    run.head.Forward(h.data(), p.batch, logp);
+    AddMetrics(out, Objective(m, op, p.batch, logp, p.pairs, dlogp));
+  }
+  FinishMetrics(out);
+  return out;
+}
+
+Result<TrainResult> Train(const engine::Model& model, const TrainOptions& o) {
+  const model::ModelConfig& c = model.config();
+  if (o.batch_size < 1) return Errorf("--batch-size {}: must be at least 1", o.batch_size);
+  if (o.grad_accum < 1) return Errorf("--grad-accum {}: must be at least 1", o.grad_accum);
+  if (!(o.lr > 0)) return Errorf("--lr {}: must be positive", o.lr);
+  if (o.out_dir.empty()) return Error("--out: an adapter directory is required");
+  LUMEN_ASSIGN_OR_RETURN(LoraLayout layout, LoraLayout::Make(c, o.lora));
+  const fs::path data_dir = o.data_dir;
+  if (!fs::is_directory(data_dir)) return Errorf("--data {}: not a directory", o.data_dir);
+  LUMEN_ASSIGN_OR_RETURN(Dataset train,
+                         LoadJsonl((data_dir / "train.jsonl").string(), model, o.data));
+  const bool pref = IsPreference(o.method);
+  if (pref != (train.kind == RowKind::kPreference))
+    return Errorf("{}: {} rows, but --method {} needs {}", train.path, RowKindName(train.kind),
+                  MethodName(o.method), pref ? "prompt/chosen/rejected rows" : "SFT rows");
+  Dataset valid;
+  bool have_valid = false;
+  if (fs::exists(data_dir / "valid.jsonl")) {
+    LUMEN_ASSIGN_OR_RETURN(valid, LoadJsonl((data_dir / "valid.jsonl").string(), model, o.data));
+    if (valid.kind != train.kind)
+      return Errorf("{}: {} rows but train.jsonl has {} rows", valid.path, RowKindName(valid.kind),
+                    RowKindName(train.kind));
+    have_valid = true;
+  } else if (o.val_size > 0) {
+    if (o.val_size >= int(train.rows.size()))
+      return Errorf("--val-size {}: train.jsonl has only {} rows", o.val_size, train.rows.size());
+    valid.path = train.path + " (held out)";
+    valid.kind = train.kind;
+    valid.rows.assign(train.rows.end() - o.val_size, train.rows.end());
+    train.rows.resize(train.rows.size() - o.val_size);
+    have_valid = true;
+  }
+  State st;
+  st.params = InitLora(layout, o.seed);
+  st.m.assign(layout.size, 0.0f);
+  st.v.assign(layout.size, 0.0f);
+  if (!o.resume_dir.empty()) {
+    LUMEN_ASSIGN_OR_RETURN(st, LoadCheckpoint(o.resume_dir, layout));
+  }
+  if (train.truncated)
+    LUMEN_LOG_WARN("{}: {} rows cut to --max-seq-len {}", train.path, train.truncated,
+                   o.data.max_seq_len);
+  if (train.skipped) LUMEN_LOG_WARN("{}: {} bad rows skipped", train.path, train.skipped);
+
+  const int64_t N = int64_t(train.rows.size());
+  const int64_t per_step = int64_t(o.batch_size) * o.grad_accum;
+  const int64_t total =
+      o.iters > 0 ? o.iters : std::max<int64_t>(1, (N * o.epochs + per_step - 1) / per_step);
+
+  // Everything validated: create the outputs.
+  const fs::path out = o.out_dir;
+  std::error_code ec;
+  fs::create_directories(out, ec);
+  if (ec) return Errorf("--out {}: {}", o.out_dir, ec.message());
+  json cfg = {{"method", MethodName(o.method)},
+              {"base_model", o.model_name},
+              {"data", o.data_dir},
+              {"rank", o.lora.rank},
+              {"alpha", o.lora.alpha},
+              {"scale", o.lora.Scale()},
+              {"rs_lora", o.lora.rs_lora},
+              {"targets", TargetsString(o.lora.targets)},
+              {"num_layers", o.lora.num_layers},
+              {"dropout", o.lora.dropout},
+              {"beta", o.objective.beta},
+              {"gamma", o.objective.gamma},
+              {"lambda", o.objective.lambda},
+              {"label_smoothing", o.objective.label_smoothing},
+              {"batch_size", o.batch_size},
+              {"grad_accum", o.grad_accum},
+              {"iters", total},
+              {"lr", o.lr},
+              {"betas", {o.beta1, o.beta2}},
+              {"eps", o.eps},
+              {"weight_decay", o.weight_decay},
+              {"warmup", o.warmup},
+              {"grad_clip", o.grad_clip},
+              {"lora_plus_ratio", o.lora_plus_ratio},
+              {"seed", o.seed},
+              {"max_seq_len", o.data.max_seq_len},
+              {"mask_prompt", o.mask_prompt},
+              {"threads", model.pool() ? model.pool()->size() : 1}};
+  LUMEN_RETURN_IF_ERROR(WriteFileAtomic((out / "config.json").string(), cfg.dump(2) + "\n"));
+  std::ofstream metrics((out / "metrics.jsonl").string(),
+                        o.resume_dir.empty() ? std::ios::trunc : std::ios::app);
+
+  Runner run(model, &layout);
+  TrainResult result;
+  auto evaluate = [&]() -> Result<EvalMetrics> {
+    return Evaluate(model, valid, o.method, o.objective, &layout, &st.params, o.batch_size);
+  };
+  if (have_valid && st.step == 0) {
+    LUMEN_ASSIGN_OR_RETURN(result.first_eval, evaluate());
+    json j = MetricsJson(result.first_eval);
+    j["kind"] = "eval";
+    j["step"] = 0;
+    metrics << j.dump() << "\n" << std::flush;
+  }
+
+  // Per-epoch permutations, derived from (seed, epoch).
+  std::map<int64_t, std::vector<int>> perms;
+  auto row_at = [&](int64_t cursor) {
+    const int64_t epoch = cursor / N;
+    auto it = perms.find(epoch);
+    if (it == perms.end()) {
+      std::vector<int> p(N);
+      for (int64_t i = 0; i < N; ++i) p[i] = int(i);
+      for (int64_t i = N - 1; i > 0; --i)
+        std::swap(p[i], p[HashKey({o.seed, 0xE, uint64_t(epoch), uint64_t(i)}) % uint64_t(i + 1)]);
+      if (perms.size() > 2) perms.erase(perms.begin());
+      it = perms.emplace(epoch, std::move(p)).first;
+    }
+    return it->second[cursor % N];
+  };
+
+  g_interrupted.store(false);
+  auto old_handler = std::signal(SIGINT, OnSigint);
+  LoraParams<float> grad;
+  EvalMetrics window;
+  int64_t window_tokens = 0;
+  auto t0 = std::chrono::steady_clock::now();
+  const std::string ckpt_dir = (out / "checkpoints").string();
+  Status status = Status::Ok();
+  while (st.step < total) {
+    grad.w.assign(layout.size, 0.0f);
+    for (int micro = 0; micro < o.grad_accum; ++micro) {
+      std::vector<int> rows;
+      for (int b = 0; b < o.batch_size; ++b) rows.push_back(row_at(st.cursor++));
+      Packed p = Pack(train, rows, pref, o.mask_prompt);
+      if (NeedsReference(o.method)) run.FillRefs(train, p, o.mask_prompt);
+      const auto& h = run.graph.Forward(p.batch, &st.params, {o.seed, uint64_t(st.step)}, true);
+      std::vector<float> logp, dlogp, dh;
+      run.head.Forward(h.data(), p.batch, logp);
+      const ObjectiveResult r = Objective(o.method, o.objective, p.batch, logp, p.pairs, dlogp);
+      AddMetrics(window, r);
+      window_tokens += p.batch.size();
+      if (o.grad_accum > 1)
+        for (float& g : dlogp) g /= float(o.grad_accum);
+      run.head.Backward(dlogp.data(), dh);
+      run.graph.Backward(p.batch, st.params, dh.data(), grad);
+    }
+    double norm2 = 0;
+    for (float g : grad.w) norm2 += double(g) * g;
+    const double norm = std::sqrt(norm2);
+    if (!std::isfinite(norm)) {
+      status = Errorf("step {}: the gradient is not finite (lower --lr?)", st.step + 1);
+      break;
+    }
+    const float clip = o.grad_clip > 0 && norm > o.grad_clip ? float(o.grad_clip / norm) : 1.0f;
+    const double lr = LearningRate(o, st.step, total);
+    const int64_t t = st.step + 1;
+    const double bc1 = 1.0 - std::pow(o.beta1, double(t)), bc2 = 1.0 - std::pow(o.beta2, double(t));
+    for (const LoraSlot& s : layout.slots) {
+      const int64_t na = int64_t(layout.cfg.rank) * s.k, nb = s.n * layout.cfg.rank;
+      for (auto [off, n, mult] :
+           {std::tuple{s.a_off, na, 1.0}, std::tuple{s.b_off, nb, o.lora_plus_ratio}}) {
+        const float lr_p = float(lr * mult);
+        for (int64_t i = off; i < off + n; ++i) {
+          const float g = grad.w[i] * clip;
+          st.m[i] = float(o.beta1) * st.m[i] + float(1 - o.beta1) * g;
+          st.v[i] = float(o.beta2) * st.v[i] + float(1 - o.beta2) * g * g;
+          const float mh = st.m[i] / float(bc1), vh = st.v[i] / float(bc2);
+          st.params.w[i] -=
+              lr_p * (mh / (std::sqrt(vh) + float(o.eps)) + float(o.weight_decay) * st.params.w[i]);
+        }
+      }
+    }
+    ++st.step;
+    const bool report = st.step % std::max<int64_t>(1, o.steps_per_report) == 0 || st.step == total;
+    if (report) {
+      FinishMetrics(window);
+      const double secs =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      json j = MetricsJson(window);
+      j["kind"] = "train";
+      j["step"] = st.step;
+      j["lambda"] = o.objective.lambda;
+      j["lr"] = lr;
+      j["grad_norm"] = norm;
+      j["tokens_per_s"] = secs > 0 ? double(window_tokens) / secs : 0.0;
+      j["peak_rss_mb"] = PeakRssMb();
+      metrics << j.dump() << "\n" << std::flush;
+      if (!o.quiet)
+        fmt::print(stderr, "step {}/{} loss {:.4f} nll {:.4f} acc {:.2f} lr {:.2e} {:.0f} tok/s\n",
+                   st.step, total, window.loss, window.nll, window.accuracy, lr,
+                   secs > 0 ? double(window_tokens) / secs : 0.0);
+      window = {};
+      window_tokens = 0;
+      t0 = std::chrono::steady_clock::now();
+    }
+    if (have_valid &&
+        ((o.steps_per_eval > 0 && st.step % o.steps_per_eval == 0) || st.step == total)) {
+      auto ev = evaluate();
+      if (!ev.ok()) {
+        status = ev.status();
+        break;
+      }
+      result.last_eval = *ev;
+      json j = MetricsJson(*ev);
+      j["kind"] = "eval";
+      j["step"] = st.step;
+      metrics << j.dump() << "\n" << std::flush;
+    }
+    const bool interrupted = g_interrupted.load();
+    if ((o.save_every > 0 && st.step % o.save_every == 0) || interrupted) {
+      status = SaveCheckpoint(ckpt_dir, layout, st, c, o.model_name);
+      if (!status.ok()) break;
+    }
+    if (interrupted) {
+      result.interrupted = true;
+      LUMEN_LOG_WARN("interrupted: checkpoint at step {} in {} (continue with --resume {})",
+                     st.step, ckpt_dir, o.out_dir);
+      break;
+    }
+  }
+  std::signal(SIGINT, old_handler);
+  LUMEN_RETURN_IF_ERROR(status);
+  LUMEN_RETURN_IF_ERROR(
+      engine::SaveAdapter(o.out_dir, ToAdapter(layout, st.params, o.model_name), c));
+  result.steps = st.step;
+  return result;
+}
+
+}  // namespace lumen::train

@@ -1,0 +1,75 @@
+// The trainer loop: data -> PackedBatch -> Graph forward -> head ->
+// objective -> backward -> gradient accumulation -> global-norm clip ->
+// AdamW with the schedule; reports, evaluation, atomic checkpoints, resume,
+// and the adapter written in PEFT's layout (engine/adapter.h).
+//
+// Determinism: every random draw (initialization, shuffling, dropout) is a
+// hash of (seed, ...), and the data position is one counter, so the same
+// seed, data and thread count give a bit-identical adapter, and a resumed
+// run continues exactly where its checkpoint stopped.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "lumen/core/status.h"
+#include "lumen/engine/model.h"
+#include "lumen/train/dataset.h"
+#include "lumen/train/lora.h"
+#include "lumen/train/objective.h"
+
+namespace lumen::train {
+
+enum class LrSchedule { kConstant, kCosine, kLinear };
+
+struct TrainOptions {
+  std::string data_dir;
+  std::string out_dir;
+  std::string resume_dir;  // an out dir or one of its checkpoints
+  std::string model_name;  // base_model_name_or_path in the adapter config
+  Method method = Method::kSft;
+  LoraConfig lora;
+  ObjectiveParams objective;
+  DatasetOptions data;
+  bool mask_prompt = true;
+  int batch_size = 1;
+  int grad_accum = 1;
+  int64_t iters = 0;  // 0: epochs
+  int epochs = 1;
+  double lr = 1e-4;
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
+  double weight_decay = 0.0;
+  LrSchedule schedule = LrSchedule::kConstant;
+  int64_t warmup = 0;
+  double grad_clip = 1.0;  // 0: off
+  double lora_plus_ratio = 1.0;
+  uint64_t seed = 0;
+  int64_t steps_per_report = 10;
+  int64_t steps_per_eval = 0;  // 0: only at the end
+  int val_size = 0;            // held out of train.jsonl when there is no valid.jsonl
+  int64_t save_every = 0;      // 0: only the final adapter
+  bool quiet = false;          // no progress lines
+};
+
+struct EvalMetrics {
+  double loss = 0, nll = 0, l_w = 0, l_r = 0, margin = 0, accuracy = 0;
+  int pairs = 0;
+};
+
+struct TrainResult {
+  int64_t steps = 0;
+  EvalMetrics first_eval, last_eval;
+  bool interrupted = false;
+};
+
+// Validates everything (data, targets, options) before creating out_dir, so a
+// bad input leaves no output directory.
+Result<TrainResult> Train(const engine::Model& model, const TrainOptions& opts);
+
+// Evaluates an adapter-free or adapted model on a dataset (for tests/eval).
+Result<EvalMetrics> Evaluate(const engine::Model& model, const Dataset& data, Method m,
+                             const ObjectiveParams& op, const LoraLayout* layout,
+                             const LoraParams<float>* params, int batch_size);
+
+}  // namespace lumen::train

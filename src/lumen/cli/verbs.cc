@@ -16,6 +16,8 @@ void RegisterTokenize(CLI::App& app);
 void RegisterBench(CLI::App& app);
 void RegisterEval(CLI::App&);
 void RegisterServe(CLI::App& app);
+void RegisterTrain(CLI::App& app);
+void RegisterMerge(CLI::App& app);
 
 void RegisterVerbs(CLI::App& app) {
   RegisterInspect(app);
@@ -26,6 +28,8 @@ void RegisterVerbs(CLI::App& app) {
   RegisterBench(app);
   RegisterEval(app);
   RegisterServe(app);
+  RegisterTrain(app);
+  RegisterMerge(app);
 }
 
 }  // namespace lumen::cli

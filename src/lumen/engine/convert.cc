@@ -1,5 +1,6 @@
 #include "lumen/engine/convert.h"
 
+#include <cstdio>
 #include <filesystem>
 
 #include "lumen/kernels/matrix.h"
@@ -9,6 +10,22 @@ namespace lumen::engine {
 namespace {
 
 bool IsNorm(const std::string& name) { return name.find("norm.weight") != std::string::npos; }
+
+// The adapter attached to the weight a canonical tensor name holds, if any.
+model::LoraMatrix AttachedLora(const model::Weights& w, const std::string& name) {
+  static constexpr std::pair<const char*, int> kSuffix[] = {
+      {".attn_q.weight", model::kLoraQ},      {".attn_k.weight", model::kLoraK},
+      {".attn_v.weight", model::kLoraV},      {".attn_output.weight", model::kLoraO},
+      {".ffn_gate.weight", model::kLoraGate}, {".ffn_up.weight", model::kLoraUp},
+      {".ffn_down.weight", model::kLoraDown}};
+  int layer = -1;
+  if (std::sscanf(name.c_str(), "blk.%d.", &layer) != 1 || layer < 0 ||
+      layer >= int(w.layers.size()))
+    return {};
+  for (const auto& [suffix, t] : kSuffix)
+    if (name.ends_with(suffix)) return w.layers[layer].lora[t];
+  return {};
+}
 
 }  // namespace
 
@@ -49,14 +66,23 @@ std::vector<TensorPlan> PlansFor(const Model& m, OutputFormat format, model::Mod
     if (heads) perm = model::RopeRowPermutation(heads, src.head_dim, to_pairs);
     const bool is_bias = t.name.ends_with(".bias");
     const float add = IsNorm(t.name) ? norm_add : 0.0f;
-    p.row = [mat, perm, is_bias, add](int64_t r, float* out) {
+    // An attached adapter is merged: row r gains s * B[r] A (B in the base's row order).
+    const model::LoraMatrix lora = AttachedLora(m.weights(), t.name);
+    p.row = [mat, perm, is_bias, add, lora](int64_t r, float* out) {
       if (!perm.empty() && is_bias) {  // a bias is one row; permute its elements
         std::vector<float> tmp(mat.k);
         kernels::DequantizeMatrixRow(mat, r, tmp.data());
         for (size_t i = 0; i < perm.size(); ++i) out[i] = tmp[perm[i]];
         return;
       }
-      kernels::DequantizeMatrixRow(mat, perm.empty() ? r : perm[r], out);
+      const int64_t src_row = perm.empty() ? r : perm[r];
+      kernels::DequantizeMatrixRow(mat, src_row, out);
+      if (lora.valid())
+        for (int j = 0; j < lora.rank; ++j) {
+          const float c = lora.scale * lora.b[src_row * lora.rank + j];
+          const float* a = lora.a + int64_t(j) * lora.k;
+          for (int64_t i = 0; i < mat.k; ++i) out[i] += c * a[i];
+        }
       if (add != 0.0f)
         for (int64_t i = 0; i < mat.k; ++i) out[i] += add;
     };

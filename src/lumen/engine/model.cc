@@ -7,6 +7,7 @@
 #include <set>
 
 #include "lumen/core/log.h"
+#include "lumen/engine/adapter.h"
 #include "lumen/formats/gguf.h"
 #include "lumen/formats/hf_dir.h"
 #include "lumen/formats/llama2c.h"
@@ -84,6 +85,11 @@ Status Model::Finish(const LoadOptions& opts) {
   };
   LUMEN_ASSIGN_OR_RETURN(weights_, model::BindWeights(config_, lookup));
   model::ForEachMatrix(weights_, [&](kernels::Matrix& m) { m.route = opts.act_route; });
+  if (!opts.adapter_dir.empty()) {
+    LUMEN_ASSIGN_OR_RETURN(Adapter a, LoadAdapter(opts.adapter_dir, config_));
+    adapter_ = std::make_unique<Adapter>(std::move(a));
+    AttachAdapter(*adapter_, weights_);
+  }
   pool_ =
       std::make_unique<ThreadPool>(opts.threads > 0 ? opts.threads : ThreadPool::DefaultThreads());
   if (chat_template_.empty()) chat_template_ = tokenizer_->chat_template();

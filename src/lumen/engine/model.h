@@ -27,7 +27,11 @@ struct LoadOptions {
   // kInt8: products with Q8_0/Q4_0/Q4_K/Q6_K/MLX-4-bit weights at decode and small batches
   // quantize their activations to int8 (tier L3, kernels/matmul_q8.h).
   kernels::ActRoute act_route = kernels::ActRoute::kExact;
+  // A LoRA adapter directory (PEFT layout, engine/adapter.h) applied unmerged.
+  std::string adapter_dir;
 };
+
+struct Adapter;
 
 // One stored tensor, for `lumen inspect` and `lumen convert`.
 struct StoredTensor {
@@ -54,6 +58,7 @@ class Model {
   const std::string& name() const { return name_; }
   const std::string& format() const { return format_; }  // "gguf", "hf", "mlx", "llama2c"
   const std::vector<StoredTensor>& tensors() const { return tensors_; }
+  const Adapter* adapter() const { return adapter_.get(); }
   int64_t parameter_count() const;
   size_t weight_bytes() const;  // bytes streamed per decoded token
 
@@ -77,6 +82,7 @@ class Model {
   std::unique_ptr<ThreadPool> pool_;
   std::string name_, format_;
   std::vector<StoredTensor> tensors_;
+  std::unique_ptr<Adapter> adapter_;  // the weights' LoraMatrix entries point into it
 };
 
 }  // namespace lumen::engine

@@ -97,6 +97,9 @@ void Forward::AttentionBlock(int l, std::span<const BatchRow> rows) {
         {&L.wq, qkv, QKV}, {&L.wk, qkv + Q, QKV}, {&L.wv, qkv + Q + KV, QKV}};
     kernels::MatMulMany(outs, xn, T, D, pool_);
   }
+  ApplyLora(L.lora[kLoraQ], xn, T, D, qkv, QKV, pool_);
+  ApplyLora(L.lora[kLoraK], xn, T, D, qkv + Q, QKV, pool_);
+  ApplyLora(L.lora[kLoraV], xn, T, D, qkv + Q + KV, QKV, pool_);
   const bool sliding = c_.layer_sliding[l];
   int64_t max_pos = 0;
   for (const auto& r : rows) max_pos = std::max(max_pos, r.pos);
@@ -172,6 +175,7 @@ void Forward::AttentionBlock(int l, std::span<const BatchRow> rows) {
   }
 
   MatMul(L.wo, att, T, Q, tmp, D, pool_);
+  ApplyLora(L.lora[kLoraO], att, T, Q, tmp, D, pool_);
   for (int64_t t = 0; t < T; ++t) {
     float* o = tmp + t * D;
     if (L.bo)
@@ -233,6 +237,8 @@ void Forward::FfnBlock(int l, int64_t T) {
   if (L.w_gate.valid()) {
     const kernels::MatMulOut outs[] = {{&L.w_gate, gate, F}, {&L.w_up, up, F}};
     kernels::MatMulMany(outs, xn, T, D, pool_);
+    ApplyLora(L.lora[kLoraGate], xn, T, D, gate, F, pool_);
+    ApplyLora(L.lora[kLoraUp], xn, T, D, up, F, pool_);
     // gate and up are dense [T, F]: split the elements across threads.
     auto act = [&](int64_t b, int64_t e, int) {
       kernels::GatedActivation(c_.act, gate + b, up + b, e - b);
@@ -259,6 +265,7 @@ void Forward::FfnBlock(int l, int64_t T) {
       std::memmove(gate + t * F, gate + t * 2 * F, F * sizeof(float));
   }
   MatMul(L.w_down, gate, T, F, tmp, D, pool_);
+  ApplyLora(L.lora[kLoraDown], gate, T, F, tmp, D, pool_);
   for (int64_t t = 0; t < T; ++t) {
     float* o = tmp + t * D;
     if (L.post_ffn_norm)

@@ -13,6 +13,7 @@
 #include "lumen/core/status.h"
 #include "lumen/kernels/matrix.h"
 #include "lumen/model/config.h"
+#include "lumen/model/lora.h"
 
 namespace lumen::model {
 
@@ -34,6 +35,7 @@ struct LayerWeights {
   Matrix w_gate, w_up;                    // [F, D] (Phi3: w_up is [2F, D], gate first)
   Matrix w_down;                          // [D, F]
   const float* post_ffn_norm = nullptr;   // [D]      (Gemma2/3)
+  LoraMatrix lora[kLoraTargets];          // an adapter applied at load (--adapter), else empty
 };
 
 struct Weights {

@@ -20,6 +20,8 @@ void AddModelArgs(CLI::App* app, ModelArgs& args, bool positional) {
       ->check(CLI::Range(int64_t(1), int64_t(1) << 24));
   AddKvTypeOption(app, args.kv_type);
   AddActRouteOption(app, args.act_route);
+  app->add_option("--adapter", args.adapter,
+                  "LoRA adapter directory (PEFT layout, e.g. from lumen train) applied unmerged");
 }
 
 void AddKvTypeOption(CLI::App* app, std::string& kv_type) {
@@ -44,6 +46,7 @@ Result<std::unique_ptr<engine::Model>> LoadModel(const ModelArgs& args) {
   opts.tokenizer_path = args.tokenizer;
   opts.threads = args.threads;
   opts.act_route = kernels::ParseActRoute(args.act_route).value_or(kernels::ActRoute::kExact);
+  opts.adapter_dir = args.adapter;
   return engine::LoadModelOrDefault(args.model, opts);
 }
 

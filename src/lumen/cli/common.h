@@ -24,6 +24,7 @@ struct ModelArgs {
   int64_t ctx = 0;
   std::string kv_type = "f16";
   std::string act_route = "exact";
+  std::string adapter;  // LoRA adapter directory (PEFT layout), applied unmerged
 };
 
 void AddModelArgs(CLI::App* app, ModelArgs& args, bool positional = true);

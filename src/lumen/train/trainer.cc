@@ -9,6 +9,8 @@
 #include <fstream>
 #include <map>
 
+#include <unistd.h>
+
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
@@ -373,6 +375,16 @@ Result<TrainResult> Train(const engine::Model& model, const TrainOptions& o) {
   EvalMetrics window;
   int64_t window_tokens = 0;
   auto t0 = std::chrono::steady_clock::now();
+  const auto run_start = t0;
+  const int64_t first_step = st.step;
+  const bool tty = !o.quiet && ::isatty(2);
+  // Seconds left, from the mean step time of this process so far.
+  auto eta = [&] {
+    const double el =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start).count();
+    const int64_t done = st.step - first_step;
+    return done > 0 ? el / double(done) * double(total - st.step) : 0.0;
+  };
   const std::string ckpt_dir = (out / "checkpoints").string();
   Status status = Status::Ok();
   while (st.step < total) {
@@ -435,9 +447,11 @@ Result<TrainResult> Train(const engine::Model& model, const TrainOptions& o) {
       j["peak_rss_mb"] = PeakRssMb();
       metrics << j.dump() << "\n" << std::flush;
       if (!o.quiet)
-        fmt::print(stderr, "step {}/{} loss {:.4f} nll {:.4f} acc {:.2f} lr {:.2e} {:.0f} tok/s\n",
-                   st.step, total, window.loss, window.nll, window.accuracy, lr,
-                   secs > 0 ? double(window_tokens) / secs : 0.0);
+        fmt::print(stderr,
+                   "{}step {}/{} loss {:.4f} nll {:.4f} acc {:.2f} lr {:.2e} {:.0f} tok/s ETA "
+                   "{:.0f}s\n",
+                   tty ? "\r\033[K" : "", st.step, total, window.loss, window.nll,
+                   window.accuracy, lr, secs > 0 ? double(window_tokens) / secs : 0.0, eta());
       window = {};
       window_tokens = 0;
       t0 = std::chrono::steady_clock::now();

@@ -12,6 +12,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <ctime>
 #include <filesystem>
 #include <future>
 #include <string>
@@ -238,6 +239,17 @@ TEST_F(EmbeddedServer, GetEndpoints) {
   ASSERT_EQ(m.status, 200);
   EXPECT_EQ(m.Json()["data"][0]["id"], "stories260K");
   EXPECT_EQ(m.Json()["object"], "list");
+  {
+    // created_at is `created` in RFC 3339.
+    const json mo = m.Json()["data"][0];
+    const auto t = static_cast<std::time_t>(mo["created"].get<int64_t>());
+    std::tm tm{};
+    gmtime_r(&t, &tm);
+    char want[32];
+    std::strftime(want, sizeof want, "%Y-%m-%dT%H:%M:%SZ", &tm);
+    EXPECT_EQ(mo["created_at"], want);
+    EXPECT_GT(mo["created"].get<int64_t>(), 1700000000);
+  }
   EXPECT_EQ(Request(port(), "GET", "/v1/models/stories260K").status, 200);
   EXPECT_EQ(Request(port(), "GET", "/v1/models/other").status, 404);
   auto idx = Request(port(), "GET", "/v1");
@@ -435,6 +447,49 @@ TEST_F(EmbeddedServer, ResponsesWithPreviousResponseId) {
   EXPECT_GE(st["response_store"]["entries"].get<int>(), 2);
 }
 
+// item_reference input items resolve lumen's own output-item ids from the
+// store: the referenced reply is in the prompt exactly as previous_response_id
+// would put it.
+TEST_F(EmbeddedServer, ResponsesItemReference) {
+  auto r1 = Post(port(), "/v1/responses",
+                 {{"input", "Tell me a story."}, {"max_output_tokens", 6}, {"seed", 4}});
+  ASSERT_EQ(r1.status, 200) << r1.body;
+  const json j1 = r1.Json();
+  const std::string msg_id = j1["output"][0]["id"];
+  ASSERT_EQ(msg_id.rfind("msg_", 0), 0u) << r1.body;
+  const json turn2 = {{"role", "user"}, {"content", "More."}};
+  auto by_ref = Post(port(), "/v1/responses",
+                     {{"input",
+                       {{{"role", "user"}, {"content", "Tell me a story."}},
+                        {{"type", "item_reference"}, {"id", msg_id}},
+                        turn2}},
+                      {"max_output_tokens", 4},
+                      {"temperature", 0}});
+  auto by_prev = Post(port(), "/v1/responses",
+                      {{"input", {turn2}},
+                       {"previous_response_id", j1["id"]},
+                       {"max_output_tokens", 4},
+                       {"temperature", 0}});
+  ASSERT_EQ(by_ref.status, 200) << by_ref.body;
+  ASSERT_EQ(by_prev.status, 200) << by_prev.body;
+  EXPECT_EQ(by_ref.Json()["usage"]["input_tokens"], by_prev.Json()["usage"]["input_tokens"]);
+  EXPECT_EQ(by_ref.Json()["output_text"], by_prev.Json()["output_text"]);
+  EXPECT_GT(by_ref.Json()["usage"]["input_tokens"].get<int>(),
+            j1["usage"]["input_tokens"].get<int>() + 3);
+  for (const char* id : {"msg_nope", "fc_nope_0", "rs_1"}) {
+    auto bad =
+        Post(port(), "/v1/responses",
+             {{"input",
+               {{{"role", "user"}, {"content", "x"}}, {{"type", "item_reference"}, {"id", id}}}}});
+    EXPECT_EQ(bad.status, 404) << bad.body;
+    EXPECT_EQ(bad.Json()["error"]["param"], "input[1].id") << bad.body;
+    EXPECT_NE(bad.body.find(id), std::string::npos) << bad.body;
+  }
+  auto no_id = Post(port(), "/v1/responses", {{"input", {{{"type", "item_reference"}}}}});
+  EXPECT_EQ(no_id.status, 400) << no_id.body;
+  EXPECT_EQ(no_id.Json()["error"]["param"], "input[0].id") << no_id.body;
+}
+
 TEST_F(EmbeddedServer, InvalidRequestsNameTheField) {
   struct Case {
     const char* path;
@@ -458,8 +513,9 @@ TEST_F(EmbeddedServer, InvalidRequestsNameTheField) {
        "max_tokens"},
       {"/v1/chat/completions", json{{"messages", msgs}, {"max_tokens", "10"}}.dump(), 400,
        "max_tokens"},
-      {"/v1/chat/completions", json{{"messages", msgs}, {"max_tokens", 100000}}.dump(), 400,
-       "max_tokens"},
+      {"/v1/chat/completions",
+       json{{"messages", {{{"role", "user"}, {"content", std::string(3000, 'a')}}}}}.dump(), 400,
+       "messages"},
       {"/v1/chat/completions", json{{"messages", msgs}, {"temperature", "hot"}}.dump(), 400,
        "temperature"},
       {"/v1/chat/completions", json{{"messages", msgs}, {"top_p", 1.5}}.dump(), 400, "top_p"},
@@ -476,7 +532,18 @@ TEST_F(EmbeddedServer, InvalidRequestsNameTheField) {
       {"/v1/chat/completions", json{{"messages", msgs}, {"stop", {1}}}.dump(), 400, "stop[0]"},
       {"/v1/chat/completions",
        json{{"messages", msgs}, {"response_format", {{"type", "json_schema"}}}}.dump(), 400,
-       "response_format.type"},
+       "response_format.json_schema"},
+      {"/v1/chat/completions",
+       json{{"messages", msgs},
+            {"response_format",
+             {{"type", "json_schema"},
+              {"json_schema",
+               {{"name", "x"},
+                {"schema",
+                 {{"type", "object"},
+                  {"properties", {{"e", {{"type", "string"}, {"format", "email"}}}}}}}}}}}}
+           .dump(),
+       400, "response_format.json_schema.schema.properties.e.format"},
       {"/v1/chat/completions",
        json{{"messages", msgs},
             {"tools",
@@ -503,7 +570,17 @@ TEST_F(EmbeddedServer, InvalidRequestsNameTheField) {
       {"/v1/responses", json{{"input", {{{"type", "weird"}}}}}.dump(), 400, "input[0].type"},
       {"/v1/responses",
        json{{"input", "x"}, {"text", {{"format", {{"type", "json_schema"}}}}}}.dump(), 400,
-       "text.format.type"},
+       "text.format.schema"},
+      {"/v1/responses",
+       json{{"input", "x"},
+            {"text",
+             {{"format",
+               {{"type", "json_schema"},
+                {"name", "x"},
+                {"schema", {{"type", "object"}, {"oneOf", json::array({{{"type", "null"}}})}}}}}}}}
+           .dump(),
+       400, "text.format.schema.oneOf"},
+
       {"/v1/responses",
        json{{"input", "x"},
             {"tools", {{{"type", "function"}, {"name", "f"}}}},
@@ -547,6 +624,37 @@ TEST_F(EmbeddedServer, InvalidRequestsNameTheField) {
   }
   // The server is still fine.
   EXPECT_EQ(Request(port(), "GET", "/health").status, 200);
+}
+
+// max_tokens beyond the room left is clamped to it (finish "length" /
+// "max_tokens"); only a prompt that fills the context is refused.
+TEST_F(EmbeddedServer, MaxTokensBeyondTheContextIsClamped) {
+  auto r = Post(port(), "/v1/chat/completions", Chat("Once upon a time", 100000, {{"seed", 2}}));
+  ASSERT_EQ(r.status, 200) << r.body;
+  const json j = r.Json();
+  const int ctx = 512;  // stories260K's context, the default here
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "length") << r.body;
+  EXPECT_EQ(j["usage"]["prompt_tokens"].get<int>() + j["usage"]["completion_tokens"].get<int>(),
+            ctx)
+      << r.body;
+  // The Anthropic SDKs' default max_tokens.
+  auto a = Post(port(), "/v1/messages",
+                {{"model", "m"},
+                 {"max_tokens", 4096},
+                 {"messages", {{{"role", "user"}, {"content", "Hello"}}}}});
+  ASSERT_EQ(a.status, 200) << a.body;
+  EXPECT_EQ(a.Json()["stop_reason"], "max_tokens");
+  EXPECT_EQ(a.Json()["usage"]["input_tokens"].get<int>() +
+                a.Json()["usage"]["cache_read_input_tokens"].get<int>() +
+                a.Json()["usage"]["output_tokens"].get<int>(),
+            ctx)
+      << a.body;
+  auto big = Post(port(), "/v1/messages",
+                  {{"model", "m"},
+                   {"max_tokens", 10},
+                   {"messages", {{{"role", "user"}, {"content", std::string(3000, 'b')}}}}});
+  EXPECT_EQ(big.status, 400) << big.body;
+  EXPECT_NE(big.body.find("does not leave room in the context"), std::string::npos) << big.body;
 }
 
 TEST_F(EmbeddedServer, PromptCacheReusesConversationPrefix) {
@@ -1063,6 +1171,67 @@ TEST_F(SynthServer, ResponseFormatJsonObject) {
   if (j["status"] == "completed") {
     EXPECT_TRUE(IsObjectText(j["output_text"])) << resp.body;
   }
+}
+
+// response_format json_schema: every finished reply validates (checked here
+// field by field; tests/clients checks with ajv), on chat and Responses.
+TEST_F(SynthServer, ResponseFormatJsonSchema) {
+  const int p = server_->port();
+  const json schema = json::parse(R"({
+    "type": "object",
+    "properties": {
+      "city": {"type": "string", "maxLength": 6},
+      "sunny": {"type": "boolean"},
+      "temp": {"type": "integer", "minimum": -50, "maximum": 60},
+      "kind": {"enum": ["rain", "snow", null]},
+      "tags": {"type": "array", "items": {"$ref": "#/$defs/tag"}, "maxItems": 2}
+    },
+    "required": ["city", "sunny", "temp", "kind", "tags"],
+    "additionalProperties": false,
+    "$defs": {"tag": {"type": "string", "maxLength": 3}}
+  })");
+  const auto check = [](const std::string& text) {
+    const json v = json::parse(text, nullptr, false);
+    ASSERT_TRUE(v.is_object()) << text;
+    EXPECT_EQ(v.size(), 5u) << text;
+    EXPECT_TRUE(v["city"].is_string()) << text;
+    EXPECT_TRUE(v["sunny"].is_boolean()) << text;
+    ASSERT_TRUE(v["temp"].is_number_integer()) << text;
+    EXPECT_GE(v["temp"].get<int>(), -50) << text;
+    EXPECT_LE(v["temp"].get<int>(), 60) << text;
+    EXPECT_TRUE(v["kind"] == "rain" || v["kind"] == "snow" || v["kind"].is_null()) << text;
+    ASSERT_TRUE(v["tags"].is_array()) << text;
+    EXPECT_LE(v["tags"].size(), 2u) << text;
+  };
+  int complete = 0;
+  for (int seed = 1; seed <= 4; ++seed) {
+    auto r = Post(p, "/v1/chat/completions",
+                  {{"messages", json::array({{{"role", "user"}, {"content", "Weather?"}}})},
+                   {"max_tokens", 120},
+                   {"seed", seed},
+                   {"response_format",
+                    {{"type", "json_schema"},
+                     {"json_schema", {{"name", "w"}, {"strict", true}, {"schema", schema}}}}}});
+    ASSERT_EQ(r.status, 200) << r.body;
+    const json c = r.Json()["choices"][0];
+    if (c["finish_reason"] != "stop") continue;
+    ++complete;
+    check(c["message"]["content"]);
+  }
+  EXPECT_GE(complete, 3);
+  auto resp =
+      Post(p, "/v1/responses",
+           {{"input", "Weather?"},
+            {"max_output_tokens", 120},
+            {"seed", 9},
+            {"text", {{"format", {{"type", "json_schema"}, {"name", "w"}, {"schema", schema}}}}}});
+  ASSERT_EQ(resp.status, 200) << resp.body;
+  const json j = resp.Json();
+  EXPECT_EQ(j["text"]["format"]["type"], "json_schema");
+  EXPECT_EQ(j["text"]["format"]["name"], "w");
+  EXPECT_EQ(j["text"]["format"]["schema"], schema);
+  ASSERT_EQ(j["status"], "completed") << resp.body;
+  check(j["output_text"]);
 }
 
 }  // namespace

@@ -16,7 +16,9 @@ void AddModelArgs(CLI::App* app, ModelArgs& args, bool positional) {
   app->add_option("--tokenizer", args.tokenizer, "tokenizer file for llama2.c .bin models");
   app->add_option("-t,--threads", args.threads, "threads (default: LUMEN_THREADS or all cores)")
       ->check(CLI::Range(1, 1024));
-  app->add_option("-c,--ctx", args.ctx, "context size in tokens (default: the model's, max 4096)")
+  app->add_option("-c,--ctx", args.ctx,
+                  "context size in tokens (default: the model's, max 4096; serve: the model's "
+                  "as far as memory allows)")
       ->check(CLI::Range(int64_t(1), int64_t(1) << 24));
   AddKvTypeOption(app, args.kv_type);
   AddActRouteOption(app, args.act_route);

@@ -80,6 +80,11 @@ void RunServe(CLI::App* cmd, ServeArgs& a) {
   if (!base.ok()) return ReportError(base.status());
   auto sopts = SessionOptionsFrom(a.model);
   if (!sopts.ok()) return ReportError(sopts.status());
+  // No --ctx: the model's whole context when every slot's KV cache fits in a
+  // quarter of the available memory (server-api.md, "Context and max_tokens").
+  if (sopts->ctx <= 0)
+    sopts->ctx = engine::AutoContext(model.config(), sopts->kv_dtype, a.parallel,
+                                     engine::MemAvailableBytes());
 
   engine::SchedulerOptions so;
   so.parallel = a.parallel;

@@ -1,8 +1,36 @@
 #include "lumen/engine/session.h"
 
 #include <algorithm>
+#include <cstdio>
+#include <cstring>
 
 namespace lumen::engine {
+
+uint64_t MemAvailableBytes() {
+  FILE* f = std::fopen("/proc/meminfo", "r");
+  if (!f) return 0;
+  char line[256];
+  uint64_t kb = 0;
+  while (std::fgets(line, sizeof line, f))
+    if (std::sscanf(line, "MemAvailable: %lu kB", &kb) == 1) break;
+  std::fclose(f);
+  return kb * 1024;
+}
+
+int64_t AutoContext(const model::ModelConfig& c, DType kv_dtype, int slots,
+                    uint64_t mem_available) {
+  const int64_t max_ctx = std::max<int64_t>(c.max_ctx, 1);
+  if (mem_available == 0) return std::min(max_ctx, kUnknownMemCtx);
+  // KV bytes per position: every layer's K and V row (sliding-window layers
+  // are counted in full, which only errs towards a smaller context).
+  auto row = RowBytes(kv_dtype, c.kv_dim());
+  const uint64_t per_pos = 2 * uint64_t(std::max(c.n_layers, 1)) * (row ? *row : 0);
+  if (per_pos == 0) return std::min(max_ctx, kUnknownMemCtx);
+  const uint64_t budget = mem_available / 4 / uint64_t(std::max(slots, 1));
+  int64_t fit = static_cast<int64_t>(budget / per_pos) / 256 * 256;
+  fit = std::max(fit, std::min(max_ctx, kMinAutoCtx));
+  return std::min(max_ctx, fit);
+}
 
 Session::Session(const Model& m, model::KvCache cache)
     : model_(m),

@@ -20,6 +20,18 @@ struct SessionOptions {
   static constexpr int64_t kDefaultCtx = 4096;
 };
 
+// /proc/meminfo MemAvailable in bytes; 0 when it cannot be read.
+uint64_t MemAvailableBytes();
+
+// The context a server uses when --ctx is not given: the model's whole
+// context (config max_ctx) when `slots` KV caches of that size fit in a
+// quarter of `mem_available` bytes, else the largest multiple of 256 that
+// does, but never below min(max_ctx, kMinAutoCtx). mem_available 0 (unknown):
+// min(max_ctx, kUnknownMemCtx).
+int64_t AutoContext(const model::ModelConfig& c, DType kv_dtype, int slots, uint64_t mem_available);
+inline constexpr int64_t kMinAutoCtx = 2048;
+inline constexpr int64_t kUnknownMemCtx = 8192;
+
 class Session {
  public:
   static Result<std::unique_ptr<Session>> Create(const Model& model, const SessionOptions& opts);

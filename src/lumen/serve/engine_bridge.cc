@@ -1,5 +1,7 @@
 #include "lumen/serve/engine_bridge.h"
 
+#include <algorithm>
+
 namespace lumen::serve {
 
 bool RunState::Pop(ChoiceEvent* out, std::chrono::milliseconds timeout) {
@@ -91,18 +93,15 @@ Result<Prepared> EngineBridge::Prepare(const GenRequest& r) const {
       return Errorf("{}: the prompt is empty and the model has no BOS token", prompt_field);
     p.prompt.push_back(tok.bos());
   }
+  // A prompt that fills the context is refused; max_tokens beyond the room
+  // left is clamped to it, and the reply ends with finish_reason "length"
+  // (Anthropic "max_tokens") when it runs out, as llama-server and the hosted
+  // APIs do.
   const int64_t ctx = sched_.ctx(), P = static_cast<int64_t>(p.prompt.size());
-  if (r.max_tokens) {
-    if (P + *r.max_tokens > ctx)
-      return Errorf(
-          "max_tokens: the prompt ({} tokens) plus max_tokens ({}) exceeds the context "
-          "size ({} tokens)",
-          P, *r.max_tokens, ctx);
-    p.max_tokens = static_cast<int>(*r.max_tokens);
-  } else if (P >= ctx) {
+  if (P >= ctx)
     return Errorf("{}: the prompt ({} tokens) does not leave room in the context ({} tokens)",
                   prompt_field, P, ctx);
-  }
+  if (r.max_tokens) p.max_tokens = static_cast<int>(std::min<int64_t>(*r.max_tokens, ctx - P));
   // Binding choices. Checked here, so a vocabulary that cannot spell the
   // format is a 400 naming the field, not a failed job.
   std::vector<engine::GrammarSegment> grammar;
@@ -117,13 +116,25 @@ Result<Prepared> EngineBridge::Prepare(const GenRequest& r) const {
     constraint_field = "tool_choice";
   } else if (!r.raw_prompt && r.response_format == "json_object") {
     grammar = {engine::GrammarSegment::JsonObject()};
+  } else if (!r.raw_prompt && r.response_format == "json_schema") {
+    constraint_field = r.json_schema_field.c_str();
+    auto schema = engine::CompileJsonSchema(r.json_schema);
+    if (!schema.ok()) {
+      // "path: why" within the schema, "schema: why" for the whole of it.
+      std::string msg = schema.status().message();
+      if (msg.starts_with("schema: ")) return Errorf("{}: {}", r.json_schema_field, msg.substr(8));
+      return Errorf("{}.{}", r.json_schema_field, msg);
+    }
+    grammar = {engine::GrammarSegment::Schema(*schema)};
   }
   if (!grammar.empty()) {
     auto table = Table();
     for (const auto& g : grammar) {
       std::vector<std::string> texts = g.options;
       if (g.kind == engine::GrammarSegment::kLiteral) texts = {g.text};
-      if (g.kind == engine::GrammarSegment::kJsonObject) texts = {"{\"\": 0}"};
+      if (g.kind == engine::GrammarSegment::kJsonObject ||
+          g.kind == engine::GrammarSegment::kSchema)
+        texts = {"{\"\": 0}"};
       for (const auto& t : texts)
         if (!table->EncodeExact(t))
           return Errorf("{}: the model's vocabulary cannot spell '{}'{}", constraint_field, t,

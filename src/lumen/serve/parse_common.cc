@@ -213,4 +213,35 @@ Status ParseToolChoice(const ojson& v, const char* field, GenRequest& r) {
   return Status::Ok();
 }
 
+Status ParseResponseFormat(const ojson& f, const std::string& field, bool nested, GenRequest& r) {
+  if (!f.is_object() || !f.contains("type") || !f["type"].is_string())
+    return Errorf("{}.type: must be a string", field);
+  const std::string t = f["type"].get<std::string>();
+  if (t != "text" && t != "json_object" && t != "json_schema")
+    return Errorf("{}.type: unknown type '{}' (text, json_object, json_schema)", field, t);
+  r.response_format = t;
+  if (t != "json_schema") return Status::Ok();
+  const ojson* spec = &f;
+  std::string at = field;
+  if (nested) {
+    at = field + ".json_schema";
+    auto js = f.find("json_schema");
+    if (js == f.end() || !js->is_object())
+      return Errorf("{}: must be an object with the schema", at);
+    spec = &*js;
+  }
+  if (spec->contains("name") && !(*spec)["name"].is_null())
+    LUMEN_RETURN_IF_ERROR(ExpectString((*spec)["name"], at + ".name", &r.json_schema_name));
+  LUMEN_RETURN_IF_ERROR(
+      ExpectBool(spec->value("strict", ojson()), at + ".strict", &r.json_schema_strict));
+  r.json_schema_field = at + ".schema";
+  auto schema = spec->find("schema");
+  if (schema == spec->end() || schema->is_null())
+    return Errorf("{}: missing (the JSON Schema the reply must follow)", r.json_schema_field);
+  if (!schema->is_object() && !schema->is_boolean())
+    return Errorf("{}: must be an object, got {}", r.json_schema_field, TypeName(*schema));
+  r.json_schema = *schema;
+  return Status::Ok();
+}
+
 }  // namespace lumen::serve

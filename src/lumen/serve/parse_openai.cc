@@ -167,19 +167,9 @@ Result<GenRequest> ParseChatCompletions(const ojson& body) {
     if (!r.logprobs) return Error("top_logprobs: requires logprobs: true");
     r.top_logprobs = static_cast<int>(k);
   }
-  if (body.contains("response_format") && !body["response_format"].is_null()) {
-    const ojson& rf = body["response_format"];
-    if (!rf.is_object() || !rf.contains("type") || !rf["type"].is_string())
-      return Error("response_format.type: must be a string");
-    const std::string t = rf["type"].get<std::string>();
-    if (t == "json_schema")
-      return Error(
-          "response_format.type: 'json_schema' is not supported: lumen constrains output to "
-          "one JSON object (\"json_object\") but does not enforce a schema");
-    if (t != "text" && t != "json_object")
-      return Errorf("response_format.type: unknown type '{}' (text, json_object)", t);
-    r.response_format = t;
-  }
+  if (body.contains("response_format") && !body["response_format"].is_null())
+    LUMEN_RETURN_IF_ERROR(
+        ParseResponseFormat(body["response_format"], "response_format", /*nested=*/true, r));
   return r;
 }
 

@@ -43,9 +43,16 @@ Status ConvertItem(const ojson& item, const std::string& at, GenRequest& r) {
     LUMEN_RETURN_IF_ERROR(ExpectString(item.value("call_id", ojson()), at + ".call_id", &call_id));
     LUMEN_RETURN_IF_ERROR(ExpectString(item.value("output", ojson()), at + ".output", &output));
     r.messages.push_back({{"role", "tool"}, {"tool_call_id", call_id}, {"content", output}});
+  } else if (type == "item_reference") {
+    // Resolved from the response store by the server (it owns the store).
+    std::string id;
+    LUMEN_RETURN_IF_ERROR(ExpectString(item.value("id", ojson()), at + ".id", &id));
+    r.messages.push_back({{kItemReferenceKey, id}, {"at", at + ".id"}});
   } else {
-    return Errorf("{}.type: '{}' is not supported (message, function_call, function_call_output)",
-                  at, type);
+    return Errorf(
+        "{}.type: '{}' is not supported (message, function_call, function_call_output, "
+        "item_reference)",
+        at, type);
   }
   return Status::Ok();
 }
@@ -112,19 +119,9 @@ Result<GenRequest> ParseResponses(const ojson& body) {
     else
       LUMEN_RETURN_IF_ERROR(ParseToolChoice(tc, "tool_choice", r));
   }
-  if (body.contains("text") && body["text"].is_object() && body["text"].contains("format")) {
-    const ojson& f = body["text"]["format"];
-    if (!f.is_object() || !f.contains("type") || !f["type"].is_string())
-      return Error("text.format.type: must be a string");
-    const std::string t = f["type"].get<std::string>();
-    if (t == "json_schema")
-      return Error(
-          "text.format.type: 'json_schema' is not supported: lumen constrains output to one "
-          "JSON object (\"json_object\") but does not enforce a schema");
-    if (t != "text" && t != "json_object")
-      return Errorf("text.format.type: unknown type '{}' (text, json_object)", t);
-    r.response_format = t;
-  }
+  if (body.contains("text") && body["text"].is_object() && body["text"].contains("format"))
+    LUMEN_RETURN_IF_ERROR(
+        ParseResponseFormat(body["text"]["format"], "text.format", /*nested=*/false, r));
   return r;
 }
 

@@ -37,9 +37,14 @@ struct GenRequest {
   nlohmann::ordered_json tools;      // null when none
   std::string tool_choice = "auto";  // "none", "auto", "required" or a function name
   bool tool_choice_named = false;    // tool_choice is a function name (binding)
-  // response_format / text.format: "text" or "json_object" (the reply is one
-  // JSON object).
+  // response_format / text.format: "text", "json_object" (the reply is one
+  // JSON object) or "json_schema" (one JSON value valid against json_schema).
   std::string response_format = "text";
+  nlohmann::ordered_json json_schema;  // json_schema: the schema
+  std::string json_schema_name;        // as sent (echoed by Responses)
+  bool json_schema_strict = false;
+  std::string json_schema_field;  // where the schema sits, for errors
+
   nlohmann::ordered_json template_kwargs = nlohmann::ordered_json::object();
 
   std::optional<int64_t> max_tokens;  // unset: until the context is full
@@ -63,7 +68,9 @@ Result<GenRequest> ParseChatCompletions(const nlohmann::ordered_json& body);
 Result<GenRequest> ParseCompletions(const nlohmann::ordered_json& body);
 Result<GenRequest> ParseMessages(const nlohmann::ordered_json& body);
 // Input items are appended to req.messages; the caller prepends the stored
-// conversation of previous_response_id.
+// conversation of previous_response_id and replaces each item_reference,
+// left as {kItemReferenceKey: id, "at": "input[i].id"}, with the stored item.
+inline constexpr const char* kItemReferenceKey = "lumen_item_reference";
 Result<GenRequest> ParseResponses(const nlohmann::ordered_json& body);
 
 // Shared by the parsers (parse_common.cc).
@@ -73,6 +80,11 @@ Status ParseMaxTokens(const nlohmann::ordered_json& v, const char* field, GenReq
 // OpenAI function tools: [{"type":"function","function":{name, description, parameters}}].
 Status ValidateTools(const nlohmann::ordered_json& tools, const char* field);
 Status ParseToolChoice(const nlohmann::ordered_json& v, const char* field, GenRequest& r);
+// response_format (chat; `f` is the object, `field` its path) and Responses
+// text.format: type text, json_object or json_schema. `nested`: the schema
+// sits under f.json_schema (chat) instead of beside type (Responses).
+Status ParseResponseFormat(const nlohmann::ordered_json& f, const std::string& field, bool nested,
+                           GenRequest& r);
 // Type checks naming the field.
 Status ExpectBool(const nlohmann::ordered_json& v, const std::string& field, bool* out);
 Status ExpectString(const nlohmann::ordered_json& v, const std::string& field, std::string* out);

@@ -113,7 +113,7 @@ TEST(Request, ToolChoiceAndResponseFormat) {
   ASSERT_TRUE(resp.ok()) << resp.status().message();
   EXPECT_TRUE(resp->tool_choice_named);
   EXPECT_EQ(resp->response_format, "json_object");
-  // Unknown names and json_schema are 400s naming the field.
+  // Unknown names are 400s naming the field.
   for (
       const char* body : {
           R"({"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":{"type":"function","function":{"name":"h"}}})",
@@ -133,9 +133,33 @@ TEST(Request, ToolChoiceAndResponseFormat) {
   ASSERT_TRUE(js.ok());
   EXPECT_EQ(js->response_format, "json_object");
   auto schema = ParseChatCompletions(ojson::parse(R"({"messages":[{"role":"user","content":"x"}],
-      "response_format":{"type":"json_schema","json_schema":{"name":"x","schema":{}}}})"));
-  ASSERT_FALSE(schema.ok());
-  EXPECT_EQ(schema.status().message().rfind("response_format.type: 'json_schema'", 0), 0u);
+      "response_format":{"type":"json_schema","json_schema":{"name":"x","strict":true,
+      "schema":{"type":"object","properties":{"a":{"type":"string"}}}}}})"));
+  ASSERT_TRUE(schema.ok()) << schema.status().message();
+  EXPECT_EQ(schema->response_format, "json_schema");
+  EXPECT_EQ(schema->json_schema_name, "x");
+  EXPECT_TRUE(schema->json_schema_strict);
+  EXPECT_EQ(schema->json_schema["properties"]["a"]["type"], "string");
+  EXPECT_EQ(schema->json_schema_field, "response_format.json_schema.schema");
+  auto text_schema = ParseResponses(ojson::parse(R"({"input":"x","text":{"format":{
+      "type":"json_schema","name":"n","schema":{"type":"object"}}}})"));
+  ASSERT_TRUE(text_schema.ok()) << text_schema.status().message();
+  EXPECT_EQ(text_schema->json_schema_field, "text.format.schema");
+  EXPECT_EQ(text_schema->json_schema["type"], "object");
+  const std::pair<const char*, const char*> bad_formats[] = {
+      {R"({"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_schema"}})",
+       "response_format.json_schema: must be an object"},
+      {R"({"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_schema",
+        "json_schema":{"name":"x"}}})",
+       "response_format.json_schema.schema: missing"},
+      {R"({"messages":[{"role":"user","content":"x"}],"response_format":{"type":"xml"}})",
+       "response_format.type: unknown type 'xml'"},
+  };
+  for (const auto& [body, want] : bad_formats) {
+    auto r = ParseChatCompletions(ojson::parse(body));
+    ASSERT_FALSE(r.ok()) << body;
+    EXPECT_EQ(r.status().message().rfind(want, 0), 0u) << r.status().message();
+  }
 }
 
 TEST(Body, Utf8AndLimits) {

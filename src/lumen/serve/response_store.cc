@@ -1,5 +1,7 @@
 #include "lumen/serve/response_store.h"
 
+#include <cstdlib>
+
 namespace lumen::serve {
 
 void ResponseStore::Put(const std::string& id, nlohmann::ordered_json messages) {
@@ -24,6 +26,30 @@ std::optional<nlohmann::ordered_json> ResponseStore::Get(const std::string& id) 
   auto it = index_.find(id);
   if (it == index_.end()) return std::nullopt;
   return it->second->messages;
+}
+
+std::optional<nlohmann::ordered_json> ResponseStore::GetItem(const std::string& item_id) {
+  std::string resp;
+  long call = -1;
+  if (item_id.starts_with("msg_") && item_id.size() > 4) {
+    resp = "resp_" + item_id.substr(4);
+  } else if (item_id.starts_with("fc_")) {
+    const size_t us = item_id.rfind('_');
+    if (us <= 3 || us + 1 >= item_id.size()) return std::nullopt;
+    char* end = nullptr;
+    call = std::strtol(item_id.c_str() + us + 1, &end, 10);
+    if (*end != '\0' || call < 0) return std::nullopt;
+    resp = "resp_" + item_id.substr(3, us - 3);
+  } else {
+    return std::nullopt;
+  }
+  auto conv = Get(resp);
+  if (!conv || !conv->is_array() || conv->empty()) return std::nullopt;
+  const nlohmann::ordered_json& reply = conv->back();  // the stored reply
+  if (call < 0) return nlohmann::ordered_json{{"role", "assistant"}, {"content", reply["content"]}};
+  if (!reply.contains("tool_calls") || size_t(call) >= reply["tool_calls"].size())
+    return std::nullopt;
+  return nlohmann::ordered_json{{"tool_call", reply["tool_calls"][size_t(call)]}};
 }
 
 void ResponseStore::EvictLocked() {

@@ -26,6 +26,11 @@ class ResponseStore {
   // `messages`: the whole conversation (OpenAI chat form) including the reply.
   void Put(const std::string& id, nlohmann::ordered_json messages);
   std::optional<nlohmann::ordered_json> Get(const std::string& id);
+  // An output item of a stored response, by the id the Responses writer gave
+  // it: "msg_X" is the message of response "resp_X" (-> {"role":"assistant",
+  // "content":...}), "fc_X_i" its i-th function call (-> {"tool_call":
+  // {id, type, function}}). nullopt when unknown, expired or evicted.
+  std::optional<nlohmann::ordered_json> GetItem(const std::string& item_id);
   size_t entries() const;
   size_t bytes() const;
   const ResponseStoreLimits& limits() const { return limits_; }

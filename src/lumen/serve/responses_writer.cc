@@ -210,7 +210,7 @@ class ResponsesWriter : public ProtocolWriter {
             {"store", x_.req.store},
             {"temperature", x_.prep.sampler.temperature},
             {"top_p", x_.prep.sampler.top_p},
-            {"text", {{"format", {{"type", x_.req.response_format}}}}},
+            {"text", {{"format", TextFormat()}}},
             {"tool_choice", x_.req.tool_choice_named
                                 ? ojson{{"type", "function"}, {"name", x_.req.tool_choice}}
                                 : ojson(x_.req.tool_choice)},
@@ -218,6 +218,15 @@ class ResponsesWriter : public ProtocolWriter {
             {"truncation", "disabled"},
             {"usage", nullptr},
             {"metadata", ojson::object()}};
+  }
+  ojson TextFormat() const {
+    ojson f = {{"type", x_.req.response_format}};
+    if (x_.req.response_format == "json_schema") {
+      f["name"] = x_.req.json_schema_name;
+      f["schema"] = x_.req.json_schema;
+      f["strict"] = x_.req.json_schema_strict;
+    }
+    return f;
   }
   int64_t seq_ = 0;
 };

@@ -1,5 +1,6 @@
 #include "lumen/serve/server.h"
 
+#include <ctime>
 #include <random>
 #include <thread>
 
@@ -9,6 +10,18 @@
 #include "lumen/serve/protocol.h"
 
 namespace lumen::serve {
+
+namespace {
+// "2025-01-31T12:00:00Z" (Anthropic's created_at) for a Unix time.
+std::string Rfc3339Utc(int64_t unix_seconds) {
+  const auto t = static_cast<std::time_t>(unix_seconds);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+}  // namespace
 
 using ojson = nlohmann::ordered_json;
 using Clock = std::chrono::steady_clock;
@@ -216,7 +229,7 @@ void Server::Routes() {
                  {"owned_by", "lumen"},
                  {"type", "model"},
                  {"display_name", opts_.model_name},
-                 {"created_at", "1970-01-01T00:00:00Z"}};
+                 {"created_at", Rfc3339Utc(created_unix_)}};
   };
   h.Get("/v1/models", [this, model_obj](const httplib::Request&, httplib::Response& res) {
     res.set_content(DumpJson({{"object", "list"},
@@ -319,7 +332,37 @@ void Server::HandleGenerate(Api api, const httplib::Request& req, httplib::Respo
       }
       conversation = *prev;
     }
-    for (auto& m : input) conversation.push_back(m);
+    for (auto& m : input) {
+      if (!m.contains(kItemReferenceKey)) {
+        conversation.push_back(std::move(m));
+        continue;
+      }
+      // An item_reference: one of lumen's own stored output items. A call
+      // joins the assistant turn before it, as in the stored conversation.
+      const std::string id = m[kItemReferenceKey].get<std::string>();
+      auto item = store_.GetItem(id);
+      if (!item) {
+        ApiError e;
+        e.status = 404;
+        e.param = m["at"].get<std::string>();
+        e.message = fmt::format(
+            "{}: no stored output item '{}' (expired, evicted, never stored, or not an id "
+            "this server gave)",
+            e.param, id);
+        return SendError(res, e, shape, endpoint);
+      }
+      if (!item->contains("tool_call")) {
+        conversation.push_back(std::move(*item));
+      } else if (!conversation.empty() && conversation.back()["role"] == "assistant") {
+        ojson& turn = conversation.back();
+        if (!turn.contains("tool_calls")) turn["tool_calls"] = ojson::array();
+        turn["tool_calls"].push_back((*item)["tool_call"]);
+      } else {
+        conversation.push_back({{"role", "assistant"},
+                                {"content", ""},
+                                {"tool_calls", ojson::array({(*item)["tool_call"]})}});
+      }
+    }
     ojson msgs = ojson::array();
     if (has_instructions) msgs.push_back(r.messages[0]);
     for (const auto& m : conversation) msgs.push_back(m);

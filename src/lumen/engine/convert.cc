@@ -97,12 +97,19 @@ Status ConvertModel(const Model& m, OutputFormat format, const std::string& out,
   if (c.rope_dim != c.head_dim &&
       (c.family == model::Family::kLlama || c.family == model::Family::kMistral))
     return Error("convert: partial rotary llama models are not supported");
-  if (format == OutputFormat::kHf && m.weights().rope_freqs)
+  const bool freqs_known = c.rope_freqs_source.type == kernels::RopeScaling::Type::kLlama3;
+  if (format == OutputFormat::kHf && m.weights().rope_freqs && !freqs_known)
     return Error(
         "convert: this GGUF's rope_freqs tensor (llama.cpp's Llama 3.1 rope scaling) "
         "has no config.json equivalent here; convert to GGUF instead");
   model::ModelConfig target;
   std::vector<TensorPlan> plans = PlansFor(m, format, target);
+  if (format == OutputFormat::kHf && freqs_known) {
+    // The table came from this llama3 scaling: config.json states it instead.
+    target.rope_scaling = c.rope_freqs_source;
+    target.rope_freqs_source = {};
+    std::erase_if(plans, [](const TensorPlan& p) { return p.name == "rope_freqs.weight"; });
+  }
   WriteOptions opts;
   opts.dtype = dtype;
   opts.chat_template = m.chat_template();

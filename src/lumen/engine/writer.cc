@@ -71,6 +71,15 @@ Status WriteGgufModel(const model::ModelConfig& config, const tokenize::Tokenize
   std::vector<TensorPlan> freqs;
   const model::ModelConfig c = LlamaCppRope(config, plans, freqs);
   model::ConfigToGguf(c, w);
+  // lumen-only record of the scaling behind rope_freqs.weight (llama.cpp ignores it).
+  const kernels::RopeScaling& src = freqs.empty() ? config.rope_freqs_source : config.rope_scaling;
+  if (src.type == kernels::RopeScaling::Type::kLlama3 && c.rope_scaling.type != src.type) {
+    const std::string k = "llama.rope_freqs.lumen_llama3.";
+    w.SetF32(k + "factor", float(src.factor));
+    w.SetF32(k + "low_freq_factor", float(src.low_freq_factor));
+    w.SetF32(k + "high_freq_factor", float(src.high_freq_factor));
+    w.SetU32(k + "original_context_length", uint32_t(src.original_max_pos));
+  }
   w.SetString("general.name",
               opts.name.empty() ? std::filesystem::path(path).stem().string() : opts.name);
   LUMEN_RETURN_IF_ERROR(tok.ExportGguf(w));

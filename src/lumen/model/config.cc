@@ -416,6 +416,17 @@ Result<ModelConfig> ConfigFromGguf(const formats::GgufFile& g) {
     else if (const auto* t = g.FindTensor("token_embd.weight"))
       c.vocab_size = int(t->view.dim(0));
   }
+  // Added tokens appended to the vocabulary without resizing the model: ids
+  // the embedding has no row for (llama.cpp refuses such a file too).
+  if (const auto* v = g.Find("tokenizer.ggml.tokens"); v && v->AsArray()) {
+    const auto* e = g.FindTensor("token_embd.weight");
+    const int64_t n_tokens = int64_t(v->AsArray()->size());
+    if (e && n_tokens > e->view.dim(0))
+      return Errorf(
+          "{}: tokenizer.ggml.tokens holds {} tokens but token_embd.weight has {} rows, so "
+          "some token ids have no embedding; re-convert the model with its resized embedding",
+          g.path(), n_tokens, e->view.dim(0));
+  }
   // llama.cpp's key, else lumen's own for the types llama.cpp has no name for.
   const formats::GgufValue* scaling_type = g.Find(p + "rope.scaling.type");
   if (!scaling_type) scaling_type = g.Find(p + "rope.scaling.lumen_type");
@@ -442,6 +453,15 @@ Result<ModelConfig> ConfigFromGguf(const formats::GgufFile& g) {
     LUMEN_RETURN_IF_ERROR(opt_f("rope.scaling.yarn_beta_fast", s.beta_fast));
     LUMEN_RETURN_IF_ERROR(opt_f("rope.scaling.yarn_beta_slow", s.beta_slow));
     LUMEN_RETURN_IF_ERROR(opt_f("rope.scaling.attn_factor", s.attention_factor));
+  }
+  if (g.FindTensor("rope_freqs.weight") && g.Find(p + "rope_freqs.lumen_llama3.factor")) {
+    auto& s = c.rope_freqs_source;
+    s.type = RopeScaling::Type::kLlama3;
+    LUMEN_RETURN_IF_ERROR(opt_f("rope_freqs.lumen_llama3.factor", s.factor));
+    LUMEN_RETURN_IF_ERROR(opt_f("rope_freqs.lumen_llama3.low_freq_factor", s.low_freq_factor));
+    LUMEN_RETURN_IF_ERROR(opt_f("rope_freqs.lumen_llama3.high_freq_factor", s.high_freq_factor));
+    LUMEN_RETURN_IF_ERROR(
+        opt_i("rope_freqs.lumen_llama3.original_context_length", s.original_max_pos));
   }
   c.tied_embeddings = g.FindTensor("output.weight") == nullptr;
   // ggml rotates adjacent pairs for llama-style archs, halves for the rest.

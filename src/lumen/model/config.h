@@ -59,6 +59,10 @@ struct ModelConfig {
   double rope_theta = 10000.0;
   double rope_theta_local = 0.0;  // 0: same as rope_theta
   kernels::RopeScaling rope_scaling;
+  // GGUF with llama.cpp's rope_freqs.weight: the llama3 scaling lumen made it
+  // from (lumen-only keys), so `convert` can write config.json's rope_scaling
+  // back. The forward uses the tensor, never this.
+  kernels::RopeScaling rope_freqs_source;
 
   int64_t sliding_window = 0;       // 0: none
   std::vector<bool> layer_sliding;  // [L]: true if the layer uses the window

@@ -188,6 +188,45 @@ TEST_P(GradientCheck, FloatRouteWithinBoundOfDouble) {
   }
 }
 
+// Quantized bases (QLoRA-style): products through the frozen weight decode it
+// on the fly in both directions (kernels::MatMul / MatMulT). The double
+// oracle decodes the same rows, so the float route must stay within the same
+// bound as for f32 weights, for every storage family.
+class QuantizedBase : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(QuantizedBase, FloatRouteWithinBoundOfDouble) {
+  testing::TempDir dir(std::string("q_") + GetParam());
+  auto model = testing::SynthModel(dir, "tiny-llama", 2, 1, GetParam());
+  ASSERT_TRUE(model) << GetParam();
+  LoraConfig lc;
+  lc.rank = 4;
+  auto layout = LoraLayout::Make(model->config(), lc);
+  ASSERT_TRUE(layout.ok());
+  Case c = MakeCase(model->config().vocab_size, 4);
+  Harness<double> Hd(*model, *layout);
+  Harness<float> Hf(*model, *layout, model->pool());
+  Hd.SetReferences(c);
+  const LoraParams<double> pd = RandomParams<double>(*layout, 8);
+  LoraParams<float> pf;
+  pf.w.assign(pd.w.begin(), pd.w.end());
+  std::vector<double> gd;
+  std::vector<float> gf;
+  const double ld = Hd.Loss(Method::kOrpo, {}, c, pd, &gd);
+  const double lf = Hf.Loss(Method::kOrpo, {}, c, pf, &gf);
+  EXPECT_NEAR(lf, ld, 1e-4 * std::max(1.0, std::abs(ld)));
+  double num = 0, den = 0;
+  for (size_t i = 0; i < gd.size(); ++i) {
+    num += (gf[i] - gd[i]) * (gf[i] - gd[i]);
+    den += gd[i] * gd[i];
+  }
+  EXPECT_GT(den, 0.0);
+  EXPECT_LT(std::sqrt(num / den), 1e-4) << GetParam();
+}
+
+INSTANTIATE_TEST_SUITE_P(Types, QuantizedBase,
+                         ::testing::Values("f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "mlx4",
+                                           "mlx8"));
+
 INSTANTIATE_TEST_SUITE_P(Families, GradientCheck,
                          ::testing::Values("tiny-llama", "tiny-mistral", "tiny-qwen2", "tiny-qwen3",
                                            "tiny-gemma2", "tiny-gemma3", "tiny-minicpm"),

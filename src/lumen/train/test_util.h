@@ -29,12 +29,15 @@ class TempDir {
 };
 
 // `lumen synth <name>` (GGUF, f32 unless dtype given) loaded with `threads`.
+// quant: a `lumen synth --quant` value ("q4_0", "mlx4", ...) or empty for f32.
 inline std::unique_ptr<engine::Model> SynthModel(const TempDir& dir, const std::string& name,
-                                                 int threads = 1, uint64_t seed = 1) {
+                                                 int threads = 1, uint64_t seed = 1,
+                                                 const std::string& quant = "") {
   engine::SynthOptions o;
   o.name = name;
   o.seed = seed;
-  o.out = (dir.path() / (name + ".gguf")).string();
+  if (!quant.empty() && !engine::ParseSynthQuant(quant, o).ok()) return nullptr;
+  o.out = (dir.path() / (name + "-" + quant + (o.mlx_bits ? "" : ".gguf"))).string();
   if (!engine::Synthesize(o).ok()) return nullptr;
   engine::LoadOptions lo;
   lo.threads = threads;

@@ -92,6 +92,32 @@ TEST(Cli, SeededSamplingIsReproducible) {
   EXPECT_NE(a.out, c.out);
 }
 
+// --logit-bias is repeatable and takes a comma-separated list; every entry
+// counts (the third ban changes the greedy text the first one leaves).
+TEST(Cli, LogitBiasRepeatableAndCommaForm) {
+  const std::string gen = "generate \"Once upon a time\" -n 5 --temp 0 --no-echo ";
+  CliRun one = Lumen(gen + "--logit-bias 432=-inf");
+  CliRun repeated = Lumen(gen + "--logit-bias 432=-inf --logit-bias 410=-inf --logit-bias 261-inf");
+  CliRun comma = Lumen(gen + "--logit-bias 432=-inf,410=-inf,261=-inf");
+  CliRun mixed = Lumen(gen + "--logit-bias 432=-inf,410=-inf --logit-bias=261=-inf");
+  ASSERT_EQ(one.code, 0) << one.err;
+  ASSERT_EQ(repeated.code, 0) << repeated.err;
+  ASSERT_EQ(comma.code, 0) << comma.err;
+  ASSERT_EQ(mixed.code, 0) << mixed.err;
+  EXPECT_EQ(one.out, " there was a little g\n");
+  EXPECT_EQ(repeated.out, " there was somet\n");
+  EXPECT_EQ(comma.out, repeated.out);
+  EXPECT_EQ(mixed.out, repeated.out);
+  // A bad entry in a list is named.
+  CliRun bad = Lumen(gen + "--logit-bias 432=-inf,x7");
+  EXPECT_NE(bad.code, 0);
+  EXPECT_NE(bad.err.find("--logit-bias: expected TOKEN+BIAS"), std::string::npos) << bad.err;
+  EXPECT_NE(bad.err.find("'x7'"), std::string::npos) << bad.err;
+  CliRun inf = Lumen(gen + "--logit-bias 432=+inf");
+  EXPECT_NE(inf.code, 0);
+  EXPECT_NE(inf.err.find("bias must be finite or -inf"), std::string::npos) << inf.err;
+}
+
 // The L3 routes from the command line: `eval route` measures the one named
 // by --act-route where it applies (bf16: one prefill per sequence).
 TEST(Cli, ActRoutesRunAndReportTheirKl) {

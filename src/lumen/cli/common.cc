@@ -66,14 +66,28 @@ void AddSamplerFlags(CLI::App* app, SamplerArgs& args) {
     auto& slot = args.storage.emplace_back(std::make_unique<std::string>());
     std::string name(flag);
     std::string* dst = slot.get();
-    app->add_option_function<std::string>(
-           name,
-           [&args, name, dst](const std::string& v) {
-             *dst = v;
-             args.given.emplace_back(name, v);
-           },
-           "sampler setting (docs/reference/sampling.md)")
-        ->group("Sampling");
+    CLI::Option* opt;
+    if (flag == "--logit-bias" || flag == "--dry-sequence-breaker") {
+      // Repeatable (each use adds one entry, as in llama.cpp).
+      opt = app->add_option_function<std::vector<std::string>>(
+                   name,
+                   [&args, name, dst](const std::vector<std::string>& vs) {
+                     for (const auto& v : vs) args.given.emplace_back(name, v);
+                     if (!vs.empty()) *dst = vs.back();
+                   },
+                   "sampler setting, repeatable (docs/reference/sampling.md)")
+                ->expected(1)
+                ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+    } else {
+      opt = app->add_option_function<std::string>(
+          name,
+          [&args, name, dst](const std::string& v) {
+            *dst = v;
+            args.given.emplace_back(name, v);
+          },
+          "sampler setting (docs/reference/sampling.md)");
+    }
+    opt->group("Sampling");
   }
 }
 

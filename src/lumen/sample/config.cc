@@ -476,11 +476,24 @@ Status ApplyFlag(SamplerConfig& c, std::string_view flag, std::string_view value
     LUMEN_ASSIGN_OR_RETURN(c.curve, std::move(LoadCurveFile(std::string(value))).WithContext(flag));
     return Status::Ok();
   }
+  if (flag == "--logit-bias" && value.find(',') != std::string_view::npos) {
+    // A comma-separated list: each entry as below.
+    for (size_t start = 0; start <= value.size();) {
+      size_t end = value.find(',', start);
+      if (end == std::string_view::npos) end = value.size();
+      LUMEN_RETURN_IF_ERROR(ApplyFlag(c, flag, value.substr(start, end - start)));
+      start = end + 1;
+    }
+    return Status::Ok();
+  }
   if (flag == "--logit-bias") {
     // llama.cpp form: TOKEN+BIAS or TOKEN-BIAS; also TOKEN=BIAS.
     size_t pos = value.find_first_of("+-=", 1);
     if (pos == std::string_view::npos) {
-      return Errorf("{}: expected TOKEN+BIAS, TOKEN-BIAS or TOKEN=BIAS, got '{}'", flag, value);
+      return Errorf(
+          "{}: expected TOKEN+BIAS, TOKEN-BIAS or TOKEN=BIAS (several: comma-separated or the "
+          "flag repeated), got '{}'",
+          flag, value);
     }
     int64_t id = -1;
     std::string_view id_text = value.substr(0, pos);

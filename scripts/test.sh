@@ -4,8 +4,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-# The official OpenAI/Anthropic SDKs for the server client tests (lockfile-pinned).
-if command -v npm >/dev/null 2>&1 && [ ! -d tests/clients/node_modules ]; then
+# The official OpenAI/Anthropic SDKs and client libraries for the server client
+# tests (lockfile-pinned); reinstalled when the lockfile is newer than the install.
+if command -v npm >/dev/null 2>&1 && { [ ! -f tests/clients/node_modules/.package-lock.json ] ||
+   [ tests/clients/package-lock.json -nt tests/clients/node_modules/.package-lock.json ]; }; then
   npm ci --prefix tests/clients --no-audit --no-fund --loglevel=error || echo "test: npm ci failed; SDK client tests skipped"
 fi
 cmake --preset release -DLUMEN_BUILD_BENCH=OFF >/dev/null

@@ -1,11 +1,18 @@
 // Real-client test: starts `lumen serve` (embedded model) and drives it with
-// the official `openai` and `@anthropic-ai/sdk` packages.
+// the official `openai` and `@anthropic-ai/sdk` packages; then runs the
+// client-library checks (libraries.mjs: AI SDK, LangChain, Agents SDK)
+// against it and against a `lumen synth tiny-qwen3` model with a ChatML
+// chat template.
 //   node tests/clients/run.mjs path/to/lumen
-// Exits non-zero on the first failed check. Needs `npm ci` in tests/clients.
-import { spawn } from "node:child_process";
+// Exits non-zero if any check failed. Needs `npm ci` in tests/clients.
+import { spawn, execFileSync } from "node:child_process";
+import { mkdtempSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
 import assert from "node:assert/strict";
 import OpenAI from "openai";
 import Anthropic from "@anthropic-ai/sdk";
+import { libraryChecks } from "./libraries.mjs";
 
 const bin = process.argv[2];
 if (!bin) {
@@ -14,9 +21,9 @@ if (!bin) {
 }
 const KEY = "client-test-key";
 
-function startServer() {
+function startServer(extra = []) {
   return new Promise((resolve, reject) => {
-    const p = spawn(bin, ["serve", "--port", "0", "--parallel", "2", "--api-key", KEY],
+    const p = spawn(bin, ["serve", ...extra, "--port", "0", "--parallel", "2", "--api-key", KEY],
                     { stdio: ["ignore", "ignore", "pipe"], env: { ...process.env, LUMEN_THREADS: "1" } });
     let log = "";
     const timer = setTimeout(() => reject(new Error("server did not start:\n" + log)), 60000);
@@ -43,6 +50,14 @@ const tools = [{
 check("openai: models.list", async ({ openai }) => {
   const page = await openai.models.list();
   assert.equal(page.data[0].id, "stories260K");
+});
+
+check("anthropic: models.list created_at is the real time", async ({ anthropic }) => {
+  const page = await anthropic.models.list();
+  const m = page.data[0];
+  assert.equal(m.id, "stories260K");
+  const t = Date.parse(m.created_at);
+  assert.ok(Math.abs(t - Date.now()) < 24 * 3600 * 1000, m.created_at);
 });
 
 check("openai: chat non-streaming", async ({ openai }) => {
@@ -97,7 +112,7 @@ check("openai: tool_choice named streams one call (SDK assembles the deltas)", a
   const call = full.choices[0].message.tool_calls[0];
   assert.equal(full.choices[0].message.tool_calls.length, 1);
   assert.equal(call.function.name, "get_weather");
-  const stream = openai.beta.chat.completions.stream(req);
+  const stream = openai.chat.completions.stream(req);
   const final = await stream.finalChatCompletion();
   const got = final.choices[0].message.tool_calls;
   assert.equal(got.length, 1);
@@ -202,23 +217,53 @@ check("anthropic: errors", async ({ anthropic }) => {
     (e) => e instanceof Anthropic.BadRequestError && e.status === 400 && /max_tokens/.test(e.message));
 });
 
-const server = await startServer();
-const openai = new OpenAI({ apiKey: KEY, baseURL: `http://127.0.0.1:${server.port}/v1`, maxRetries: 0 });
-const anthropic = new Anthropic({ apiKey: KEY, baseURL: `http://127.0.0.1:${server.port}`, maxRetries: 0 });
-let failed = 0;
-for (const c of checks) {
+async function runChecks(list, server, ctx) {
+  let failed = 0;
+  for (const c of list) {
+    try {
+      await c.fn(ctx);
+      console.log(`ok   ${c.name}`);
+    } catch (e) {
+      failed++;
+      console.log(`FAIL ${c.name}: ${e.stack ?? e}`);
+    }
+  }
+  server.proc.removeAllListeners("exit");
+  const exited = new Promise((r) => server.proc.on("exit", (code) => r(code)));
+  server.proc.kill("SIGTERM");
+  const code = await exited;
+  if (code !== 0) { failed++; console.log(`FAIL server exit code ${code}:\n${server.log()}`); }
+  return failed;
+}
+
+const libs = [];
+libraryChecks((name, fn) => libs.push({ name, fn }));
+let failed = 0, total = 0;
+
+// 1. The embedded stories260K: SDK checks, then the libraries.
+{
+  const server = await startServer();
+  const base = `http://127.0.0.1:${server.port}`;
+  const openai = new OpenAI({ apiKey: KEY, baseURL: `${base}/v1`, maxRetries: 0 });
+  const anthropic = new Anthropic({ apiKey: KEY, baseURL: base, maxRetries: 0 });
+  const all = [...checks, ...libs.map((c) => ({ ...c, name: `[stories260K] ${c.name}` }))];
+  total += all.length;
+  failed += await runChecks(all, server, { openai, anthropic, port: server.port, base, key: KEY, model: "stories260K" });
+}
+
+// 2. A synth tiny-qwen3 (random weights, ChatML template): the libraries.
+{
+  const dir = mkdtempSync(join(tmpdir(), "lumen-clients-"));
   try {
-    await c.fn({ openai, anthropic, port: server.port });
-    console.log(`ok   ${c.name}`);
-  } catch (e) {
-    failed++;
-    console.log(`FAIL ${c.name}: ${e.stack ?? e}`);
+    execFileSync(bin, ["synth", "tiny-qwen3", "--format", "hf", "-o", join(dir, "m")], { stdio: "ignore" });
+    const server = await startServer([join(dir, "m"), "--alias", "tiny-qwen3"]);
+    const base = `http://127.0.0.1:${server.port}`;
+    const all = libs.map((c) => ({ ...c, name: `[tiny-qwen3] ${c.name}` }));
+    total += all.length;
+    failed += await runChecks(all, server, { port: server.port, base, key: KEY, model: "tiny-qwen3" });
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
   }
 }
-server.proc.removeAllListeners("exit");
-const exited = new Promise((r) => server.proc.on("exit", (code) => r(code)));
-server.proc.kill("SIGTERM");
-const code = await exited;
-if (code !== 0) { failed++; console.log(`FAIL server exit code ${code}:\n${server.log()}`); }
-console.log(failed ? `${failed} failed` : `all ${checks.length} client checks passed`);
+console.log(failed ? `${failed} failed` : `all ${total} client checks passed`);
 process.exit(failed ? 1 : 0);

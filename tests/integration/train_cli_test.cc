@@ -132,6 +132,33 @@ TEST(TrainCli, AdapterChangesGenerationsThroughGenerateAndMerge) {
   EXPECT_NE(r.err.find("not a directory"), std::string::npos) << r.err;
 }
 
+// Phi3 stores q/k/v and gate/up as fused matrices: LoRA trains one pair per
+// slice, applies to slices of the fused products, and merges into the right
+// rows of the fused tensors.
+TEST(TrainCli, FusedPhi3AdapterAppliesAndMerges) {
+  const fs::path model = Tmp() / "p3.gguf";
+  ASSERT_EQ(Lumen("synth tiny-phi3 -o " + model.string()).code, 0);
+  const fs::path data = Tmp() / "p3data";
+  fs::create_directories(data);
+  std::ofstream(data / "train.jsonl") << R"({"text": "hello world this is a row"})"
+                                      << "\n"
+                                      << R"({"text": "another row of text"})"
+                                      << "\n";
+  const fs::path out = Tmp() / "p3adapter";
+  CliResult r = Lumen("train " + model.string() + " --data " + data.string() + " --out " +
+                      out.string() + " --iters 3 --lr 1e-2 --rank 2 -q");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const fs::path merged = Tmp() / "p3m.gguf";
+  ASSERT_EQ(Lumen("merge " + model.string() + " " + out.string() + " " + merged.string()).code, 0);
+  const std::string gen = " hello -n 8 --temp 0 --no-echo";
+  CliResult base = Lumen("generate " + model.string() + gen);
+  CliResult unmerged = Lumen("generate " + model.string() + gen + " --adapter " + out.string());
+  CliResult folded = Lumen("generate " + merged.string() + gen);
+  ASSERT_EQ(unmerged.code, 0) << unmerged.err;
+  EXPECT_NE(base.out, unmerged.out);
+  EXPECT_EQ(unmerged.out, folded.out);
+}
+
 TEST(TrainCli, InspectReportsKindAndLengths) {
   CliResult r = Lumen("train --inspect " + Src("tests/data/train/uppercase") + " --max-seq-len 20");
   ASSERT_EQ(r.code, 0) << r.err;

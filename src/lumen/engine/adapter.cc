@@ -180,11 +180,6 @@ Result<Adapter> LoadAdapter(const std::string& dir, const model::ModelConfig& c)
     }
   }
   if (a.pairs.empty()) return Errorf("{}: no LoRA tensors", st_path);
-  if (c.fused_qkv || c.fused_gate_up)
-    return Errorf(
-        "adapter {}: {} stores fused q/k/v and gate/up matrices; adapters for it are "
-        "not supported",
-        dir, model::FamilyName(c.family));
   return a;
 }
 

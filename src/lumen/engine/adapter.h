@@ -1,6 +1,9 @@
 // LoRA adapters on disk in PEFT's layout (adapter_model.safetensors +
 // adapter_config.json), so lumen's adapters load in PEFT and PEFT's load here.
 //
+// Phi3 (fused qkv / gate_up) adapters use the split names below too (lumen
+// trains one LoRA per slice); PEFT names Phi-3 modules qkv_proj / gate_up_proj,
+// which this reader does not map.
 // Tensor names: base_model.model.model.layers.{l}.self_attn.{q,k,v,o}_proj.lora_{A,B}.weight
 // and ...mlp.{gate,up,down}_proj...; A [r, K], B [N, r]; F32/F16/BF16 read,
 // F32 written. In memory B's rows follow the base file's order: for models

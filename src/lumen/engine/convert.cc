@@ -11,8 +11,14 @@ namespace {
 
 bool IsNorm(const std::string& name) { return name.find("norm.weight") != std::string::npos; }
 
-// The adapter attached to the weight a canonical tensor name holds, if any.
-model::LoraMatrix AttachedLora(const model::Weights& w, const std::string& name) {
+// The adapter parts attached to the weight a canonical tensor name holds:
+// (first row, LoRA) pairs, several for Phi3's fused attn_qkv / ffn_up rows.
+struct LoraRows {
+  int64_t begin;
+  model::LoraMatrix lora;
+};
+std::vector<LoraRows> AttachedLora(const model::Weights& w, const model::ModelConfig& c,
+                                   const std::string& name) {
   static constexpr std::pair<const char*, int> kSuffix[] = {
       {".attn_q.weight", model::kLoraQ},      {".attn_k.weight", model::kLoraK},
       {".attn_v.weight", model::kLoraV},      {".attn_output.weight", model::kLoraO},
@@ -22,9 +28,23 @@ model::LoraMatrix AttachedLora(const model::Weights& w, const std::string& name)
   if (std::sscanf(name.c_str(), "blk.%d.", &layer) != 1 || layer < 0 ||
       layer >= int(w.layers.size()))
     return {};
-  for (const auto& [suffix, t] : kSuffix)
-    if (name.ends_with(suffix)) return w.layers[layer].lora[t];
-  return {};
+  const auto& lw = w.layers[layer];
+  std::vector<LoraRows> out;
+  auto add = [&](int64_t begin, int t) {
+    if (lw.lora[t].valid()) out.push_back({begin, lw.lora[t]});
+  };
+  if (name.ends_with(".attn_qkv.weight")) {
+    add(0, model::kLoraQ);
+    add(c.q_dim(), model::kLoraK);
+    add(c.q_dim() + c.kv_dim(), model::kLoraV);
+  } else if (name.ends_with(".ffn_up.weight") && !lw.w_gate.valid()) {
+    add(0, model::kLoraGate);
+    add(c.ffn_dim, model::kLoraUp);
+  } else {
+    for (const auto& [suffix, t] : kSuffix)
+      if (name.ends_with(suffix)) add(0, t);
+  }
+  return out;
 }
 
 }  // namespace
@@ -67,8 +87,8 @@ std::vector<TensorPlan> PlansFor(const Model& m, OutputFormat format, model::Mod
     const bool is_bias = t.name.ends_with(".bias");
     const float add = IsNorm(t.name) ? norm_add : 0.0f;
     // An attached adapter is merged: row r gains s * B[r] A (B in the base's row order).
-    const model::LoraMatrix lora = AttachedLora(m.weights(), t.name);
-    p.row = [mat, perm, is_bias, add, lora](int64_t r, float* out) {
+    const std::vector<LoraRows> loras = AttachedLora(m.weights(), src, t.name);
+    p.row = [mat, perm, is_bias, add, loras](int64_t r, float* out) {
       if (!perm.empty() && is_bias) {  // a bias is one row; permute its elements
         std::vector<float> tmp(mat.k);
         kernels::DequantizeMatrixRow(mat, r, tmp.data());
@@ -77,12 +97,16 @@ std::vector<TensorPlan> PlansFor(const Model& m, OutputFormat format, model::Mod
       }
       const int64_t src_row = perm.empty() ? r : perm[r];
       kernels::DequantizeMatrixRow(mat, src_row, out);
-      if (lora.valid())
-        for (int j = 0; j < lora.rank; ++j) {
-          const float c = lora.scale * lora.b[src_row * lora.rank + j];
-          const float* a = lora.a + int64_t(j) * lora.k;
+      for (const LoraRows& part : loras) {
+        const model::LoraMatrix& l = part.lora;
+        const int64_t lr = src_row - part.begin;
+        if (lr < 0 || lr >= l.n) continue;
+        for (int j = 0; j < l.rank; ++j) {
+          const float c = l.scale * l.b[lr * l.rank + j];
+          const float* a = l.a + int64_t(j) * l.k;
           for (int64_t i = 0; i < mat.k; ++i) out[i] += c * a[i];
         }
+      }
       if (add != 0.0f)
         for (int64_t i = 0; i < mat.k; ++i) out[i] += add;
     };

@@ -250,6 +250,8 @@ void Forward::FfnBlock(int l, int64_t T) {
     }
   } else {  // fused [gate; up] rows: one row of output is [gate F | up F]
     MatMul(L.w_up, xn, T, D, gate, 2 * F, pool_);
+    ApplyLora(L.lora[kLoraGate], xn, T, D, gate, 2 * F, pool_);
+    ApplyLora(L.lora[kLoraUp], xn, T, D, gate + F, 2 * F, pool_);
     auto act = [&](int64_t b, int64_t e, int) {
       for (int64_t t = b; t < e; ++t) {
         float* g = gate + t * 2 * F;

@@ -69,7 +69,7 @@ inline float DropScale(const DropoutKey& key, float p, int l, Target t, int64_t 
 template <class Real>
 void Graph<Real>::Linear(int l, Target t, const Matrix& W, const Real* x, int64_t M, Real* y,
                          std::vector<Real>& u) {
-  FrozenProduct(W, x, M, y, pool_);
+  if (W.valid()) FrozenProduct(W, x, M, y, pool_);  // else y holds a fused product's slice
   const LoraSlot* slot = params_ && layout_ ? layout_->Find(l, t) : nullptr;
   if (!slot || lora_scale_ == 0.0f) {
     u.clear();
@@ -110,7 +110,7 @@ void Graph<Real>::Linear(int l, Target t, const Matrix& W, const Real* x, int64_
 template <class Real>
 void Graph<Real>::LinearBackward(int l, Target t, const Matrix& W, const Real* x, const Real* u,
                                  const Real* dy, int64_t M, Real* dx, LoraParams<Real>& grad) {
-  FrozenProductT(W, dy, M, dx, pool_);
+  if (W.valid()) FrozenProductT(W, dy, M, dx, pool_);  // fused: the caller's one product
   const LoraSlot* slot = layout_ ? layout_->Find(l, t) : nullptr;
   if (!slot || lora_scale_ == 0.0f) return;
   const int r = layout_->cfg.rank;
@@ -174,6 +174,17 @@ void Graph<Real>::Layer(int l, const PackedBatch& b, Real* x, LayerSaved& s) {
   s.q.resize(M * Q);
   s.k.resize(M * KV);
   s.v.resize(M * KV);
+  const Matrix none;
+  if (L.wqkv.valid()) {  // Phi3: one [(H + 2 Hkv) Dh, D] product, split into q, k, v
+    const int64_t QKV = Q + 2 * KV;
+    std::vector<Real> qkv(M * QKV);
+    FrozenProduct(L.wqkv, s.xn1.data(), M, qkv.data(), pool_);
+    for (int64_t i = 0; i < M; ++i) {
+      std::copy_n(qkv.data() + i * QKV, Q, s.q.data() + i * Q);
+      std::copy_n(qkv.data() + i * QKV + Q, KV, s.k.data() + i * KV);
+      std::copy_n(qkv.data() + i * QKV + Q + KV, KV, s.v.data() + i * KV);
+    }
+  }
   Linear(l, Target::kQ, L.wq, s.xn1.data(), M, s.q.data(), s.lora_u[int(Target::kQ)]);
   Linear(l, Target::kK, L.wk, s.xn1.data(), M, s.k.data(), s.lora_u[int(Target::kK)]);
   Linear(l, Target::kV, L.wv, s.xn1.data(), M, s.v.data(), s.lora_u[int(Target::kV)]);
@@ -240,8 +251,18 @@ void Graph<Real>::Layer(int l, const PackedBatch& b, Real* x, LayerSaved& s) {
   s.g.resize(M * F);
   s.u.resize(M * F);
   s.h.resize(M * F);
+  const bool fused_ffn = !L.w_gate.valid();  // Phi3: w_up is [2F, D], gate rows first
+  if (fused_ffn) {
+    std::vector<Real> gu(M * 2 * F);
+    FrozenProduct(L.w_up, s.xn2.data(), M, gu.data(), pool_);
+    for (int64_t i = 0; i < M; ++i) {
+      std::copy_n(gu.data() + i * 2 * F, F, s.g.data() + i * F);
+      std::copy_n(gu.data() + i * 2 * F + F, F, s.u.data() + i * F);
+    }
+  }
   Linear(l, Target::kGate, L.w_gate, s.xn2.data(), M, s.g.data(), s.lora_u[int(Target::kGate)]);
-  Linear(l, Target::kUp, L.w_up, s.xn2.data(), M, s.u.data(), s.lora_u[int(Target::kUp)]);
+  Linear(l, Target::kUp, fused_ffn ? none : L.w_up, s.xn2.data(), M, s.u.data(),
+         s.lora_u[int(Target::kUp)]);
   ForRows(M, [&](int64_t i) {
     kernels::GatedForward(c_.act, s.g.data() + i * F, s.u.data() + i * F, F, s.h.data() + i * F);
   });
@@ -307,8 +328,17 @@ void Graph<Real>::LayerBackward(int l, const PackedBatch& b, LayerSaved& s, Real
   std::vector<Real> dxn(M * D, Real(0));
   LinearBackward(l, Target::kGate, L.w_gate, s.xn2.data(), s.lora_u[int(Target::kGate)].data(),
                  dg.data(), M, dxn.data(), grad);
-  LinearBackward(l, Target::kUp, L.w_up, s.xn2.data(), s.lora_u[int(Target::kUp)].data(), du.data(),
-                 M, dxn.data(), grad);
+  const bool fused_ffn = !L.w_gate.valid();
+  LinearBackward(l, Target::kUp, fused_ffn ? Matrix() : L.w_up, s.xn2.data(),
+                 s.lora_u[int(Target::kUp)].data(), du.data(), M, dxn.data(), grad);
+  if (fused_ffn) {
+    std::vector<Real> dgu(M * 2 * F);
+    for (int64_t i = 0; i < M; ++i) {
+      std::copy_n(dg.data() + i * F, F, dgu.data() + i * 2 * F);
+      std::copy_n(du.data() + i * F, F, dgu.data() + i * 2 * F + F);
+    }
+    FrozenProductT(L.w_up, dgu.data(), M, dxn.data(), pool_);
+  }
   ForRows(M, [&](int64_t i) {
     kernels::RmsNormRowBackward(s.x_mid.data() + i * D, L.ffn_norm, off, eps, D, dxn.data() + i * D,
                                 dx + i * D);
@@ -372,6 +402,16 @@ void Graph<Real>::LayerBackward(int l, const PackedBatch& b, LayerSaved& s, Real
                  dxn.data(), grad);
   LinearBackward(l, Target::kV, L.wv, s.xn1.data(), s.lora_u[int(Target::kV)].data(), dv.data(), M,
                  dxn.data(), grad);
+  if (L.wqkv.valid()) {
+    const int64_t QKV = Q + 2 * KV;
+    std::vector<Real> dqkv(M * QKV);
+    for (int64_t i = 0; i < M; ++i) {
+      std::copy_n(dq.data() + i * Q, Q, dqkv.data() + i * QKV);
+      std::copy_n(dk.data() + i * KV, KV, dqkv.data() + i * QKV + Q);
+      std::copy_n(dv.data() + i * KV, KV, dqkv.data() + i * QKV + Q + KV);
+    }
+    FrozenProductT(L.wqkv, dqkv.data(), M, dxn.data(), pool_);
+  }
   if (!need_dx) return;
   ForRows(M, [&](int64_t i) {
     kernels::RmsNormRowBackward(s.x_in.data() + i * D, L.attn_norm, off, eps, D, dxn.data() + i * D,

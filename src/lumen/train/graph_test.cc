@@ -229,7 +229,8 @@ INSTANTIATE_TEST_SUITE_P(Types, QuantizedBase,
 
 INSTANTIATE_TEST_SUITE_P(Families, GradientCheck,
                          ::testing::Values("tiny-llama", "tiny-mistral", "tiny-qwen2", "tiny-qwen3",
-                                           "tiny-gemma2", "tiny-gemma3", "tiny-minicpm"),
+                                           "tiny-gemma2", "tiny-gemma3", "tiny-minicpm",
+                                           "tiny-phi3"),
                          [](const auto& info) {
                            std::string s = info.param;
                            for (char& ch : s)

@@ -45,11 +45,6 @@ Result<LoraLayout> LoraLayout::Make(const model::ModelConfig& c, const LoraConfi
     return Errorf("--num-layers {}: the model has {} layers", cfg.num_layers, c.n_layers);
   if (cfg.dropout < 0 || cfg.dropout >= 1)
     return Errorf("--dropout {}: must be in [0, 1)", cfg.dropout);
-  if (c.fused_qkv || c.fused_gate_up)
-    return Errorf(
-        "LoRA training: {} stores q/k/v (and gate/up) as one fused matrix, which the "
-        "trainer does not split yet; use a model of another family",
-        model::FamilyName(c.family));
   LoraLayout L;
   L.cfg = cfg;
   L.first_layer = cfg.num_layers ? c.n_layers - cfg.num_layers : 0;

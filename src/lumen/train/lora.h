@@ -54,7 +54,7 @@ struct LoraLayout {
   int64_t size = 0;                                 // floats in the flat vector
   int first_layer = 0;                              // lowest adapted layer
 
-  // Errors: rank < 1, a target the model lacks (fused qkv / gate-up families),
+  // Errors: rank < 1, no target,
   // num_layers out of range.
   static Result<LoraLayout> Make(const model::ModelConfig& c, const LoraConfig& cfg);
   const LoraSlot* Find(int layer, Target t) const {

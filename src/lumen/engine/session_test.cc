@@ -151,5 +151,33 @@ TEST_F(SessionTest, FallbackChatTemplateRendersTurns) {
   EXPECT_EQ(*text, "<s>user: Hi\nassistant:");
 }
 
+// The serve default context: the model's when every slot's KV cache fits in
+// a quarter of available memory, else what fits (multiples of 256), with a floor.
+TEST(AutoContext, FromTheModelAndMemory) {
+  model::ModelConfig c;
+  c.n_layers = 16;
+  c.n_kv_heads = 8;
+  c.head_dim = 64;
+  c.max_ctx = 131072;
+  const uint64_t per_pos = 2 * 16 * 8 * 64 * 2;  // f16 K and V rows: 32 KiB
+  const uint64_t gib = uint64_t(1) << 30;
+  // 64 GiB: a quarter is 16 GiB, 4 slots of 4 GiB = 131072 positions each.
+  EXPECT_EQ(AutoContext(c, DType::kF16, 4, 64 * gib), 131072);
+  // 8 GiB: 512 MiB per slot -> 16384 positions.
+  EXPECT_EQ(AutoContext(c, DType::kF16, 4, 8 * gib), int64_t(8 * gib / 4 / 4 / per_pos));
+  EXPECT_EQ(AutoContext(c, DType::kF16, 4, 8 * gib), 16384);
+  // f32 KV halves it; q8_0 roughly doubles it (34 bytes per 32 values).
+  EXPECT_EQ(AutoContext(c, DType::kF32, 4, 8 * gib), 8192);
+  EXPECT_EQ(AutoContext(c, DType::kQ8_0, 4, 8 * gib), 30720);
+  // Rounded down to 256; never below min(model's, 2048).
+  EXPECT_EQ(AutoContext(c, DType::kF16, 1, 40 * per_pos * 1000 + 7) % 256, 0);
+  EXPECT_EQ(AutoContext(c, DType::kF16, 16, 64ull << 20), kMinAutoCtx);
+  // A small model keeps its own context; unknown memory: at most 8192.
+  c.max_ctx = 512;
+  EXPECT_EQ(AutoContext(c, DType::kF16, 4, 64ull << 20), 512);
+  c.max_ctx = 40960;
+  EXPECT_EQ(AutoContext(c, DType::kF16, 4, 0), kUnknownMemCtx);
+}
+
 }  // namespace
 }  // namespace lumen::engine

@@ -1,5 +1,7 @@
 #include "lumen/sample/config.h"
 
+#include <limits>
+
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -216,6 +218,17 @@ TEST(SamplerFlags, AppliesValues) {
   EXPECT_GT(SamplerFlags().size(), 25u);
 }
 
+TEST(SamplerFlags, LogitBiasCommaListAndRepeats) {
+  SamplerConfig c;
+  ASSERT_TRUE(ApplyFlag(c, "--logit-bias", "15=-inf,7+2.5").ok());
+  ASSERT_TRUE(ApplyFlag(c, "--logit-bias", "9-1").ok());
+  ASSERT_EQ(c.logit_bias.size(), 3u);
+  EXPECT_EQ(c.logit_bias[0].first, 15);
+  EXPECT_EQ(c.logit_bias[0].second, -std::numeric_limits<double>::infinity());
+  EXPECT_EQ(c.logit_bias[1], (std::pair<int32_t, double>{7, 2.5}));
+  EXPECT_EQ(c.logit_bias[2], (std::pair<int32_t, double>{9, -1}));
+}
+
 TEST(SamplerFlags, ErrorsNameTheFlag) {
   EXPECT_EQ(FlagError("--hlg-width", "-1"), "--hlg-width: must be > 0, got -1");
   EXPECT_EQ(FlagError("--top-p", "abc"), "--top-p: expected a number, got 'abc'");
@@ -229,7 +242,11 @@ TEST(SamplerFlags, ErrorsNameTheFlag) {
   EXPECT_EQ(FlagError("--seed", "x"),
             "--seed: expected a non-negative integer (or -1 for random), got 'x'");
   EXPECT_EQ(FlagError("--logit-bias", "abc"),
-            "--logit-bias: expected TOKEN+BIAS, TOKEN-BIAS or TOKEN=BIAS, got 'abc'");
+            "--logit-bias: expected TOKEN+BIAS, TOKEN-BIAS or TOKEN=BIAS (several: "
+            "comma-separated or the flag repeated), got 'abc'");
+  EXPECT_EQ(FlagError("--logit-bias", "5=-inf,abc"),
+            "--logit-bias: expected TOKEN+BIAS, TOKEN-BIAS or TOKEN=BIAS (several: "
+            "comma-separated or the flag repeated), got 'abc'");
   EXPECT_EQ(FlagError("--logit-bias", "x+1"),
             "--logit-bias: token id must be a non-negative integer, got 'x'");
   EXPECT_EQ(FlagError("--mirostat", "1"),

@@ -52,6 +52,17 @@ struct Matrix {
     return m;
   }
   bool valid() const { return w.data != nullptr; }
+  // Rows [begin, end) as a matrix of their own (a view: every storage layout).
+  Matrix RowSlice(int64_t begin, int64_t end) const {
+    Matrix m = *this;
+    m.w = w.Slice0(begin, end);
+    if (mlx_bits) {
+      m.scales = scales.Slice0(begin, end);
+      m.biases = biases.Slice0(begin, end);
+    }
+    m.n = end - begin;
+    return m;
+  }
   bool is_f32() const { return mlx_bits == 0 && w.dtype == DType::kF32; }
   // Bytes read to stream the whole matrix once (for roofline accounting).
   size_t bytes() const {

@@ -18,16 +18,29 @@
 
 namespace lumen::train {
 
+// The interface every head implements (plain, fused linear cross-entropy).
 template <class Real>
-class PlainHead {
+class Head {
+ public:
+  virtual ~Head() = default;
+  // logp [M] (0 where the token has no target).
+  virtual void Forward(const Real* hidden, const PackedBatch& b, std::vector<Real>& logp) = 0;
+  // dlogp [M] -> dhidden [M, D] (overwritten; zero rows where no target).
+  virtual void Backward(const Real* dlogp, std::vector<Real>& dhidden) = 0;
+  // Bytes the head keeps between Forward and Backward.
+  virtual size_t saved_bytes() const = 0;
+};
+
+template <class Real>
+class PlainHead final : public Head<Real> {
  public:
   PlainHead(const model::ModelConfig& c, const model::Weights& w, ThreadPool* pool)
       : c_(c), w_(w), pool_(pool) {}
-  // logp [M] (0 where the token has no target).
-  void Forward(const Real* hidden, const PackedBatch& b, std::vector<Real>& logp);
-  // dlogp [M] -> dhidden [M, D] (overwritten; zero rows where no target).
-  void Backward(const Real* dlogp, std::vector<Real>& dhidden);
-  size_t saved_bytes() const { return (logits_.size() + xn_.size()) * sizeof(Real); }
+  void Forward(const Real* hidden, const PackedBatch& b, std::vector<Real>& logp) override;
+  void Backward(const Real* dlogp, std::vector<Real>& dhidden) override;
+  size_t saved_bytes() const override {
+    return (logits_.size() + xn_.size() + h_.size()) * sizeof(Real);
+  }
 
  private:
   const model::ModelConfig& c_;

@@ -1,0 +1,130 @@
+#include "lumen/train/fused_head.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "lumen/kernels/train_ops.h"
+#include "lumen/train/frozen.h"
+
+namespace lumen::train {
+
+template <class Real>
+void FusedHead<Real>::NormRows(int64_t r0, int64_t n, Real* xn) const {
+  const int64_t D = c_.dim;
+  for (int64_t r = 0; r < n; ++r) {
+    kernels::RmsNormRow(hidden_ + rows_[r0 + r] * D, w_.output_norm, c_.norm_offset, c_.norm_eps, D,
+                        xn + r * D);
+    if (c_.logit_scale != 1.0f)
+      for (int64_t k = 0; k < D; ++k) xn[r * D + k] *= Real(c_.logit_scale);
+  }
+}
+
+template <class Real>
+void FusedHead<Real>::ChunkLogits(const Real* xn, int64_t n, int64_t v0, int64_t vn,
+                                  Real* z) const {
+  FrozenProduct(w_.output.RowSlice(v0, v0 + vn), xn, n, z, pool_);
+  if (c_.final_softcap > 0) kernels::SoftCapForward(z, n * vn, c_.final_softcap);
+}
+
+template <class Real>
+void FusedHead<Real>::Forward(const Real* hidden, const PackedBatch& b, std::vector<Real>& logp) {
+  const int64_t D = c_.dim, V = c_.vocab_size;
+  hidden_ = hidden;
+  M_ = b.size();
+  rows_.clear();
+  targets_.clear();
+  for (int64_t i = 0; i < M_; ++i)
+    if (b.targets[i] >= 0) {
+      rows_.push_back(i);
+      targets_.push_back(b.targets[i]);
+    }
+  const int64_t R = int64_t(rows_.size());
+  lse_.assign(R, Real(0));
+  logp.assign(M_, Real(0));
+  const int64_t RB = o_.row_block, VC = o_.vocab_chunk;
+  std::vector<Real> xn(std::min(RB, R) * D), z(std::min(RB, R) * std::min(VC, V));
+  std::vector<Real> mx, sum, tgt;
+  for (int64_t r0 = 0; r0 < R; r0 += RB) {
+    const int64_t n = std::min(RB, R - r0);
+    NormRows(r0, n, xn.data());
+    mx.assign(n, -std::numeric_limits<Real>::infinity());
+    sum.assign(n, Real(0));
+    tgt.assign(n, Real(0));
+    for (int64_t v0 = 0; v0 < V; v0 += VC) {
+      const int64_t vn = std::min(VC, V - v0);
+      ChunkLogits(xn.data(), n, v0, vn, z.data());
+      for (int64_t r = 0; r < n; ++r) {
+        const Real* zr = z.data() + r * vn;
+        const Real cmax = *std::max_element(zr, zr + vn);
+        const Real m = std::max(mx[r], cmax);
+        Real s = sum[r] * std::exp(mx[r] - m);
+        for (int64_t v = 0; v < vn; ++v) s += std::exp(zr[v] - m);
+        mx[r] = m;
+        sum[r] = s;
+        const int32_t t = targets_[r0 + r];
+        if (t >= v0 && t < v0 + vn) tgt[r] = zr[t - v0];
+      }
+    }
+    for (int64_t r = 0; r < n; ++r) {
+      lse_[r0 + r] = mx[r] + std::log(sum[r]);
+      logp[rows_[r0 + r]] = tgt[r] - lse_[r0 + r];
+    }
+  }
+}
+
+template <class Real>
+void FusedHead<Real>::Backward(const Real* dlogp, std::vector<Real>& dhidden) {
+  const int64_t D = c_.dim, V = c_.vocab_size, R = int64_t(rows_.size());
+  dhidden.assign(M_ * D, Real(0));
+  skipped_ = visited_ = 0;
+  const int64_t RB = o_.row_block, VC = o_.vocab_chunk;
+  std::vector<Real> xn(std::min(RB, R) * D), dxn(std::min(RB, R) * D);
+  std::vector<Real> z(std::min(RB, R) * std::min(VC, V));
+  for (int64_t r0 = 0; r0 < R; r0 += RB) {
+    const int64_t n = std::min(RB, R - r0);
+    NormRows(r0, n, xn.data());
+    std::fill(dxn.begin(), dxn.begin() + n * D, Real(0));
+    for (int64_t v0 = 0; v0 < V; v0 += VC) {
+      const int64_t vn = std::min(VC, V - v0);
+      ChunkLogits(xn.data(), n, v0, vn, z.data());
+      Real cmax = 0;
+      for (int64_t r = 0; r < n; ++r) {
+        const Real g = dlogp[rows_[r0 + r]];
+        const Real l = lse_[r0 + r];
+        Real* zr = z.data() + r * vn;
+        // coeff overwrites the logits in place; the soft-cap's backward needs
+        // the capped logit, so it is applied per element before overwriting.
+        const int32_t t = targets_[r0 + r];
+        for (int64_t v = 0; v < vn; ++v) {
+          Real co = -g * std::exp(zr[v] - l);
+          if (v0 + v == t) co += g;
+          if (c_.final_softcap > 0) {
+            const Real tc = zr[v] / Real(c_.final_softcap);
+            co *= Real(1) - tc * tc;
+          }
+          zr[v] = co;
+          cmax = std::max(cmax, std::abs(co));
+        }
+      }
+      ++visited_;
+      if (o_.skip_eps > 0 && cmax < Real(o_.skip_eps)) {
+        ++skipped_;
+        continue;
+      }
+      FrozenProductT(w_.output.RowSlice(v0, v0 + vn), z.data(), n, dxn.data(), pool_);
+    }
+    for (int64_t r = 0; r < n; ++r) {
+      Real* dn = dxn.data() + r * D;
+      if (c_.logit_scale != 1.0f)
+        for (int64_t k = 0; k < D; ++k) dn[k] *= Real(c_.logit_scale);
+      kernels::RmsNormRowBackward(hidden_ + rows_[r0 + r] * D, w_.output_norm, c_.norm_offset,
+                                  c_.norm_eps, D, dn, dhidden.data() + rows_[r0 + r] * D);
+    }
+  }
+}
+
+template class FusedHead<float>;
+template class FusedHead<double>;
+
+}  // namespace lumen::train

@@ -1,0 +1,68 @@
+// The fused linear cross-entropy head: the same contract as PlainHead (head.h)
+// without ever holding the [M, V] logits.
+//
+// Forward, per block of scored rows: normalize the hidden rows, then for each
+// vocabulary chunk compute the chunk's logits h W_chunk^T (W decoded chunk by
+// chunk from any storage), soft-cap them, and fold them into a running max and
+// sum per row (online logsumexp), picking up the target's logit when it falls
+// in the chunk. Saves one lse per row and a pointer to the caller's hidden.
+// Backward recomputes each chunk's logits, forms coeff = g (onehot - e^(z - lse))
+// from the saved lse, and accumulates dxn += coeff W_chunk; then the norm's
+// backward. Extra memory: lse [R] plus one [row_block, vocab_chunk] scratch.
+//
+// skip_eps > 0 (tier L3, --ce-skip-eps): a chunk whose largest |coeff| in the
+// block is below eps skips its dxn product (the recomputation still runs).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "lumen/train/head.h"
+
+namespace lumen::train {
+
+struct FusedHeadOptions {
+  int64_t vocab_chunk = 8192;
+  int64_t row_block = 128;
+  float skip_eps = 0.0f;
+};
+
+template <class Real>
+class FusedHead final : public Head<Real> {
+ public:
+  FusedHead(const model::ModelConfig& c, const model::Weights& w, ThreadPool* pool,
+            FusedHeadOptions o = {})
+      : c_(c), w_(w), pool_(pool), o_(o) {}
+  // hidden must stay valid until Backward.
+  void Forward(const Real* hidden, const PackedBatch& b, std::vector<Real>& logp) override;
+  void Backward(const Real* dlogp, std::vector<Real>& dhidden) override;
+  size_t saved_bytes() const override {
+    return lse_.size() * sizeof(Real) + rows_.size() * (sizeof(int64_t) + sizeof(int32_t)) +
+           size_t(o_.row_block) * o_.vocab_chunk * sizeof(Real);
+  }
+  // Chunks skipped / visited by the last Backward (skip_eps).
+  int64_t skipped_chunks() const { return skipped_; }
+  int64_t visited_chunks() const { return visited_; }
+
+ private:
+  // xn [n, D] for scored rows [r0, r0 + n).
+  void NormRows(int64_t r0, int64_t n, Real* xn) const;
+  // z [n, vn] = soft-capped logits of vocab rows [v0, v0 + vn) for xn [n, D].
+  void ChunkLogits(const Real* xn, int64_t n, int64_t v0, int64_t vn, Real* z) const;
+
+  const model::ModelConfig& c_;
+  const model::Weights& w_;
+  ThreadPool* pool_;
+  FusedHeadOptions o_;
+  const Real* hidden_ = nullptr;
+  int64_t M_ = 0;
+  std::vector<int64_t> rows_;
+  std::vector<int32_t> targets_;
+  std::vector<Real> lse_;
+  int64_t skipped_ = 0, visited_ = 0;
+};
+
+extern template class FusedHead<float>;
+extern template class FusedHead<double>;
+
+}  // namespace lumen::train

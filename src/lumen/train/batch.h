@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "lumen/kernels/attention_train.h"
@@ -46,6 +47,43 @@ struct PackedBatch {
     }
     seq_loss_tokens.push_back(scored);
     return s;
+  }
+
+  // Appends a preference pair sharing its prompt (prefix sharing): one run of
+  // [prompt; chosen; p_last; rejected]. Chosen tokens see the prompt and
+  // themselves; the rejected branch starts with a copy of the prompt's last
+  // token at its position (it predicts rejected[0], which the prompt's own
+  // last token cannot also do) and sees prompt[0, P-1) and itself, never the
+  // chosen tokens; positions restart after the prompt. The copy sees exactly
+  // the keys the original does, so the rejected branch computes what a
+  // separate forward of prompt + rejected would. Returns {chosen, rejected}.
+  std::pair<int, int> AddSharedPair(std::span<const int32_t> prompt,
+                                    std::span<const int32_t> chosen,
+                                    std::span<const int32_t> rejected) {
+    const int32_t P = int32_t(prompt.size());
+    std::vector<int32_t> first(prompt.begin(), prompt.end());
+    first.insert(first.end(), chosen.begin(), chosen.end());
+    const int32_t start = int32_t(tokens.size());
+    const int sc = AddSequence(first, P);
+    const int sr = sequences();
+    const int32_t bstart = int32_t(tokens.size());
+    const int64_t n = int64_t(rejected.size()) + 1;
+    int32_t scored = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      tokens.push_back(i == 0 ? prompt[P - 1] : rejected[i - 1]);
+      pos.push_back(P - 1 + int32_t(i));
+      kernels::KeyRanges v;
+      v.r[0] = {start, start + P - 1};
+      v.r[1] = {bstart, bstart + int32_t(i) + 1};
+      v.n = 2;
+      visible.push_back(v);
+      const bool has_next = i + 1 < n;
+      targets.push_back(has_next ? rejected[i] : -1);
+      scored += has_next;
+      seq.push_back(sr);
+    }
+    seq_loss_tokens.push_back(scored);
+    return {sc, sr};
   }
 };
 

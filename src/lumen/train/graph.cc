@@ -48,6 +48,7 @@ void Graph<Real>::ForRows(int64_t M, Fn&& fn) {
 template <class Real>
 size_t Graph<Real>::saved_bytes() const {
   size_t n = 0;
+  for (const auto& v : boundaries_) n += v.size();
   for (const auto& s : saved_) {
     for (const auto* v : {&s.x_in, &s.xn1, &s.q_pre, &s.k_pre, &s.q, &s.k, &s.v, &s.att, &s.lse,
                           &s.o_pre, &s.x_mid, &s.xn2, &s.g, &s.u, &s.h, &s.d_pre})
@@ -291,8 +292,18 @@ const std::vector<Real>& Graph<Real>::Forward(const PackedBatch& b, const LoraPa
     kernels::DequantizeMatrixRow(w_.tok_embd, b.tokens[i], row.data());
     for (int64_t k = 0; k < D; ++k) hidden_[i * D + k] = Real(row[k]) * Real(embed_scale_);
   }
-  if (keep) saved_.resize(c_.n_layers);
-  for (int l = 0; l < c_.n_layers; ++l) Layer(l, b, hidden_.data(), keep ? saved_[l] : scratch_);
+  const bool segmented = keep && segment_ > 0;
+  if (segmented) {
+    saved_.clear();
+    boundaries_.resize((c_.n_layers + segment_ - 1) / segment_);
+  } else if (keep) {
+    saved_.resize(c_.n_layers);
+  }
+  for (int l = 0; l < c_.n_layers; ++l) {
+    if (segmented && l % segment_ == 0)
+      boundaries_[l / segment_].assign(hidden_.begin(), hidden_.end());
+    Layer(l, b, hidden_.data(), keep && !segmented ? saved_[l] : scratch_);
+  }
   return hidden_;
 }
 
@@ -424,8 +435,22 @@ void Graph<Real>::Backward(const PackedBatch& b, const LoraParams<Real>& params,
                            const Real* dhidden, LoraParams<Real>& grad) {
   LUMEN_CHECK(keep_ && layout_ && params_ == &params);
   std::vector<Real> dx(dhidden, dhidden + b.size() * c_.dim);
-  for (int l = c_.n_layers - 1; l >= layout_->first_layer; --l)
-    LayerBackward(l, b, saved_[l], dx.data(), grad);
+  if (segment_ == 0) {
+    for (int l = c_.n_layers - 1; l >= layout_->first_layer; --l)
+      LayerBackward(l, b, saved_[l], dx.data(), grad);
+    return;
+  }
+  saved_.resize(segment_);
+  std::vector<Real> x;
+  for (int sg = int(boundaries_.size()) - 1; sg >= 0; --sg) {
+    const int l0 = sg * segment_, l1 = std::min(l0 + segment_, c_.n_layers);
+    if (l1 <= layout_->first_layer) break;
+    x = boundaries_[sg];
+    for (int l = l0; l < l1; ++l) Layer(l, b, x.data(), saved_[l - l0]);
+    for (int l = l1 - 1; l >= std::max(l0, layout_->first_layer); --l)
+      LayerBackward(l, b, saved_[l - l0], dx.data(), grad);
+  }
+  saved_.clear();
 }
 
 template class Graph<float>;

@@ -51,6 +51,14 @@ class Graph {
   // Bytes held by the saved activations of the last Forward (for reports).
   size_t saved_bytes() const;
 
+  // Segmented backward (--segment N): a keeping Forward saves only the
+  // residual entering every N-th layer; Backward recomputes one segment of N
+  // layers from its boundary and backpropagates through it, so one segment's
+  // activations live at a time. Recomputation is the same code on the same
+  // inputs (dropout masks are hashes), so gradients are bit-identical (L1).
+  // 0: keep every layer's activations.
+  void set_segment(int n) { segment_ = n; }
+
  private:
   struct LayerSaved {
     std::vector<Real> x_in, xn1, q_pre, k_pre, q, k, v, att, lse, o_pre, x_mid, xn2, g, u, h, d_pre;
@@ -79,7 +87,9 @@ class Graph {
   kernels::RopeTable rope_global_, rope_local_;
   float embed_scale_;
   std::vector<LayerSaved> saved_;
-  LayerSaved scratch_;  // the layer's buffers when nothing is kept
+  int segment_ = 0;
+  std::vector<std::vector<Real>> boundaries_;  // [segments][M, D] residual entering each
+  LayerSaved scratch_;                         // the layer's buffers when nothing is kept
   std::vector<Real> hidden_;
 };
 

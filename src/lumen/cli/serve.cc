@@ -40,6 +40,8 @@ struct ServeArgs {
   int store_entries = 1000;
   double store_mb = 64;
   int store_ttl_s = 3600;
+  bool no_ui = false;
+  std::string runs_dir;
 };
 
 // Sampler defaults: built-in < generation_config.json < server flags
@@ -120,6 +122,8 @@ void RunServe(CLI::App* cmd, ServeArgs& a) {
   opts.store.max_entries = static_cast<size_t>(a.store_entries);
   opts.store.max_bytes = static_cast<size_t>(a.store_mb * 1024 * 1024);
   opts.store.ttl = std::chrono::seconds(a.store_ttl_s);
+  opts.ui.enabled = !a.no_ui;
+  opts.ui.runs_dir = a.runs_dir;
   serve::Server server(bridge, opts);
   auto port = server.Bind();
   if (!port.ok()) return ReportError(port.status());
@@ -177,6 +181,11 @@ void RegisterServe(CLI::App& app) {
       ->check(CLI::Range(0.0, 1048576.0));
   cmd->add_option("--store-ttl", a->store_ttl_s, "Responses store: seconds a response is kept")
       ->check(CLI::Range(1, 1 << 30));
+  cmd->add_flag("--no-ui", a->no_ui, "do not serve the web app at / (docs/reference/web.md)");
+  cmd->add_option("--runs", a->runs_dir,
+                  "directory whose subdirectories hold training runs (metrics.jsonl) for the "
+                  "web app's training watch")
+      ->check(CLI::ExistingDirectory);
   AddSamplerFlags(cmd, a->sampler);
   cmd->callback([cmd, a] { RunServe(cmd, *a); });
 }

@@ -38,6 +38,10 @@ constexpr const char* kEndpoints[][3] = {
     {"POST", "/v1/completions", "OpenAI text completions (stream, echo, logprobs)"},
     {"POST", "/v1/messages", "Anthropic messages (stream, tools)"},
     {"POST", "/v1/responses", "OpenAI Responses (stream, previous_response_id)"},
+    {"GET", "/lumen/info", "model, architecture, memory, context and slots (web app)"},
+    {"POST", "/lumen/curve", "evaluate a control-point curve at input probabilities (web app)"},
+    {"GET", "/lumen/runs", "training runs under --runs (web app)"},
+    {"GET", "/lumen/runs/{name}/events", "a run's metrics.jsonl as server-sent events"},
 };
 
 const char* EndpointName(Api api) {
@@ -157,7 +161,8 @@ void Server::Routes() {
   h.Options(R"(/.*)", [](const httplib::Request&, httplib::Response& res) { res.status = 204; });
 
   h.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-    if (opts_.api_key.empty() || req.method == "OPTIONS" || req.path == "/health")
+    if (opts_.api_key.empty() || req.method == "OPTIONS" || req.path == "/health" ||
+        (opts_.ui.enabled && req.method == "GET" && IsWebUiPublicPath(req.path)))
       return httplib::Server::HandlerResponse::Unhandled;
     std::string got;
     const std::string auth = req.get_header_value("Authorization");
@@ -271,6 +276,13 @@ void Server::Routes() {
     g.uptime_seconds = std::chrono::duration<double>(Clock::now() - started_).count();
     res.set_content(metrics_.RenderPrometheus(g), "text/plain; version=0.0.4");
   });
+  WebUiContext ui;
+  ui.model = &engine_.model();
+  ui.scheduler = &engine_.scheduler();
+  ui.stopping = &stopping_;
+  ui.model_name = opts_.model_name;
+  ui.opts = opts_.ui;
+  RegisterWebUi(h, ui);
   for (Api api : {Api::kChat, Api::kCompletions, Api::kMessages, Api::kResponses}) {
     h.Post(EndpointName(api), [this, api](const httplib::Request& req, httplib::Response& res) {
       HandleGenerate(api, req, res);

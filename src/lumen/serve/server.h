@@ -19,6 +19,7 @@
 #include "lumen/serve/engine_bridge.h"
 #include "lumen/serve/metrics.h"
 #include "lumen/serve/response_store.h"
+#include "lumen/serve/web_ui.h"
 
 namespace httplib {
 class Server;
@@ -37,6 +38,7 @@ struct ServerOptions {
   std::string model_name;  // reported in responses and /v1/models
   ResponseStoreLimits store;
   int http_threads = 0;  // 0: parallel + queue + 8
+  WebUiOptions ui;       // the web app at / and its /lumen/ endpoints (web_ui.h)
 };
 
 class Server {

@@ -64,6 +64,10 @@ SchemaGrammar::Stacks SchemaGrammar::Advance(const Stacks& st, uint8_t c) const 
     Expand(std::move(t), out, 0);
   }
   SortUnique(out);
+  // Bounded work per byte: every stack is a prefix of some valid value, so
+  // dropping some (an ambiguous schema with very many live branches) keeps
+  // the output valid.
+  if (out.size() > kMaxStacks) out.resize(kMaxStacks);
   return out;
 }
 
@@ -96,13 +100,24 @@ class SchemaBuilder {
 
  private:
   // Grammar pieces.
+  // Past the size limits the builder stops growing (Build reports it), so a
+  // hostile schema cannot run the server out of memory.
+  static constexpr size_t kMaxRules = size_t(1) << 18, kMaxSymbols = size_t(1) << 21;
   int32_t NewRule() {
+    if (g_->alts_.size() >= kMaxRules) {
+      too_large_ = true;
+      return 0;
+    }
     g_->alts_.emplace_back();
     return static_cast<int32_t>(g_->alts_.size() - 1);
   }
   // Returns the position of the alternative's first symbol.
   uint32_t Alt(int32_t rule, const Seq& seq) {
     const auto start = static_cast<uint32_t>(g_->syms_.size());
+    if (too_large_ || start + seq.size() >= kMaxSymbols) {
+      too_large_ = true;
+      return 0;
+    }
     g_->alts_[size_t(rule)].push_back(start);
     g_->syms_.insert(g_->syms_.end(), seq.begin(), seq.end());
     g_->syms_.push_back(SchemaGrammar::kEnd);
@@ -156,6 +171,7 @@ class SchemaBuilder {
 
   // The compiler.
   Result<int32_t> Compile(const ojson& s, const std::string& path);
+  Result<int32_t> CompileNode(const ojson& s, const std::string& path);
   Result<int32_t> CompileRef(const std::string& ref, const std::string& path);
   Result<int32_t> CompileType(const std::string& type, const ojson& s, const std::string& path);
   Result<int32_t> CompileObject(const ojson& s, const std::string& path);
@@ -175,6 +191,8 @@ class SchemaBuilder {
   std::map<size_t, int32_t> digits_;
   int32_t free_string_ = -1, char_ = -1, other_char_ = -1, any_ = -1, bool_ = -1, null_ = -1;
   int32_t number_ = -1, integer_ = -1;
+  int depth_ = 0;  // schema nesting being compiled
+  bool too_large_ = false;
 };
 
 namespace {
@@ -336,6 +354,17 @@ Result<int64_t> SchemaBuilder::Count(const ojson& s, const char* key, const std:
 }
 
 Result<int32_t> SchemaBuilder::Compile(const ojson& s, const std::string& path) {
+  // Nesting is bounded (the compiler recurses), and so is the grammar.
+  if (depth_ >= 64)
+    return Errorf("{}: the schema nests deeper than 64 levels", path.empty() ? "schema" : path);
+  if (too_large_) return Error("schema: too large to enforce");
+  ++depth_;
+  auto r = CompileNode(s, path);
+  --depth_;
+  return r;
+}
+
+Result<int32_t> SchemaBuilder::CompileNode(const ojson& s, const std::string& path) {
   if (s.is_boolean()) {
     if (s.get<bool>()) return AnyValue();
     return Errorf("{}: the schema false admits no value", path.empty() ? "schema" : path);
@@ -708,8 +737,7 @@ Result<std::shared_ptr<const SchemaGrammar>> SchemaBuilder::Build() {
   auto r = Compile(root_, "");
   if (!r.ok()) return r.status();
   g_->root_ = *r;
-  if (g_->syms_.size() > (1u << 22) || g_->alts_.size() > (1u << 20))
-    return Error("schema: too large to enforce");
+  if (too_large_) return Error("schema: too large to enforce");
   if (g_->Start().empty()) return Error("schema: admits no value");
   return std::shared_ptr<const SchemaGrammar>(g_);
 }

@@ -65,7 +65,8 @@ class SchemaGrammar {
  private:
   friend class SchemaBuilder;
   static constexpr int32_t kEnd = INT32_MIN;
-  static constexpr size_t kMaxStack = 1024;  // nesting bound of a parse
+  static constexpr size_t kMaxStack = 1024;   // nesting bound of a parse
+  static constexpr size_t kMaxStacks = 1024;  // live parses kept per byte
   void Expand(Stack s, Stacks& out, int depth) const;
   bool Matches(int32_t sym, uint8_t c) const {
     const ByteSet& b = classes_[size_t(-(sym + 1))];

@@ -256,6 +256,37 @@ TEST(SchemaGrammar, UnsupportedKeywordsNameThemselves) {
             "schema: admits no value");
 }
 
+TEST(SchemaGrammar, HostileSchemasAreBounded) {
+  // Deep nesting: an error, not a stack overflow.
+  ojson deep = {{"type", "string"}};
+  for (int i = 0; i < 10000; ++i)
+    deep = {{"type", "object"}, {"properties", {{"a", std::move(deep)}}}};
+  auto d = CompileJsonSchema(deep);
+  ASSERT_FALSE(d.ok());
+  EXPECT_NE(d.status().message().find("nests deeper than 64 levels"), std::string::npos)
+      << d.status().message();
+  // A huge grammar: an error, not unbounded memory.
+  ojson wide = {{"type", "object"}, {"properties", ojson::object()}};
+  for (int i = 0; i < 200; ++i)
+    wide["properties"]["p" + std::to_string(i)] = {{"type", "string"}, {"maxLength", 4096}};
+  auto w = CompileJsonSchema(wide);
+  ASSERT_FALSE(w.ok());
+  EXPECT_EQ(w.status().message(), "schema: too large to enforce");
+  // Many live branches: the parse keeps a bounded set and stays valid.
+  ojson branches = ojson::array();
+  for (int i = 0; i < 40; ++i)
+    branches.push_back(
+        {{"type", "object"},
+         {"properties",
+          {{"k", {{"anyOf", ojson::array({{{"type", "string"}}, {{"const", "x"}}})}}},
+           {"n" + std::to_string(i), {{"type", "null"}}}}},
+         {"required", {"k"}}});
+  auto b = CompileJsonSchema(
+      {{"type", "object"}, {"properties", {{"v", {{"anyOf", branches}}}}}, {"required", {"v"}}});
+  ASSERT_TRUE(b.ok()) << b.status().message();
+  EXPECT_TRUE(Sentence(**b, R"({"v":{"k":"x","n7":null}})"));
+}
+
 TEST(SchemaGrammar, RootsOtherThanObjects) {
   auto s = MustCompile(R"({"type":"string","enum":["yes","no"]})");
   ASSERT_TRUE(s);

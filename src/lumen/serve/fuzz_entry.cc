@@ -1,5 +1,6 @@
 #include "lumen/serve/fuzz_entry.h"
 
+#include "lumen/engine/constraint_schema.h"
 #include "lumen/sample/config.h"
 #include "lumen/serve/body.h"
 #include "lumen/serve/request.h"
@@ -32,6 +33,21 @@ bool ParseAnyRequest(std::string_view in) {
   if (!r.ok()) {
     (void)FromStatus(r.status());
     return false;
+  }
+  if (r->response_format == "json_schema") {
+    // The schema compiler and a short walk of its grammar (every byte 0..255
+    // tried at each step, the first accepted one taken).
+    auto g = engine::CompileJsonSchema(r->json_schema);
+    if (g.ok()) {
+      auto st = (*g)->Start();
+      for (int step = 0; step < 64 && !st.empty() && !engine::SchemaGrammar::Accepted(st); ++step) {
+        const auto next = (*g)->NextBytes(st);
+        int c = 0;
+        while (c < 256 && !((next[size_t(c) >> 6] >> (c & 63)) & 1)) ++c;
+        if (c == 256) break;
+        st = (*g)->Advance(st, static_cast<uint8_t>(c));
+      }
+    }
   }
   auto cfg = sample::ParseSamplerJson(r->sampler_fields, {});
   if (cfg.ok()) (void)sample::ValidateForVocab(*cfg, 512);

@@ -25,6 +25,23 @@ const iy = (Y) => LO + ((HT - M.b - Y) / (HT - M.t - M.b)) * (HI - LO);
 const clampL = (l) => Math.min(HI, Math.max(LO, l));
 const round = (v) => Number(v.toPrecision(4));
 
+// The server's rules (sample::ValidateCurve), checked before anything is
+// sent, with its wording; null when the curve is valid.
+export function checkCurve(points) {
+  if (points.length < 2) return `curve.points: need at least 2 points, got ${points.length}`;
+  for (let i = 0; i < points.length; i++) {
+    for (const [k, name] of [[0, 'x'], [1, 'y']]) {
+      const v = points[i][k];
+      if (!Number.isFinite(v)) return `curve.points[${i}]: ${name} must be finite, got ${v}`;
+      if (!(v > 0 && v <= 100)) return `curve.points[${i}]: ${name} must be a percentage in (0, 100], got ${v}`;
+    }
+    if (i === 0) continue;
+    if (!(points[i][0] > points[i - 1][0])) return `curve.points[${i}]: x must be strictly increasing, got ${points[i][0]} after ${points[i - 1][0]}`;
+    if (points[i][1] < points[i - 1][1]) return `curve.points[${i}]: y must not decrease, got ${points[i][1]} after ${points[i - 1][1]} (the sampler needs a monotone curve)`;
+  }
+  return null;
+}
+
 export function curveBody(points) {
   return { points: points.map(([x, y]) => [x, y]), allow_nonmonotone: false };
 }
@@ -49,9 +66,11 @@ export function mountCurve(root, ctx) {
   const yl = s('text', { x: 14, y: (M.t + HT - M.b) / 2, 'text-anchor': 'middle', class: 'axis-label', transform: `rotate(-90 14 ${(M.t + HT - M.b) / 2})` }); yl.textContent = 'output probability (before normalizing)';
   grid.append(xl, yl);
   const identity = s('line', { x1: px(LO), y1: py(LO), x2: px(HI), y2: py(HI), class: 'identity' });
-  const path = s('polyline', { class: 'curve', id: 'curve-line', fill: 'none' });
+  const clip = s('clipPath', { id: 'curve-clip' });
+  clip.append(s('rect', { x: px(LO), y: py(HI), width: px(HI) - px(LO), height: py(LO) - py(HI) }));
+  const path = s('polyline', { class: 'curve', id: 'curve-line', fill: 'none', 'clip-path': 'url(#curve-clip)' });
   const dots = s('g', { class: 'points' });
-  svg.append(grid, identity, path, dots);
+  svg.append(clip, grid, identity, path, dots);
 
   const error = h('div', { class: 'error', role: 'alert', id: 'curve-error' });
   const table = h('table', { class: 'points-table' });
@@ -187,6 +206,8 @@ export function mountCurve(root, ctx) {
     const seq = ++evalSeq;
     const body = { curve: curveBody(points), x: SAMPLES };
     try {
+      const why = checkCurve(points);
+      if (why) throw new Error(why);
       const r = await postJson('/lumen/curve', body);
       if (seq !== evalSeq) return;
       valid = true;

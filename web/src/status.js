@@ -9,7 +9,7 @@ export function mountStatus(root) {
   const memory = h('table', { class: 'kv', id: 'status-memory' });
   const serving = h('table', { class: 'kv', id: 'status-serving' });
   const chartBox = h('figure', { class: 'chart wide' }, h('figcaption', {}, 'completion tokens/s (2 s intervals)'));
-  const err = h('div', { class: 'error', role: 'alert' });
+  const err = h('div', { class: 'error wide', role: 'alert' });
   const series = [[], []];
   let plot = null;
   let prev = null;

@@ -48,7 +48,7 @@ export function mountTrain(root) {
     plots = {};
     data = { step: [], eval: [] };
     for (const [k] of METRICS) data[k] = [];
-    const width = Math.max(280, Math.min(420, (charts.clientWidth || 900) / 3 - 16));
+    const width = Math.max(260, Math.min(420, Math.floor((charts.clientWidth || 900) / 3) - 30));
     for (const [k, label] of METRICS) {
       const box = h('figure', { class: 'chart', 'data-metric': k }, h('figcaption', {}, label));
       charts.append(box);

@@ -20,6 +20,9 @@ struct TrainArgs {
   std::vector<double> betas = {0.9, 0.999};
   double beta = -1, gamma = 0.5, lambda = 0.1, label_smoothing = 0;
   bool no_mask_prompt = false, mask_prompt = false;
+  bool fused_ce = false, no_fused_ce = false, prefix_share = false, no_prefix_share = false;
+  std::string sft_scope = "response", lambda_schedule = "static", controller = "aimd",
+              controlled = "lambda";
 };
 }  // namespace
 
@@ -68,6 +71,37 @@ void RegisterTrain(CLI::App& app) {
   cmd->add_option("--val-size", a->o.val_size, "hold out N train rows when no valid.jsonl");
   cmd->add_option("--save-every", a->o.save_every, "checkpoint interval in steps (0: none)");
   cmd->add_flag("-q,--quiet", a->o.quiet, "no per-report lines on stderr");
+  // Memory levers.
+  cmd->add_flag("--fused-ce", a->fused_ce, "fused linear cross-entropy head (default)");
+  cmd->add_flag("--no-fused-ce", a->no_fused_ce, "plain head: materializes [tokens, vocab] logits");
+  cmd->add_option("--ce-skip-eps", a->o.ce_skip_eps,
+                  "fused head: skip backward vocab chunks whose coefficients are all below E (L3)");
+  cmd->add_flag("--prefix-share", a->prefix_share,
+                "preference rows: one forward with the prompt shared (default)");
+  cmd->add_flag("--no-prefix-share", a->no_prefix_share, "two forwards per preference row");
+  cmd->add_option("--segment", a->o.segment,
+                  "segmented backward: keep residuals every N layers, recompute (0: off)")
+      ->check(CLI::Range(0, 4096));
+  cmd->add_option("--sft-scope", a->sft_scope, "ORPO's NLL over the response (default) or full")
+      ->check(CLI::IsMember({"full", "response"}));
+  // Adaptive preference pressure.
+  cmd->add_option("--lambda-schedule", a->lambda_schedule, "static (default) or adaptive")
+      ->check(CLI::IsMember({"static", "adaptive"}));
+  cmd->add_option("--lambda-controller", a->controller, "aimd (default), p, pd or pid")
+      ->check(CLI::IsMember({"aimd", "p", "pd", "pid"}));
+  cmd->add_option("--controlled-param", a->controlled, "lambda (ORPO) or beta (SimPO)")
+      ->check(CLI::IsMember({"lambda", "beta"}));
+  cmd->add_option("--lambda-min", a->o.controller.min, "controller floor (0.05)");
+  cmd->add_option("--lambda-max", a->o.controller.max, "controller ceiling (0.5)");
+  cmd->add_option("--lambda-ramp", a->o.controller.ramp, "additive increase per reading (0.05)");
+  cmd->add_option("--lambda-backoff", a->o.controller.backoff, "multiplicative decrease (0.5)");
+  cmd->add_option("--lambda-hysteresis", a->o.controller.hysteresis,
+                  "consecutive readings before a phase change (3)");
+  cmd->add_option("--lambda-warmup-readings", a->o.controller.warmup_readings,
+                  "readings that measure the noise of l_w (3)");
+  cmd->add_option("--control-every", a->o.control_every,
+                  "read a probe set every N steps (default: at each evaluation)");
+  cmd->add_option("--control-probe", a->o.control_probe, "probe rows held out of train (16)");
   cmd->callback([a] {
     auto model = LoadModel(a->model);
     if (!model.ok()) return ReportError(model.status());
@@ -89,6 +123,15 @@ void RegisterTrain(CLI::App& app) {
     a->o.objective.lambda = a->lambda;
     a->o.objective.label_smoothing = a->label_smoothing;
     a->o.mask_prompt = !a->no_mask_prompt;
+    a->o.fused_ce = !a->no_fused_ce;
+    a->o.prefix_share = !a->no_prefix_share;
+    a->o.sft_scope_full = a->sft_scope == "full";
+    a->o.control_beta = a->controlled == "beta";
+    if (a->lambda_schedule == "adaptive") {
+      auto k = train::ParseControllerKind(a->controller);
+      if (!k.ok()) return ReportError(k.status());
+      a->o.controller.kind = *k;
+    }
     a->o.beta1 = a->betas[0];
     a->o.beta2 = a->betas[1];
     a->o.schedule = a->schedule == "cosine"   ? train::LrSchedule::kCosine

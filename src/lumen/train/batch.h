@@ -21,18 +21,23 @@ struct PackedBatch {
   std::vector<kernels::KeyRanges> visible;  // [M]
   std::vector<int32_t> targets;             // [M] next token to score, or -1
   std::vector<int32_t> seq;                 // [M] sequence index of the token
-  std::vector<int32_t> seq_loss_tokens;     // [sequences] scored tokens per sequence
+  // [M] 1: scored for the NLL term only (prompt tokens under --sft-scope full)
+  std::vector<uint8_t> nll_only;
+  std::vector<int32_t> seq_loss_tokens;  // [sequences] scored response tokens
+  std::vector<int32_t> seq_nll_tokens;   // [sequences] every scored token
 
   int64_t size() const { return int64_t(tokens.size()); }
   int sequences() const { return int(seq_loss_tokens.size()); }
 
   // Appends a causal sequence; tokens[i] for i >= loss_begin (>= 1) are
-  // scored (predicted from position i - 1). Returns the sequence index.
-  int AddSequence(std::span<const int32_t> toks, int64_t loss_begin) {
+  // scored (predicted from position i - 1), and tokens in [nll_begin,
+  // loss_begin) are scored for the NLL term only. Returns the sequence index.
+  int AddSequence(std::span<const int32_t> toks, int64_t loss_begin, int64_t nll_begin = -1) {
+    if (nll_begin < 1 || nll_begin > loss_begin) nll_begin = loss_begin;
     const int s = sequences();
     const int32_t start = int32_t(tokens.size());
     const int64_t n = int64_t(toks.size());
-    int32_t scored = 0;
+    int32_t scored = 0, nll = 0;
     for (int64_t i = 0; i < n; ++i) {
       tokens.push_back(toks[i]);
       pos.push_back(int32_t(i));
@@ -40,12 +45,16 @@ struct PackedBatch {
       v.r[0] = {start, start + int32_t(i) + 1};
       v.n = 1;
       visible.push_back(v);
-      const bool scored_next = i + 1 < n && i + 1 >= loss_begin;
-      targets.push_back(scored_next ? toks[i + 1] : -1);
-      scored += scored_next;
+      const bool in_nll = i + 1 < n && i + 1 >= nll_begin;
+      const bool in_loss = i + 1 < n && i + 1 >= loss_begin;
+      targets.push_back(in_nll ? toks[i + 1] : -1);
+      nll_only.push_back(in_nll && !in_loss);
+      scored += in_loss;
+      nll += in_nll;
       seq.push_back(s);
     }
     seq_loss_tokens.push_back(scored);
+    seq_nll_tokens.push_back(nll);
     return s;
   }
 
@@ -59,12 +68,12 @@ struct PackedBatch {
   // separate forward of prompt + rejected would. Returns {chosen, rejected}.
   std::pair<int, int> AddSharedPair(std::span<const int32_t> prompt,
                                     std::span<const int32_t> chosen,
-                                    std::span<const int32_t> rejected) {
+                                    std::span<const int32_t> rejected, int64_t nll_begin = -1) {
     const int32_t P = int32_t(prompt.size());
     std::vector<int32_t> first(prompt.begin(), prompt.end());
     first.insert(first.end(), chosen.begin(), chosen.end());
     const int32_t start = int32_t(tokens.size());
-    const int sc = AddSequence(first, P);
+    const int sc = AddSequence(first, P, nll_begin);
     const int sr = sequences();
     const int32_t bstart = int32_t(tokens.size());
     const int64_t n = int64_t(rejected.size()) + 1;
@@ -79,10 +88,12 @@ struct PackedBatch {
       visible.push_back(v);
       const bool has_next = i + 1 < n;
       targets.push_back(has_next ? rejected[i] : -1);
+      nll_only.push_back(0);
       scored += has_next;
       seq.push_back(sr);
     }
     seq_loss_tokens.push_back(scored);
+    seq_nll_tokens.push_back(scored);
     return {sc, sr};
   }
 };

@@ -36,9 +36,14 @@ ObjectiveResult Objective(Method m, const ObjectiveParams& p, const PackedBatch&
                           const std::vector<Real>& logp, const std::vector<Pair>& pairs,
                           std::vector<Real>& dlogp) {
   const int nseq = b.sequences();
-  std::vector<double> S(nseq, 0.0), dS(nseq, 0.0);
-  for (int64_t i = 0; i < b.size(); ++i)
-    if (b.targets[i] >= 0) S[b.seq[i]] += double(logp[i]);
+  // S: response tokens; N: every scored token (the NLL term's, which adds
+  // prompt tokens under --sft-scope full).
+  std::vector<double> S(nseq, 0.0), dS(nseq, 0.0), N(nseq, 0.0);
+  for (int64_t i = 0; i < b.size(); ++i) {
+    if (b.targets[i] < 0) continue;
+    N[b.seq[i]] += double(logp[i]);
+    if (!b.nll_only[i]) S[b.seq[i]] += double(logp[i]);
+  }
   auto n = [&](int s) { return double(std::max(1, b.seq_loss_tokens[s])); };
   auto A = [&](int s) { return S[s] / n(s); };
 
@@ -47,15 +52,16 @@ ObjectiveResult Objective(Method m, const ObjectiveParams& p, const PackedBatch&
   // NLL over the chosen sequences' tokens (sft, orpo).
   double chosen_tokens = 0, chosen_sum = 0;
   for (const Pair& pr : pairs) {
-    chosen_tokens += b.seq_loss_tokens[pr.chosen];
-    chosen_sum += S[pr.chosen];
+    chosen_tokens += b.seq_nll_tokens[pr.chosen];
+    chosen_sum += N[pr.chosen];
   }
   r.tokens = int(chosen_tokens);
   r.nll = chosen_tokens > 0 ? -chosen_sum / chosen_tokens : 0.0;
   const double np = std::max<size_t>(1, pairs.size());
+  std::vector<double> dN(nseq, 0.0);  // d loss / d N_s (every scored token of s)
   if (m == Method::kSft || m == Method::kOrpo) {
     r.loss = r.nll;
-    for (const Pair& pr : pairs) dS[pr.chosen] += chosen_tokens > 0 ? -1.0 / chosen_tokens : 0.0;
+    for (const Pair& pr : pairs) dN[pr.chosen] += chosen_tokens > 0 ? -1.0 / chosen_tokens : 0.0;
   }
   for (const Pair& pr : pairs) {
     const int w = pr.chosen;
@@ -124,7 +130,7 @@ ObjectiveResult Objective(Method m, const ObjectiveParams& p, const PackedBatch&
   }
   dlogp.assign(b.size(), Real(0));
   for (int64_t i = 0; i < b.size(); ++i)
-    if (b.targets[i] >= 0) dlogp[i] = Real(dS[b.seq[i]]);
+    if (b.targets[i] >= 0) dlogp[i] = Real(dN[b.seq[i]] + (b.nll_only[i] ? 0.0 : dS[b.seq[i]]));
   return r;
 }
 

@@ -37,7 +37,8 @@ inline std::unique_ptr<engine::Model> SynthModel(const TempDir& dir, const std::
   o.name = name;
   o.seed = seed;
   if (!quant.empty() && !engine::ParseSynthQuant(quant, o).ok()) return nullptr;
-  o.out = (dir.path() / (name + "-" + quant + (o.mlx_bits ? "" : ".gguf"))).string();
+  const std::string stem = quant.empty() ? name : name + "-" + quant;
+  o.out = (dir.path() / (stem + (o.mlx_bits ? "" : ".gguf"))).string();
   if (!engine::Synthesize(o).ok()) return nullptr;
   engine::LoadOptions lo;
   lo.threads = threads;

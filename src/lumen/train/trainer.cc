@@ -18,6 +18,7 @@
 #include "lumen/core/log.h"
 #include "lumen/engine/adapter.h"
 #include "lumen/formats/safetensors.h"
+#include "lumen/train/fused_head.h"
 #include "lumen/train/graph.h"
 #include "lumen/train/head.h"
 
@@ -47,15 +48,31 @@ struct Packed {
   std::vector<int> rows;  // dataset row of each pair
 };
 
-Packed Pack(const Dataset& d, std::span<const int> rows, bool preference, bool mask_prompt) {
+struct PackOptions {
+  bool preference = false;
+  bool mask_prompt = true;
+  bool prefix_share = false;
+  bool nll_full = false;  // ORPO --sft-scope full
+};
+
+Packed Pack(const Dataset& d, std::span<const int> rows, const PackOptions& o) {
   Packed p;
+  const bool preference = o.preference, mask_prompt = o.mask_prompt;
   for (int r : rows) {
     const Example& e = d.rows[r];
+    const int64_t nll_begin = o.nll_full ? 1 : -1;
+    Pair pr;
+    if (preference && o.prefix_share) {
+      std::tie(pr.chosen, pr.rejected) =
+          p.batch.AddSharedPair(e.prompt, e.chosen, e.rejected, nll_begin);
+      p.pairs.push_back(pr);
+      p.rows.push_back(r);
+      continue;
+    }
     std::vector<int32_t> seq = e.prompt;
     seq.insert(seq.end(), e.chosen.begin(), e.chosen.end());
     const int64_t begin = mask_prompt || preference ? int64_t(e.prompt.size()) : 1;
-    Pair pr;
-    pr.chosen = p.batch.AddSequence(seq, begin);
+    pr.chosen = p.batch.AddSequence(seq, begin, nll_begin);
     if (preference) {
       seq = e.prompt;
       seq.insert(seq.end(), e.rejected.begin(), e.rejected.end());
@@ -68,13 +85,13 @@ Packed Pack(const Dataset& d, std::span<const int> rows, bool preference, bool m
 }
 
 // Summed log-probs per sequence of a batch under the base model (adapter off).
-std::vector<double> SequenceSums(Graph<float>& g, PlainHead<float>& head, const PackedBatch& b) {
+std::vector<double> SequenceSums(Graph<float>& g, Head<float>& head, const PackedBatch& b) {
   const auto& h = g.Forward(b, nullptr, {}, false);
   std::vector<float> logp;
   head.Forward(h.data(), b, logp);
   std::vector<double> S(b.sequences(), 0.0);
   for (int64_t i = 0; i < b.size(); ++i)
-    if (b.targets[i] >= 0) S[b.seq[i]] += double(logp[i]);
+    if (b.targets[i] >= 0 && !b.nll_only[i]) S[b.seq[i]] += double(logp[i]);
   return S;
 }
 
@@ -103,7 +120,8 @@ struct State {
   LoraParams<float> params;
   std::vector<float> m, v;
   int64_t step = 0;
-  int64_t cursor = 0;  // rows consumed
+  int64_t cursor = 0;         // rows consumed
+  nlohmann::json controller;  // LambdaController::Serialize (null: none saved)
 };
 
 engine::Adapter ToAdapter(const LoraLayout& layout, const LoraParams<float>& p,
@@ -147,6 +165,7 @@ Status SaveCheckpoint(const fs::path& dir, const LoraLayout& layout, const State
   LUMEN_RETURN_IF_ERROR(add("adam_v", st.v));
   w.SetMetadata("step", std::to_string(st.step));
   w.SetMetadata("cursor", std::to_string(st.cursor));
+  if (!st.controller.is_null()) w.SetMetadata("controller", st.controller.dump());
   LUMEN_RETURN_IF_ERROR(w.Write((tmp / "state.safetensors").string()));
   fs::remove_all(final_dir, ec);
   fs::rename(tmp, final_dir, ec);
@@ -185,6 +204,8 @@ Result<State> LoadCheckpoint(const std::string& resume, const LoraLayout& layout
   try {
     s.step = std::stoll(st.metadata().value("step", "x"));
     s.cursor = std::stoll(st.metadata().value("cursor", "x"));
+    if (st.metadata().contains("controller"))
+      s.controller = nlohmann::json::parse(st.metadata()["controller"].get<std::string>());
   } catch (...) {
     return Errorf("{}: metadata lacks step/cursor", path);
   }
@@ -205,22 +226,31 @@ double LearningRate(const TrainOptions& o, int64_t step, int64_t total) {
   }
 }
 
+std::unique_ptr<Head<float>> MakeHead(const engine::Model& m, const TrainOptions& o) {
+  if (!o.fused_ce) return std::make_unique<PlainHead<float>>(m.config(), m.weights(), m.pool());
+  FusedHeadOptions fo;
+  fo.vocab_chunk = o.vocab_chunk;
+  fo.skip_eps = o.ce_skip_eps;
+  return std::make_unique<FusedHead<float>>(m.config(), m.weights(), m.pool(), fo);
+}
+
 class Runner {
  public:
-  Runner(const engine::Model& model, const LoraLayout* layout)
-      : graph(model.config(), model.weights(), layout, model.pool()),
-        head(model.config(), model.weights(), model.pool()) {}
+  Runner(const engine::Model& model, const LoraLayout* layout, const TrainOptions& o)
+      : graph(model.config(), model.weights(), layout, model.pool()), head(MakeHead(model, o)) {
+    graph.set_segment(o.segment);
+  }
   Graph<float> graph;
-  PlainHead<float> head;
+  std::unique_ptr<Head<float>> head;
   std::map<int, std::pair<double, double>> ref_cache;  // row -> (ref_w, ref_r)
 
-  void FillRefs(const Dataset& d, Packed& p, bool mask_prompt) {
+  void FillRefs(const Dataset& d, Packed& p, const PackOptions& po) {
     for (size_t i = 0; i < p.pairs.size(); ++i) {
       auto it = ref_cache.find(p.rows[i]);
       if (it == ref_cache.end()) {
         const int r = p.rows[i];
-        Packed one = Pack(d, std::span<const int>(&r, 1), true, mask_prompt);
-        const auto S = SequenceSums(graph, head, one.batch);
+        Packed one = Pack(d, std::span<const int>(&r, 1), po);
+        const auto S = SequenceSums(graph, *head, one.batch);
         it = ref_cache.emplace(r, std::make_pair(S[0], S[1])).first;
       }
       p.pairs[i].ref_chosen = it->second.first;
@@ -234,20 +264,31 @@ class Runner {
 Result<EvalMetrics> Evaluate(const engine::Model& model, const Dataset& data, Method m,
                              const ObjectiveParams& op, const LoraLayout* layout,
                              const LoraParams<float>* params, int batch_size) {
-  Runner run(model, layout);
+  TrainOptions defaults;
+  defaults.method = m;
+  return EvaluateWith(model, data, defaults, op, layout, params, batch_size);
+}
+
+Result<EvalMetrics> EvaluateWith(const engine::Model& model, const Dataset& data,
+                                 const TrainOptions& o, const ObjectiveParams& op,
+                                 const LoraLayout* layout, const LoraParams<float>* params,
+                                 int batch_size) {
+  const Method m = o.method;
+  Runner run(model, layout, o);
   EvalMetrics out;
   const bool pref = IsPreference(m);
   if (pref && data.kind != RowKind::kPreference)
     return Errorf("{}: {} needs preference rows", data.path, MethodName(m));
+  const PackOptions po{pref, true, o.prefix_share, o.sft_scope_full};
   for (int b = 0; b < int(data.rows.size()); b += batch_size) {
     std::vector<int> rows;
     for (int r = b; r < std::min<int>(b + batch_size, int(data.rows.size())); ++r)
       rows.push_back(r);
-    Packed p = Pack(data, rows, pref, true);
-    if (NeedsReference(m)) run.FillRefs(data, p, true);
+    Packed p = Pack(data, rows, po);
+    if (NeedsReference(m)) run.FillRefs(data, p, po);
     const auto& h = run.graph.Forward(p.batch, params, {}, false);
     std::vector<float> logp, dlogp;
-    run.head.Forward(h.data(), p.batch, logp);
+    run.head->Forward(h.data(), p.batch, logp);
     AddMetrics(out, Objective(m, op, p.batch, logp, p.pairs, dlogp));
   }
   FinishMetrics(out);
@@ -286,6 +327,30 @@ Result<TrainResult> Train(const engine::Model& model, const TrainOptions& o) {
     train.rows.resize(train.rows.size() - o.val_size);
     have_valid = true;
   }
+  // The controller's probe set (--control-every): rows held out of train.jsonl,
+  // separate from the reported validation set.
+  Dataset probe;
+  if (o.control_every > 0) {
+    if (o.control_probe < 1 || o.control_probe * 2 > int(train.rows.size()))
+      return Errorf("--control-probe {}: train.jsonl has {} rows", o.control_probe,
+                    train.rows.size());
+    probe.path = train.path + " (probe)";
+    probe.kind = train.kind;
+    probe.rows.assign(train.rows.end() - o.control_probe, train.rows.end());
+    train.rows.resize(train.rows.size() - o.control_probe);
+  }
+  if (o.controller.kind != ControllerKind::kStatic) {
+    if (!(o.method == Method::kOrpo || (o.control_beta && o.method == Method::kSimpo)))
+      return Errorf(
+          "--lambda-schedule adaptive drives ORPO's lambda or (--controlled-param "
+          "beta) SimPO's beta, not --method {}",
+          MethodName(o.method));
+    if (!have_valid && o.control_every == 0)
+      return Error(
+          "--lambda-schedule adaptive needs readings: a valid.jsonl, --val-size or "
+          "--control-every");
+    LUMEN_RETURN_IF_ERROR(ValidateControllerOptions(o.controller));
+  }
   State st;
   st.params = InitLora(layout, o.seed);
   st.m.assign(layout.size, 0.0f);
@@ -308,42 +373,78 @@ Result<TrainResult> Train(const engine::Model& model, const TrainOptions& o) {
   std::error_code ec;
   fs::create_directories(out, ec);
   if (ec) return Errorf("--out {}: {}", o.out_dir, ec.message());
-  json cfg = {{"method", MethodName(o.method)},
-              {"base_model", o.model_name},
-              {"data", o.data_dir},
-              {"rank", o.lora.rank},
-              {"alpha", o.lora.alpha},
-              {"scale", o.lora.Scale()},
-              {"rs_lora", o.lora.rs_lora},
-              {"targets", TargetsString(o.lora.targets)},
-              {"num_layers", o.lora.num_layers},
-              {"dropout", o.lora.dropout},
-              {"beta", o.objective.beta},
-              {"gamma", o.objective.gamma},
-              {"lambda", o.objective.lambda},
-              {"label_smoothing", o.objective.label_smoothing},
-              {"batch_size", o.batch_size},
-              {"grad_accum", o.grad_accum},
-              {"iters", total},
-              {"lr", o.lr},
-              {"betas", {o.beta1, o.beta2}},
-              {"eps", o.eps},
-              {"weight_decay", o.weight_decay},
-              {"warmup", o.warmup},
-              {"grad_clip", o.grad_clip},
-              {"lora_plus_ratio", o.lora_plus_ratio},
-              {"seed", o.seed},
-              {"max_seq_len", o.data.max_seq_len},
-              {"mask_prompt", o.mask_prompt},
-              {"threads", model.pool() ? model.pool()->size() : 1}};
+  json cfg = {
+      {"method", MethodName(o.method)},
+      {"base_model", o.model_name},
+      {"data", o.data_dir},
+      {"rank", o.lora.rank},
+      {"alpha", o.lora.alpha},
+      {"scale", o.lora.Scale()},
+      {"rs_lora", o.lora.rs_lora},
+      {"targets", TargetsString(o.lora.targets)},
+      {"num_layers", o.lora.num_layers},
+      {"dropout", o.lora.dropout},
+      {"beta", o.objective.beta},
+      {"gamma", o.objective.gamma},
+      {"lambda", o.objective.lambda},
+      {"label_smoothing", o.objective.label_smoothing},
+      {"batch_size", o.batch_size},
+      {"grad_accum", o.grad_accum},
+      {"iters", total},
+      {"lr", o.lr},
+      {"betas", {o.beta1, o.beta2}},
+      {"eps", o.eps},
+      {"weight_decay", o.weight_decay},
+      {"warmup", o.warmup},
+      {"grad_clip", o.grad_clip},
+      {"lora_plus_ratio", o.lora_plus_ratio},
+      {"seed", o.seed},
+      {"max_seq_len", o.data.max_seq_len},
+      {"mask_prompt", o.mask_prompt},
+      {"fused_ce", o.fused_ce},
+      {"ce_skip_eps", o.ce_skip_eps},
+      {"prefix_share", o.prefix_share},
+      {"segment", o.segment},
+      {"sft_scope", o.sft_scope_full ? "full" : "response"},
+      {"lambda_schedule", o.controller.kind == ControllerKind::kStatic ? "static" : "adaptive"},
+      {"lambda_controller", ControllerKindName(o.controller.kind)},
+      {"controlled_param", o.control_beta ? "beta" : "lambda"},
+      {"control_every", o.control_every},
+      {"threads", model.pool() ? model.pool()->size() : 1}};
   LUMEN_RETURN_IF_ERROR(WriteFileAtomic((out / "config.json").string(), cfg.dump(2) + "\n"));
   std::ofstream metrics((out / "metrics.jsonl").string(),
                         o.resume_dir.empty() ? std::ios::trunc : std::ios::app);
 
-  Runner run(model, &layout);
+  Runner run(model, &layout, o);
+  const PackOptions po{pref, o.mask_prompt, o.prefix_share, o.sft_scope_full};
   TrainResult result;
+  // The controlled pressure: ORPO's lambda, or SimPO's beta.
+  ControllerOptions co = o.controller;
+  co.initial = o.control_beta ? o.objective.beta : o.objective.lambda;
+  LambdaController controller(co);
+  if (st.controller.is_object()) {
+    LUMEN_ASSIGN_OR_RETURN(controller, LambdaController::Restore(co, st.controller));
+  }
+  auto objective_now = [&] {
+    ObjectiveParams op = o.objective;
+    (o.control_beta ? op.beta : op.lambda) = controller.value();
+    return op;
+  };
   auto evaluate = [&]() -> Result<EvalMetrics> {
-    return Evaluate(model, valid, o.method, o.objective, &layout, &st.params, o.batch_size);
+    return EvaluateWith(model, valid, o, objective_now(), &layout, &st.params, o.batch_size);
+  };
+  auto control = [&](const EvalMetrics& m, std::ofstream& log) {
+    if (co.kind == ControllerKind::kStatic) return;
+    controller.Update({st.step, m.l_w, m.l_r, m.margin, m.accuracy, m.nll});
+    if (!controller.last_reason().empty()) {
+      if (!o.quiet) fmt::print(stderr, "step {}: {}\n", st.step, controller.last_reason());
+      json j = {{"kind", "control"},
+                {"step", st.step},
+                {"value", controller.value()},
+                {"phase", PhaseName(controller.phase())},
+                {"reason", controller.last_reason()}};
+      log << j.dump() << "\n" << std::flush;
+    }
   };
   if (have_valid && st.step == 0) {
     LUMEN_ASSIGN_OR_RETURN(result.first_eval, evaluate());
@@ -351,6 +452,12 @@ Result<TrainResult> Train(const engine::Model& model, const TrainOptions& o) {
     j["kind"] = "eval";
     j["step"] = 0;
     metrics << j.dump() << "\n" << std::flush;
+    if (o.control_every == 0) control(result.first_eval, metrics);
+  }
+  if (o.control_every > 0 && st.step == 0) {
+    LUMEN_ASSIGN_OR_RETURN(
+        auto pr, EvaluateWith(model, probe, o, objective_now(), &layout, &st.params, o.batch_size));
+    control(pr, metrics);
   }
 
   // Per-epoch permutations, derived from (seed, epoch).
@@ -392,17 +499,17 @@ Result<TrainResult> Train(const engine::Model& model, const TrainOptions& o) {
     for (int micro = 0; micro < o.grad_accum; ++micro) {
       std::vector<int> rows;
       for (int b = 0; b < o.batch_size; ++b) rows.push_back(row_at(st.cursor++));
-      Packed p = Pack(train, rows, pref, o.mask_prompt);
-      if (NeedsReference(o.method)) run.FillRefs(train, p, o.mask_prompt);
+      Packed p = Pack(train, rows, po);
+      if (NeedsReference(o.method)) run.FillRefs(train, p, po);
       const auto& h = run.graph.Forward(p.batch, &st.params, {o.seed, uint64_t(st.step)}, true);
       std::vector<float> logp, dlogp, dh;
-      run.head.Forward(h.data(), p.batch, logp);
-      const ObjectiveResult r = Objective(o.method, o.objective, p.batch, logp, p.pairs, dlogp);
+      run.head->Forward(h.data(), p.batch, logp);
+      const ObjectiveResult r = Objective(o.method, objective_now(), p.batch, logp, p.pairs, dlogp);
       AddMetrics(window, r);
       window_tokens += p.batch.size();
       if (o.grad_accum > 1)
         for (float& g : dlogp) g /= float(o.grad_accum);
-      run.head.Backward(dlogp.data(), dh);
+      run.head->Backward(dlogp.data(), dh);
       run.graph.Backward(p.batch, st.params, dh.data(), grad);
     }
     double norm2 = 0;
@@ -440,7 +547,9 @@ Result<TrainResult> Train(const engine::Model& model, const TrainOptions& o) {
       json j = MetricsJson(window);
       j["kind"] = "train";
       j["step"] = st.step;
-      j["lambda"] = o.objective.lambda;
+      j["lambda"] = o.control_beta ? o.objective.lambda : controller.value();
+      if (o.control_beta) j["beta"] = controller.value();
+      j["phase"] = PhaseName(controller.phase());
       j["lr"] = lr;
       j["grad_norm"] = norm;
       j["tokens_per_s"] = secs > 0 ? double(window_tokens) / secs : 0.0;
@@ -450,8 +559,8 @@ Result<TrainResult> Train(const engine::Model& model, const TrainOptions& o) {
         fmt::print(stderr,
                    "{}step {}/{} loss {:.4f} nll {:.4f} acc {:.2f} lr {:.2e} {:.0f} tok/s ETA "
                    "{:.0f}s\n",
-                   tty ? "\r\033[K" : "", st.step, total, window.loss, window.nll,
-                   window.accuracy, lr, secs > 0 ? double(window_tokens) / secs : 0.0, eta());
+                   tty ? "\r\033[K" : "", st.step, total, window.loss, window.nll, window.accuracy,
+                   lr, secs > 0 ? double(window_tokens) / secs : 0.0, eta());
       window = {};
       window_tokens = 0;
       t0 = std::chrono::steady_clock::now();
@@ -468,9 +577,19 @@ Result<TrainResult> Train(const engine::Model& model, const TrainOptions& o) {
       j["kind"] = "eval";
       j["step"] = st.step;
       metrics << j.dump() << "\n" << std::flush;
+      if (o.control_every == 0) control(*ev, metrics);
+    }
+    if (o.control_every > 0 && st.step % o.control_every == 0) {
+      auto pr = EvaluateWith(model, probe, o, objective_now(), &layout, &st.params, o.batch_size);
+      if (!pr.ok()) {
+        status = pr.status();
+        break;
+      }
+      control(*pr, metrics);
     }
     const bool interrupted = g_interrupted.load();
     if ((o.save_every > 0 && st.step % o.save_every == 0) || interrupted) {
+      st.controller = controller.Serialize();
       status = SaveCheckpoint(ckpt_dir, layout, st, c, o.model_name);
       if (!status.ok()) break;
     }

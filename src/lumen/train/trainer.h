@@ -16,6 +16,7 @@
 #include "lumen/core/status.h"
 #include "lumen/engine/model.h"
 #include "lumen/train/dataset.h"
+#include "lumen/train/lambda_controller.h"
 #include "lumen/train/lora.h"
 #include "lumen/train/objective.h"
 
@@ -50,6 +51,21 @@ struct TrainOptions {
   int val_size = 0;            // held out of train.jsonl when there is no valid.jsonl
   int64_t save_every = 0;      // 0: only the final adapter
   bool quiet = false;          // no progress lines
+
+  // Memory levers (docs/reference/training.md, "Memory").
+  bool fused_ce = true;          // the fused linear cross-entropy head
+  float ce_skip_eps = 0.0f;      // > 0: skip head-backward chunks below it (L3)
+  int64_t vocab_chunk = 8192;    // the fused head's vocabulary chunk
+  bool prefix_share = true;      // one forward per preference pair, prompt shared
+  int segment = 0;               // segmented backward: layers per segment (0: off)
+  int64_t memory_budget_mb = 0;  // > 0: choose segment from the plan (memory_plan.h)
+  bool sft_scope_full = false;   // ORPO: NLL over prompt + chosen (TRL's full scope)
+
+  // Adaptive preference pressure (issue 17): ORPO's lambda or SimPO's beta.
+  ControllerOptions controller;  // kind kStatic: the fixed value (bit-identical)
+  bool control_beta = false;     // --controlled-param beta (SimPO)
+  int64_t control_every = 0;     // > 0: read a probe set every N steps (else each eval)
+  int control_probe = 16;        // probe rows held out of train.jsonl
 };
 
 struct EvalMetrics {
@@ -66,6 +82,12 @@ struct TrainResult {
 // Validates everything (data, targets, options) before creating out_dir, so a
 // bad input leaves no output directory.
 Result<TrainResult> Train(const engine::Model& model, const TrainOptions& opts);
+
+// Evaluates with a run's options (head, prefix sharing, scope).
+Result<EvalMetrics> EvaluateWith(const engine::Model& model, const Dataset& data,
+                                 const TrainOptions& o, const ObjectiveParams& op,
+                                 const LoraLayout* layout, const LoraParams<float>* params,
+                                 int batch_size);
 
 // Evaluates an adapter-free or adapted model on a dataset (for tests/eval).
 Result<EvalMetrics> Evaluate(const engine::Model& model, const Dataset& data, Method m,

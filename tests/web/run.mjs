@@ -248,7 +248,14 @@ check('status: model, architecture, memory and slots', async ({ page, base }) =>
   const mem = await page.textContent('#status-memory');
   assert.match(mem, /weights/);
   assert.match(await page.textContent('#status-serving'), /slots busy \/ total0 \/ 2/);
-  await sleep(2500);
+  // Some traffic, so the tokens/s chart has something to show.
+  const t0 = Date.now();
+  while (Date.now() - t0 < 5000) {
+    await fetch(`${base}/v1/completions`, { method: 'POST', headers: { 'Content-Type': 'application/json' },
+      body: JSON.stringify({ prompt: 'Once upon a time', max_tokens: 200, n: 2 }) });
+  }
+  await sleep(2200);
+  assert.match(await page.textContent('#status-serving'), /tokens\/s now[\d.]+/);
   await page.screenshot({ path: join(outDir, 'web-status.png') });
 });
 

@@ -148,9 +148,9 @@ class SchemaBuilder {
   }
 
   // Shared value rules.
-  int32_t FreeString();  // '"' chars '"'
-  int32_t Char();        // one string character (for bounded strings)
-  int32_t OtherChar();   // one string character that is not plain ASCII
+  int32_t FreeString();            // '"' chars '"'
+  int32_t Char();                  // one string character (for bounded strings)
+  int32_t OtherChar(bool astral);  // one string character that is not plain ASCII
   static SchemaGrammar::ByteSet Bytes(std::string_view chars);
   static SchemaGrammar::ByteSet PlainAscii();  // printable ASCII but '"' and '\\'
   int32_t One(const Seq& seq) {
@@ -189,7 +189,8 @@ class SchemaBuilder {
   std::map<SchemaGrammar::ByteSet, int32_t> class_ids_;
   std::map<std::string, int32_t> refs_;
   std::map<size_t, int32_t> digits_;
-  int32_t free_string_ = -1, char_ = -1, other_char_ = -1, any_ = -1, bool_ = -1, null_ = -1;
+  int32_t free_string_ = -1, char_ = -1, other_char_ = -1, other_bmp_char_ = -1, any_ = -1,
+          bool_ = -1, null_ = -1;
   int32_t number_ = -1, integer_ = -1;
   int depth_ = 0;  // schema nesting being compiled
   bool too_large_ = false;
@@ -263,21 +264,25 @@ SchemaGrammar::ByteSet SchemaBuilder::PlainAscii() {
   return b;
 }
 
-int32_t SchemaBuilder::OtherChar() {
-  if (other_char_ >= 0) return other_char_;
+int32_t SchemaBuilder::OtherChar(bool astral) {
+  int32_t& cached = astral ? other_char_ : other_bmp_char_;
+  if (cached >= 0) return cached;
   // One code point that is not plain ASCII: well-formed UTF-8 (no surrogates,
-  // <= U+10FFFF) or an escape (\uXXXX outside the surrogate range).
-  other_char_ = NewRule();
-  const int32_t r = other_char_;
+  // <= U+10FFFF; without `astral`, none above U+FFFF) or an escape (\uXXXX
+  // outside the surrogate range).
+  cached = NewRule();
+  const int32_t r = cached;
   const int32_t cont = Range(0x80, 0xBF), hex = Class(Bytes("0123456789abcdefABCDEF"));
   Alt(r, {Range(0xC2, 0xDF), cont});
   Alt(r, {Byte(0xE0), Range(0xA0, 0xBF), cont});
   Alt(r, {Range(0xE1, 0xEC), cont, cont});
   Alt(r, {Byte(0xED), Range(0x80, 0x9F), cont});
   Alt(r, {Range(0xEE, 0xEF), cont, cont});
-  Alt(r, {Byte(0xF0), Range(0x90, 0xBF), cont, cont});
-  Alt(r, {Range(0xF1, 0xF3), cont, cont, cont});
-  Alt(r, {Byte(0xF4), Range(0x80, 0x8F), cont, cont});
+  if (astral) {
+    Alt(r, {Byte(0xF0), Range(0x90, 0xBF), cont, cont});
+    Alt(r, {Range(0xF1, 0xF3), cont, cont, cont});
+    Alt(r, {Byte(0xF4), Range(0x80, 0x8F), cont, cont});
+  }
   Alt(r, {Byte('\\'), Class(Bytes("\"\\/bfnrt"))});
   Alt(r, {Byte('\\'), Byte('u'), Class(Bytes("0123456789abcefABCEF")), hex, hex, hex});
   Alt(r, {Byte('\\'), Byte('u'), Class(Bytes("dD")), Range('0', '7'), hex, hex});
@@ -288,7 +293,9 @@ int32_t SchemaBuilder::Char() {
   if (char_ >= 0) return char_;
   char_ = NewRule();
   Alt(char_, {Class(PlainAscii())});
-  Alt(char_, {OtherChar()});
+  // Bounded strings keep to the BMP, where a code point (JSON Schema's
+  // length) is also one UTF-16 unit (JavaScript's, e.g. zod's .max()).
+  Alt(char_, {OtherChar(/*astral=*/false)});
   return char_;
 }
 
@@ -300,7 +307,7 @@ int32_t SchemaBuilder::FreeString() {
   const int32_t chars = NewRule();
   Alt(chars, {Byte('"')});
   g_->free_char_pos_ = Alt(chars, {Class(PlainAscii()), chars});
-  Alt(chars, {OtherChar(), chars});
+  Alt(chars, {OtherChar(/*astral=*/true), chars});
   free_string_ = One({Byte('"'), chars});
   return free_string_;
 }

@@ -11,11 +11,12 @@
 // additionalProperties (false, true, or a schema: extra keys are only ever
 // generated for an object without properties), items, minItems, maxItems,
 // enum, const, anyOf, $ref (local "#..." pointers) with $defs / definitions,
-// minLength, maxLength, and minimum / maximum on integer and number when the
-// range holds 0 (enforced by a digit count, a subset that always lies inside
-// the range: maximum 100 allows 0..99). Annotations ($schema, $id, $comment,
-// title, description, default, examples, deprecated, readOnly, writeOnly) are
-// ignored. Any other keyword is an error naming it and where it sits.
+// minLength, maxLength (such strings keep to the BMP, so code points, JSON
+// Schema's length, equal UTF-16 units, JavaScript's), and minimum / maximum on integer and number
+// when the range holds 0 (enforced by a digit count, a subset that always lies inside the range:
+// maximum 100 allows 0..99). Annotations ($schema, $id, $comment, title, description, default,
+// examples, deprecated, readOnly, writeOnly) are ignored. Any other keyword is an error naming it
+// and where it sits.
 //
 // Object properties come in the schema's order, each optional one may be
 // left out. Numbers without a range keep to 18 integer digits and a 2-digit

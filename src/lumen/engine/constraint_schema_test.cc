@@ -216,6 +216,9 @@ TEST(SchemaGrammar, StringAndArrayBounds) {
   EXPECT_TRUE(Sentence(*g, "{\"s\":\"\xC3\xA9\\n!\",\"a\":[true],\"m\":{},\"t\":null}"));
   EXPECT_TRUE(Sentence(*g, R"({"s":"x","a":[true,false],"m":{"k":1,"j":-2},"t":"u"})"));
   EXPECT_FALSE(Sentence(*g, R"({"s":"","a":[true],"m":{},"t":null})"));
+  // Bounded strings keep to the BMP (one code point = one UTF-16 unit).
+  EXPECT_FALSE(Sentence(*g, "{\"s\":\"\xF0\x9F\x98\x80\",\"a\":[true],\"m\":{},\"t\":null}"));
+  EXPECT_TRUE(Sentence(*g, "{\"s\":\"a\",\"a\":[true],\"m\":{\"\xF0\x9F\x98\x80\":1},\"t\":null}"));
   EXPECT_FALSE(Sentence(*g, R"({"s":"abcd","a":[true],"m":{},"t":null})"));
   EXPECT_FALSE(Sentence(*g, R"({"s":"a","a":[],"m":{},"t":null})"));
   EXPECT_FALSE(Sentence(*g, R"({"s":"a","a":[true,true,true],"m":{},"t":null})"));

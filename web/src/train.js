@@ -46,14 +46,27 @@ export function mountTrain(root) {
   function makePlots() {
     charts.replaceChildren();
     plots = {};
-    data = { step: [], eval: [] };
+    data = { step: [], eval: [], control: [] };
     for (const [k] of METRICS) data[k] = [];
     const width = Math.max(260, Math.min(420, Math.floor((charts.clientWidth || 900) / 3) - 30));
     for (const [k, label] of METRICS) {
       const box = h('figure', { class: 'chart', 'data-metric': k }, h('figcaption', {}, label));
       charts.append(box);
+      // The lambda controller's changes ("kind": "control" lines, or a new
+      // "phase" in the reports) as dashed vertical lines on the lambda chart.
+      const hooks = k !== 'lambda' ? {} : { draw: [(u) => {
+        const c = u.ctx;
+        c.save();
+        c.strokeStyle = '#dc2626';
+        c.setLineDash([4, 3]);
+        for (const ev of data.control) {
+          const x = Math.round(u.valToPos(ev.step, 'x', true));
+          c.beginPath(); c.moveTo(x, u.bbox.top); c.lineTo(x, u.bbox.top + u.bbox.height); c.stroke();
+        }
+        c.restore();
+      }] };
       plots[k] = new uPlot({
-        width, height: 170,
+        width, height: 170, hooks,
         legend: { show: false },
         scales: { x: { time: false } },
         axes: [{ label: 'step', size: 30 }, { size: 56 }],
@@ -63,10 +76,13 @@ export function mountTrain(root) {
   }
 
   function addReport(j) {
+    if (j.kind === 'control') data.control.push(j);
     if (j.kind !== 'train') {
       if (j.kind === 'eval') data.eval.push(j);
       return;
     }
+    if (j.phase && data.lastPhase && j.phase !== data.lastPhase && !data.control.some((c) => c.step === j.step)) data.control.push({ step: j.step, phase: j.phase });
+    if (j.phase) data.lastPhase = j.phase;
     data.step.push(j.step);
     for (const [k] of METRICS) data[k].push(typeof j[k] === 'number' ? j[k] : null);
   }
@@ -76,7 +92,8 @@ export function mountTrain(root) {
     const last = data.step.length ? data.step.at(-1) : null;
     const lastEval = data.eval.at(-1);
     info.textContent = `${selected}: ${data.step.length} reports${last !== null ? `, last step ${last}, loss ${fmtNum(data.loss.at(-1))}` : ''}` +
-      (lastEval ? `; eval loss ${fmtNum(lastEval.loss)}` : '');
+      (lastEval ? `; eval loss ${fmtNum(lastEval.loss)}` : '') +
+      (data.control.length ? `; lambda controller: ${data.control.map((c) => `step ${c.step} ${c.phase || ''}`).join(', ')}` : '');
     charts.dataset.points = String(data.step.length);
   }
 

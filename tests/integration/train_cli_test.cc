@@ -159,6 +159,72 @@ TEST(TrainCli, FusedPhi3AdapterAppliesAndMerges) {
   EXPECT_EQ(unmerged.out, folded.out);
 }
 
+// Issue 15: `--plan` predicts the peak resident memory of a run within 15%
+// of what the run measures (VmHWM, metrics.jsonl's peak_rss_mb), and
+// --memory-budget picks a segment length whose run fits the budget.
+double PredictedMb(const std::string& out) {
+  const auto at = out.find("predicted peak");
+  if (at == std::string::npos) return -1;
+  return std::stod(out.substr(out.find_first_of("0123456789", at)));
+}
+double MeasuredMb(const fs::path& run) {
+  std::ifstream f(run / "metrics.jsonl");
+  std::string line;
+  double v = -1;
+  while (std::getline(f, line)) {
+    auto j = nlohmann::json::parse(line);
+    if (j["kind"] == "train") v = j["peak_rss_mb"].get<double>();
+  }
+  return v;
+}
+
+TEST(TrainCli, PlanPredictsThePeakAndTheBudgetChoosesSegments) {
+  const fs::path model = Tmp() / "plan.gguf";
+  ASSERT_EQ(Lumen("synth tiny-llama --dim 256 --ffn 1024 --layers 4 --vocab 2048 --heads 4 "
+                  "--kv-heads 2 -o " +
+                  model.string())
+                .code,
+            0);
+  const fs::path data = Tmp() / "plandata";
+  fs::create_directories(data);
+  {
+    std::ofstream f(data / "train.jsonl");
+    const char* words[] = {"the", "little", "girl", "dog", "ran", "happy", "big", "park", "sun"};
+    for (int r = 0; r < 4; ++r) {
+      std::string text;
+      for (int i = 0; i < 700; ++i) text += std::string(i ? " " : "") + words[(i * 7 + r) % 9];
+      f << nlohmann::json({{"text", text}}).dump() << "\n";
+    }
+  }
+  const std::string common = "train " + model.string() + " --data " + data.string() +
+                             " --method sft --batch-size 2 --max-seq-len 600 -t 2";
+  for (const std::string flags : {"--no-fused-ce", "--segment 1"}) {
+    CliResult plan = Lumen(common + " --plan " + flags);
+    ASSERT_EQ(plan.code, 0) << plan.err;
+    const double predicted = PredictedMb(plan.out);
+    ASSERT_GT(predicted, 50) << plan.out;
+    const fs::path out = Tmp() / ("plan_run" + std::to_string(flags.size()));
+    CliResult run = Lumen(common + " --iters 1 -q --out " + out.string() + " " + flags);
+    ASSERT_EQ(run.code, 0) << run.err;
+    const double measured = MeasuredMb(out);
+    EXPECT_NEAR(predicted, measured, 0.15 * measured) << flags << "\n" << plan.out;
+  }
+  // A budget between the segmented and the unsegmented plan: a segment is
+  // chosen and the run stays within the budget (and its 15% tolerance).
+  const fs::path out = Tmp() / "plan_budget";
+  CliResult run = Lumen(common + " --iters 1 -q --memory-budget 110 --out " + out.string());
+  ASSERT_EQ(run.code, 0) << run.err;
+  auto cfg = nlohmann::json::parse(Slurp(out / "config.json"));
+  EXPECT_GT(cfg["segment"].get<int>(), 0);
+  EXPECT_LT(MeasuredMb(out), 110 * 1.15);
+  CliResult tiny =
+      Lumen(common + " --iters 1 -q --memory-budget 20 --out " + (Tmp() / "plan_tiny").string());
+  EXPECT_NE(tiny.code, 0);
+  EXPECT_NE(tiny.err.find("--memory-budget 20 MB: the smallest plan needs"), std::string::npos)
+      << tiny.err;
+  EXPECT_FALSE(fs::exists(Tmp() / "plan_tiny"));
+}
+
 TEST(TrainCli, InspectReportsKindAndLengths) {
   CliResult r = Lumen("train --inspect " + Src("tests/data/train/uppercase") + " --max-seq-len 20");
   ASSERT_EQ(r.code, 0) << r.err;

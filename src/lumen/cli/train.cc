@@ -82,6 +82,10 @@ void RegisterTrain(CLI::App& app) {
   cmd->add_option("--segment", a->o.segment,
                   "segmented backward: keep residuals every N layers, recompute (0: off)")
       ->check(CLI::Range(0, 4096));
+  cmd->add_option("--memory-budget", a->o.memory_budget_mb,
+                  "MB: choose the segment length so the predicted peak fits");
+  cmd->add_flag("--plan", a->o.plan_only,
+                "print the memory plan (estimate, choice, predicted peak) and exit");
   cmd->add_option("--sft-scope", a->sft_scope, "ORPO's NLL over the response (default) or full")
       ->check(CLI::IsMember({"full", "response"}));
   // Adaptive preference pressure.
@@ -138,8 +142,13 @@ void RegisterTrain(CLI::App& app) {
                     : a->schedule == "linear" ? train::LrSchedule::kLinear
                                               : train::LrSchedule::kConstant;
     a->o.model_name = a->model.model.empty() ? "stories260K" : a->model.model;
+    if (a->o.plan_only && a->o.out_dir.empty()) a->o.out_dir = "(plan)";
     auto r = train::Train(**model, a->o);
     if (!r.ok()) return ReportError(r.status());
+    if (a->o.plan_only) {
+      fmt::print("{}", r->plan);
+      return;
+    }
     fmt::print(stderr, "{} {} steps; adapter in {}\n", r->interrupted ? "stopped after" : "trained",
                r->steps, a->o.out_dir);
     if (r->last_eval.pairs)

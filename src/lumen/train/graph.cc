@@ -304,6 +304,7 @@ const std::vector<Real>& Graph<Real>::Forward(const PackedBatch& b, const LoraPa
       boundaries_[l / segment_].assign(hidden_.begin(), hidden_.end());
     Layer(l, b, hidden_.data(), keep && !segmented ? saved_[l] : scratch_);
   }
+  if (segmented) scratch_ = LayerSaved();  // the backward recomputes into saved_
   return hidden_;
 }
 

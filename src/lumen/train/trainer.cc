@@ -21,6 +21,7 @@
 #include "lumen/train/fused_head.h"
 #include "lumen/train/graph.h"
 #include "lumen/train/head.h"
+#include "lumen/train/memory_plan.h"
 
 namespace lumen::train {
 
@@ -295,8 +296,10 @@ Result<EvalMetrics> EvaluateWith(const engine::Model& model, const Dataset& data
   return out;
 }
 
-Result<TrainResult> Train(const engine::Model& model, const TrainOptions& o) {
+Result<TrainResult> Train(const engine::Model& model, const TrainOptions& opts) {
   const model::ModelConfig& c = model.config();
+  TrainOptions o = opts;  // --memory-budget resolves o.segment
+  const size_t baseline = AnonymousRss();
   if (o.batch_size < 1) return Errorf("--batch-size {}: must be at least 1", o.batch_size);
   if (o.grad_accum < 1) return Errorf("--grad-accum {}: must be at least 1", o.grad_accum);
   if (!(o.lr > 0)) return Errorf("--lr {}: must be positive", o.lr);
@@ -368,6 +371,39 @@ Result<TrainResult> Train(const engine::Model& model, const TrainOptions& o) {
   const int64_t total =
       o.iters > 0 ? o.iters : std::max<int64_t>(1, (N * o.epochs + per_step - 1) / per_step);
 
+  // The memory plan for the largest micro-batch (an upper bound: the
+  // longest rows packed together).
+  PlanInputs plan_in;
+  {
+    std::vector<int64_t> row_tokens, row_scored;
+    for (const Example& e : train.rows) {
+      const int64_t P = int64_t(e.prompt.size()), C = int64_t(e.chosen.size()),
+                    Rj = int64_t(e.rejected.size());
+      row_tokens.push_back(!pref ? P + C : o.prefix_share ? P + C + 1 + Rj : 2 * P + C + Rj);
+      row_scored.push_back(C + Rj + (o.sft_scope_full ? P : 0));
+    }
+    std::sort(row_tokens.rbegin(), row_tokens.rend());
+    std::sort(row_scored.rbegin(), row_scored.rend());
+    for (int b = 0; b < std::min<int>(o.batch_size, int(row_tokens.size())); ++b) {
+      plan_in.tokens += row_tokens[b];
+      plan_in.scored += row_scored[b];
+    }
+  }
+  plan_in.weight_bytes = model.weight_bytes();
+  plan_in.baseline = baseline;
+  plan_in.fused_ce = o.fused_ce;
+  plan_in.vocab_chunk = o.vocab_chunk;
+  if (o.memory_budget_mb > 0) {
+    LUMEN_ASSIGN_OR_RETURN(o.segment,
+                           ChooseSegment(c, layout, plan_in, size_t(o.memory_budget_mb) << 20));
+  }
+  plan_in.segment = o.segment;
+  const MemoryPlan plan = PlanMemory(c, layout, plan_in);
+  TrainResult result;
+  result.plan = plan.Describe(c, plan_in);
+  result.predicted_peak_mb = double(plan.peak) / (1024.0 * 1024.0);
+  if (o.plan_only) return result;
+
   // Everything validated: create the outputs.
   const fs::path out = o.out_dir;
   std::error_code ec;
@@ -417,7 +453,6 @@ Result<TrainResult> Train(const engine::Model& model, const TrainOptions& o) {
 
   Runner run(model, &layout, o);
   const PackOptions po{pref, o.mask_prompt, o.prefix_share, o.sft_scope_full};
-  TrainResult result;
   // The controlled pressure: ORPO's lambda, or SimPO's beta.
   ControllerOptions co = o.controller;
   co.initial = o.control_beta ? o.objective.beta : o.objective.lambda;

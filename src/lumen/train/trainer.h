@@ -59,6 +59,7 @@ struct TrainOptions {
   bool prefix_share = true;      // one forward per preference pair, prompt shared
   int segment = 0;               // segmented backward: layers per segment (0: off)
   int64_t memory_budget_mb = 0;  // > 0: choose segment from the plan (memory_plan.h)
+  bool plan_only = false;        // --plan: validate, print the memory plan, write nothing
   bool sft_scope_full = false;   // ORPO: NLL over prompt + chosen (TRL's full scope)
 
   // Adaptive preference pressure (issue 17): ORPO's lambda or SimPO's beta.
@@ -77,6 +78,8 @@ struct TrainResult {
   int64_t steps = 0;
   EvalMetrics first_eval, last_eval;
   bool interrupted = false;
+  std::string plan;  // the memory plan (memory_plan.h), printed by --plan
+  double predicted_peak_mb = 0;
 };
 
 // Validates everything (data, targets, options) before creating out_dir, so a

@@ -1,0 +1,113 @@
+#include "lumen/train/memory_plan.h"
+
+#include <algorithm>
+#include <fstream>
+
+#include <fmt/format.h>
+
+namespace lumen::train {
+
+namespace {
+constexpr size_t kF = sizeof(float);
+double Mb(size_t b) { return double(b) / (1024.0 * 1024.0); }
+
+size_t StatusField(const char* key) {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  const std::string k = std::string(key) + ":";
+  while (std::getline(f, line))
+    if (line.rfind(k, 0) == 0) return size_t(std::stoull(line.substr(k.size()))) * 1024;
+  return 0;
+}
+}  // namespace
+
+size_t AnonymousRss() {
+  const size_t rss = StatusField("VmRSS"), file = StatusField("RssFile");
+  return rss > file ? rss - file : rss;
+}
+
+MemoryPlan PlanMemory(const model::ModelConfig& c, const LoraLayout& layout, const PlanInputs& in) {
+  MemoryPlan p;
+  p.segment = in.segment;
+  const size_t M = size_t(in.tokens), R = size_t(in.scored);
+  const size_t D = c.dim, F = c.ffn_dim, Q = c.q_dim(), KV = c.kv_dim(), H = c.n_heads,
+               V = c.vocab_size;
+  p.lora = size_t(layout.size) * kF * 4;
+  // graph.cc LayerSaved, per token.
+  size_t per_tok = D /*x_in*/ + D /*xn1*/ + Q + 2 * KV /*q, k, v*/ + Q /*att*/ + H /*lse*/ +
+                   D /*x_mid*/ + D /*xn2*/ + 3 * F /*g, u, h*/;
+  if (c.qk_norm) per_tok += Q + KV;
+  if (c.post_norms) per_tok += 2 * D;
+  size_t lora_u = 0;
+  for (const auto& s : layout.slots)
+    if (s.layer == c.n_layers - 1) lora_u += size_t(layout.cfg.rank);
+  p.per_layer = (per_tok + lora_u) * M * kF;
+  const size_t boundary = M * D * kF;
+  if (in.segment > 0) {
+    const size_t segs = (size_t(c.n_layers) + in.segment - 1) / in.segment;
+    p.layers = segs * boundary + size_t(std::min(in.segment, c.n_layers)) * p.per_layer;
+  } else {
+    p.layers = size_t(c.n_layers) * p.per_layer;
+  }
+  // Heads: plain keeps logits [R, V], xn and h [R, D] until the next step, and
+  // its backward adds dz [R, V] and dxn. Fused keeps lse and works on one
+  // [row_block, chunk] tile.
+  size_t head_kept, head_bwd;
+  if (in.fused_ce) {
+    const size_t rb = std::min<size_t>(in.row_block, std::max<size_t>(R, 1));
+    const size_t ch = std::min<size_t>(in.vocab_chunk, V);
+    head_kept = R * kF;
+    head_bwd = rb * ch * kF + 2 * rb * D * kF + rb * std::max(D, ch) * kF;
+  } else {
+    head_kept = R * V * kF + 2 * R * D * kF;
+    head_bwd = R * V * kF + 2 * R * D * kF;
+  }
+  p.head = head_kept + head_bwd;
+  // Backward temporaries of one layer (dd, pre, dh, dg, du, dxn, datt, dq, dk,
+  // dv and MatMulT's [M, K] scratch). The peak is the larger of two moments:
+  // the head's backward (kept layers + head + hidden and dhidden) and a
+  // layer's backward (kept layers + the head's kept buffers + temporaries +
+  // hidden, dhidden, dx).
+  const size_t layer_tmp = M * kF * (3 * D + 4 * F + 2 * Q + 2 * KV + std::max(D, F));
+  p.transient = layer_tmp + 3 * boundary;
+  const size_t head_phase = p.head + 2 * boundary;
+  p.peak = in.baseline + in.weight_bytes + p.lora + p.layers +
+           std::max(head_phase, head_kept + p.transient);
+  return p;
+}
+
+std::string MemoryPlan::Describe(const model::ModelConfig& c, const PlanInputs& in) const {
+  return fmt::format(
+      "memory plan ({} tokens per micro-batch, {} scored; {} layers, D {} F {} V {}):\n"
+      "  weights (mapped)        {:9.1f} MB\n"
+      "  process baseline        {:9.1f} MB\n"
+      "  LoRA + grads + Adam     {:9.1f} MB\n"
+      "  activations per layer   {:9.1f} MB\n"
+      "  kept activations        {:9.1f} MB ({})\n"
+      "  head ({})         {:9.1f} MB\n"
+      "  backward temporaries    {:9.1f} MB\n"
+      "  predicted peak          {:9.1f} MB\n",
+      in.tokens, in.scored, c.n_layers, c.dim, c.ffn_dim, c.vocab_size, Mb(in.weight_bytes),
+      Mb(in.baseline), Mb(lora), Mb(per_layer), Mb(layers),
+      segment > 0 ? fmt::format("segments of {} layers", segment) : std::string("every layer"),
+      in.fused_ce ? "fused" : "plain", Mb(head), Mb(transient), Mb(peak));
+}
+
+Result<int> ChooseSegment(const model::ModelConfig& c, const LoraLayout& layout, PlanInputs in,
+                          size_t budget) {
+  in.segment = 0;
+  if (PlanMemory(c, layout, in).peak <= budget) return 0;
+  size_t best = SIZE_MAX;
+  for (int seg = c.n_layers; seg >= 1; --seg) {
+    in.segment = seg;
+    const size_t peak = PlanMemory(c, layout, in).peak;
+    if (peak <= budget) return seg;
+    best = std::min(best, peak);
+  }
+  return Errorf(
+      "--memory-budget {:.0f} MB: the smallest plan needs {:.0f} MB (segments of one "
+      "layer{}); raise the budget or shorten --max-seq-len / --batch-size",
+      Mb(budget), Mb(best), in.fused_ce ? "" : ", and --fused-ce would help");
+}
+
+}  // namespace lumen::train

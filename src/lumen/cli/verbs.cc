@@ -18,6 +18,7 @@ void RegisterEval(CLI::App&);
 void RegisterServe(CLI::App& app);
 void RegisterTrain(CLI::App& app);
 void RegisterMerge(CLI::App& app);
+void RegisterPerplexity(CLI::App& app);
 
 void RegisterVerbs(CLI::App& app) {
   RegisterInspect(app);
@@ -30,6 +31,7 @@ void RegisterVerbs(CLI::App& app) {
   RegisterServe(app);
   RegisterTrain(app);
   RegisterMerge(app);
+  RegisterPerplexity(app);
 }
 
 }  // namespace lumen::cli

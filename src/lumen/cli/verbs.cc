@@ -19,6 +19,7 @@ void RegisterServe(CLI::App& app);
 void RegisterTrain(CLI::App& app);
 void RegisterMerge(CLI::App& app);
 void RegisterPerplexity(CLI::App& app);
+void RegisterFit(CLI::App& app);
 
 void RegisterVerbs(CLI::App& app) {
   RegisterInspect(app);
@@ -32,6 +33,7 @@ void RegisterVerbs(CLI::App& app) {
   RegisterTrain(app);
   RegisterMerge(app);
   RegisterPerplexity(app);
+  RegisterFit(app);
 }
 
 }  // namespace lumen::cli

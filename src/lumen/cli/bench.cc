@@ -10,6 +10,7 @@
 #include "lumen/cli/common.h"
 #include "lumen/cli/verbs.h"
 #include "lumen/engine/bench.h"
+#include "lumen/train/bench_train.h"
 
 namespace lumen::cli {
 namespace {
@@ -142,7 +143,25 @@ void RegisterBench(CLI::App& app) {
   AddKvTypeOption(cmd, a->kv_type);
   cmd->add_flag("--membw", a->membw_only, "only measure the read bandwidth (1 and all threads)");
   cmd->add_flag("--no-membw", a->no_membw, "skip the bandwidth measurement");
-  cmd->callback([a] { RunBenchVerb(*a); });
+  // lumen bench train: the training memory levers side by side (issue 15).
+  auto t = std::make_shared<train::TrainBenchOptions>();
+  auto* tc = cmd->add_subcommand("train", "training step time and peak memory per memory lever");
+  tc->add_option("model", t->model, "model (default: synth llama-3.2-1b widths)");
+  tc->add_option("--layers", t->layers, "layers of the synth model (2)");
+  tc->add_option("--method", t->method, "preference method (orpo)");
+  tc->add_option("--seq", t->seqs, "tokens per sequence, repeatable (512)");
+  tc->add_option("--configs", t->configs,
+                 "plain, fused-ce, prefix-share, segment, all (default: every one)");
+  tc->add_option("--steps", t->steps, "measured steps per configuration (1)");
+  tc->add_option("-t,--threads", t->threads, "threads");
+  tc->callback([t] {
+    auto r = train::RunTrainBench(*t);
+    if (!r.ok()) return ReportError(r.status());
+    fmt::print("{}", *r);
+  });
+  cmd->callback([a, tc] {
+    if (!tc->parsed()) RunBenchVerb(*a);
+  });
 }
 
 }  // namespace lumen::cli

@@ -306,16 +306,20 @@ Result<TrainResult> Train(const engine::Model& model, const TrainOptions& opts) 
   if (o.out_dir.empty()) return Error("--out: an adapter directory is required");
   LUMEN_ASSIGN_OR_RETURN(LoraLayout layout, LoraLayout::Make(c, o.lora));
   const fs::path data_dir = o.data_dir;
-  if (!fs::is_directory(data_dir)) return Errorf("--data {}: not a directory", o.data_dir);
-  LUMEN_ASSIGN_OR_RETURN(Dataset train,
-                         LoadJsonl((data_dir / "train.jsonl").string(), model, o.data));
+  Dataset train;
+  if (o.preloaded) {
+    train = *o.preloaded;
+  } else {
+    if (!fs::is_directory(data_dir)) return Errorf("--data {}: not a directory", o.data_dir);
+    LUMEN_ASSIGN_OR_RETURN(train, LoadJsonl((data_dir / "train.jsonl").string(), model, o.data));
+  }
   const bool pref = IsPreference(o.method);
   if (pref != (train.kind == RowKind::kPreference))
     return Errorf("{}: {} rows, but --method {} needs {}", train.path, RowKindName(train.kind),
                   MethodName(o.method), pref ? "prompt/chosen/rejected rows" : "SFT rows");
   Dataset valid;
   bool have_valid = false;
-  if (fs::exists(data_dir / "valid.jsonl")) {
+  if (!o.preloaded && fs::exists(data_dir / "valid.jsonl")) {
     LUMEN_ASSIGN_OR_RETURN(valid, LoadJsonl((data_dir / "valid.jsonl").string(), model, o.data));
     if (valid.kind != train.kind)
       return Errorf("{}: {} rows but train.jsonl has {} rows", valid.path, RowKindName(valid.kind),
@@ -530,6 +534,7 @@ Result<TrainResult> Train(const engine::Model& model, const TrainOptions& opts) 
   const std::string ckpt_dir = (out / "checkpoints").string();
   Status status = Status::Ok();
   while (st.step < total) {
+    const auto step_start = std::chrono::steady_clock::now();
     grad.w.assign(layout.size, 0.0f);
     for (int micro = 0; micro < o.grad_accum; ++micro) {
       std::vector<int> rows;
@@ -574,6 +579,8 @@ Result<TrainResult> Train(const engine::Model& model, const TrainOptions& opts) 
       }
     }
     ++st.step;
+    result.step_seconds.push_back(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count());
     const bool report = st.step % std::max<int64_t>(1, o.steps_per_report) == 0 || st.step == total;
     if (report) {
       FinishMetrics(window);

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "lumen/core/status.h"
 #include "lumen/engine/model.h"
@@ -53,14 +54,15 @@ struct TrainOptions {
   bool quiet = false;          // no progress lines
 
   // Memory levers (docs/reference/training.md, "Memory").
-  bool fused_ce = true;          // the fused linear cross-entropy head
-  float ce_skip_eps = 0.0f;      // > 0: skip head-backward chunks below it (L3)
-  int64_t vocab_chunk = 8192;    // the fused head's vocabulary chunk
-  bool prefix_share = true;      // one forward per preference pair, prompt shared
-  int segment = 0;               // segmented backward: layers per segment (0: off)
-  int64_t memory_budget_mb = 0;  // > 0: choose segment from the plan (memory_plan.h)
-  bool plan_only = false;        // --plan: validate, print the memory plan, write nothing
-  bool sft_scope_full = false;   // ORPO: NLL over prompt + chosen (TRL's full scope)
+  bool fused_ce = true;                // the fused linear cross-entropy head
+  float ce_skip_eps = 0.0f;            // > 0: skip head-backward chunks below it (L3)
+  int64_t vocab_chunk = 8192;          // the fused head's vocabulary chunk
+  bool prefix_share = true;            // one forward per preference pair, prompt shared
+  int segment = 0;                     // segmented backward: layers per segment (0: off)
+  int64_t memory_budget_mb = 0;        // > 0: choose segment from the plan (memory_plan.h)
+  const Dataset* preloaded = nullptr;  // benchmarks: train on these rows, not data_dir
+  bool plan_only = false;              // --plan: validate, print the memory plan, write nothing
+  bool sft_scope_full = false;         // ORPO: NLL over prompt + chosen (TRL's full scope)
 
   // Adaptive preference pressure (issue 17): ORPO's lambda or SimPO's beta.
   ControllerOptions controller;  // kind kStatic: the fixed value (bit-identical)
@@ -80,6 +82,7 @@ struct TrainResult {
   bool interrupted = false;
   std::string plan;  // the memory plan (memory_plan.h), printed by --plan
   double predicted_peak_mb = 0;
+  std::vector<double> step_seconds;  // wall time of each optimizer step
 };
 
 // Validates everything (data, targets, options) before creating out_dir, so a

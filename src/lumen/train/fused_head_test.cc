@@ -128,3 +128,71 @@ INSTANTIATE_TEST_SUITE_P(Models, FusedHeadTest,
 
 }  // namespace
 }  // namespace lumen::train
+
+#include <fmt/format.h>
+
+#include "lumen/engine/default_model.h"
+#include "lumen/model/test_util.h"
+#include "lumen/train/dataset.h"
+#include "lumen/train/graph.h"
+
+namespace lumen::train {
+namespace {
+
+// --ce-skip-eps (tier L3) measured teacher-forced on the real model: the
+// embedded stories260K's hiddens on the uppercase validation rows (chosen and
+// rejected packed as the trainer does), upstream cotangents of ORPO-like
+// magnitude (1 / scored tokens), vocab chunks of 32. Prints, per eps, the
+// share of chunks skipped and dh's cosine and relative L2 error against the
+// exact fused head (docs/experiments/training-memory.md quotes this table);
+// asserts eps = 0 is exact and that the documented eps keeps cosine > 0.9999.
+TEST(CeSkip, MeasuredTeacherForcedOnStories260K) {
+  engine::LoadOptions lo;
+  lo.threads = 2;
+  auto m = engine::LoadModelOrDefault("", lo);
+  ASSERT_TRUE(m.ok());
+  const auto& model = **m;
+  DatasetOptions dopt;
+  auto data =
+      LoadJsonl(testing_util::SourceDir() + "/tests/data/train/uppercase/valid.jsonl", model, dopt);
+  ASSERT_TRUE(data.ok()) << data.status().message();
+  PackedBatch b;
+  for (const auto& e : data->rows) b.AddSharedPair(e.prompt, e.chosen, e.rejected);
+  Graph<float> g(model.config(), model.weights(), nullptr, model.pool());
+  const auto& h = g.Forward(b, nullptr, {}, false);
+  int64_t scored = 0;
+  for (int32_t t : b.targets) scored += t >= 0;
+  std::vector<float> dlogp(b.size()), lp, exact, dh;
+  for (int64_t i = 0; i < b.size(); ++i) dlogp[i] = b.targets[i] >= 0 ? -1.0f / scored : 0.0f;
+  FusedHeadOptions o;
+  o.vocab_chunk = 32;
+  FusedHead<float> ref(model.config(), model.weights(), model.pool(), o);
+  ref.Forward(h.data(), b, lp);
+  ref.Backward(dlogp.data(), exact);
+  std::string table = "| eps | chunks skipped | cosine(dh) | rel. L2 error |\n|---|---|---|---|\n";
+  for (float eps : {0.0f, 1e-9f, 1e-8f, 1e-7f, 1e-6f, 1e-5f}) {
+    o.skip_eps = eps;
+    FusedHead<float> head(model.config(), model.weights(), model.pool(), o);
+    head.Forward(h.data(), b, lp);
+    head.Backward(dlogp.data(), dh);
+    double dot = 0, na = 0, nb = 0, err = 0;
+    for (size_t i = 0; i < dh.size(); ++i) {
+      dot += double(dh[i]) * exact[i];
+      na += double(dh[i]) * dh[i];
+      nb += double(exact[i]) * exact[i];
+      err += double(dh[i] - exact[i]) * (dh[i] - exact[i]);
+    }
+    const double cosine = dot / std::sqrt(na * nb), rel = std::sqrt(err / nb);
+    const double skipped = double(head.skipped_chunks()) / double(head.visited_chunks());
+    table += fmt::format("| {:g} | {:.1f}% | {:.8f} | {:.2e} |\n", eps, 100 * skipped, cosine, rel);
+    if (eps == 0.0f) {
+      EXPECT_EQ(dh, exact);
+    } else if (eps <= 1e-7f) {
+      EXPECT_GT(cosine, 0.9999) << eps;
+    }
+  }
+  std::printf("%s", table.c_str());
+}
+
+}  // namespace
+}  // namespace lumen::train

@@ -42,6 +42,7 @@ struct ServeArgs {
   int store_ttl_s = 3600;
   bool no_ui = false;
   std::string runs_dir;
+  std::string train_data_dir;
 };
 
 // Sampler defaults: built-in < generation_config.json < server flags
@@ -124,6 +125,17 @@ void RunServe(CLI::App* cmd, ServeArgs& a) {
   opts.store.ttl = std::chrono::seconds(a.store_ttl_s);
   opts.ui.enabled = !a.no_ui;
   opts.ui.runs_dir = a.runs_dir;
+  opts.ui.train_data_dir = a.train_data_dir;
+  opts.ui.act_route = a.model.act_route;
+  opts.ui.adapter_dir = a.model.adapter;
+  // Runs started from the web app train the served model (not its adapter).
+  if (!a.model.model.empty()) opts.ui.train_model_args.push_back(a.model.model);
+  if (!a.model.tokenizer.empty()) {
+    opts.ui.train_model_args.push_back("--tokenizer");
+    opts.ui.train_model_args.push_back(a.model.tokenizer);
+  }
+  if (!a.train_data_dir.empty() && a.runs_dir.empty())
+    return ReportError(Error("--train-data needs --runs DIR (where started runs are written)"));
   serve::Server server(bridge, opts);
   auto port = server.Bind();
   if (!port.ok()) return ReportError(port.status());
@@ -185,6 +197,10 @@ void RegisterServe(CLI::App& app) {
   cmd->add_option("--runs", a->runs_dir,
                   "directory whose subdirectories hold training runs (metrics.jsonl) for the "
                   "web app's training watch")
+      ->check(CLI::ExistingDirectory);
+  cmd->add_option("--train-data", a->train_data_dir,
+                  "let the web app start lumen train runs (into --runs) on data directories "
+                  "under DIR; without it starting runs is refused")
       ->check(CLI::ExistingDirectory);
   AddSamplerFlags(cmd, a->sampler);
   cmd->callback([cmd, a] { RunServe(cmd, *a); });

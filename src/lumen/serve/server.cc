@@ -42,6 +42,8 @@ constexpr const char* kEndpoints[][3] = {
     {"POST", "/lumen/curve", "evaluate a control-point curve at input probabilities (web app)"},
     {"GET", "/lumen/runs", "training runs under --runs (web app)"},
     {"GET", "/lumen/runs/{name}/events", "a run's metrics.jsonl as server-sent events"},
+    {"POST", "/lumen/runs", "start lumen train into --runs DIR/<name> (web app)"},
+    {"DELETE", "/lumen/runs/{name}", "cancel a run started by this server (SIGINT: checkpoint)"},
 };
 
 const char* EndpointName(Api api) {
@@ -73,6 +75,11 @@ Server::Server(EngineBridge& engine, ServerOptions opts)
       opts_(std::move(opts)),
       http_(std::make_unique<httplib::Server>()),
       store_(opts_.store),
+      jobs_(std::make_unique<TrainJobs>(TrainJobsOptions{
+          .runs_dir = opts_.ui.runs_dir,
+          .train_data_dir = opts_.ui.train_data_dir,
+          .model_args = opts_.ui.train_model_args,
+      })),
       started_(Clock::now()) {
   std::random_device rd;
   id_salt_ = (uint64_t(rd()) << 32) ^ rd();
@@ -280,6 +287,8 @@ void Server::Routes() {
   ui.model = &engine_.model();
   ui.scheduler = &engine_.scheduler();
   ui.stopping = &stopping_;
+  ui.jobs = jobs_.get();
+  ui.bind_host = opts_.host;
   ui.model_name = opts_.model_name;
   ui.opts = opts_.ui;
   RegisterWebUi(h, ui);
@@ -554,6 +563,7 @@ void Server::Stop() {
   const auto deadline = Clock::now() + std::chrono::seconds(10);
   while (open_streams_ > 0 && Clock::now() < deadline)
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  jobs_->Shutdown();
   http_->stop();
 }
 

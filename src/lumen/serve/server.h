@@ -7,7 +7,8 @@
 // is the user-facing description.
 //
 // Shutdown: Stop() refuses new requests (503), cancels running jobs so their
-// streams end properly, waits for streams to close, then stops listening.
+// streams end properly, waits for streams to close, sends SIGINT to training
+// runs started from the web app and waits for them, then stops listening.
 #pragma once
 
 #include <atomic>
@@ -66,6 +67,7 @@ class Server {
   std::unique_ptr<httplib::Server> http_;
   Metrics metrics_;
   ResponseStore store_;
+  std::unique_ptr<TrainJobs> jobs_;  // runs started from the web app
   std::atomic<bool> stopping_{false};
   std::atomic<int> open_streams_{0};
   std::atomic<uint64_t> next_id_{1};

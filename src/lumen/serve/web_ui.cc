@@ -33,6 +33,7 @@ std::string Dump(const ojson& j) {
 
 void SendJsonError(httplib::Response& res, const ApiError& e) {
   res.status = e.status;
+  if (e.retry_after > 0) res.set_header("Retry-After", std::to_string(e.retry_after));
   res.set_content(ErrorBody(e, ErrorShape::kOpenAI), "application/json");
 }
 
@@ -91,13 +92,37 @@ ojson InfoJson(const WebUiContext& ctx) {
         {"prompt_cache_bytes", s.cache_bytes},
         {"rss_bytes", RssBytes()}}},
       {"kv_type", std::string(Name(so.session.kv_dtype))},
+      {"act_route", ctx.opts.act_route},
+      {"adapter_dir", ctx.opts.adapter_dir.empty() ? ojson(nullptr) : ojson(ctx.opts.adapter_dir)},
       {"context", ctx_len},
       {"parallel", so.parallel},
       {"queue_limit", so.queue},
       {"active_slots", s.active_slots},
       {"queue_depth", s.queue_depth},
       {"runs_dir", ctx.opts.runs_dir.empty() ? ojson(nullptr) : ojson(ctx.opts.runs_dir)},
+      {"train_data_dir",
+       ctx.opts.train_data_dir.empty() ? ojson(nullptr) : ojson(ctx.opts.train_data_dir)},
   };
+}
+
+// Directories under --train-data (3 levels deep, at most 200) that hold a
+// train.jsonl, relative to it: what the page offers as `data`.
+ojson TrainDataDirs(const std::string& root_dir) {
+  ojson list = ojson::array();
+  std::error_code ec;
+  const fs::path root = fs::canonical(root_dir, ec);
+  if (ec) return list;
+  std::vector<std::string> found;
+  fs::recursive_directory_iterator it(root, fs::directory_options::skip_permission_denied, ec), end;
+  for (; !ec && it != end && found.size() < 200; it.increment(ec)) {
+    if (it.depth() >= 3) it.disable_recursion_pending();
+    if (it->is_directory(ec) && fs::is_regular_file(it->path() / "train.jsonl", ec))
+      found.push_back(it->path().lexically_relative(root).string());
+  }
+  if (fs::is_regular_file(root / "train.jsonl", ec)) found.push_back(".");
+  std::sort(found.begin(), found.end());
+  for (auto& f : found) list.push_back(f);
+  return list;
 }
 
 // The run directory for `name`, confined to runs_dir; empty on any violation.
@@ -150,7 +175,8 @@ ojson RunSummary(const fs::path& dir) {
   return run;
 }
 
-ojson RunsJson(const std::string& runs_dir) {
+ojson RunsJson(const WebUiContext& ctx) {
+  const std::string& runs_dir = ctx.opts.runs_dir;
   ojson list = ojson::array();
   std::error_code ec;
   if (!runs_dir.empty()) {
@@ -160,11 +186,24 @@ ojson RunsJson(const std::string& runs_dir) {
       if (!RunPath(runs_dir, name).empty()) dirs.push_back(e.path());
     }
     std::sort(dirs.begin(), dirs.end());
-    for (const auto& d : dirs) list.push_back(RunSummary(d));
+    const fs::path adapter =
+        ctx.opts.adapter_dir.empty() ? fs::path() : fs::canonical(ctx.opts.adapter_dir, ec);
+    for (const auto& d : dirs) {
+      ojson run = RunSummary(d);
+      run["served"] = !adapter.empty() && fs::canonical(d, ec) == adapter;
+      run["job"] = ctx.jobs ? ctx.jobs->Find(run["name"].get<std::string>()) : ojson(nullptr);
+      list.push_back(std::move(run));
+    }
   }
-  return ojson{{"object", "list"},
-               {"runs_dir", runs_dir.empty() ? ojson(nullptr) : ojson(runs_dir)},
-               {"data", list}};
+  return ojson{
+      {"object", "list"},
+      {"runs_dir", runs_dir.empty() ? ojson(nullptr) : ojson(runs_dir)},
+      {"data", list},
+      {"jobs", ctx.jobs ? ctx.jobs->List() : ojson::array()},
+      {"train_data_dir",
+       ctx.opts.train_data_dir.empty() ? ojson(nullptr) : ojson(ctx.opts.train_data_dir)},
+      {"train_data",
+       ctx.opts.train_data_dir.empty() ? ojson::array() : TrainDataDirs(ctx.opts.train_data_dir)}};
 }
 
 // Follows a metrics.jsonl: every complete line that is a JSON object becomes
@@ -284,8 +323,46 @@ void RegisterWebUi(httplib::Server& h, const WebUiContext& ctx_in) {
   });
 
   h.Get("/lumen/runs", [ctx](const httplib::Request&, httplib::Response& res) {
-    res.set_content(Dump(RunsJson(ctx->opts.runs_dir)), "application/json");
+    res.set_content(Dump(RunsJson(*ctx)), "application/json");
   });
+
+  // Starting and cancelling runs change state: same origin only.
+  auto same_origin = [ctx](const httplib::Request& req, ApiError* err) {
+    return CheckSameOrigin(req.method, req.get_header_value("Origin"), req.get_header_value("Host"),
+                           req.get_header_value("Sec-Fetch-Site"),
+                           req.get_header_value("Content-Type"), ctx->bind_host, err);
+  };
+  h.Post("/lumen/runs", [ctx, same_origin](const httplib::Request& req, httplib::Response& res) {
+    ApiError err;
+    if (!same_origin(req, &err)) return SendJsonError(res, err);
+    nlohmann::ordered_json body;
+    if (!ParseBody(req.body, size_t(1) << 16, &body, &err)) return SendJsonError(res, err);
+    if (ctx->jobs == nullptr) {
+      err.status = 403;
+      err.message = "starting runs is not available on this server";
+      return SendJsonError(res, err);
+    }
+    ojson job;
+    if (!ctx->jobs->Start(body, &job, &err)) return SendJsonError(res, err);
+    res.status = 201;
+    res.set_content(Dump(job), "application/json");
+  });
+  h.Delete(R"(/lumen/runs/([^/]+))",
+           [ctx, same_origin](const httplib::Request& req, httplib::Response& res) {
+             ApiError err;
+             if (!same_origin(req, &err)) return SendJsonError(res, err);
+             ojson job;
+             if (ctx->jobs == nullptr || !ctx->jobs->Cancel(req.matches[1], &job, &err)) {
+               if (ctx->jobs == nullptr) {
+                 err.status = 404;
+                 err.param = "name";
+                 err.message = "name: no run was started by this server";
+               }
+               return SendJsonError(res, err);
+             }
+             res.status = 202;
+             res.set_content(Dump(job), "application/json");
+           });
 
   h.Get(
       R"(/lumen/runs/([^/]+)/events)", [ctx](const httplib::Request& req, httplib::Response& res) {

@@ -9,10 +9,14 @@
 //   GET  /lumen/runs                      training runs under --runs DIR
 //   GET  /lumen/runs/{name}/events        a run's metrics.jsonl as server-sent
 //                                         events, followed while it grows
+//   POST /lumen/runs                      start `lumen train` into --runs DIR/<name>
+//                                         (train_jobs.h)
+//   DELETE /lumen/runs/{name}             cancel it (SIGINT: checkpoint, exit 0)
 // The static assets are public (a browser cannot attach a bearer token to a
 // page load); every /lumen/ endpoint goes through the server's API-key gate.
 // Run names are single path components confined to --runs (no '/', no '..',
-// no symlink leaving the directory).
+// no symlink leaving the directory). POST / DELETE are refused cross-origin
+// (CheckSameOrigin in train_jobs.h).
 #pragma once
 
 #include <atomic>
@@ -26,6 +30,7 @@
 #include "lumen/core/status.h"
 #include "lumen/engine/model.h"
 #include "lumen/engine/scheduler.h"
+#include "lumen/serve/train_jobs.h"
 
 namespace httplib {
 class Server;
@@ -34,8 +39,12 @@ class Server;
 namespace lumen::serve {
 
 struct WebUiOptions {
-  bool enabled = true;   // --no-ui: false (/ and /ui/* answer 404)
-  std::string runs_dir;  // --runs DIR; empty: no runs listed
+  bool enabled = true;                        // --no-ui: false (/ and /ui/* answer 404)
+  std::string runs_dir;                       // --runs DIR; empty: no runs listed
+  std::string train_data_dir;                 // --train-data DIR; empty: runs cannot be started
+  std::vector<std::string> train_model_args;  // the served model, for `lumen train`
+  std::string act_route = "exact";            // --act-route (reported by /lumen/info)
+  std::string adapter_dir;                    // --adapter (reported by /lumen/info)
 };
 
 // What the routes read; every pointer outlives the httplib::Server.
@@ -43,6 +52,8 @@ struct WebUiContext {
   const engine::Model* model = nullptr;
   const engine::Scheduler* scheduler = nullptr;
   const std::atomic<bool>* stopping = nullptr;  // ends event streams on shutdown
+  TrainJobs* jobs = nullptr;                    // runs started from the page
+  std::string bind_host;                        // --host (CheckSameOrigin)
   std::string model_name;
   WebUiOptions opts;
 };

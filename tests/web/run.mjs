@@ -110,6 +110,35 @@ check('http: run names are confined to --runs', async ({ base }) => {
   assert.ok(j.data.some((x) => x.name === 'short'), JSON.stringify(j));
 });
 
+check('http: starting a run is validated, confined and same-origin only', async ({ base, keyed }) => {
+  const post = (body, headers = {}) => fetch(`${base}/lumen/runs`, { method: 'POST', headers: { 'Content-Type': 'application/json', ...headers }, body: JSON.stringify(body) });
+  const cross = await post({ name: 'x', data: 'uppercase' }, { Origin: 'http://evil.example' });
+  assert.equal(cross.status, 403);
+  const form = await fetch(`${base}/lumen/runs`, { method: 'POST', headers: { 'Content-Type': 'application/x-www-form-urlencoded' }, body: 'name=x&data=uppercase' });
+  assert.equal(form.status, 415);
+  for (const [body, param] of [[{ name: '../x', data: 'uppercase' }, 'name'], [{ name: 'x', data: '../../..' }, 'data'],
+    [{ name: 'x', data: '/etc' }, 'data'], [{ name: 'x', data: 'uppercase', iters: 0 }, 'iters'], [{ name: 'x', data: 'uppercase', out: '/tmp' }, 'out'],
+    [{ name: 'short', data: 'uppercase' }, 'name']]) {
+    const r = await post(body);
+    const e = await r.json();
+    assert.ok(r.status === 400 || r.status === 409, `${JSON.stringify(body)}: ${r.status}`);
+    assert.equal(e.error.param, param, JSON.stringify(e));
+  }
+  const del = await fetch(`${base}/lumen/runs/nope`, { method: 'DELETE' });
+  assert.equal(del.status, 404);
+  // The keyed server has no --train-data: refused; it serves runs/short as its adapter.
+  const auth = { Authorization: 'Bearer k' };
+  assert.equal((await fetch(`${keyed.base}/lumen/runs`, { method: 'POST', headers: { 'Content-Type': 'application/json' }, body: '{}' })).status, 401);
+  const off = await fetch(`${keyed.base}/lumen/runs`, { method: 'POST', headers: { 'Content-Type': 'application/json', ...auth }, body: JSON.stringify({ name: 'x', data: 'uppercase' }) });
+  assert.equal(off.status, 403);
+  assert.match((await off.json()).error.message, /--train-data/);
+  const runs = await (await fetch(`${keyed.base}/lumen/runs`, { headers: auth })).json();
+  assert.equal(runs.data.find((r) => r.name === 'short').served, true);
+  const info = await (await fetch(`${keyed.base}/lumen/info`, { headers: auth })).json();
+  assert.equal(info.adapter, true);
+  assert.equal(info.act_route, 'exact');
+});
+
 // --- the pages ---------------------------------------------------------
 check('chat: an answer streams in, with TTFT and tokens/s', async ({ page, base, requests }) => {
   await page.goto(`${base}/#chat`);
@@ -242,11 +271,59 @@ check('training: the watch plots a live run over server-sent events', async ({ p
   }
 });
 
+check('training: start a short run from the page and watch its charts fill', async ({ page, base, runs, requests }) => {
+  await page.goto(`${base}/#train`);
+  await page.waitForSelector('#train-data option[value="uppercase"]', { state: 'attached' });
+  await page.fill('#train-name', 'page-short');
+  await page.selectOption('#train-data', 'uppercase');
+  await page.selectOption('#train-method', 'orpo');
+  await page.fill('#train-iters', '15');
+  await page.fill('#train-lr', '0.003');
+  await page.fill('#train-batch-size', '4');
+  await page.fill('#train-rank', '4');
+  await page.fill('#train-steps-per-report', '1');
+  await page.fill('#train-threads', '1');
+  requests.length = 0;
+  await page.click('#train-start');
+  await until(() => requests.some((r) => r.url.endsWith('/lumen/runs') && r.json), 'the start request');
+  const sent = requests.find((r) => r.url.endsWith('/lumen/runs') && r.json).json;
+  assert.deepEqual({ name: sent.name, data: sent.data, method: sent.method, iters: sent.iters, lr: sent.lr, batch_size: sent.batch_size, rank: sent.rank },
+    { name: 'page-short', data: 'uppercase', method: 'orpo', iters: 15, lr: 0.003, batch_size: 4, rank: 4 });
+  // The page opens the run once its metrics.jsonl exists and plots all 15 reports.
+  await page.waitForFunction(() => /^page-short:/.test(document.querySelector('#run-info').textContent), null, { timeout: 60000 });
+  await until(async () => Number(await page.getAttribute('#run-charts', 'data-points')) === 15, 'all 15 reports of page-short', 60000);
+  assert.equal(await page.locator('#run-charts canvas').count(), 9);
+  await page.waitForSelector('#runs-list li[data-name="page-short"][data-state="finished"]', { timeout: 60000 });
+  assert.match(await page.textContent('#runs-list li[data-name="page-short"] .job'), /finished · exit 0/);
+  assert.ok(existsSync(join(runs, 'page-short', 'adapter_model.safetensors')));
+  assert.ok(existsSync(join(runs, 'page-short', 'train.log')));
+});
+
+check('training: cancel a long run from the page: cancelled, with a checkpoint', async ({ page, runs }) => {
+  await page.fill('#train-name', 'page-long');
+  await page.fill('#train-iters', '100000');
+  await page.fill('#train-save-every', '0');
+  await page.click('#train-start');
+  await page.waitForSelector('#runs-list li[data-name="page-long"][data-state="running"]', { timeout: 30000 });
+  await page.waitForFunction(() => /^page-long:/.test(document.querySelector('#run-info').textContent), null, { timeout: 60000 });
+  await until(async () => Number(await page.getAttribute('#run-charts', 'data-points')) >= 5, 'page-long to report', 60000);
+  await page.waitForSelector('#runs-list li[data-name="page-long"] progress');
+  await page.screenshot({ path: join(outDir, 'web-train-start.png'), fullPage: true });
+  await page.click('#runs-list button[data-cancel="page-long"]');
+  await page.waitForSelector('#runs-list li[data-name="page-long"][data-state="cancelled"]', { timeout: 60000 });
+  const text = await page.textContent('#runs-list li[data-name="page-long"] .job');
+  assert.match(text, /cancelled · exit 0 · checkpoint step-\d+/);
+  assert.ok(existsSync(join(runs, 'page-long', 'checkpoints', 'latest')), 'a checkpoint was written');
+  assert.ok(existsSync(join(runs, 'page-long', 'adapter_model.safetensors')));
+});
+
 check('status: model, architecture, memory and slots', async ({ page, base }) => {
   await page.goto(`${base}/#status`);
   await page.waitForFunction(() => /llama/.test(document.querySelector('#status-model')?.textContent || ''));
   const mem = await page.textContent('#status-memory');
   assert.match(mem, /weights/);
+  await page.waitForFunction(() => /exact/.test(document.querySelector('#status-routes')?.textContent || ''));
+  assert.match(await page.textContent('#status-routes'), /activation route \(--act-route\)exact.*KV cache type \(--kv-type\)f16/);
   assert.match(await page.textContent('#status-serving'), /slots busy \/ total0 \/ 2/);
   // Some traffic, so the tokens/s chart has something to show.
   const t0 = Date.now();
@@ -289,10 +366,10 @@ try {
   // A random-weight model slow enough (~100s of tokens/s) that Stop lands mid-answer.
   execFileSync(bin, ['synth', 'tiny-llama', '--dim', '512', '--layers', '8', '--ffn', '1536', '--heads', '8', '--kv-heads', '4', '--vocab', '4000', '--ctx', '2048', '-o', join(tmp, 'slow.gguf')], { stdio: 'ignore' });
   [server, slow, noUi, keyed] = await Promise.all([
-    startServer(['--runs', runs, '--parallel', '2', '-t', '1']),
+    startServer(['--runs', runs, '--train-data', join(root, 'tests/data/train'), '--parallel', '2', '-t', '1']),
     startServer([join(tmp, 'slow.gguf'), '--parallel', '1', '-t', '1']),
     startServer(['--no-ui']),
-    startServer(['--api-key', 'k']),
+    startServer(['--api-key', 'k', '--runs', runs, '--adapter', join(runs, 'short')]),
   ]);
   // --no-ui and --api-key, over plain HTTP.
   checks.unshift({ name: 'http: --no-ui answers 404 at /; with --api-key the page is public, /lumen/* needs the key', fn: async () => {
@@ -325,7 +402,7 @@ try {
     assert.deepEqual(consoleErrors, []);
     assert.deepEqual(external, []);
   } });
-  const ctx = { page, base: server.base, slow, runs, requests };
+  const ctx = { page, base: server.base, slow, keyed, runs, requests };
   for (const c of checks) {
     try {
       await c.fn(ctx);

@@ -52,6 +52,12 @@ export async function postJson(path, body, opts = {}) {
   return res.json();
 }
 
+export async function deleteJson(path) {
+  const res = await fetch(path, { method: 'DELETE', headers: headers() });
+  if (!res.ok) throw await errorFrom(res);
+  return res.json();
+}
+
 // Calls onEvent(dataString, eventName) for each SSE event of a GET or POST.
 // Resolves when the stream ends; rejects on HTTP errors; abort via signal.
 export async function streamEvents(path, { body, signal, onEvent }) {

@@ -1,5 +1,6 @@
-// Status: /lumen/info (model, architecture, memory) and /stats every 2 s;
-// tokens/s over time from the change in completion tokens between polls.
+// Status: /lumen/info (model, architecture, memory, the active routes:
+// --act-route, --kv-type, --adapter) and /stats every 2 s; tokens/s over time
+// from the change in completion tokens between polls.
 import uPlot from 'uplot';
 import { getJson } from './api.js';
 import { h, fmtBytes, fmtNum } from './util.js';
@@ -8,6 +9,7 @@ export function mountStatus(root) {
   const model = h('table', { class: 'kv', id: 'status-model' });
   const memory = h('table', { class: 'kv', id: 'status-memory' });
   const serving = h('table', { class: 'kv', id: 'status-serving' });
+  const routes = h('table', { class: 'kv', id: 'status-routes' });
   const chartBox = h('figure', { class: 'chart wide' }, h('figcaption', {}, 'completion tokens/s (2 s intervals)'));
   const err = h('div', { class: 'error wide', role: 'alert' });
   const series = [[], []];
@@ -28,6 +30,8 @@ export function mountStatus(root) {
       const m = info.memory;
       rows(memory, [['weights', fmtBytes(m.weight_bytes)], ['KV per slot', `${fmtBytes(m.kv_bytes_per_slot)} (${info.kv_type})`],
         ['KV in use', fmtBytes(m.kv_bytes_active)], ['prompt cache', fmtBytes(m.prompt_cache_bytes)], ['RSS', fmtBytes(m.rss_bytes)]]);
+      rows(routes, [['activation route (--act-route)', info.act_route ?? '-'], ['KV cache type (--kv-type)', info.kv_type],
+        ['adapter (--adapter)', info.adapter_dir || 'none']]);
       const now = stats.uptime_seconds;
       const tok = stats.tokens.completion;
       let tps = 0;
@@ -51,6 +55,7 @@ export function mountStatus(root) {
     h('section', {}, h('h2', {}, 'Model'), model),
     h('section', {}, h('h2', {}, 'Memory'), memory),
     h('section', {}, h('h2', {}, 'Serving'), serving),
+    h('section', {}, h('h2', {}, 'Active routes'), routes),
     h('section', { class: 'wide' }, chartBox, h('p', {}, 'Raw: ', h('a', { href: '/stats' }, '/stats'), ' · ', h('a', { href: '/metrics' }, '/metrics'), ' · ', h('a', { href: '/lumen/info' }, '/lumen/info')))));
   plot = new uPlot({ width: 640, height: 180, legend: { show: false }, scales: { x: { time: false } },
     axes: [{ label: 'uptime (s)', size: 30 }, { size: 56 }],

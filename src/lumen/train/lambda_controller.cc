@@ -12,7 +12,7 @@ namespace lumen::train {
 
 namespace {
 
-constexpr int kStateVersion = 1;
+constexpr int kStateVersion = 2;  // 2: warm holds the last readings of WARMUP
 
 // Shortest of 2..6 decimals that shows v to 1e-9: 0.1 -> "0.10",
 // 0.15000000000000002 -> "0.15", 0.075 -> "0.075".
@@ -55,6 +55,54 @@ Fit LineFit(const std::vector<double>& y) {
   }
   f.sigma = std::max(std::sqrt(ssr / (n - 2)), 1e-6 * std::max(1.0, std::fabs(ybar)));
   return f;
+}
+
+// The noise of y from its second differences: for a smooth curve plus white
+// noise of standard deviation sigma, y[i] - 2 y[i+1] + y[i+2] has variance
+// 6 sigma^2 plus the square of the curve's local curvature, which is small
+// once the curve bends slowly (a steep but straight or gently curving run
+// cancels out, unlike in a line's residuals). The root mean square of the
+// n - 2 differences over sqrt(6), floored like LineFit. n >= 3.
+double SecondDiffSigma(const std::vector<double>& y) {
+  const int n = int(y.size());
+  double ss = 0, mean = 0;
+  for (int i = 0; i + 2 < n; ++i) {
+    const double d = y[i] - 2 * y[i + 1] + y[i + 2];
+    ss += d * d;
+  }
+  for (double v : y) mean += v;
+  mean /= n;
+  return std::max(std::sqrt(ss / (6.0 * (n - 2))), 1e-6 * std::max(1.0, std::fabs(mean)));
+}
+
+// The residual standard deviation of a least-squares parabola through y at
+// x = 0..n-1 (n - 3 degrees of freedom), floored like LineFit; 0 when n < 4.
+double ParabolaSigma(const std::vector<double>& y) {
+  const int n = int(y.size());
+  if (n < 4) return 0;
+  // Project out the orthogonal polynomials 1, x - xbar, (x - xbar)^2 - c.
+  const double xbar = 0.5 * (n - 1);
+  double c = 0, mean = 0;
+  for (int i = 0; i < n; ++i) c += (i - xbar) * (i - xbar);
+  c /= n;
+  std::vector<double> r = y;
+  for (double v : y) mean += v;
+  mean /= n;
+  for (int k = 0; k < 3; ++k) {
+    auto basis = [&](int i) {
+      const double x = i - xbar;
+      return k == 0 ? 1.0 : k == 1 ? x : x * x - c;
+    };
+    double num = 0, den = 0;
+    for (int i = 0; i < n; ++i) {
+      num += basis(i) * r[i];
+      den += basis(i) * basis(i);
+    }
+    for (int i = 0; i < n; ++i) r[i] -= num / den * basis(i);
+  }
+  double ss = 0;
+  for (double v : r) ss += v * v;
+  return std::max(std::sqrt(ss / (n - 3)), 1e-6 * std::max(1.0, std::fabs(mean)));
 }
 
 void HoltStep(HoltState& h, double ema, double x) {
@@ -145,8 +193,11 @@ double LambdaController::Update(const ControlReading& r) {
   }
   ++readings_;
   last_step_ = r.step;
+  if (phase_ == ControlPhase::kWarmup) {
+    warm_.push_back(r);  // the last warmup_readings readings, for RemeasureNoise
+    if (int64_t(warm_.size()) > o_.warmup_readings) warm_.erase(warm_.begin());
+  }
   if (readings_ <= o_.warmup_readings) {
-    warm_.push_back(r);
     if (readings_ == o_.warmup_readings) FinishWarmupReadings();
     return value_;
   }
@@ -158,29 +209,46 @@ double LambdaController::Update(const ControlReading& r) {
   return value_;
 }
 
-void LambdaController::FinishWarmupReadings() {
-  std::vector<double> y[3];
-  for (const auto& r : warm_) {
-    y[kW].push_back(r.l_w);
-    y[kR].push_back(r.l_r);
-    y[kM].push_back(r.margin);
-  }
-  Fit f[3];
-  for (int s = 0; s < 3; ++s) {
-    f[s] = LineFit(y[s]);
-    holt_[s] = {f[s].end_level, f[s].slope};
-  }
+void LambdaController::SetThresholds(const double sigma[3]) {
   const double n = o_.noise_sigmas;
-  th_.sigma_w = f[kW].sigma;
-  th_.sigma_r = f[kR].sigma;
-  th_.sigma_m = f[kM].sigma;
+  th_.sigma_w = sigma[kW];
+  th_.sigma_r = sigma[kR];
+  th_.sigma_m = sigma[kM];
   th_.trend_w = n * th_.sigma_w * gains_.trend;
   th_.trend_r = n * th_.sigma_r * gains_.trend;
   th_.trend_m = n * th_.sigma_m * gains_.trend;
   th_.level_drop = 2 * n * th_.sigma_w * gains_.level;
   th_.degeneration = o_.degeneration > 0 ? o_.degeneration : 2 * th_.level_drop;
+}
+
+void LambdaController::FinishWarmupReadings() {
+  double sigma[3];
+  for (int s = 0; s < 3; ++s) {
+    const Fit f = LineFit(WarmSignal(s));
+    holt_[s] = {f.end_level, f.slope};
+    sigma[s] = f.sigma;
+  }
+  SetThresholds(sigma);
+  best_w_ = holt_[kW].level;
+}
+
+void LambdaController::RemeasureNoise() {
+  double sigma[3];
+  for (int s = 0; s < 3; ++s) {
+    const std::vector<double> y = WarmSignal(s);
+    const Fit f = LineFit(y);
+    holt_[s] = {f.end_level, f.slope};
+    sigma[s] = std::max(SecondDiffSigma(y), ParabolaSigma(y));
+  }
+  SetThresholds(sigma);
   best_w_ = holt_[kW].level;
   warm_.clear();
+}
+
+std::vector<double> LambdaController::WarmSignal(int s) const {
+  std::vector<double> y;
+  for (const auto& r : warm_) y.push_back(s == kW ? r.l_w : s == kR ? r.l_r : r.margin);
+  return y;
 }
 
 // value + ramp, clamped at max; within a billionth of a ramp of max counts as
@@ -224,11 +292,13 @@ void LambdaController::Decide() {
 
   if (phase_ == ControlPhase::kWarmup) {
     if (st_.plateau >= k) {
+      RemeasureNoise();
       th_.warmup_level = holt_[kW].level;
       const double old = value_;
       value_ = RampUp(value_);
       ref_ = value_;
-      reason_ = fmt::format("l_w plateaued: ramp {} -> {}", Num(old), Num(value_));
+      reason_ = fmt::format("l_w plateaued: ramp {} -> {} (noise of l_w {:.2g})", Num(old),
+                            Num(value_), th_.sigma_w);
       SetPhase(ControlPhase::kRamp);
     }
     return;
@@ -454,7 +524,8 @@ Result<LambdaController> LambdaController::Restore(const ControllerOptions& o,
   if (!adaptive && c.value_ != o.initial) {
     return Errorf("controller state: static value {} but the options say {}", c.value_, o.initial);
   }
-  const int64_t want_warm = c.readings_ < o.warmup_readings ? c.readings_ : 0;
+  const int64_t want_warm =
+      c.phase_ == ControlPhase::kWarmup ? std::min<int64_t>(c.readings_, o.warmup_readings) : 0;
   if (c.readings_ < 0 || (adaptive && int64_t(c.warm_.size()) != want_warm)) {
     return Errorf("controller state: {} warmup readings stored after {} readings", c.warm_.size(),
                   c.readings_);

@@ -12,12 +12,29 @@
 // It follows a straight line with neither lag nor bias, so the trend is the
 // robust slope (per reading); raw deltas are never used.
 //
-// Noise and thresholds. The first `warmup_readings` readings (at least 3)
-// measure the noise: per signal, sigma = the residual standard deviation of a
-// least-squares line through those readings (n - 2 degrees of freedom, so a
-// signal still improving does not count its trend as noise), and the filter
-// starts from that line (level = its end value, trend = its slope). From
-// sigma and the filter's exact white-noise gains (HoltNoiseGains):
+// Noise and thresholds, measured twice from the signal itself (no hand
+// constants). (1) The first `warmup_readings` readings (at least 3): per
+// signal, sigma = the residual standard deviation of a least-squares line
+// through them (n - 2 degrees of freedom), and the filter starts from that
+// line (level = its end value, trend = its slope). These readings usually
+// fall on the steep early part of training, a curve rather than a line, so
+// this sigma is mostly curvature (0.6-1.3 nats/token on the issue-17
+// experiment, against a true reading-to-reading noise of 0.01-0.02); it only
+// serves to tell when WARMUP's improvement has slowed. (2) When WARMUP ends
+// (plateau x K), the noise is measured again on the last `warmup_readings`
+// readings, where the improvement has slowed, by two estimators that a
+// smooth trend does not fool: their second differences (for a smooth curve
+// plus white noise, y[i] - 2 y[i+1] + y[i+2] has variance 6 sigma^2 plus the
+// squared local curvature, so a trend, even a steep one, drops out: sigma =
+// rms / sqrt(6)) and the residuals of a least-squares parabola through them
+// (n - 3 degrees of freedom; none below 4 readings). sigma = the larger of
+// the two: each is unbiased on noise around a gentle curve, and the larger
+// guards against a low fluke of either on few readings, which would let noise
+// alone change the phase. On the issue-17 runs this gives 0.01-0.05
+// nats/token where the first measurement gave 0.6-1.3. The filter restarts
+// from the line through those readings (so it does not ring on the bend out
+// of the steep part), and the best and warmup levels start from there. The
+// thresholds used from then on:
 //   trend threshold   tau_T = noise_sigmas * sigma * gain_trend      (per signal)
 //   level-drop        tau_L = 2 * noise_sigmas * sigma_w * gain_level (l_w; 2x: the
 //                             best level is itself up to noise_sigmas high and
@@ -83,7 +100,8 @@
 // where the cliff was and settles below it, where P returns to its reference.
 //
 // last_reason(): why the last Update changed the value or the phase, e.g.
-// "l_w plateaued: ramp 0.05 -> 0.10"; empty when it changed neither. A
+// "l_w plateaued: ramp 0.05 -> 0.10 (noise of l_w 0.012)" (the second
+// measurement) or "l_w holds: ramp 0.10 -> 0.15"; empty when it changed neither. A
 // reading with a non-finite l_w, l_r or margin is ignored (the state does not
 // move) and last_reason() says so.
 #pragma once
@@ -181,6 +199,9 @@ class LambdaController {
   };
 
   void FinishWarmupReadings();
+  void RemeasureNoise();
+  void SetThresholds(const double sigma[3]);
+  std::vector<double> WarmSignal(int s) const;
   void Decide();
   void DecideAimd(bool falling);
   void DecidePid(bool falling);
@@ -196,7 +217,7 @@ class LambdaController {
   std::string reason_;
   int64_t readings_ = 0;
   int64_t last_step_ = -1;
-  std::vector<ControlReading> warm_;  // the warmup readings, until measured
+  std::vector<ControlReading> warm_;  // the last warmup_readings readings while in WARMUP
   HoltState holt_[3];
   ControlThresholds th_;
   double best_w_ = 0;

@@ -1,5 +1,5 @@
 // Browser test of the web app (web/, docs/reference/web.md): starts
-// `lumen serve` on the embedded model with --runs, drives Debian's chromium
+// `lumen serve` on the embedded model with --runs and --train-data, drives Debian's chromium
 // headless through playwright-core (from web/node_modules) and checks each
 // page; writes screenshots of every page into OUT_DIR.
 //   node tests/web/run.mjs path/to/lumen [OUT_DIR]

@@ -19,14 +19,6 @@ namespace lumen::train {
 namespace {
 namespace fs = std::filesystem;
 
-double PeakRssMb() {
-  std::ifstream f("/proc/self/status");
-  std::string line;
-  while (std::getline(f, line))
-    if (line.rfind("VmHWM:", 0) == 0) return std::stod(line.substr(6)) / 1024.0;
-  return 0;
-}
-
 struct Row {
   double step_s = 0, peak_mb = 0, predicted_mb = 0;
   std::string error;

@@ -32,13 +32,7 @@ void FusedHead<Real>::Forward(const Real* hidden, const PackedBatch& b, std::vec
   const int64_t D = c_.dim, V = c_.vocab_size;
   hidden_ = hidden;
   M_ = b.size();
-  rows_.clear();
-  targets_.clear();
-  for (int64_t i = 0; i < M_; ++i)
-    if (b.targets[i] >= 0) {
-      rows_.push_back(i);
-      targets_.push_back(b.targets[i]);
-    }
+  ScoredRows(b, rows_, targets_);
   const int64_t R = int64_t(rows_.size());
   lse_.assign(R, Real(0));
   logp.assign(M_, Real(0));

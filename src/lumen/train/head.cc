@@ -12,13 +12,7 @@ template <class Real>
 void PlainHead<Real>::Forward(const Real* hidden, const PackedBatch& b, std::vector<Real>& logp) {
   const int64_t D = c_.dim, V = c_.vocab_size;
   M_ = b.size();
-  rows_.clear();
-  targets_.clear();
-  for (int64_t i = 0; i < M_; ++i)
-    if (b.targets[i] >= 0) {
-      rows_.push_back(i);
-      targets_.push_back(b.targets[i]);
-    }
+  ScoredRows(b, rows_, targets_);
   const int64_t R = int64_t(rows_.size());
   h_.resize(R * D);
   xn_.resize(R * D);

@@ -31,6 +31,18 @@ class Head {
   virtual size_t saved_bytes() const = 0;
 };
 
+// The scored rows of a batch (tokens with a target) and their targets.
+inline void ScoredRows(const PackedBatch& b, std::vector<int64_t>& rows,
+                       std::vector<int32_t>& targets) {
+  rows.clear();
+  targets.clear();
+  for (int64_t i = 0; i < b.size(); ++i)
+    if (b.targets[i] >= 0) {
+      rows.push_back(i);
+      targets.push_back(b.targets[i]);
+    }
+}
+
 template <class Real>
 class PlainHead final : public Head<Real> {
  public:

@@ -21,6 +21,8 @@ size_t StatusField(const char* key) {
 }
 }  // namespace
 
+double PeakRssMb() { return double(StatusField("VmHWM")) / (1024.0 * 1024.0); }
+
 size_t AnonymousRss() {
   const size_t rss = StatusField("VmRSS"), file = StatusField("RssFile");
   return rss > file ? rss - file : rss;

@@ -45,5 +45,7 @@ Result<int> ChooseSegment(const model::ModelConfig& c, const LoraLayout& layout,
 
 // Anonymous resident bytes of this process now (VmRSS - RssFile).
 size_t AnonymousRss();
+// This process's peak resident set so far (VmHWM), in MB.
+double PeakRssMb();
 
 }  // namespace lumen::train

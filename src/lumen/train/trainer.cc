@@ -34,14 +34,6 @@ using json = nlohmann::ordered_json;
 std::atomic<bool> g_interrupted{false};
 extern "C" void OnSigint(int) { g_interrupted.store(true); }
 
-double PeakRssMb() {
-  std::ifstream f("/proc/self/status");
-  std::string line;
-  while (std::getline(f, line))
-    if (line.rfind("VmHWM:", 0) == 0) return std::stod(line.substr(6)) / 1024.0;
-  return 0;
-}
-
 // One step's rows packed: sequences and pairs.
 struct Packed {
   PackedBatch batch;

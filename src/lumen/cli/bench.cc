@@ -154,6 +154,7 @@ void RegisterBench(CLI::App& app) {
                  "plain, fused-ce, prefix-share, segment, all (default: every one)");
   tc->add_option("--steps", t->steps, "measured steps per configuration (1)");
   tc->add_option("-t,--threads", t->threads, "threads");
+  tc->add_flag("--plan", t->plan_only, "only the memory plan's predicted peaks (no training)");
   tc->callback([t] {
     auto r = train::RunTrainBench(*t);
     if (!r.ok()) return ReportError(r.status());

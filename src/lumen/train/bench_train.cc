@@ -63,6 +63,7 @@ Row RunChild(const std::string& model_path, const TrainBenchOptions& o, int64_t 
       t.fused_ce = all || config == "fused-ce";
       t.prefix_share = all || config == "prefix-share";
       t.segment = all || config == "segment" ? 1 : 0;
+      t.plan_only = o.plan_only;
       LUMEN_ASSIGN_OR_RETURN(auto res, Train(*model, t));
       double total = 0;
       for (double s : res.step_seconds) total += s;
@@ -113,11 +114,13 @@ Result<std::string> RunTrainBench(const TrainBenchOptions& o) {
     model = so.out;
   }
   std::string table = fmt::format(
-      "{} on {} ({}), {} measured step(s) per row, each configuration in its own process\n\n"
+      "{} on {} ({}), {}, each configuration in its own process\n\n"
       "| seq | configuration | step s | peak RSS MB | plan MB | step vs plain | peak vs plain |\n"
       "|---|---|---|---|---|---|---|\n",
       o.method, o.model.empty() ? fmt::format("synth llama-3.2-1b, {} layers", o.layers) : o.model,
-      "f16 weights", o.steps);
+      "f16 weights",
+      o.plan_only ? std::string("memory plan only (no step run)")
+                  : fmt::format("{} measured step(s) per row", o.steps));
   for (int64_t seq : o.seqs) {
     Row plain;
     for (const std::string& config : o.configs) {
@@ -125,6 +128,13 @@ Result<std::string> RunTrainBench(const TrainBenchOptions& o) {
       if (config == "plain") plain = r;
       if (!r.error.empty()) {
         table += fmt::format("| {} | {} | error: {} | | | | |\n", seq, config, r.error);
+        continue;
+      }
+      if (o.plan_only) {
+        const bool ratio = plain.predicted_mb > 0 && plain.error.empty();
+        table += fmt::format(
+            "| {} | {} | - | - | {:.0f} | - | {} (plan) |\n", seq, config, r.predicted_mb,
+            ratio ? fmt::format("{:.2f}x", r.predicted_mb / plain.predicted_mb) : "-");
         continue;
       }
       const bool ratio = plain.step_s > 0 && plain.error.empty();

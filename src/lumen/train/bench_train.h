@@ -21,6 +21,7 @@ struct TrainBenchOptions {
   std::vector<std::string> configs = {"plain", "fused-ce", "prefix-share", "segment", "all"};
   int steps = 1;  // measured steps per configuration (after none warm)
   int threads = 0;
+  bool plan_only = false;  // predicted peaks from the memory plan, no training
 };
 
 // Runs the benchmark and returns the printed table (markdown).

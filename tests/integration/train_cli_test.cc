@@ -198,7 +198,7 @@ TEST(TrainCli, PlanPredictsThePeakAndTheBudgetChoosesSegments) {
   }
   const std::string common = "train " + model.string() + " --data " + data.string() +
                              " --method sft --batch-size 2 --max-seq-len 600 -t 2";
-  for (const std::string flags : {"--no-fused-ce", "--segment 1"}) {
+  for (const std::string flags : {"--no-fused-ce", "--segment 1", "--mlp-chunk 64"}) {
     CliResult plan = Lumen(common + " --plan " + flags);
     ASSERT_EQ(plan.code, 0) << plan.err;
     const double predicted = PredictedMb(plan.out);

@@ -82,6 +82,9 @@ void RegisterTrain(CLI::App& app) {
   cmd->add_option("--segment", a->o.segment,
                   "segmented backward: keep residuals every N layers, recompute (0: off)")
       ->check(CLI::Range(0, 4096));
+  cmd->add_option("--mlp-chunk", a->o.mlp_chunk,
+                  "sequence-chunked MLP: T tokens at a time, recomputed in the backward (0: off; "
+                  "at least 8)");
   cmd->add_option("--memory-budget", a->o.memory_budget_mb,
                   "MB: choose the segment length so the predicted peak fits");
   cmd->add_flag("--plan", a->o.plan_only,

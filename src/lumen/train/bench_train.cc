@@ -63,6 +63,7 @@ Row RunChild(const std::string& model_path, const TrainBenchOptions& o, int64_t 
       t.fused_ce = all || config == "fused-ce";
       t.prefix_share = all || config == "prefix-share";
       t.segment = all || config == "segment" ? 1 : 0;
+      t.mlp_chunk = all || config == "mlp-chunk" ? 256 : 0;
       t.plan_only = o.plan_only;
       LUMEN_ASSIGN_OR_RETURN(auto res, Train(*model, t));
       double total = 0;

@@ -18,7 +18,8 @@ struct TrainBenchOptions {
   int layers = 2;
   std::string method = "orpo";
   std::vector<int64_t> seqs = {512};  // tokens per sequence (prompt half, response half)
-  std::vector<std::string> configs = {"plain", "fused-ce", "prefix-share", "segment", "all"};
+  std::vector<std::string> configs = {"plain",   "fused-ce",  "prefix-share",
+                                      "segment", "mlp-chunk", "all"};
   int steps = 1;  // measured steps per configuration (after none warm)
   int threads = 0;
   bool plan_only = false;  // predicted peaks from the memory plan, no training

@@ -88,7 +88,7 @@ void Graph<Real>::Linear(int l, Target t, const Matrix& W, const Real* x, int64_
     std::vector<Real> xd;
     if (p > 0) {
       xd.resize(K);
-      for (int64_t k = 0; k < K; ++k) xd[k] = xm[k] * Real(DropScale(key_, p, l, t, m, k));
+      for (int64_t k = 0; k < K; ++k) xd[k] = xm[k] * Real(DropScale(key_, p, l, t, row0_ + m, k));
       xm = xd.data();
     }
     Real* um = u.data() + m * r;
@@ -145,7 +145,7 @@ void Graph<Real>::LinearBackward(int l, Target t, const Matrix& W, const Real* x
       Real acc = 0;
       for (int64_t m = 0; m < M; ++m) {
         Real xv = x[m * K + k];
-        if (p > 0) xv *= Real(DropScale(key_, p, l, t, m, k));
+        if (p > 0) xv *= Real(DropScale(key_, p, l, t, row0_ + m, k));
         acc += du[m * r + j] * xv;
       }
       dA[int64_t(j) * K + k] += acc;
@@ -155,15 +155,83 @@ void Graph<Real>::LinearBackward(int l, Target t, const Matrix& W, const Real* x
     for (int64_t k = 0; k < K; ++k) {
       Real acc = 0;
       for (int j = 0; j < r; ++j) acc += du[m * r + j] * A[int64_t(j) * K + k];
-      if (p > 0) acc *= Real(DropScale(key_, p, l, t, m, k));
+      if (p > 0) acc *= Real(DropScale(key_, p, l, t, row0_ + m, k));
       dx[m * K + k] += acc;
     }
   });
 }
 
+// Chunk boundaries of M rows for --mlp-chunk: chunks of T rows, the last one
+// absorbing the remainder, so no chunk has fewer than T rows (kernels::MatMul
+// takes another route at 4 rows or fewer, with another summation order).
+template <class Real>
+std::vector<int64_t> Graph<Real>::MlpChunks(int64_t M) const {
+  std::vector<int64_t> b = {0};
+  if (mlp_chunk_ > 0)
+    for (int64_t t = mlp_chunk_; t + mlp_chunk_ <= M; t += mlp_chunk_) b.push_back(t);
+  b.push_back(M);
+  return b;
+}
+
+template <class Real>
+void Graph<Real>::FfnRows(int l, const Real* xn2, int64_t n, std::vector<Real>& g,
+                          std::vector<Real>& u, std::vector<Real>& h, std::vector<Real>* lu,
+                          Real* d) {
+  const int64_t F = c_.ffn_dim;
+  const LayerWeights& L = w_.layers[l];
+  g.resize(n * F);
+  u.resize(n * F);
+  h.resize(n * F);
+  const bool fused_ffn = !L.w_gate.valid();  // Phi3: w_up is [2F, D], gate rows first
+  if (fused_ffn) {
+    std::vector<Real> gu(n * 2 * F);
+    FrozenProduct(L.w_up, xn2, n, gu.data(), pool_);
+    for (int64_t i = 0; i < n; ++i) {
+      std::copy_n(gu.data() + i * 2 * F, F, g.data() + i * F);
+      std::copy_n(gu.data() + i * 2 * F + F, F, u.data() + i * F);
+    }
+  }
+  Linear(l, Target::kGate, L.w_gate, xn2, n, g.data(), lu[int(Target::kGate)]);
+  Linear(l, Target::kUp, fused_ffn ? Matrix() : L.w_up, xn2, n, u.data(), lu[int(Target::kUp)]);
+  ForRows(n, [&](int64_t i) {
+    kernels::GatedForward(c_.act, g.data() + i * F, u.data() + i * F, F, h.data() + i * F);
+  });
+  Linear(l, Target::kDown, L.w_down, h.data(), n, d, lu[int(Target::kDown)]);
+}
+
+template <class Real>
+void Graph<Real>::FfnBackwardRows(int l, const Real* xn2, int64_t n, const std::vector<Real>& g,
+                                  const std::vector<Real>& u, const std::vector<Real>& h,
+                                  const std::vector<Real>* lu, const Real* dd, Real* dxn,
+                                  LoraParams<Real>& grad) {
+  const int64_t F = c_.ffn_dim;
+  const LayerWeights& L = w_.layers[l];
+  std::vector<Real> dh(n * F, Real(0));
+  LinearBackward(l, Target::kDown, L.w_down, h.data(), lu[int(Target::kDown)].data(), dd, n,
+                 dh.data(), grad);
+  std::vector<Real> dg(n * F), du(n * F);
+  ForRows(n, [&](int64_t i) {
+    kernels::GatedBackward(c_.act, g.data() + i * F, u.data() + i * F, dh.data() + i * F, F,
+                           dg.data() + i * F, du.data() + i * F);
+  });
+  LinearBackward(l, Target::kGate, L.w_gate, xn2, lu[int(Target::kGate)].data(), dg.data(), n, dxn,
+                 grad);
+  const bool fused_ffn = !L.w_gate.valid();
+  LinearBackward(l, Target::kUp, fused_ffn ? Matrix() : L.w_up, xn2, lu[int(Target::kUp)].data(),
+                 du.data(), n, dxn, grad);
+  if (fused_ffn) {
+    std::vector<Real> dgu(n * 2 * F);
+    for (int64_t i = 0; i < n; ++i) {
+      std::copy_n(dg.data() + i * F, F, dgu.data() + i * 2 * F);
+      std::copy_n(du.data() + i * F, F, dgu.data() + i * 2 * F + F);
+    }
+    FrozenProductT(L.w_up, dgu.data(), n, dxn, pool_);
+  }
+}
+
 template <class Real>
 void Graph<Real>::Layer(int l, const PackedBatch& b, Real* x, LayerSaved& s) {
-  const int64_t M = b.size(), D = c_.dim, Q = c_.q_dim(), KV = c_.kv_dim(), F = c_.ffn_dim;
+  const int64_t M = b.size(), D = c_.dim, Q = c_.q_dim(), KV = c_.kv_dim();
   const int64_t Dh = c_.head_dim;
   const LayerWeights& L = w_.layers[l];
   const float off = c_.norm_offset, eps = c_.norm_eps;
@@ -249,26 +317,23 @@ void Graph<Real>::Layer(int l, const PackedBatch& b, Real* x, LayerSaved& s) {
   ForRows(M, [&](int64_t i) {
     kernels::RmsNormRow(x + i * D, L.ffn_norm, off, eps, D, s.xn2.data() + i * D);
   });
-  s.g.resize(M * F);
-  s.u.resize(M * F);
-  s.h.resize(M * F);
-  const bool fused_ffn = !L.w_gate.valid();  // Phi3: w_up is [2F, D], gate rows first
-  if (fused_ffn) {
-    std::vector<Real> gu(M * 2 * F);
-    FrozenProduct(L.w_up, s.xn2.data(), M, gu.data(), pool_);
-    for (int64_t i = 0; i < M; ++i) {
-      std::copy_n(gu.data() + i * 2 * F, F, s.g.data() + i * F);
-      std::copy_n(gu.data() + i * 2 * F + F, F, s.u.data() + i * F);
-    }
-  }
-  Linear(l, Target::kGate, L.w_gate, s.xn2.data(), M, s.g.data(), s.lora_u[int(Target::kGate)]);
-  Linear(l, Target::kUp, fused_ffn ? none : L.w_up, s.xn2.data(), M, s.u.data(),
-         s.lora_u[int(Target::kUp)]);
-  ForRows(M, [&](int64_t i) {
-    kernels::GatedForward(c_.act, s.g.data() + i * F, s.u.data() + i * F, F, s.h.data() + i * F);
-  });
   std::vector<Real>& d = o;  // reuse [M, D]
-  Linear(l, Target::kDown, L.w_down, s.h.data(), M, d.data(), s.lora_u[int(Target::kDown)]);
+  const std::vector<int64_t> chunks = MlpChunks(M);
+  if (chunks.size() == 2) {
+    FfnRows(l, s.xn2.data(), M, s.g, s.u, s.h, s.lora_u, d.data());
+  } else {  // --mlp-chunk: [T, F] intermediates only; the backward recomputes them
+    std::vector<Real> g, u, h, lu[kNumTargets];
+    for (size_t c = 0; c + 1 < chunks.size(); ++c) {
+      const int64_t t0 = chunks[c];
+      row0_ = t0;
+      FfnRows(l, s.xn2.data() + t0 * D, chunks[c + 1] - t0, g, u, h, lu, d.data() + t0 * D);
+    }
+    row0_ = 0;
+    s.g.clear();
+    s.u.clear();
+    s.h.clear();
+    for (Target t : {Target::kGate, Target::kUp, Target::kDown}) s.lora_u[int(t)].clear();
+  }
   if (L.post_ffn_norm) {
     s.d_pre = d;
     ForRows(M, [&](int64_t i) {
@@ -311,7 +376,7 @@ const std::vector<Real>& Graph<Real>::Forward(const PackedBatch& b, const LoraPa
 template <class Real>
 void Graph<Real>::LayerBackward(int l, const PackedBatch& b, LayerSaved& s, Real* dx,
                                 LoraParams<Real>& grad) {
-  const int64_t M = b.size(), D = c_.dim, Q = c_.q_dim(), KV = c_.kv_dim(), F = c_.ffn_dim;
+  const int64_t M = b.size(), D = c_.dim, Q = c_.q_dim(), KV = c_.kv_dim();
   const int64_t Dh = c_.head_dim;
   const LayerWeights& L = w_.layers[l];
   const float off = c_.norm_offset, eps = c_.norm_eps;
@@ -329,27 +394,20 @@ void Graph<Real>::LayerBackward(int l, const PackedBatch& b, LayerSaved& s, Real
     });
     dd.swap(pre);
   }
-  std::vector<Real> dh(M * F, Real(0));
-  LinearBackward(l, Target::kDown, L.w_down, s.h.data(), s.lora_u[int(Target::kDown)].data(),
-                 dd.data(), M, dh.data(), grad);
-  std::vector<Real> dg(M * F), du(M * F);
-  ForRows(M, [&](int64_t i) {
-    kernels::GatedBackward(c_.act, s.g.data() + i * F, s.u.data() + i * F, dh.data() + i * F, F,
-                           dg.data() + i * F, du.data() + i * F);
-  });
   std::vector<Real> dxn(M * D, Real(0));
-  LinearBackward(l, Target::kGate, L.w_gate, s.xn2.data(), s.lora_u[int(Target::kGate)].data(),
-                 dg.data(), M, dxn.data(), grad);
-  const bool fused_ffn = !L.w_gate.valid();
-  LinearBackward(l, Target::kUp, fused_ffn ? Matrix() : L.w_up, s.xn2.data(),
-                 s.lora_u[int(Target::kUp)].data(), du.data(), M, dxn.data(), grad);
-  if (fused_ffn) {
-    std::vector<Real> dgu(M * 2 * F);
-    for (int64_t i = 0; i < M; ++i) {
-      std::copy_n(dg.data() + i * F, F, dgu.data() + i * 2 * F);
-      std::copy_n(du.data() + i * F, F, dgu.data() + i * 2 * F + F);
+  const std::vector<int64_t> chunks = MlpChunks(M);
+  if (chunks.size() == 2) {
+    FfnBackwardRows(l, s.xn2.data(), M, s.g, s.u, s.h, s.lora_u, dd.data(), dxn.data(), grad);
+  } else {  // recompute each chunk's intermediates, then backpropagate through it
+    std::vector<Real> g, u, h, lu[kNumTargets], d(2 * mlp_chunk_ * D);
+    for (size_t c = 0; c + 1 < chunks.size(); ++c) {
+      const int64_t t0 = chunks[c], n = chunks[c + 1] - t0;
+      row0_ = t0;
+      FfnRows(l, s.xn2.data() + t0 * D, n, g, u, h, lu, d.data());
+      FfnBackwardRows(l, s.xn2.data() + t0 * D, n, g, u, h, lu, dd.data() + t0 * D,
+                      dxn.data() + t0 * D, grad);
     }
-    FrozenProductT(L.w_up, dgu.data(), M, dxn.data(), pool_);
+    row0_ = 0;
   }
   ForRows(M, [&](int64_t i) {
     kernels::RmsNormRowBackward(s.x_mid.data() + i * D, L.ffn_norm, off, eps, D, dxn.data() + i * D,

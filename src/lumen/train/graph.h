@@ -15,6 +15,7 @@
 // forward is bit-identical.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -58,6 +59,12 @@ class Graph {
   // inputs (dropout masks are hashes), so gradients are bit-identical (L1).
   // 0: keep every layer's activations.
   void set_segment(int n) { segment_ = n; }
+  // Sequence-chunked MLP (--mlp-chunk T): the FFN runs T tokens at a time and
+  // keeps no [M, F] intermediates; the backward recomputes each chunk's. Per
+  // token the arithmetic is the same (L1 activations and log-probs); LoRA
+  // gradients of gate/up/down sum over tokens in chunks (L2). 0: off.
+  // T below 8 is raised to 8 (see MlpChunks).
+  void set_mlp_chunk(int64_t t) { mlp_chunk_ = t > 0 ? std::max<int64_t>(t, 8) : 0; }
 
  private:
   struct LayerSaved {
@@ -72,6 +79,15 @@ class Graph {
   // dx [M, K] += dy W + s (dy B) A (dropout-masked); grads of A and B.
   void LinearBackward(int l, Target t, const model::Matrix& W, const Real* x, const Real* u,
                       const Real* dy, int64_t M, Real* dx, LoraParams<Real>& grad);
+  // The FFN of n rows: g, u, h [n, F] (resized), A x per target in lu[], d [n, D].
+  void FfnRows(int l, const Real* xn2, int64_t n, std::vector<Real>& g, std::vector<Real>& u,
+               std::vector<Real>& h, std::vector<Real>* lu, Real* d);
+  // dxn [n, D] += the FFN's backward from dd [n, D].
+  void FfnBackwardRows(int l, const Real* xn2, int64_t n, const std::vector<Real>& g,
+                       const std::vector<Real>& u, const std::vector<Real>& h,
+                       const std::vector<Real>* lu, const Real* dd, Real* dxn,
+                       LoraParams<Real>& grad);
+  std::vector<int64_t> MlpChunks(int64_t M) const;
   const kernels::RopeTable& Rope(int l) const;
   template <class Fn>
   void ForRows(int64_t M, Fn&& fn);
@@ -88,6 +104,8 @@ class Graph {
   float embed_scale_;
   std::vector<LayerSaved> saved_;
   int segment_ = 0;
+  int64_t mlp_chunk_ = 0;
+  int64_t row0_ = 0;  // first packed row of the rows a Linear sees (dropout keys)
   std::vector<std::vector<Real>> boundaries_;  // [segments][M, D] residual entering each
   LayerSaved scratch_;                         // the layer's buffers when nothing is kept
   std::vector<Real> hidden_;

@@ -31,13 +31,16 @@ size_t AnonymousRss() {
 MemoryPlan PlanMemory(const model::ModelConfig& c, const LoraLayout& layout, const PlanInputs& in) {
   MemoryPlan p;
   p.segment = in.segment;
+  p.mlp_chunk = in.mlp_chunk;
   const size_t M = size_t(in.tokens), R = size_t(in.scored);
+  // --mlp-chunk: the FFN's [., F] buffers hold at most two chunks of rows.
+  const size_t MF = in.mlp_chunk > 0 ? std::min<size_t>(M, 2 * size_t(in.mlp_chunk)) : M;
   const size_t D = c.dim, F = c.ffn_dim, Q = c.q_dim(), KV = c.kv_dim(), H = c.n_heads,
                V = c.vocab_size;
   p.lora = size_t(layout.size) * kF * 4;
   // graph.cc LayerSaved, per token.
   size_t per_tok = D /*x_in*/ + D /*xn1*/ + Q + 2 * KV /*q, k, v*/ + Q /*att*/ + H /*lse*/ +
-                   D /*x_mid*/ + D /*xn2*/ + 3 * F /*g, u, h*/;
+                   D /*x_mid*/ + D /*xn2*/ + (in.mlp_chunk > 0 ? 0 : 3 * F) /*g, u, h*/;
   if (c.qk_norm) per_tok += Q + KV;
   if (c.post_norms) per_tok += 2 * D;
   size_t lora_u = 0;
@@ -70,7 +73,8 @@ MemoryPlan PlanMemory(const model::ModelConfig& c, const LoraLayout& layout, con
   // the head's backward (kept layers + head + hidden and dhidden) and a
   // layer's backward (kept layers + the head's kept buffers + temporaries +
   // hidden, dhidden, dx).
-  const size_t layer_tmp = M * kF * (3 * D + 4 * F + 2 * Q + 2 * KV + std::max(D, F));
+  const size_t layer_tmp = M * kF * (3 * D + 2 * Q + 2 * KV + D) +
+                           MF * kF * (4 * F + F + (in.mlp_chunk > 0 ? 3 * F : 0));
   p.transient = layer_tmp + 3 * boundary;
   const size_t head_phase = p.head + 2 * boundary;
   p.peak = in.baseline + in.weight_bytes + p.lora + p.layers +
@@ -85,30 +89,33 @@ std::string MemoryPlan::Describe(const model::ModelConfig& c, const PlanInputs& 
       "  process baseline        {:9.1f} MB\n"
       "  LoRA + grads + Adam     {:9.1f} MB\n"
       "  activations per layer   {:9.1f} MB\n"
-      "  kept activations        {:9.1f} MB ({})\n"
+      "  kept activations        {:9.1f} MB ({}{})\n"
       "  head ({})         {:9.1f} MB\n"
       "  backward temporaries    {:9.1f} MB\n"
       "  predicted peak          {:9.1f} MB\n",
       in.tokens, in.scored, c.n_layers, c.dim, c.ffn_dim, c.vocab_size, Mb(in.weight_bytes),
       Mb(in.baseline), Mb(lora), Mb(per_layer), Mb(layers),
       segment > 0 ? fmt::format("segments of {} layers", segment) : std::string("every layer"),
+      mlp_chunk > 0 ? fmt::format(", MLP in chunks of {} tokens", mlp_chunk) : std::string(),
       in.fused_ce ? "fused" : "plain", Mb(head), Mb(transient), Mb(peak));
 }
 
-Result<int> ChooseSegment(const model::ModelConfig& c, const LoraLayout& layout, PlanInputs in,
-                          size_t budget) {
-  in.segment = 0;
-  if (PlanMemory(c, layout, in).peak <= budget) return 0;
+Result<PlanChoice> ChooseSegment(const model::ModelConfig& c, const LoraLayout& layout,
+                                 PlanInputs in, size_t budget) {
   size_t best = SIZE_MAX;
-  for (int seg = c.n_layers; seg >= 1; --seg) {
-    in.segment = seg;
-    const size_t peak = PlanMemory(c, layout, in).peak;
-    if (peak <= budget) return seg;
-    best = std::min(best, peak);
+  for (int64_t chunk : {int64_t(0), int64_t(256)}) {
+    in.mlp_chunk = chunk;
+    for (int seg = 0; seg <= c.n_layers; ++seg) {
+      in.segment = seg == 0 ? 0 : c.n_layers + 1 - seg;  // 0, then L, L-1, ..., 1
+      const size_t peak = PlanMemory(c, layout, in).peak;
+      if (peak <= budget) return PlanChoice{in.segment, chunk};
+      best = std::min(best, peak);
+    }
   }
   return Errorf(
       "--memory-budget {:.0f} MB: the smallest plan needs {:.0f} MB (segments of one "
-      "layer{}); raise the budget or shorten --max-seq-len / --batch-size",
+      "layer, MLP in chunks of 256{}); raise the budget or shorten --max-seq-len / "
+      "--batch-size",
       Mb(budget), Mb(best), in.fused_ce ? "" : ", and --fused-ce would help");
 }
 

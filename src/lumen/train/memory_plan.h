@@ -22,7 +22,8 @@ struct PlanInputs {
   bool fused_ce = true;
   int64_t vocab_chunk = 8192;
   int64_t row_block = 128;
-  int segment = 0;  // 0: keep every layer
+  int segment = 0;        // 0: keep every layer
+  int64_t mlp_chunk = 0;  // 0: the FFN over all tokens at once
 };
 
 struct MemoryPlan {
@@ -33,15 +34,22 @@ struct MemoryPlan {
   size_t transient = 0;  // the largest backward temporaries and hidden/gradient buffers
   size_t peak = 0;       // predicted peak resident bytes
   int segment = 0;
+  int64_t mlp_chunk = 0;
   std::string Describe(const model::ModelConfig& c, const PlanInputs& in) const;
 };
 
 MemoryPlan PlanMemory(const model::ModelConfig& c, const LoraLayout& layout, const PlanInputs& in);
 
-// The longest segment (fewest recomputed layers; 0 = none) whose predicted
-// peak fits budget_bytes, or an error with the smallest achievable peak.
-Result<int> ChooseSegment(const model::ModelConfig& c, const LoraLayout& layout, PlanInputs in,
-                          size_t budget_bytes);
+// The cheapest plan whose predicted peak fits budget_bytes: no lever, then
+// segments from the longest (fewest recomputed layers) down to one layer,
+// then the same with the MLP in chunks of 256 tokens; or an error with the
+// smallest achievable peak.
+struct PlanChoice {
+  int segment = 0;
+  int64_t mlp_chunk = 0;
+};
+Result<PlanChoice> ChooseSegment(const model::ModelConfig& c, const LoraLayout& layout,
+                                 PlanInputs in, size_t budget_bytes);
 
 // Anonymous resident bytes of this process now (VmRSS - RssFile).
 size_t AnonymousRss();

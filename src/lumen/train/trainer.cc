@@ -9,6 +9,7 @@
 #include <fstream>
 #include <map>
 
+#include <malloc.h>
 #include <unistd.h>
 
 #include <fmt/format.h>
@@ -232,6 +233,7 @@ class Runner {
   Runner(const engine::Model& model, const LoraLayout* layout, const TrainOptions& o)
       : graph(model.config(), model.weights(), layout, model.pool()), head(MakeHead(model, o)) {
     graph.set_segment(o.segment);
+    graph.set_mlp_chunk(o.mlp_chunk);
   }
   Graph<float> graph;
   std::unique_ptr<Head<float>> head;
@@ -291,6 +293,11 @@ Result<EvalMetrics> EvaluateWith(const engine::Model& model, const Dataset& data
 Result<TrainResult> Train(const engine::Model& model, const TrainOptions& opts) {
   const model::ModelConfig& c = model.config();
   TrainOptions o = opts;  // --memory-budget resolves o.segment
+  // Buffers of a megabyte or more are mapped and unmapped on their own, so
+  // freed activations leave the process at once (glibc would otherwise raise
+  // its threshold after the first large free and keep them in the heap): the
+  // peak then follows the live bytes that the memory plan counts.
+  ::mallopt(M_MMAP_THRESHOLD, 1 << 20);
   const size_t baseline = AnonymousRss();
   if (o.batch_size < 1) return Errorf("--batch-size {}: must be at least 1", o.batch_size);
   if (o.grad_accum < 1) return Errorf("--grad-accum {}: must be at least 1", o.grad_accum);
@@ -389,11 +396,15 @@ Result<TrainResult> Train(const engine::Model& model, const TrainOptions& opts) 
   plan_in.baseline = baseline;
   plan_in.fused_ce = o.fused_ce;
   plan_in.vocab_chunk = o.vocab_chunk;
+  plan_in.mlp_chunk = o.mlp_chunk;
   if (o.memory_budget_mb > 0) {
-    LUMEN_ASSIGN_OR_RETURN(o.segment,
+    LUMEN_ASSIGN_OR_RETURN(auto choice,
                            ChooseSegment(c, layout, plan_in, size_t(o.memory_budget_mb) << 20));
+    o.segment = choice.segment;
+    o.mlp_chunk = choice.mlp_chunk;
   }
   plan_in.segment = o.segment;
+  plan_in.mlp_chunk = o.mlp_chunk;
   const MemoryPlan plan = PlanMemory(c, layout, plan_in);
   TrainResult result;
   result.plan = plan.Describe(c, plan_in);

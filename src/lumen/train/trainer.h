@@ -54,11 +54,13 @@ struct TrainOptions {
   bool quiet = false;          // no progress lines
 
   // Memory levers (docs/reference/training.md, "Memory").
-  bool fused_ce = true;                // the fused linear cross-entropy head
-  float ce_skip_eps = 0.0f;            // > 0: skip head-backward chunks below it (L3)
-  int64_t vocab_chunk = 8192;          // the fused head's vocabulary chunk
-  bool prefix_share = true;            // one forward per preference pair, prompt shared
-  int segment = 0;                     // segmented backward: layers per segment (0: off)
+  bool fused_ce = true;        // the fused linear cross-entropy head
+  float ce_skip_eps = 0.0f;    // > 0: skip head-backward chunks below it (L3)
+  int64_t vocab_chunk = 8192;  // the fused head's vocabulary chunk
+  bool prefix_share = true;    // one forward per preference pair, prompt shared
+  int segment = 0;
+  int64_t mlp_chunk = 0;  // sequence-chunked MLP: tokens per chunk (0: off)                     //
+                          // segmented backward: layers per segment (0: off)
   int64_t memory_budget_mb = 0;        // > 0: choose segment from the plan (memory_plan.h)
   const Dataset* preloaded = nullptr;  // benchmarks: train on these rows, not data_dir
   bool plan_only = false;              // --plan: validate, print the memory plan, write nothing

@@ -23,25 +23,10 @@ namespace fs = std::filesystem;
 constexpr std::string_view kModules[] = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
                                          "gate_proj", "up_proj", "down_proj"};
 
-// Base [N, K] of a target.
-std::pair<int64_t, int64_t> TargetShape(const model::ModelConfig& c, int t) {
-  const int64_t D = c.dim, F = c.ffn_dim, Q = c.q_dim(), KV = c.kv_dim();
-  switch (t) {
-    case model::kLoraQ:
-      return {Q, D};
-    case model::kLoraK:
-      return {KV, D};
-    case model::kLoraV:
-      return {KV, D};
-    case model::kLoraO:
-      return {D, Q};
-    case model::kLoraGate:
-      return {F, D};
-    case model::kLoraUp:
-      return {F, D};
-    default:
-      return {D, F};
-  }
+// PEFT's names with or without the "base_model.model." prefix, as stored.
+std::string WithPeftPrefix(const std::string& name) {
+  static const std::string kPrefix = "base_model.model.";
+  return name.starts_with(kPrefix) ? name : kPrefix + name;
 }
 
 // Rows of B to permute between the base's order and HF's (q, k only).
@@ -129,9 +114,7 @@ Result<Adapter> LoadAdapter(const std::string& dir, const model::ModelConfig& c)
   // name -> tensor, accepting PEFT's names with or without "base_model.model.".
   std::map<std::string, const formats::SafetensorsTensor*> by_name;
   for (const auto& t : st.tensors()) {
-    std::string n = t.name;
-    if (!n.starts_with("base_model.model.")) n = "base_model.model." + n;
-    by_name[n] = &t;
+    by_name[WithPeftPrefix(t.name)] = &t;
   }
   size_t used = 0;
   for (int l = 0; l < c.n_layers; ++l) {
@@ -143,7 +126,7 @@ Result<Adapter> LoadAdapter(const std::string& dir, const model::ModelConfig& c)
         return Errorf("{}: {} has only one of lora_A / lora_B", st_path,
                       AdapterTensorName(l, t, ia == by_name.end() ? 'A' : 'B'));
       used += 2;
-      const auto [N, K] = TargetShape(c, t);
+      const auto [N, K] = model::LoraTargetShape(c, t);
       const auto& ta = *ia->second;
       const auto& tb = *ib->second;
       if (ta.shape != std::vector<int64_t>{a.rank, K} ||
@@ -168,8 +151,7 @@ Result<Adapter> LoadAdapter(const std::string& dir, const model::ModelConfig& c)
   }
   if (used != st.tensors().size()) {
     for (const auto& t : st.tensors()) {
-      std::string n = t.name;
-      if (!n.starts_with("base_model.model.")) n = "base_model.model." + n;
+      const std::string n = WithPeftPrefix(t.name);
       bool known = false;
       for (const auto& p : a.pairs)
         known |= n == AdapterTensorName(p.layer, p.target, 'A') ||

@@ -5,8 +5,10 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 
 #include "lumen/core/thread_pool.h"
+#include "lumen/model/config.h"
 
 namespace lumen::model {
 
@@ -22,6 +24,14 @@ struct LoraMatrix {
 // Order of the adapted products in LayerWeights::lora.
 enum LoraTarget : int { kLoraQ, kLoraK, kLoraV, kLoraO, kLoraGate, kLoraUp, kLoraDown };
 inline constexpr int kLoraTargets = 7;
+
+// The frozen product's [N, K] of a target (the shapes of B's rows and A's columns).
+inline std::pair<int64_t, int64_t> LoraTargetShape(const ModelConfig& c, int target) {
+  const int64_t D = c.dim, F = c.ffn_dim, Q = c.q_dim(), KV = c.kv_dim();
+  const std::pair<int64_t, int64_t> shapes[kLoraTargets] = {{Q, D}, {KV, D}, {KV, D}, {D, Q},
+                                                            {F, D}, {F, D},  {D, F}};
+  return shapes[target];
+}
 
 // y [T, N] (row stride ldy) += s B (A x) for x [T, K] (row stride ldx).
 void ApplyLora(const LoraMatrix& l, const float* x, int64_t T, int64_t ldx, float* y, int64_t ldy,

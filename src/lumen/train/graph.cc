@@ -12,7 +12,6 @@
 
 namespace lumen::train {
 
-using kernels::KeyRanges;
 using model::LayerWeights;
 using model::Matrix;
 

@@ -1,8 +1,11 @@
 #include "lumen/train/lora.h"
 
 #include <cmath>
+#include <tuple>
 
 #include <fmt/format.h>
+
+#include "lumen/model/lora.h"
 
 namespace lumen::train {
 
@@ -49,16 +52,13 @@ Result<LoraLayout> LoraLayout::Make(const model::ModelConfig& c, const LoraConfi
   L.cfg = cfg;
   L.first_layer = cfg.num_layers ? c.n_layers - cfg.num_layers : 0;
   L.index.assign(c.n_layers, {-1, -1, -1, -1, -1, -1, -1});
-  const int64_t D = c.dim, F = c.ffn_dim, Q = c.q_dim(), KV = c.kv_dim();
-  const int64_t shapes[kNumTargets][2] = {{Q, D}, {KV, D}, {KV, D}, {D, Q}, {F, D}, {F, D}, {D, F}};
   for (int l = L.first_layer; l < c.n_layers; ++l) {
     for (int t = 0; t < kNumTargets; ++t) {
       if (!(cfg.targets & (1u << t))) continue;
       LoraSlot s;
       s.layer = l;
       s.target = Target(t);
-      s.n = shapes[t][0];
-      s.k = shapes[t][1];
+      std::tie(s.n, s.k) = model::LoraTargetShape(c, t);
       s.a_off = L.size;
       L.size += int64_t(cfg.rank) * s.k;
       s.b_off = L.size;

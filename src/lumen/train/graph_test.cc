@@ -15,6 +15,7 @@
 #include <cmath>
 #include <vector>
 
+#include "lumen/model/test_util.h"
 #include "lumen/train/graph.h"
 #include "lumen/train/head.h"
 #include "lumen/train/objective.h"
@@ -343,6 +344,59 @@ TEST_P(PrefixShare, MlpChunkMatchesUnchunked) {
   }
   EXPECT_LT(std::sqrt(num / den), 1e-6);
 }
+
+// RoPE under every scaling rule the engine supports (the committed forward
+// goldens' HF models: linear, dynamic NTK, llama3, yarn with its attention
+// factor): the backward rotates by -theta with the same table, so the FD
+// check must hold for each.
+class RopeScalingGradient : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(RopeScalingGradient, MatchesFiniteDifferences) {
+  const std::string dir =
+      testing_util::SourceDir() + "/tests/goldens/forward/" + GetParam() + "/model";
+  engine::LoadOptions lo;
+  lo.threads = 1;
+  auto loaded = engine::Model::Load(dir, lo);
+  ASSERT_TRUE(loaded.ok()) << loaded.status().message();
+  const auto& model = **loaded;
+  ASSERT_NE(model.config().rope_scaling.type, kernels::RopeScaling::Type::kNone);
+  LoraConfig lc;
+  lc.rank = 2;
+  lc.targets = (1u << int(Target::kQ)) | (1u << int(Target::kK));  // the rotated products
+  auto layout = LoraLayout::Make(model.config(), lc);
+  ASSERT_TRUE(layout.ok());
+  Harness<double> H(model, *layout);
+  Case c = MakeCase(model.config().vocab_size, 3);
+  const LoraParams<double> p = RandomParams<double>(*layout, 17);
+  std::vector<double> grad;
+  H.Loss(Method::kOrpo, {}, c, p, &grad);
+  for (size_t s = 0; s < layout->slots.size(); ++s) {
+    const LoraSlot& sl = layout->slots[s];
+    for (int e = 0; e < 2; ++e) {
+      const int64_t idx = e == 0 ? sl.a_off + int64_t(Mix64(s) % uint64_t(lc.rank * sl.k))
+                                 : sl.b_off + int64_t(Mix64(s + 99) % uint64_t(sl.n * lc.rank));
+      LoraParams<double> q = p;
+      auto f = [&](double d) {
+        q.w[idx] = p.w[idx] + d;
+        return H.Loss(Method::kOrpo, {}, c, q, nullptr);
+      };
+      const double h = 1e-4;
+      const double fd = (8 * (f(h) - f(-h)) - (f(2 * h) - f(-2 * h))) / (12 * h);
+      EXPECT_LT(std::abs(fd - grad[idx]) / std::max(std::abs(grad[idx]), 1e-4), 1e-6)
+          << GetParam() << " slot " << s << ": backward " << grad[idx] << " fd " << fd;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Scalings, RopeScalingGradient,
+                         ::testing::Values("llama-rope-linear", "llama-rope-dynamic",
+                                           "llama-rope-llama3", "llama-rope-yarn"),
+                         [](const auto& info) {
+                           std::string s = info.param;
+                           for (char& ch : s)
+                             if (ch == '-') ch = '_';
+                           return s;
+                         });
 
 // Quantized bases (QLoRA-style): products through the frozen weight decode it
 // on the fly in both directions (kernels::MatMul / MatMulT). The double

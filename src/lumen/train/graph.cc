@@ -67,36 +67,56 @@ inline float DropScale(const DropoutKey& key, float p, int l, Target t, int64_t 
 }  // namespace
 
 template <class Real>
-void Graph<Real>::Linear(int l, Target t, const Matrix& W, const Real* x, int64_t M, Real* y,
-                         std::vector<Real>& u) {
-  if (W.valid()) FrozenProduct(W, x, M, y, pool_);  // else y holds a fused product's slice
+std::vector<Real> Graph<Real>::DropMask(int l, Target t, int64_t M, int64_t K) {
+  std::vector<Real> mask(size_t(M) * K);
+  const float p = layout_->cfg.dropout;
+  ForRows(M, [&](int64_t m) {
+    for (int64_t k = 0; k < K; ++k) mask[m * K + k] = Real(DropScale(key_, p, l, t, row0_ + m, k));
+  });
+  return mask;
+}
+
+template <class Real>
+const LoraSlot* Graph<Real>::LoraInput(int l, Target t, const Real* x, int64_t M,
+                                       std::vector<Real>& u) {
   const LoraSlot* slot = params_ && layout_ ? layout_->Find(l, t) : nullptr;
   if (!slot || lora_scale_ == 0.0f) {
     u.clear();
-    return;
+    return nullptr;
   }
   const int r = layout_->cfg.rank;
-  const int64_t N = slot->n, K = slot->k;
-  const float p = layout_->cfg.dropout;
+  const int64_t K = slot->k;
+  std::vector<Real> xd;
+  if (layout_->cfg.dropout > 0) {  // drop(x), the input A sees
+    xd = DropMask(l, t, M, K);
+    for (size_t i = 0; i < xd.size(); ++i) xd[i] *= x[i];
+    x = xd.data();
+  }
   const Real* A = params_->w.data() + slot->a_off;
-  const Real* B = params_->w.data() + slot->b_off;
-  const Real s = Real(lora_scale_);
   u.assign(size_t(M) * r, Real(0));
   ForRows(M, [&](int64_t m) {
-    const Real* xm = x + m * K;
-    std::vector<Real> xd;
-    if (p > 0) {
-      xd.resize(K);
-      for (int64_t k = 0; k < K; ++k) xd[k] = xm[k] * Real(DropScale(key_, p, l, t, row0_ + m, k));
-      xm = xd.data();
-    }
-    Real* um = u.data() + m * r;
     for (int j = 0; j < r; ++j) {
       Real acc = 0;
       const Real* Aj = A + int64_t(j) * K;
-      for (int64_t k = 0; k < K; ++k) acc += Aj[k] * xm[k];
-      um[j] = acc;
+      for (int64_t k = 0; k < K; ++k) acc += Aj[k] * x[m * K + k];
+      u[m * r + j] = acc;
     }
+  });
+  return slot;
+}
+
+template <class Real>
+void Graph<Real>::Linear(int l, Target t, const Matrix& W, const Real* x, int64_t M, Real* y,
+                         std::vector<Real>& u) {
+  if (W.valid()) FrozenProduct(W, x, M, y, pool_);  // else y holds a fused product's slice
+  const LoraSlot* slot = LoraInput(l, t, x, M, u);
+  if (!slot) return;
+  const int r = layout_->cfg.rank;
+  const int64_t N = slot->n;
+  const Real* B = params_->w.data() + slot->b_off;
+  const Real s = Real(lora_scale_);
+  ForRows(M, [&](int64_t m) {
+    const Real* um = u.data() + m * r;
     Real* ym = y + m * N;
     for (int64_t n = 0; n < N; ++n) {
       Real acc = 0;
@@ -115,12 +135,14 @@ void Graph<Real>::LinearBackward(int l, Target t, const Matrix& W, const Real* x
   if (!slot || lora_scale_ == 0.0f) return;
   const int r = layout_->cfg.rank;
   const int64_t N = slot->n, K = slot->k;
-  const float p = layout_->cfg.dropout;
   const Real* A = params_->w.data() + slot->a_off;
   const Real* B = params_->w.data() + slot->b_off;
   Real* dA = grad.w.data() + slot->a_off;
   Real* dB = grad.w.data() + slot->b_off;
   const Real s = Real(lora_scale_);
+  // The same mask the forward drew (a hash of the row and column), once.
+  const std::vector<Real> mask =
+      layout_->cfg.dropout > 0 ? DropMask(l, t, M, K) : std::vector<Real>();
   // dB [N, r] += s dy^T u
   ForRows(N, [&](int64_t n) {
     for (int j = 0; j < r; ++j) {
@@ -144,7 +166,7 @@ void Graph<Real>::LinearBackward(int l, Target t, const Matrix& W, const Real* x
       Real acc = 0;
       for (int64_t m = 0; m < M; ++m) {
         Real xv = x[m * K + k];
-        if (p > 0) xv *= Real(DropScale(key_, p, l, t, row0_ + m, k));
+        if (!mask.empty()) xv *= mask[m * K + k];
         acc += du[m * r + j] * xv;
       }
       dA[int64_t(j) * K + k] += acc;
@@ -154,7 +176,7 @@ void Graph<Real>::LinearBackward(int l, Target t, const Matrix& W, const Real* x
     for (int64_t k = 0; k < K; ++k) {
       Real acc = 0;
       for (int j = 0; j < r; ++j) acc += du[m * r + j] * A[int64_t(j) * K + k];
-      if (p > 0) acc *= Real(DropScale(key_, p, l, t, row0_ + m, k));
+      if (!mask.empty()) acc *= mask[m * K + k];
       dx[m * K + k] += acc;
     }
   });
@@ -170,6 +192,40 @@ std::vector<int64_t> Graph<Real>::MlpChunks(int64_t M) const {
     for (int64_t t = mlp_chunk_; t + mlp_chunk_ <= M; t += mlp_chunk_) b.push_back(t);
   b.push_back(M);
   return b;
+}
+
+// x += rs * post_norm(out), the end of a block; keeps out before the norm in
+// pre when there is one (Gemma2/3).
+template <class Real>
+void Graph<Real>::AddBlockOutput(const float* post_norm, std::vector<Real>& out,
+                                 std::vector<Real>& pre, Real* x) {
+  const int64_t D = c_.dim, M = int64_t(out.size()) / D;
+  if (post_norm) {
+    pre = out;
+    ForRows(M, [&](int64_t i) {
+      kernels::RmsNormRow(out.data() + i * D, post_norm, c_.norm_offset, c_.norm_eps, D,
+                          out.data() + i * D);
+    });
+  }
+  const Real rs = Real(c_.residual_scale);
+  for (size_t i = 0; i < out.size(); ++i) x[i] += out[i] * rs;
+}
+
+// d out from dx: the residual scale, then the post norm's backward.
+template <class Real>
+void Graph<Real>::BlockOutputBackward(const float* post_norm, const std::vector<Real>& pre,
+                                      const Real* dx, int64_t M, std::vector<Real>& dout) {
+  const int64_t D = c_.dim;
+  const Real rs = Real(c_.residual_scale);
+  dout.resize(M * D);
+  for (int64_t i = 0; i < M * D; ++i) dout[i] = dx[i] * rs;
+  if (!post_norm) return;
+  std::vector<Real> d(M * D, Real(0));
+  ForRows(M, [&](int64_t i) {
+    kernels::RmsNormRowBackward(pre.data() + i * D, post_norm, c_.norm_offset, c_.norm_eps, D,
+                                dout.data() + i * D, d.data() + i * D);
+  });
+  dout.swap(d);
 }
 
 template <class Real>
@@ -195,7 +251,11 @@ void Graph<Real>::FfnRows(int l, const Real* xn2, int64_t n, std::vector<Real>& 
   ForRows(n, [&](int64_t i) {
     kernels::GatedForward(c_.act, g.data() + i * F, u.data() + i * F, F, h.data() + i * F);
   });
-  Linear(l, Target::kDown, L.w_down, h.data(), n, d, lu[int(Target::kDown)]);
+  if (d) {
+    Linear(l, Target::kDown, L.w_down, h.data(), n, d, lu[int(Target::kDown)]);
+  } else {  // the backward's recompute needs only down's LoRA input, not its product
+    LoraInput(l, Target::kDown, h.data(), n, lu[int(Target::kDown)]);
+  }
 }
 
 template <class Real>
@@ -303,14 +363,7 @@ void Graph<Real>::Layer(int l, const PackedBatch& b, Real* x, LayerSaved& s) {
   std::vector<Real> o(M * D);
   Linear(l, Target::kO, L.wo, s.att.data(), M, o.data(), s.lora_u[int(Target::kO)]);
   add_bias(o, L.bo, D);
-  if (L.post_attn_norm) {
-    s.o_pre = o;
-    ForRows(M, [&](int64_t i) {
-      kernels::RmsNormRow(o.data() + i * D, L.post_attn_norm, off, eps, D, o.data() + i * D);
-    });
-  }
-  const Real rs = Real(c_.residual_scale);
-  for (int64_t i = 0; i < M * D; ++i) x[i] += o[i] * rs;
+  AddBlockOutput(L.post_attn_norm, o, s.o_pre, x);
   s.x_mid.assign(x, x + M * D);
   s.xn2.resize(M * D);
   ForRows(M, [&](int64_t i) {
@@ -333,13 +386,7 @@ void Graph<Real>::Layer(int l, const PackedBatch& b, Real* x, LayerSaved& s) {
     s.h.clear();
     for (Target t : {Target::kGate, Target::kUp, Target::kDown}) s.lora_u[int(t)].clear();
   }
-  if (L.post_ffn_norm) {
-    s.d_pre = d;
-    ForRows(M, [&](int64_t i) {
-      kernels::RmsNormRow(d.data() + i * D, L.post_ffn_norm, off, eps, D, d.data() + i * D);
-    });
-  }
-  for (int64_t i = 0; i < M * D; ++i) x[i] += d[i] * rs;
+  AddBlockOutput(L.post_ffn_norm, d, s.d_pre, x);
 }
 
 template <class Real>
@@ -379,30 +426,21 @@ void Graph<Real>::LayerBackward(int l, const PackedBatch& b, LayerSaved& s, Real
   const int64_t Dh = c_.head_dim;
   const LayerWeights& L = w_.layers[l];
   const float off = c_.norm_offset, eps = c_.norm_eps;
-  const Real rs = Real(c_.residual_scale);
   const bool need_dx = l > layout_->first_layer;  // nothing below the lowest adapted layer learns
 
   // FFN: x_out = x_mid + rs * post_norm(down(act(gate(xn2)) * up(xn2)))
-  std::vector<Real> dd(M * D);
-  for (int64_t i = 0; i < M * D; ++i) dd[i] = dx[i] * rs;
-  if (L.post_ffn_norm) {
-    std::vector<Real> pre(M * D, Real(0));
-    ForRows(M, [&](int64_t i) {
-      kernels::RmsNormRowBackward(s.d_pre.data() + i * D, L.post_ffn_norm, off, eps, D,
-                                  dd.data() + i * D, pre.data() + i * D);
-    });
-    dd.swap(pre);
-  }
+  std::vector<Real> dd;
+  BlockOutputBackward(L.post_ffn_norm, s.d_pre, dx, M, dd);
   std::vector<Real> dxn(M * D, Real(0));
   const std::vector<int64_t> chunks = MlpChunks(M);
   if (chunks.size() == 2) {
     FfnBackwardRows(l, s.xn2.data(), M, s.g, s.u, s.h, s.lora_u, dd.data(), dxn.data(), grad);
   } else {  // recompute each chunk's intermediates, then backpropagate through it
-    std::vector<Real> g, u, h, lu[kNumTargets], d(2 * mlp_chunk_ * D);
+    std::vector<Real> g, u, h, lu[kNumTargets];
     for (size_t c = 0; c + 1 < chunks.size(); ++c) {
       const int64_t t0 = chunks[c], n = chunks[c + 1] - t0;
       row0_ = t0;
-      FfnRows(l, s.xn2.data() + t0 * D, n, g, u, h, lu, d.data());
+      FfnRows(l, s.xn2.data() + t0 * D, n, g, u, h, lu, nullptr);
       FfnBackwardRows(l, s.xn2.data() + t0 * D, n, g, u, h, lu, dd.data() + t0 * D,
                       dxn.data() + t0 * D, grad);
     }
@@ -415,15 +453,7 @@ void Graph<Real>::LayerBackward(int l, const PackedBatch& b, LayerSaved& s, Real
 
   // Attention: x_mid = x_in + rs * post_norm(o(attn(rope(q), rope(k), v)))
   std::vector<Real>& dob = dd;
-  for (int64_t i = 0; i < M * D; ++i) dob[i] = dx[i] * rs;
-  if (L.post_attn_norm) {
-    std::vector<Real> pre(M * D, Real(0));
-    ForRows(M, [&](int64_t i) {
-      kernels::RmsNormRowBackward(s.o_pre.data() + i * D, L.post_attn_norm, off, eps, D,
-                                  dob.data() + i * D, pre.data() + i * D);
-    });
-    dob.swap(pre);
-  }
+  BlockOutputBackward(L.post_attn_norm, s.o_pre, dx, M, dob);
   std::vector<Real> datt(M * Q, Real(0));
   LinearBackward(l, Target::kO, L.wo, s.att.data(), s.lora_u[int(Target::kO)].data(), dob.data(), M,
                  datt.data(), grad);

@@ -73,13 +73,22 @@ class Graph {
   };
   void Layer(int l, const PackedBatch& b, Real* x, LayerSaved& s);
   void LayerBackward(int l, const PackedBatch& b, LayerSaved& s, Real* dx, LoraParams<Real>& grad);
+  void AddBlockOutput(const float* post_norm, std::vector<Real>& out, std::vector<Real>& pre,
+                      Real* x);
+  void BlockOutputBackward(const float* post_norm, const std::vector<Real>& pre, const Real* dx,
+                           int64_t M, std::vector<Real>& dout);
+  // The dropout multipliers of a target's [M, K] input (0 or 1 / (1 - p)).
+  std::vector<Real> DropMask(int l, Target t, int64_t M, int64_t K);
+  // u [M, r] = A drop(x) for the target's LoRA; null (u cleared) when none.
+  const LoraSlot* LoraInput(int l, Target t, const Real* x, int64_t M, std::vector<Real>& u);
   // y [M, N] = x W^T + s B (A drop(x)); saves A drop(x) in u.
   void Linear(int l, Target t, const model::Matrix& W, const Real* x, int64_t M, Real* y,
               std::vector<Real>& u);
   // dx [M, K] += dy W + s (dy B) A (dropout-masked); grads of A and B.
   void LinearBackward(int l, Target t, const model::Matrix& W, const Real* x, const Real* u,
                       const Real* dy, int64_t M, Real* dx, LoraParams<Real>& grad);
-  // The FFN of n rows: g, u, h [n, F] (resized), A x per target in lu[], d [n, D].
+  // The FFN of n rows: g, u, h [n, F] (resized), A x per target in lu[], d [n, D]
+  // (d null: skip the down product, as the backward's recompute does).
   void FfnRows(int l, const Real* xn2, int64_t n, std::vector<Real>& g, std::vector<Real>& u,
                std::vector<Real>& h, std::vector<Real>* lu, Real* d);
   // dxn [n, D] += the FFN's backward from dd [n, D].

@@ -433,24 +433,6 @@ LoraParams<float> RandomParams(const LoraLayout& layout, uint64_t seed) {
   return p;
 }
 
-engine::Adapter ToAdapter(const LoraLayout& layout, const LoraParams<float>& p) {
-  engine::Adapter a;
-  a.rank = layout.cfg.rank;
-  a.alpha = layout.cfg.alpha;
-  a.base_model = "test";
-  for (const LoraSlot& s : layout.slots) {
-    engine::AdapterPair pr;
-    pr.layer = s.layer;
-    pr.target = int(s.target);
-    pr.n = s.n;
-    pr.k = s.k;
-    pr.a.assign(p.w.begin() + s.a_off, p.w.begin() + s.a_off + int64_t(a.rank) * s.k);
-    pr.b.assign(p.w.begin() + s.b_off, p.w.begin() + s.b_off + s.n * a.rank);
-    a.pairs.push_back(std::move(pr));
-  }
-  return a;
-}
-
 // Save, load back: every A and B bit-identical, in the base's row order.
 void ExpectRoundTrip(const engine::Adapter& a, const model::ModelConfig& c, const std::string& d) {
   ASSERT_TRUE(engine::SaveAdapter(d, a, c).ok());
@@ -475,7 +457,7 @@ TEST(AdapterRoundTrip, HfModelBitIdentical) {
   auto model = Load(SynthHf(dir, "tiny-qwen3"));
   ASSERT_TRUE(model);
   const LoraLayout layout = GoldenLayout(model->config());
-  ExpectRoundTrip(ToAdapter(layout, RandomParams(layout, 3)), model->config(),
+  ExpectRoundTrip(ToAdapter(layout, RandomParams(layout, 3), "test"), model->config(),
                   (dir.path() / "adapter").string());
 }
 
@@ -488,7 +470,7 @@ TEST(AdapterRoundTrip, GgufLlamaPermutesQkRowsBothWays) {
   const model::ModelConfig& c = gguf->config();
   ASSERT_EQ(c.rope_style, kernels::RopeStyle::kInterleaved);
   const LoraLayout layout = GoldenLayout(c);
-  const engine::Adapter a = ToAdapter(layout, RandomParams(layout, 5));
+  const engine::Adapter a = ToAdapter(layout, RandomParams(layout, 5), "test");
   const std::string ad = (dir.path() / "adapter").string();
   ExpectRoundTrip(a, c, ad);
 

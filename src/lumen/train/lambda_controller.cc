@@ -542,35 +542,13 @@ Result<ControllerKind> ParseControllerKind(std::string_view s) {
 }
 
 std::string_view ControllerKindName(ControllerKind k) {
-  switch (k) {
-    case ControllerKind::kStatic:
-      return "static";
-    case ControllerKind::kAimd:
-      return "aimd";
-    case ControllerKind::kP:
-      return "p";
-    case ControllerKind::kPd:
-      return "pd";
-    case ControllerKind::kPid:
-      return "pid";
-  }
-  return "?";
+  static constexpr std::string_view kNames[] = {"static", "aimd", "p", "pd", "pid"};
+  return kNames[int(k)];
 }
 
 std::string_view PhaseName(ControlPhase p) {
-  switch (p) {
-    case ControlPhase::kWarmup:
-      return "warmup";
-    case ControlPhase::kRamp:
-      return "ramp";
-    case ControlPhase::kBackoff:
-      return "backoff";
-    case ControlPhase::kHold:
-      return "hold";
-    case ControlPhase::kFrozen:
-      return "frozen";
-  }
-  return "?";
+  static constexpr std::string_view kNames[] = {"warmup", "ramp", "backoff", "hold", "frozen"};
+  return kNames[int(p)];
 }
 
 }  // namespace lumen::train

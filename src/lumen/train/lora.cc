@@ -84,4 +84,27 @@ LoraParams<float> InitLora(const LoraLayout& layout, uint64_t seed) {
   return p;
 }
 
+engine::Adapter ToAdapter(const LoraLayout& layout, const LoraParams<float>& p,
+                          const std::string& base_model) {
+  const LoraConfig& cfg = layout.cfg;
+  engine::Adapter a;
+  a.rank = cfg.rank;
+  a.rs_lora = cfg.rs_lora;
+  a.alpha = cfg.scale > 0
+                ? (cfg.rs_lora ? cfg.scale * std::sqrt(float(a.rank)) : cfg.scale * float(a.rank))
+                : cfg.alpha;
+  a.base_model = base_model;
+  for (const LoraSlot& s : layout.slots) {
+    engine::AdapterPair pr;
+    pr.layer = s.layer;
+    pr.target = int(s.target);
+    pr.n = s.n;
+    pr.k = s.k;
+    pr.a.assign(p.w.begin() + s.a_off, p.w.begin() + s.a_off + int64_t(a.rank) * s.k);
+    pr.b.assign(p.w.begin() + s.b_off, p.w.begin() + s.b_off + s.n * a.rank);
+    a.pairs.push_back(std::move(pr));
+  }
+  return a;
+}
+
 }  // namespace lumen::train

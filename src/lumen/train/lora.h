@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "lumen/core/status.h"
+#include "lumen/engine/adapter.h"
 #include "lumen/model/config.h"
 
 namespace lumen::train {
@@ -71,6 +72,11 @@ struct LoraParams {
 // PEFT's initialization: A Kaiming-uniform (bound 1 / sqrt(K)) from a
 // generator keyed by (seed, slot, index); B zero, so step 0 is the base model.
 LoraParams<float> InitLora(const LoraLayout& layout, uint64_t seed);
+
+// The parameters as an adapter (engine/adapter.h) to save or apply. PEFT
+// stores alpha, so a --scale override is written as the alpha that gives it.
+engine::Adapter ToAdapter(const LoraLayout& layout, const LoraParams<float>& p,
+                          const std::string& base_model);
 
 // A stateless hash -> uniform [0, 1): the source of every random draw in
 // training (initialization, dropout, shuffling), so a recomputed forward or a

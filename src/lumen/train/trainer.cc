@@ -118,29 +118,6 @@ struct State {
   nlohmann::json controller;  // LambdaController::Serialize (null: none saved)
 };
 
-engine::Adapter ToAdapter(const LoraLayout& layout, const LoraParams<float>& p,
-                          const std::string& base) {
-  engine::Adapter a;
-  a.rank = layout.cfg.rank;
-  a.rs_lora = layout.cfg.rs_lora;
-  // PEFT stores alpha; a --scale override is expressed through it.
-  a.alpha = layout.cfg.scale > 0 ? (layout.cfg.rs_lora ? layout.cfg.scale * std::sqrt(float(a.rank))
-                                                       : layout.cfg.scale * float(a.rank))
-                                 : layout.cfg.alpha;
-  a.base_model = base;
-  for (const LoraSlot& s : layout.slots) {
-    engine::AdapterPair pr;
-    pr.layer = s.layer;
-    pr.target = int(s.target);
-    pr.n = s.n;
-    pr.k = s.k;
-    pr.a.assign(p.w.begin() + s.a_off, p.w.begin() + s.a_off + int64_t(a.rank) * s.k);
-    pr.b.assign(p.w.begin() + s.b_off, p.w.begin() + s.b_off + s.n * a.rank);
-    a.pairs.push_back(std::move(pr));
-  }
-  return a;
-}
-
 Status SaveCheckpoint(const fs::path& dir, const LoraLayout& layout, const State& st,
                       const model::ModelConfig& c, const std::string& base) {
   const fs::path final_dir = dir / fmt::format("step-{:08d}", st.step);

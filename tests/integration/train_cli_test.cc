@@ -17,47 +17,23 @@
 
 #include <nlohmann/json.hpp>
 
+#include "lumen_cli.h"
+
 namespace lumen {
 namespace {
 
 namespace fs = std::filesystem;
 
-struct CliResult {
-  int code;
-  std::string out, err;
-};
+using CliResult = testing::CliRun;
 
 fs::path Tmp() {
-  static fs::path dir = [] {
-    fs::path d = fs::temp_directory_path() / ("lumen_train_cli_" + std::to_string(::getpid()));
-    fs::remove_all(d);
-    fs::create_directories(d);
-    return d;
-  }();
+  static const fs::path dir = testing::TempDir("train_cli");
   return dir;
 }
 
-std::string Slurp(const fs::path& p) {
-  std::ifstream f(p);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
+std::string Slurp(const fs::path& p) { return testing::SlurpFile(p.string()); }
 
-CliResult Lumen(const std::string& args) {
-  const fs::path err = Tmp() / "stderr.txt";
-  const std::string cmd = std::string(LUMEN_BINARY) + " " + args + " 2>" + err.string();
-  FILE* p = ::popen(cmd.c_str(), "r");
-  CliResult r{-1, "", ""};
-  if (!p) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
-  const int st = ::pclose(p);
-  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  r.err = Slurp(err);
-  return r;
-}
+CliResult Lumen(const std::string& args) { return testing::RunLumen(args); }
 
 std::string Src(const std::string& rel) { return std::string(LUMEN_SOURCE_DIR) + "/" + rel; }
 

@@ -37,15 +37,6 @@ std::vector<Real> RandomHidden(int64_t M, int64_t D) {
   return h;
 }
 
-double RelL2(const std::vector<float>& a, const std::vector<float>& b) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    num += double(a[i] - b[i]) * (a[i] - b[i]);
-    den += double(b[i]) * b[i];
-  }
-  return std::sqrt(num / std::max(den, 1e-30));
-}
-
 struct Param {
   const char* model;
   const char* quant;
@@ -68,11 +59,11 @@ TEST_P(FusedHeadTest, MatchesPlainHeadInF32) {
   std::vector<float> lp, lf, dlogp(b.size()), dp, df;
   plain.Forward(h.data(), b, lp);
   fused.Forward(h.data(), b, lf);
-  EXPECT_LT(RelL2(lf, lp), 1e-5);
+  EXPECT_LT(testing::RelativeL2(lf, lp), 1e-5);
   for (int64_t i = 0; i < b.size(); ++i) dlogp[i] = float(Uniform01(Mix64(50 + i)) - 0.3);
   plain.Backward(dlogp.data(), dp);
   fused.Backward(dlogp.data(), df);
-  EXPECT_LT(RelL2(df, dp), 1e-5);
+  EXPECT_LT(testing::RelativeL2(df, dp), 1e-5);
   EXPECT_EQ(fused.visited_chunks(), 4 * 6);
   EXPECT_EQ(fused.skipped_chunks(), 0);
   // The head keeps O(R) plus one chunk, not [R, V].

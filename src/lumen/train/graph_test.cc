@@ -180,12 +180,7 @@ TEST_P(GradientCheck, FloatRouteWithinBoundOfDouble) {
     const double ld = Hd.Loss(m, {}, c, pd, &gd);
     const double lf = Hf.Loss(m, {}, c, pf, &gf);
     EXPECT_NEAR(lf, ld, 1e-4 * std::max(1.0, std::abs(ld))) << MethodName(m);
-    double num = 0, den = 0;
-    for (size_t i = 0; i < gd.size(); ++i) {
-      num += (gf[i] - gd[i]) * (gf[i] - gd[i]);
-      den += gd[i] * gd[i];
-    }
-    EXPECT_LT(std::sqrt(num / den), 1e-4) << MethodName(m);
+    EXPECT_LT(testing::RelativeL2(gf, gd), 1e-4) << MethodName(m);
   }
 }
 
@@ -254,12 +249,7 @@ TEST_P(PrefixShare, MatchesTwoForwards) {
     std::vector<float> ga, gb;
     const double la = H.Loss(m, {}, two, pf, &ga), lb = H.Loss(m, {}, shared, pf, &gb);
     EXPECT_NEAR(la, lb, 1e-6 * std::max(1.0, std::abs(la))) << MethodName(m);
-    double num = 0, den = 0;
-    for (size_t i = 0; i < ga.size(); ++i) {
-      num += double(ga[i] - gb[i]) * (ga[i] - gb[i]);
-      den += double(ga[i]) * ga[i];
-    }
-    EXPECT_LT(std::sqrt(num / den), 1e-5) << MethodName(m);
+    EXPECT_LT(testing::RelativeL2(gb, ga), 1e-5) << MethodName(m);
   }
 }
 
@@ -424,13 +414,10 @@ TEST_P(QuantizedBase, FloatRouteWithinBoundOfDouble) {
   const double ld = Hd.Loss(Method::kOrpo, {}, c, pd, &gd);
   const double lf = Hf.Loss(Method::kOrpo, {}, c, pf, &gf);
   EXPECT_NEAR(lf, ld, 1e-4 * std::max(1.0, std::abs(ld)));
-  double num = 0, den = 0;
-  for (size_t i = 0; i < gd.size(); ++i) {
-    num += (gf[i] - gd[i]) * (gf[i] - gd[i]);
-    den += gd[i] * gd[i];
-  }
+  double den = 0;
+  for (double g : gd) den += g * g;
   EXPECT_GT(den, 0.0);
-  EXPECT_LT(std::sqrt(num / den), 1e-4) << GetParam();
+  EXPECT_LT(testing::RelativeL2(gf, gd), 1e-4) << GetParam();
 }
 
 INSTANTIATE_TEST_SUITE_P(Types, QuantizedBase,

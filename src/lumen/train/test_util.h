@@ -1,9 +1,12 @@
 // Test helpers for train/: tiny synth models written to a temp directory.
 #pragma once
 
+#include <cmath>
 #include <filesystem>
+#include <limits>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <unistd.h>
 
@@ -11,6 +14,21 @@
 #include "lumen/engine/synth.h"
 
 namespace lumen::train::testing {
+
+// |a - ref| / |ref| in L2 over two vectors of the same length (any element
+// types); +inf when ref is all zero and a is not, so a vanished reference
+// cannot pass a bound.
+template <class A, class B>
+double RelativeL2(const std::vector<A>& a, const std::vector<B>& ref) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    const double d = double(a[i]) - double(ref[i]);
+    num += d * d;
+    den += double(ref[i]) * double(ref[i]);
+  }
+  if (den == 0) return num == 0 ? 0.0 : std::numeric_limits<double>::infinity();
+  return std::sqrt(num / den);
+}
 
 // A per-process temp directory removed at destruction.
 class TempDir {

@@ -281,15 +281,6 @@ std::vector<float> AdapterValues(const fs::path& dir) {
   return v;
 }
 
-double RelDiff(const std::vector<float>& a, const std::vector<float>& b) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    num += double(a[i] - b[i]) * (a[i] - b[i]);
-    den += double(b[i]) * b[i];
-  }
-  return std::sqrt(num / den);
-}
-
 TEST(Levers, EveryCombinationTrainsAndMatchesThePlainPath) {
   auto model = Embedded();
   ASSERT_TRUE(model);
@@ -317,7 +308,7 @@ TEST(Levers, EveryCombinationTrainsAndMatchesThePlainPath) {
         if (segment) {
           EXPECT_EQ(v, run(fused, share, 0, 1, name + "ref")) << name;
         }
-        EXPECT_LT(RelDiff(v, plain), 1e-3) << name;
+        EXPECT_LT(testing::RelativeL2(v, plain), 1e-3) << name;
         run(fused, share, segment, 2, name + "acc");
       }
 }

@@ -233,18 +233,9 @@ class Runner {
 
 }  // namespace
 
-Result<EvalMetrics> Evaluate(const engine::Model& model, const Dataset& data, Method m,
+Result<EvalMetrics> Evaluate(const engine::Model& model, const Dataset& data, const TrainOptions& o,
                              const ObjectiveParams& op, const LoraLayout* layout,
                              const LoraParams<float>* params, int batch_size) {
-  TrainOptions defaults;
-  defaults.method = m;
-  return EvaluateWith(model, data, defaults, op, layout, params, batch_size);
-}
-
-Result<EvalMetrics> EvaluateWith(const engine::Model& model, const Dataset& data,
-                                 const TrainOptions& o, const ObjectiveParams& op,
-                                 const LoraLayout* layout, const LoraParams<float>* params,
-                                 int batch_size) {
   const Method m = o.method;
   Runner run(model, layout, o);
   EvalMetrics out;
@@ -450,7 +441,7 @@ Result<TrainResult> Train(const engine::Model& model, const TrainOptions& opts) 
     return op;
   };
   auto evaluate = [&]() -> Result<EvalMetrics> {
-    return EvaluateWith(model, valid, o, objective_now(), &layout, &st.params, o.batch_size);
+    return Evaluate(model, valid, o, objective_now(), &layout, &st.params, o.batch_size);
   };
   auto control = [&](const EvalMetrics& m, std::ofstream& log) {
     if (co.kind == ControllerKind::kStatic) return;
@@ -475,7 +466,7 @@ Result<TrainResult> Train(const engine::Model& model, const TrainOptions& opts) 
   }
   if (o.control_every > 0 && st.step == 0) {
     LUMEN_ASSIGN_OR_RETURN(
-        auto pr, EvaluateWith(model, probe, o, objective_now(), &layout, &st.params, o.batch_size));
+        auto pr, Evaluate(model, probe, o, objective_now(), &layout, &st.params, o.batch_size));
     control(pr, metrics);
   }
 
@@ -602,7 +593,7 @@ Result<TrainResult> Train(const engine::Model& model, const TrainOptions& opts) 
       if (o.control_every == 0) control(*ev, metrics);
     }
     if (o.control_every > 0 && st.step % o.control_every == 0) {
-      auto pr = EvaluateWith(model, probe, o, objective_now(), &layout, &st.params, o.batch_size);
+      auto pr = Evaluate(model, probe, o, objective_now(), &layout, &st.params, o.batch_size);
       if (!pr.ok()) {
         status = pr.status();
         break;

@@ -91,14 +91,9 @@ struct TrainResult {
 // bad input leaves no output directory.
 Result<TrainResult> Train(const engine::Model& model, const TrainOptions& opts);
 
-// Evaluates with a run's options (head, prefix sharing, scope).
-Result<EvalMetrics> EvaluateWith(const engine::Model& model, const Dataset& data,
-                                 const TrainOptions& o, const ObjectiveParams& op,
-                                 const LoraLayout* layout, const LoraParams<float>* params,
-                                 int batch_size);
-
-// Evaluates an adapter-free or adapted model on a dataset (for tests/eval).
-Result<EvalMetrics> Evaluate(const engine::Model& model, const Dataset& data, Method m,
+// Metrics of params (null: the base model) on a dataset, with a run's
+// options (head, prefix sharing, NLL scope); no gradients.
+Result<EvalMetrics> Evaluate(const engine::Model& model, const Dataset& data, const TrainOptions& o,
                              const ObjectiveParams& op, const LoraLayout* layout,
                              const LoraParams<float>* params, int batch_size);
 

@@ -471,19 +471,19 @@ Result<TrainResult> Train(const engine::Model& model, const TrainOptions& opts) 
   }
 
   // Per-epoch permutations, derived from (seed, epoch).
-  std::map<int64_t, std::vector<int>> perms;
+  // The cursor only moves forward, so one epoch's order is kept at a time.
+  std::vector<int> perm(N);
+  int64_t perm_epoch = -1;
   auto row_at = [&](int64_t cursor) {
     const int64_t epoch = cursor / N;
-    auto it = perms.find(epoch);
-    if (it == perms.end()) {
-      std::vector<int> p(N);
-      for (int64_t i = 0; i < N; ++i) p[i] = int(i);
+    if (epoch != perm_epoch) {
+      for (int64_t i = 0; i < N; ++i) perm[i] = int(i);
       for (int64_t i = N - 1; i > 0; --i)
-        std::swap(p[i], p[HashKey({o.seed, 0xE, uint64_t(epoch), uint64_t(i)}) % uint64_t(i + 1)]);
-      if (perms.size() > 2) perms.erase(perms.begin());
-      it = perms.emplace(epoch, std::move(p)).first;
+        std::swap(perm[i],
+                  perm[HashKey({o.seed, 0xE, uint64_t(epoch), uint64_t(i)}) % uint64_t(i + 1)]);
+      perm_epoch = epoch;
     }
-    return it->second[cursor % N];
+    return perm[cursor % N];
   };
 
   g_interrupted.store(false);

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "lumen/cli/common.h"
+#include "lumen/cli/routes.h"
 #include "lumen/cli/verbs.h"
 #include "lumen/engine/default_model.h"
 #include "lumen/eval/perplexity.h"
@@ -33,6 +34,7 @@ void Run(const PplArgs& a) {
   if (!so.ok()) return ReportError(so.status());
   auto m = LoadModel(a.model);
   if (!m.ok()) return ReportError(m.status());
+  AnnounceRoutes(a.model, **m, "generate");
   std::unique_ptr<engine::Model> base;
   if (!a.base.empty()) {
     ModelArgs b = a.model;

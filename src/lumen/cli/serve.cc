@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 
 #include "lumen/cli/common.h"
+#include "lumen/cli/routes.h"
 #include "lumen/cli/verbs.h"
 #include "lumen/engine/chat.h"
 #include "lumen/engine/default_model.h"
@@ -79,6 +80,7 @@ void RunServe(CLI::App* cmd, ServeArgs& a) {
   auto m = LoadModel(a.model);
   if (!m.ok()) return ReportError(m.status());
   const engine::Model& model = **m;
+  AnnounceRoutes(a.model, model, "serve");
   auto base = BaseSampler(cmd, a, model);
   if (!base.ok()) return ReportError(base.status());
   auto sopts = SessionOptionsFrom(a.model);
@@ -126,7 +128,7 @@ void RunServe(CLI::App* cmd, ServeArgs& a) {
   opts.ui.enabled = !a.no_ui;
   opts.ui.runs_dir = a.runs_dir;
   opts.ui.train_data_dir = a.train_data_dir;
-  opts.ui.act_route = a.model.act_route;
+  opts.ui.act_route = ResolveRouteChoice(a.model)->act_route;  // LoadModel checked it
   opts.ui.adapter_dir = a.model.adapter;
   // Runs started from the web app train the served model (not its adapter).
   if (!a.model.model.empty()) opts.ui.train_model_args.push_back(a.model.model);

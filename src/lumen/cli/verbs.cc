@@ -20,6 +20,8 @@ void RegisterTrain(CLI::App& app);
 void RegisterMerge(CLI::App& app);
 void RegisterPerplexity(CLI::App& app);
 void RegisterFit(CLI::App& app);
+void RegisterRoutes(CLI::App& app);
+void RegisterHelp(CLI::App& app);
 
 void RegisterVerbs(CLI::App& app) {
   RegisterInspect(app);
@@ -34,6 +36,8 @@ void RegisterVerbs(CLI::App& app) {
   RegisterMerge(app);
   RegisterPerplexity(app);
   RegisterFit(app);
+  RegisterRoutes(app);
+  RegisterHelp(app);  // last: it lists every other verb's flags
 }
 
 }  // namespace lumen::cli

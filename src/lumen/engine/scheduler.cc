@@ -3,11 +3,26 @@
 #include <algorithm>
 #include <optional>
 
+#include "lumen/core/route.h"
 #include "lumen/engine/stop.h"
 #include "lumen/sample/sampler.h"
 #include "lumen/tokenize/tokenizer.h"
 
 namespace lumen::engine {
+
+LUMEN_ROUTE(
+    prompt_cache_restore,
+    {.node = "prompt_cache.restore",
+     .name = "adopt-longest-prefix",
+     .tier = Tier::kL1,
+     .oracle = "a fresh prefill of the whole prompt",
+     .bound = "identical tokens (the per-row arithmetic does not depend on chunk boundaries)",
+     .tests =
+         "SchedulerTest.PromptCacheReusesPrefix;EmbeddedServer.PromptCacheReusesConversationPrefix;"
+         "SessionTest.TruncateAndReappendReusesThePrefix;SessionTest."
+         "PiecewiseAppendEqualsOneAppend",
+     .when = "prompt_cache=on",
+     .priority = 10});
 
 struct Scheduler::Slot {
   std::shared_ptr<Job> job;

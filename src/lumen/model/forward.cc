@@ -4,12 +4,48 @@
 #include <cstring>
 
 #include "lumen/core/half.h"
+#include "lumen/core/route.h"
 #include "lumen/kernels/activation.h"
 #include "lumen/kernels/attention.h"
 #include "lumen/kernels/matmul.h"
 #include "lumen/kernels/norm.h"
 
 namespace lumen::model {
+
+LUMEN_ROUTE(
+    forward_dense,
+    {.node = "forward",
+     .name = "config-driven",
+     .tier = Tier::kL2,
+     .oracle = "HF transformers (float64 goldens of every family) and llama2.c's run.c",
+     .bound = "the logit bounds of families_test.cc and llama2c_test.cc",
+     .tests = "Families/FamilyGolden.*;Stories260K.LogitsMatchRunC;Stories260K.GreedyIdsMatchRunC",
+     .priority = 10});
+LUMEN_ROUTE(norm_rms, {.node = "norm.rms",
+                       .name = "scalar-double-sum",
+                       .tier = Tier::kL2,
+                       .oracle = "the textbook RMSNorm in float64 (family goldens)",
+                       .bound = "the family goldens' logit bound",
+                       .tests = "Families/FamilyGolden.*",
+                       .priority = 10});
+LUMEN_ROUTE(embed_lookup,
+            {.node = "embed",
+             .name = "dequantize-row",
+             .tier = Tier::kL1,
+             .oracle = "core/quant.h's scalar dequantizers",
+             .bound = "bit-identical (one row decoded, scaled in the embedding's dtype as HF does)",
+             .tests = "QuantRoundTrip.PlainTypes;Families/FamilyGolden.*",
+             .priority = 10});
+LUMEN_ROUTE(
+    decode_batched,
+    {.node = "decode.batched",
+     .name = "rows-in-one-pass",
+     .tier = Tier::kL1,
+     .oracle = "the same sequence decoded alone",
+     .bound = "bit-identical logits and tokens per row",
+     .tests = "SchedulerTest.OutputDoesNotDependOnNeighbours;SchedulerTest.MatchesGenerateAlone;"
+              "ServerBatching.SameSeedAloneAndBesideOthers;MatMulTest.ManyEqualsOneByOneBitForBit",
+     .priority = 10});
 
 using kernels::MatMul;
 

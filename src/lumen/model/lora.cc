@@ -1,8 +1,21 @@
 #include "lumen/model/lora.h"
+#include "lumen/core/route.h"
 
 #include <vector>
 
 namespace lumen::model {
+
+LUMEN_ROUTE(
+    lora_unmerged,
+    {.node = "lora.apply",
+     .name = "unmerged",
+     .tier = Tier::kL2,
+     .oracle = "PEFT (torch float64) logits of the same adapter",
+     .bound = "the logit bound of golden_test.cc",
+     .tests =
+         "Adapter/AdapterPeft.TorchAdapterGivesGoldenLogits/*;AdapterRoundTrip.HfModelBitIdentical",
+     .when = "adapter=on",
+     .priority = 10});
 
 void ApplyLora(const LoraMatrix& l, const float* x, int64_t T, int64_t ldx, float* y, int64_t ldy,
                ThreadPool* pool) {

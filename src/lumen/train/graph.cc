@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "lumen/core/check.h"
+#include "lumen/core/route.h"
 #include "lumen/kernels/attention_train.h"
 #include "lumen/kernels/matrix.h"
 #include "lumen/kernels/train_ops.h"
@@ -11,6 +12,73 @@
 #include "lumen/train/frozen.h"
 
 namespace lumen::train {
+
+LUMEN_ROUTE(
+    train_graph_f32,
+    {.node = "train.graph",
+     .name = "f32",
+     .tier = Tier::kL2,
+     .oracle = "the same graph in double (itself checked by finite differences) and torch float64",
+     .bound = "relative L2 of LoRA gradients below 1e-4 of the double route",
+     .tests = "Families/GradientCheck.FloatRouteWithinBoundOfDouble/*;Types/"
+              "QuantizedBase.FloatRouteWithinBoundOfDouble/*;"
+              "Golden/GoldenTrain.FloatRouteMatchesTorchFloat64/*",
+     .priority = 10});
+LUMEN_ROUTE(train_graph_double,
+            {.node = "train.graph",
+             .name = "double",
+             .tier = Tier::kL2,
+             .oracle = "fourth-order finite differences of the loss; torch float64",
+             .bound = "relative error below 1e-6",
+             .tests = "Families/GradientCheck.EveryObjectiveMatchesFiniteDifferences/*;"
+                      "Scalings/RopeScalingGradient.MatchesFiniteDifferences/*;Golden/"
+                      "GoldenTrain.DoubleRouteMatchesTorchFloat64/*",
+             .when = "train.compute=double",
+             .priority = 20});
+LUMEN_ROUTE(train_attention_scalar,
+            {.node = "attn.train",
+             .name = "scalar-lse",
+             .tier = Tier::kL2,
+             .oracle = "finite differences in double (the same template)",
+             .bound = "relative error below 1e-6 in double",
+             .tests = "Families/GradientCheck.EveryObjectiveMatchesFiniteDifferences/*;Families/"
+                      "PrefixShare.MatchesTwoForwards/*",
+             .priority = 0});
+LUMEN_ROUTE(
+    train_segmented,
+    {.node = "train.backward",
+     .name = "segmented",
+     .tier = Tier::kL1,
+     .oracle = "the unsegmented backward",
+     .bound =
+         "bit-identical gradients (recomputation reproduces the forward, dropout masks included)",
+     .tests = "Families/PrefixShare.SegmentedBackwardIsBitIdentical/"
+              "*;Levers.EveryCombinationTrainsAndMatchesThePlainPath",
+     .when = "train.segment=on",
+     .priority = 10});
+LUMEN_ROUTE(train_plain_backward,
+            {.node = "train.backward",
+             .name = "whole",
+             .tier = Tier::kL1,
+             .oracle = "itself (every activation kept)",
+             .bound = "bit-identical",
+             .tests = "Families/GradientCheck.FloatRouteWithinBoundOfDouble/*",
+             .priority = 0});
+LUMEN_ROUTE(train_mlp_chunk, {.node = "train.mlp",
+                              .name = "token-chunked",
+                              .tier = Tier::kL1,
+                              .oracle = "the unchunked MLP",
+                              .bound = "bit-identical loss and gradients (per-token arithmetic)",
+                              .tests = "Families/PrefixShare.MlpChunkMatchesUnchunked/*",
+                              .when = "train.mlp_chunk=on",
+                              .priority = 10});
+LUMEN_ROUTE(train_mlp_whole, {.node = "train.mlp",
+                              .name = "whole",
+                              .tier = Tier::kL1,
+                              .oracle = "itself",
+                              .bound = "bit-identical",
+                              .tests = "Families/GradientCheck.FloatRouteWithinBoundOfDouble/*",
+                              .priority = 0});
 
 using model::LayerWeights;
 using model::Matrix;

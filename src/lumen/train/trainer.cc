@@ -17,6 +17,7 @@
 
 #include "lumen/core/buffer.h"
 #include "lumen/core/log.h"
+#include "lumen/core/route.h"
 #include "lumen/engine/adapter.h"
 #include "lumen/formats/safetensors.h"
 #include "lumen/train/fused_head.h"
@@ -25,6 +26,61 @@
 #include "lumen/train/memory_plan.h"
 
 namespace lumen::train {
+
+// The lambda controller (lambda_controller.h) runs inside the trainer's step.
+LUMEN_ROUTE(
+    lambda_adaptive,
+    {.node = "train.lambda",
+     .name = "adaptive",
+     .tier = Tier::kL3,
+     .oracle = "none (original controller); static lambda is the baseline",
+     .bound = "unit laws of each controller; the experiment's measured outcome",
+     .tests = "LambdaControllerTest.*;Controller.ResumeContinuesTheControllerBitIdentically",
+     .measure = "docs/experiments/dynamic-lambda.md",
+     .when = "train.controller=on",
+     .priority = 10});
+LUMEN_ROUTE(lambda_static, {.node = "train.lambda",
+                            .name = "static",
+                            .tier = Tier::kL1,
+                            .oracle = "the ORPO paper's fixed lambda",
+                            .bound = "bit-identical",
+                            .tests = "LambdaControllerTest.*",
+                            .priority = 0});
+LUMEN_ROUTE(
+    train_prefix_share,
+    {.node = "train.pairs",
+     .name = "prefix-shared",
+     .tier = Tier::kL2,
+     .oracle = "two forwards per pair",
+     .bound = "loss and LoRA gradients within the bound of graph_test.cc; log-probs bit-identical",
+     .tests = "Families/PrefixShare.MatchesTwoForwards/"
+              "*;Levers.EveryCombinationTrainsAndMatchesThePlainPath",
+     .when = "train.prefix_share=on",
+     .priority = 10});
+LUMEN_ROUTE(train_two_forwards, {.node = "train.pairs",
+                                 .name = "two-forwards",
+                                 .tier = Tier::kL1,
+                                 .oracle = "itself",
+                                 .bound = "bit-identical",
+                                 .tests = "Methods/PreferenceEfficacy.LiftsValidationAccuracy/*",
+                                 .priority = 0});
+LUMEN_ROUTE(train_grad_accum,
+            {.node = "train.step",
+             .name = "grad-accum",
+             .tier = Tier::kL2,
+             .oracle = "one step over the whole batch",
+             .bound = "adapter within relative L2 1e-3 of the unaccumulated run after 6 steps",
+             .tests = "Levers.EveryCombinationTrainsAndMatchesThePlainPath",
+             .when = "train.grad_accum=on",
+             .priority = 10});
+LUMEN_ROUTE(train_step,
+            {.node = "train.step",
+             .name = "adamw",
+             .tier = Tier::kL1,
+             .oracle = "itself on resume (bit-identical) and the same seed",
+             .bound = "bit-identical",
+             .tests = "TrainRun.SameSeedGivesBitIdenticalAdapter;TrainRun.ResumeEndsBitIdentical",
+             .priority = 0});
 
 namespace {
 namespace fs = std::filesystem;

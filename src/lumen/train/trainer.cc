@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 
 #include <malloc.h>
 #include <unistd.h>
@@ -560,6 +561,8 @@ Result<TrainResult> Train(const engine::Model& model, const TrainOptions& opts) 
   };
   const std::string ckpt_dir = (out / "checkpoints").string();
   Status status = Status::Ok();
+  StepProfile& prof = result.profile;
+  run.graph.set_profile(&prof);
   while (st.step < total) {
     const auto step_start = std::chrono::steady_clock::now();
     grad.w.assign(layout.size, 0.0f);
@@ -570,15 +573,26 @@ Result<TrainResult> Train(const engine::Model& model, const TrainOptions& opts) 
       if (NeedsReference(o.method)) run.FillRefs(train, p, po);
       const auto& h = run.graph.Forward(p.batch, &st.params, {o.seed, uint64_t(st.step)}, true);
       std::vector<float> logp, dlogp, dh;
-      run.head->Forward(h.data(), p.batch, logp);
-      const ObjectiveResult r = Objective(o.method, objective_now(), p.batch, logp, p.pairs, dlogp);
-      AddMetrics(window, r);
-      window_tokens += p.batch.size();
-      if (o.grad_accum > 1)
-        for (float& g : dlogp) g /= float(o.grad_accum);
-      run.head->Backward(dlogp.data(), dh);
-      run.graph.Backward(p.batch, st.params, dh.data(), grad);
+      {
+        PhaseTimer timer(&prof.head_s);
+        run.head->Forward(h.data(), p.batch, logp);
+        const ObjectiveResult r =
+            Objective(o.method, objective_now(), p.batch, logp, p.pairs, dlogp);
+        AddMetrics(window, r);
+        window_tokens += p.batch.size();
+        if (o.grad_accum > 1)
+          for (float& g : dlogp) g /= float(o.grad_accum);
+        run.head->Backward(dlogp.data(), dh);
+      }
+      run.graph.Backward(p.batch, st.params, std::move(dh), grad);
+      run.graph.AddStepFlops(p.batch, prof);
+      int64_t scored = 0;
+      for (int32_t t : p.batch.targets) scored += t >= 0;
+      // Logits forward and dh backward: 2 flops per multiply-add each.
+      prof.head_flops +=
+          4.0 * double(scored) * double(model.config().dim) * double(model.config().vocab_size);
     }
+    std::optional<PhaseTimer> opt_timer(&prof.optimizer_s);
     double norm2 = 0;
     for (float g : grad.w) norm2 += double(g) * g;
     const double norm = std::sqrt(norm2);
@@ -605,9 +619,12 @@ Result<TrainResult> Train(const engine::Model& model, const TrainOptions& opts) 
         }
       }
     }
+    opt_timer.reset();
     ++st.step;
     result.step_seconds.push_back(
         std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count());
+    prof.total_s += result.step_seconds.back();
+    ++prof.steps;
     const bool report = st.step % std::max<int64_t>(1, o.steps_per_report) == 0 || st.step == total;
     if (report) {
       FinishMetrics(window);

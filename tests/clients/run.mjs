@@ -205,7 +205,7 @@ check("openai: adapter field changes the output and equals lumen generate --adap
   const tuned = await openai.completions.create({ ...req, adapter: "story" });
   assert.notEqual(tuned.choices[0].text, base.choices[0].text);
   const gen = execFileSync(bin, ["generate", "Once upon a time", "-n", "12", "--temp", "0", "--no-echo",
-                                 "--adapter", adapterDir], { encoding: "utf8", env: { ...process.env, LUMEN_THREADS: "1" } });
+                                 "--adapter", adapterDir], { encoding: "utf8", stdio: ["ignore", "pipe", "pipe"], env: { ...process.env, LUMEN_THREADS: "1" } });
   assert.equal(tuned.choices[0].text.trim(), gen.trim());
   const chat = { model: "stories260K", messages: [{ role: "user", content: "Lily" }], max_tokens: 10, temperature: 0 };
   const c0 = await openai.chat.completions.create(chat);

@@ -8,6 +8,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <thread>
 
 #include <fmt/format.h>
@@ -15,6 +16,7 @@
 #include "lumen/cli/common.h"
 #include "lumen/cli/routes.h"
 #include "lumen/cli/verbs.h"
+#include "lumen/engine/adapter_registry.h"
 #include "lumen/engine/chat.h"
 #include "lumen/engine/default_model.h"
 #include "lumen/engine/scheduler.h"
@@ -44,7 +46,40 @@ struct ServeArgs {
   bool no_ui = false;
   std::string runs_dir;
   std::string train_data_dir;
+  std::vector<std::string> adapters;  // --adapter: NAME=DIR (mounted) or DIR (whole model)
 };
+
+// --adapter values: NAME=DIR mounts DIR as NAME (requests pick it by its
+// "adapter" field); a bare DIR (or an existing directory whose name holds
+// '=') is applied to the whole model, as on every other verb.
+struct AdapterFlags {
+  std::string model_wide;
+  std::vector<std::pair<std::string, std::string>> named;
+};
+
+Result<AdapterFlags> SplitAdapterFlags(const std::vector<std::string>& values) {
+  AdapterFlags f;
+  for (const std::string& v : values) {
+    const size_t eq = v.find('=');
+    std::error_code ec;
+    if (eq == std::string::npos || std::filesystem::is_directory(v, ec)) {
+      if (!f.model_wide.empty())
+        return Errorf(
+            "--adapter: two whole-model adapters ('{}' and '{}'); name them (NAME=DIR) to "
+            "mount both",
+            f.model_wide, v);
+      f.model_wide = v;
+      continue;
+    }
+    const std::string name = v.substr(0, eq), dir = v.substr(eq + 1);
+    if (!engine::ValidAdapterId(name))
+      return Errorf("--adapter {}: the name '{}' must be 1-64 of A-Z a-z 0-9 _ . -", v, name);
+    for (const auto& [n, d] : f.named)
+      if (n == name) return Errorf("--adapter: the name '{}' is given twice", name);
+    f.named.emplace_back(name, dir);
+  }
+  return f;
+}
 
 // Sampler defaults: built-in < generation_config.json < server flags
 // (requests override on top, in EngineBridge::Prepare).
@@ -77,10 +112,19 @@ void RunServe(CLI::App* cmd, ServeArgs& a) {
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
   std::signal(SIGPIPE, SIG_IGN);
 
+  auto adapter_flags = SplitAdapterFlags(a.adapters);
+  if (!adapter_flags.ok()) return ReportError(adapter_flags.status());
+  a.model.adapter = adapter_flags->model_wide;
   auto m = LoadModel(a.model);
   if (!m.ok()) return ReportError(m.status());
   const engine::Model& model = **m;
   AnnounceRoutes(a.model, model, "serve");
+  engine::AdapterRegistry adapters(model);
+  for (const auto& [name, dir] : adapter_flags->named) {
+    auto mounted = adapters.Mount(name, dir, /*replace=*/false);
+    if (!mounted.ok())
+      return ReportError(mounted.status().WithContext(fmt::format("--adapter {}={}", name, dir)));
+  }
   auto base = BaseSampler(cmd, a, model);
   if (!base.ok()) return ReportError(base.status());
   auto sopts = SessionOptionsFrom(a.model);
@@ -113,6 +157,7 @@ void RunServe(CLI::App* cmd, ServeArgs& a) {
                  "fallback template (docs/reference/server-api.md)\n");
 
   serve::EngineBridge bridge(model, **sched, std::move(*fmt), *base);
+  bridge.set_adapters(&adapters);
   serve::ServerOptions opts;
   opts.host = a.host;
   opts.port = a.port;
@@ -144,6 +189,9 @@ void RunServe(CLI::App* cmd, ServeArgs& a) {
   std::fprintf(stderr, "lumen: serving %s (ctx %lld, %d slots) on http://%s:%d\n",
                opts.model_name.c_str(), static_cast<long long>((*sched)->ctx()), a.parallel,
                a.host.c_str(), *port);
+  for (const auto& ad : adapters.List())
+    std::fprintf(stderr, "lumen: adapter '%s' mounted from %s (rank %d)\n", ad->id.c_str(),
+                 ad->path.c_str(), ad->adapter.rank);
   std::fprintf(stderr, "lumen: listening on http://%s:%d\n", a.host.c_str(), *port);
   std::fflush(stderr);
 
@@ -171,6 +219,12 @@ void RegisterServe(CLI::App& app) {
   auto* cmd = app.add_subcommand("serve", "OpenAI / Anthropic / Responses HTTP server");
   auto a = std::make_shared<ServeArgs>();
   AddModelArgs(cmd, a->model);
+  // serve's --adapter repeats and may name adapters (SplitAdapterFlags).
+  cmd->remove_option(cmd->get_option("--adapter"));
+  cmd->add_option("--adapter", a->adapters,
+                  "LoRA adapter (PEFT layout), repeatable: NAME=DIR mounts DIR as NAME for "
+                  "requests that name it (\"adapter\" field; GET /v1/adapters); a bare DIR is "
+                  "applied to the whole model under every request");
   cmd->add_option("--host", a->host, "address to bind (default 127.0.0.1: this machine only)");
   cmd->add_option("--port", a->port, "TCP port (0: any free port, printed on stderr)")
       ->check(CLI::Range(0, 65535));

@@ -5,6 +5,7 @@
 #include <thread>
 
 #include "lumen/core/log.h"
+#include "lumen/serve/adapters_api.h"
 #include "lumen/serve/body.h"
 #include "lumen/serve/httplib_include.h"
 #include "lumen/serve/protocol.h"
@@ -38,6 +39,9 @@ constexpr const char* kEndpoints[][3] = {
     {"POST", "/v1/completions", "OpenAI text completions (stream, echo, logprobs)"},
     {"POST", "/v1/messages", "Anthropic messages (stream, tools)"},
     {"POST", "/v1/responses", "OpenAI Responses (stream, previous_response_id)"},
+    {"GET", "/v1/adapters", "the mounted LoRA adapters"},
+    {"POST", "/v1/adapters", "mount a LoRA adapter {id, path, replace}"},
+    {"DELETE", "/v1/adapters/{id}", "unmount a LoRA adapter"},
     {"GET", "/lumen/info", "model, architecture, memory, context and slots (web app)"},
     {"POST", "/lumen/curve", "evaluate a control-point curve at input probabilities (web app)"},
     {"GET", "/lumen/runs", "training runs under --runs (web app)"},
@@ -283,6 +287,16 @@ void Server::Routes() {
     g.uptime_seconds = std::chrono::duration<double>(Clock::now() - started_).count();
     res.set_content(metrics_.RenderPrometheus(g), "text/plain; version=0.0.4");
   });
+  if (engine_.adapters()) {
+    AdapterRoutes ar;
+    ar.registry = engine_.adapters();
+    ar.bind_host = opts_.host;
+    ar.send_error = [this](httplib::Response& res, const ApiError& e, const std::string& ep) {
+      SendError(res, e, ErrorShape::kOpenAI, ep);
+    };
+    ar.count = [this](const std::string& ep, int status) { metrics_.CountRequest(ep, status); };
+    RegisterAdapterRoutes(h, std::move(ar));
+  }
   WebUiContext ui;
   ui.model = &engine_.model();
   ui.scheduler = &engine_.scheduler();

@@ -1,6 +1,8 @@
 // Server: the HTTP front of `lumen serve` (cpp-httplib). Routes
 //   GET  /health, /v1, /v1/models, /v1/models/{id}, /stats, /metrics
 //   POST /v1/chat/completions, /v1/completions, /v1/messages, /v1/responses
+//   GET/POST /v1/adapters, DELETE /v1/adapters/{id} (adapters_api.h; when the
+//   EngineBridge has an AdapterRegistry)
 // Every POST body passes the same gate (size, UTF-8, JSON, API key) and its
 // protocol parser, then EngineBridge; errors come back as 4xx in the error
 // shape of the endpoint's protocol (api_error.h). docs/reference/server-api.md

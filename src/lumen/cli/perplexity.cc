@@ -76,6 +76,9 @@ void RegisterPerplexity(CLI::App& app) {
   auto* cmd = app.add_subcommand(
       "perplexity", "perplexity of a text file by strided windows (and KL to a --base model)");
   auto a = std::make_shared<PplArgs>();
+  // A measurement of the model: the exact products unless a route flag asks to
+  // measure another (--tier l3, --act-route bf16).
+  a->model.default_act_route = "exact";
   AddModelArgs(cmd, a->model);
   cmd->add_option("-f,--file", a->file, "text file to evaluate")->required();
   cmd->add_option("--stride", a->stride,

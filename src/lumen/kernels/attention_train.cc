@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "lumen/core/check.h"
+#include "lumen/core/route.h"
 #include "lumen/core/thread_pool.h"
 
 #undef HWY_TARGET_INCLUDE
@@ -457,6 +458,19 @@ HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
 namespace lumen::kernels {
+
+LUMEN_ROUTE(attn_train_tiled,
+            {.node = "attn.train",
+             .name = "simd-tiled-lse",
+             .tier = Tier::kL2,
+             .oracle = "the scalar templates of attention_train.h (in double and in float)",
+             .bound = "out, lse, dQ, dK, dV within relative L2 1e-5 of the double oracle",
+             .tests = "AttentionTrainFast.EveryTargetWithinBoundOfTheOracle;"
+                      "AttentionTrainFast.IndependentOfThreadCount;"
+                      "AttentionTrainFast.RowsDependOnlyOnTheKeysTheySee;"
+                      "Families/PrefixShare.MatchesTwoForwards/*",
+             .when = "train.compute=f32",
+             .priority = 10});
 
 HWY_EXPORT(AttnTrainForwardUnits);
 HWY_EXPORT(AttnTrainBackwardHeads);

@@ -40,7 +40,7 @@ LUMEN_ROUTE(train_attention_scalar,
             {.node = "attn.train",
              .name = "scalar-lse",
              .tier = Tier::kL2,
-             .oracle = "finite differences in double (the same template)",
+             .oracle = "finite differences in double (the template the double route runs)",
              .bound = "relative error below 1e-6 in double",
              .tests = "Families/GradientCheck.EveryObjectiveMatchesFiniteDifferences/*;Families/"
                       "PrefixShare.MatchesTwoForwards/*",

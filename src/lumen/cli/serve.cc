@@ -218,6 +218,12 @@ void RunServe(CLI::App* cmd, ServeArgs& a) {
 void RegisterServe(CLI::App& app) {
   auto* cmd = app.add_subcommand("serve", "OpenAI / Anthropic / Responses HTTP server");
   auto a = std::make_shared<ServeArgs>();
+  // Exact products by default: the bf16 route applies to products of more than
+  // 4 rows, so a prompt-cache restore (which prefills only the new suffix) and a
+  // fresh prefill would round differently and the cache would no longer be
+  // L1 (EmbeddedServer.ChatCompletionAndStreamAgree caught it). --tier l3 or
+  // --act-route bf16 opt in.
+  a->model.default_act_route = "exact";
   AddModelArgs(cmd, a->model);
   // serve's --adapter repeats and may name adapters (SplitAdapterFlags).
   cmd->remove_option(cmd->get_option("--adapter"));

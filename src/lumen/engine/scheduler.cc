@@ -16,7 +16,9 @@ LUMEN_ROUTE(
      .name = "adopt-longest-prefix",
      .tier = Tier::kL1,
      .oracle = "a fresh prefill of the whole prompt",
-     .bound = "identical tokens (the per-row arithmetic does not depend on chunk boundaries)",
+     .bound =
+         "identical tokens on the exact and int8 routes (the per-row arithmetic does not depend on "
+         "chunk boundaries; the bf16 route takes only products of more than 4 rows, so it does)",
      .tests =
          "SchedulerTest.PromptCacheReusesPrefix;EmbeddedServer.PromptCacheReusesConversationPrefix;"
          "SessionTest.TruncateAndReappendReusesThePrefix;SessionTest."

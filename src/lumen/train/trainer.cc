@@ -483,6 +483,14 @@ Result<TrainResult> Train(const engine::Model& model, const TrainOptions& opts) 
       {"control_every", o.control_every},
       {"threads", model.pool() ? model.pool()->size() : 1}};
   LUMEN_RETURN_IF_ERROR(WriteFileAtomic((out / "config.json").string(), cfg.dump(2) + "\n"));
+  // The handler is in place before metrics.jsonl exists: a Ctrl-C from then on
+  // checkpoints instead of killing (restored on every return by the guard).
+  g_interrupted.store(false);
+  const auto old_handler = std::signal(SIGINT, OnSigint);
+  struct RestoreSigint {
+    decltype(old_handler) h;
+    ~RestoreSigint() { std::signal(SIGINT, h); }
+  } restore_sigint{old_handler};
   std::ofstream metrics((out / "metrics.jsonl").string(),
                         o.resume_dir.empty() ? std::ios::trunc : std::ios::app);
 
@@ -546,8 +554,6 @@ Result<TrainResult> Train(const engine::Model& model, const TrainOptions& opts) 
     return perm[cursor % N];
   };
 
-  g_interrupted.store(false);
-  auto old_handler = std::signal(SIGINT, OnSigint);
   LoraParams<float> grad;
   EvalMetrics window;
   int64_t window_tokens = 0;
@@ -689,7 +695,6 @@ Result<TrainResult> Train(const engine::Model& model, const TrainOptions& opts) 
       break;
     }
   }
-  std::signal(SIGINT, old_handler);
   LUMEN_RETURN_IF_ERROR(status);
   LUMEN_RETURN_IF_ERROR(
       engine::SaveAdapter(o.out_dir, ToAdapter(layout, st.params, o.model_name), c));

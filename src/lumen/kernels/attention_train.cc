@@ -481,13 +481,10 @@ using attention_train_detail::FastArgs;
 void CheckShape(const TrainAttentionShape& s) {
   LUMEN_CHECK(s.n_heads > 0 && s.n_kv_heads > 0 && s.n_heads % s.n_kv_heads == 0 && s.head_dim > 0);
 }
-}  // namespace
 
-void AttentionTrainForwardFast(const TrainAttentionShape& s, const float* q, const float* k,
-                               const float* v, const int32_t* pos, const KeyRanges* vis, int64_t M,
-                               float* out, float* lse, ThreadPool* pool) {
-  CheckShape(s);
-  if (M <= 0) return;
+// The inputs both passes read.
+FastArgs Inputs(const TrainAttentionShape& s, const float* q, const float* k, const float* v,
+                const int32_t* pos, const KeyRanges* vis, int64_t M) {
   FastArgs a;
   a.s = s;
   a.q = q;
@@ -496,17 +493,33 @@ void AttentionTrainForwardFast(const TrainAttentionShape& s, const float* q, con
   a.pos = pos;
   a.vis = vis;
   a.M = M;
-  a.out = out;
-  a.lse = lse;
-  const int64_t bq = attention_train_detail::TokensPerTile(s.n_heads / s.n_kv_heads);
-  const int64_t units = int64_t(s.n_kv_heads) * ((M + bq - 1) / bq);
-  auto run = [&](int64_t b, int64_t e, int) {
-    HWY_DYNAMIC_DISPATCH(AttnTrainForwardUnits)(a, b, e);
-  };
+  return a;
+}
+
+// Runs f(begin, end) over [0, units) on the pool, or inline without one.
+template <typename F>
+void ForUnits(ThreadPool* pool, int64_t units, F f) {
+  auto run = [&](int64_t b, int64_t e, int) { f(b, e); };
   if (pool)
     pool->ParallelFor(units, run);
   else
     run(0, units, 0);
+}
+}  // namespace
+
+void AttentionTrainForwardFast(const TrainAttentionShape& s, const float* q, const float* k,
+                               const float* v, const int32_t* pos, const KeyRanges* vis, int64_t M,
+                               float* out, float* lse, ThreadPool* pool) {
+  CheckShape(s);
+  if (M <= 0) return;
+  FastArgs a = Inputs(s, q, k, v, pos, vis, M);
+  a.out = out;
+  a.lse = lse;
+  const int64_t bq = attention_train_detail::TokensPerTile(s.n_heads / s.n_kv_heads);
+  const int64_t units = int64_t(s.n_kv_heads) * ((M + bq - 1) / bq);
+  ForUnits(pool, units, [&](int64_t b, int64_t e) {
+    HWY_DYNAMIC_DISPATCH(AttnTrainForwardUnits)(a, b, e);
+  });
 }
 
 void AttentionTrainBackwardFast(const TrainAttentionShape& s, const float* q, const float* k,
@@ -515,27 +528,16 @@ void AttentionTrainBackwardFast(const TrainAttentionShape& s, const float* q, co
                                 float* dk, float* dv, ThreadPool* pool) {
   CheckShape(s);
   if (M <= 0) return;
-  FastArgs a;
-  a.s = s;
-  a.q = q;
-  a.k = k;
-  a.v = v;
-  a.pos = pos;
-  a.vis = vis;
-  a.M = M;
+  FastArgs a = Inputs(s, q, k, v, pos, vis, M);
   a.saved_out = out;
   a.saved_lse = lse;
   a.dout = dout;
   a.dq = dq;
   a.dk = dk;
   a.dv = dv;
-  auto run = [&](int64_t b, int64_t e, int) {
+  ForUnits(pool, s.n_kv_heads, [&](int64_t b, int64_t e) {
     HWY_DYNAMIC_DISPATCH(AttnTrainBackwardHeads)(a, b, e);
-  };
-  if (pool)
-    pool->ParallelFor(s.n_kv_heads, run);
-  else
-    run(0, s.n_kv_heads, 0);
+  });
 }
 
 }  // namespace lumen::kernels

@@ -16,6 +16,7 @@
 #include "lumen/cli/verbs.h"
 #include "lumen/engine/chat.h"
 #include "lumen/engine/default_model.h"
+#include "lumen/engine/fit.h"
 #include "lumen/engine/scheduler.h"
 #include "lumen/model/kv_cache.h"
 #include "lumen/serve/engine_bridge.h"
@@ -43,6 +44,7 @@ struct ServeArgs {
   bool no_ui = false;
   std::string runs_dir;
   std::string train_data_dir;
+  double memory_budget_gb = 0;
 };
 
 // Sampler defaults: built-in < generation_config.json < server flags
@@ -89,6 +91,25 @@ void RunServe(CLI::App* cmd, ServeArgs& a) {
     sopts->ctx = engine::AutoContext(model.config(), sopts->kv_dtype, a.parallel,
                                      engine::MemAvailableBytes());
 
+  // Refuse a configuration that cannot hold every slot's context (fit.h's
+  // arithmetic) before anything starts.
+  auto fit = engine::Fit(model, {.ctx = sopts->ctx,
+                                 .parallel = a.parallel,
+                                 .kv_dtype = sopts->kv_dtype,
+                                 .budget_bytes = uint64_t(a.memory_budget_gb * 1e9),
+                                 .beyond_model_ctx = true});
+  if (!fit.ok()) return ReportError(fit.status());
+  if (!fit->fits)
+    return ReportError(
+        Errorf("serve: --ctx {} with --parallel {} needs {} bytes (weights {} + {} x (KV {} + "
+               "transient {})), more than the memory budget of {} bytes ({}); the largest context "
+               "that fits is {}{}",
+               fit->ctx, fit->parallel, fit->total_bytes, fit->weight_bytes, fit->parallel,
+               fit->kv_bytes_per_seq, fit->transient_bytes_per_seq, fit->budget_bytes,
+               a.memory_budget_gb > 0 ? "--memory-budget" : "MemAvailable", fit->max_ctx,
+               fit->max_ctx > 0 ? fmt::format(" (--ctx {})", fit->max_ctx)
+                                : std::string(": lower --parallel or raise --memory-budget")));
+
   engine::SchedulerOptions so;
   so.parallel = a.parallel;
   so.queue = a.queue;
@@ -123,6 +144,7 @@ void RunServe(CLI::App* cmd, ServeArgs& a) {
   opts.store.max_entries = static_cast<size_t>(a.store_entries);
   opts.store.max_bytes = static_cast<size_t>(a.store_mb * 1024 * 1024);
   opts.store.ttl = std::chrono::seconds(a.store_ttl_s);
+  opts.fit = *fit;
   opts.ui.enabled = !a.no_ui;
   opts.ui.runs_dir = a.runs_dir;
   opts.ui.train_data_dir = a.train_data_dir;
@@ -202,6 +224,10 @@ void RegisterServe(CLI::App& app) {
                   "let the web app start lumen train runs (into --runs) on data directories "
                   "under DIR; without it starting runs is refused")
       ->check(CLI::ExistingDirectory);
+  cmd->add_option("--memory-budget", a->memory_budget_gb,
+                  "memory budget in GB (1e9 bytes) that weights + --parallel x (KV + scratch) "
+                  "must fit, checked at start (default: MemAvailable; see lumen fit)")
+      ->check(CLI::PositiveNumber);
   AddSamplerFlags(cmd, a->sampler);
   cmd->callback([cmd, a] { RunServe(cmd, *a); });
 }

@@ -20,6 +20,7 @@ void RegisterTrain(CLI::App& app);
 void RegisterMerge(CLI::App& app);
 void RegisterPerplexity(CLI::App& app);
 void RegisterFit(CLI::App& app);
+void RegisterEmbed(CLI::App& app);
 
 void RegisterVerbs(CLI::App& app) {
   RegisterInspect(app);
@@ -34,6 +35,7 @@ void RegisterVerbs(CLI::App& app) {
   RegisterMerge(app);
   RegisterPerplexity(app);
   RegisterFit(app);
+  RegisterEmbed(app);
 }
 
 }  // namespace lumen::cli

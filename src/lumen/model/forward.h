@@ -66,9 +66,18 @@ class Forward {
   // alone (L1: the per-row arithmetic is identical).
   Status RunBatch(std::span<const BatchRow> rows, float* logits);
 
+  // Embeddings: the final norm's output for every row, no LM head (no
+  // logit_scale, no softcap). hidden: [B, D]. Rows as RunBatch takes them,
+  // plus runs of consecutive positions of one sequence (a prefill chunk of
+  // each of several sequences); each row's hidden state is computed with the
+  // same per-row arithmetic as in Run.
+  Status RunHidden(std::span<const BatchRow> rows, float* hidden);
+
   const ModelConfig& config() const { return c_; }
 
  private:
+  // Everything before the head: embedding and every layer, into a_.x.
+  Status RunLayers(std::span<const BatchRow> rows);
   Status RunRows(std::span<const BatchRow> rows, int64_t first_logit_row, float* logits);
   void Embed(std::span<const BatchRow> rows, float* x) const;
   void AttentionBlock(int l, std::span<const BatchRow> rows);
@@ -84,6 +93,7 @@ class Forward {
   float embed_scale_;  // c_.embed_scale, rounded to the embedding dtype when HF does
   kernels::RopeTable rope_global_, rope_local_;
   int64_t rope_seq_len_ = -1;
+  bool position_split_ = true;  // RunHidden turns it off (see forward.cc)
 };
 
 }  // namespace lumen::model

@@ -87,9 +87,22 @@ def main():
         "inputs": inputs,
         "cases": cases,
     }
+    # One input or vector per line: small diffs when a golden changes.
+    lines = ["{", f' "generated_by": {json.dumps(GENERATED_BY)},', f' "note": {json.dumps(out["note"])},',
+             ' "inputs": [']
+    lines += ["  " + json.dumps(ids) + ("," if i + 1 < len(inputs) else "") for i, ids in enumerate(inputs)]
+    lines.append(" ],")
+    lines.append(' "cases": [')
+    for ci, c in enumerate(cases):
+        lines.append(f'  {{"model_dir": {json.dumps(c["model_dir"])}, "pooling": {json.dumps(c["pooling"])}, '
+                     f'"dim": {c["dim"]}, "embeddings": [')
+        lines += ["   " + json.dumps([float(repr_x) for repr_x in v]) + ("," if i + 1 < len(c["embeddings"]) else "")
+                  for i, v in enumerate(c["embeddings"])]
+        lines.append("  ]}" + ("," if ci + 1 < len(cases) else ""))
+    lines.append(" ]")
+    lines.append("}")
     with open(args.out, "w", encoding="utf-8") as f:
-        json.dump(out, f, indent=1)
-        f.write("\n")
+        f.write("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

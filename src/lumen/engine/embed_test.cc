@@ -44,7 +44,9 @@ std::unique_ptr<Model> SynthEmbed(const std::string& pooling, OutputFormat forma
   o.pooling = *model::ParsePooling(pooling);
   Status s = Synthesize(o);
   EXPECT_TRUE(s.ok()) << s.message();
-  auto m = Model::Load(out.string(), {.threads = 1});
+  LoadOptions lo;
+  lo.threads = 1;
+  auto m = Model::Load(out.string(), lo);
   EXPECT_TRUE(m.ok()) << m.status().message();
   return m.ok() ? std::move(m).value() : nullptr;
 }

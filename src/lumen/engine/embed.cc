@@ -1,5 +1,6 @@
 #include "lumen/engine/embed.h"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 
@@ -12,6 +13,11 @@
 namespace lumen::engine {
 
 using model::Pooling;
+
+namespace {
+constexpr int64_t kMinStepRows = 5;  // kernels/matmul.h: M <= 4 is the matvec route
+constexpr size_t kPadding = ~size_t(0);
+}  // namespace
 
 Result<Pooling> ReadSentenceTransformersPooling(const std::string& dir) {
   namespace fs = std::filesystem;
@@ -91,7 +97,8 @@ Embedder::Embedder(const Model& model, ThreadPool* pool)
     : model_(model),
       forward_(model.config(), model.weights(), pool),
       pooling_(model.config().pooling),
-      dim_(model.config().dim) {}
+      dim_(model.config().dim),
+      threads_(pool ? pool->size() : 1) {}
 
 Result<std::unique_ptr<Embedder>> Embedder::Create(const Model& model, ThreadPool* pool) {
   if (model.config().pooling == Pooling::kNone)
@@ -140,8 +147,20 @@ Result<std::vector<std::vector<float>>> Embedder::Embed(
         owner.push_back(i);
       }
     }
+    // A step of few rows would take other kernel routes (matvec for M <= 4
+    // rows, attention split by heads when rows < threads) than a full one,
+    // which sum in another order: repeat the last row (it rewrites the same
+    // K/V at the same position) so every step takes the routes a full step
+    // takes, and a row's bits do not depend on its neighbours.
+    const size_t min_rows =
+        size_t(std::min<int64_t>(model::kMaxChunk, std::max(kMinStepRows, threads_)));
+    while (rows.size() < min_rows) {
+      rows.push_back(rows.back());
+      owner.push_back(kPadding);
+    }
     LUMEN_RETURN_IF_ERROR(forward_.RunHidden(rows, hidden.as<float>()));
     for (size_t r = 0; r < rows.size(); ++r) {
+      if (owner[r] == kPadding) continue;
       const size_t i = owner[r];
       const float* h = hidden.as<float>() + r * D;
       const int64_t n = int64_t(inputs[i].size());

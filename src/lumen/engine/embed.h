@@ -11,9 +11,11 @@
 //
 // Batching: Embed packs the tokens of several inputs into each forward step
 // (up to kMaxChunk rows, each input with its own f32 KV cache, in input
-// order), so short inputs share weight reads. Each row's arithmetic does not
-// depend on its neighbours, so the batched route is L1 (bit-identical) to
-// running one input at a time (batched = false); tested in embed_test.cc.
+// order), so short inputs share weight reads. Every step has at least
+// max(5, threads) rows (a short one repeats its last row), so every step
+// takes the kernel routes of a full step and a row's bits do not depend on
+// its neighbours: the batched route is L1 (bit-identical) to running one
+// input at a time (batched = false); tested in embed_test.cc.
 //
 // Example:
 //   auto e = Embedder::Create(model, pool);
@@ -65,6 +67,7 @@ class Embedder {
   model::Forward forward_;
   model::Pooling pooling_;
   int dim_;
+  int threads_;
 };
 
 }  // namespace lumen::engine

@@ -254,7 +254,7 @@ TEST_F(EmbeddedServer, GetEndpoints) {
   EXPECT_EQ(Request(port(), "GET", "/v1/models/other").status, 404);
   auto idx = Request(port(), "GET", "/v1");
   ASSERT_EQ(idx.status, 200);
-  EXPECT_EQ(idx.Json()["data"].size(), 15u);  // 9 API routes + 6 web app endpoints
+  EXPECT_EQ(idx.Json()["data"].size(), 17u);  // 11 API routes + 6 web app endpoints
   auto st = Request(port(), "GET", "/stats");
   ASSERT_EQ(st.status, 200);
   EXPECT_EQ(st.Json()["parallel"], 4);

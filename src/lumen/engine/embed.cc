@@ -153,7 +153,7 @@ Result<std::vector<std::vector<float>>> Embedder::Embed(
     // K/V at the same position) so every step takes the routes a full step
     // takes, and a row's bits do not depend on its neighbours.
     const size_t min_rows =
-        size_t(std::min<int64_t>(model::kMaxChunk, std::max(kMinStepRows, threads_)));
+        size_t(std::min<int64_t>(model::kMaxChunk, std::max<int64_t>(kMinStepRows, threads_)));
     while (rows.size() < min_rows) {
       rows.push_back(rows.back());
       owner.push_back(kPadding);

@@ -13,5 +13,10 @@ fi
 cmake --preset release -DLUMEN_BUILD_BENCH=OFF >/dev/null
 cmake --build build/release -j"$(nproc)"
 export LUMEN_FIXTURES="${LUMEN_FIXTURES:-$(pwd)/../shared/fixtures}"
-ctest --test-dir build/release --output-on-failure -j"$(nproc)" 2>&1 | tail -n 40
+# The junit file feeds the route gate: every L1/L2 route's tests must have run and
+# passed in this same run (docs/design/routes.md).
+junit="$(pwd)/build/release/ctest-junit.xml"
+rm -f "$junit"
+ctest --test-dir build/release --output-on-failure -j"$(nproc)" --output-junit "$junit" 2>&1 | tail -n 40
+build/release/lumen routes --check "$junit"
 if [ "${LUMEN_SKIP_FUZZ:-0}" != 1 ]; then bash scripts/fuzz.sh 30; fi

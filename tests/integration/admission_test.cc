@@ -10,9 +10,10 @@
 #include <gtest/gtest.h>
 
 #include "lumen_cli.h"
-#include "serve_process.h"
+#include "serve_http.h"
 
 namespace lumen::testing {
+using namespace http;
 namespace {
 
 constexpr int kCtx = 64;
@@ -133,6 +134,28 @@ TEST(AdmissionStart, AConfigurationOverTheBudgetDoesNotStart) {
             std::string::npos)
       << s.log();
   EXPECT_EQ(s.log().find("listening"), std::string::npos) << s.log();
+}
+
+// --clamp-max-tokens: llama-server's rule. The same over-long max_tokens is
+// admitted and cut to the room left; the reply stops at the context's end.
+TEST(AdmissionClamp, MaxTokensBeyondTheContextIsCutToTheRoomLeft) {
+  ServerProcess s({"--ctx", std::to_string(kCtx), "--clamp-max-tokens", "--prompt-cache-mb", "0"});
+  ASSERT_GT(s.port(), 0) << s.log();
+  const Endpoint e{"/v1/chat/completions", "max_tokens", "messages", false};
+  auto r = Post(s.port(), e.path, Body(e, "Once upon a time", 1000));
+  ASSERT_EQ(r.status, 200) << r.body;
+  const json j = r.Json();
+  const int total =
+      j["usage"]["prompt_tokens"].get<int>() + j["usage"]["completion_tokens"].get<int>();
+  if (j["choices"][0]["finish_reason"] == "length")
+    EXPECT_EQ(total, kCtx) << r.body;  // ran to the end of the context
+  else
+    EXPECT_LT(total, kCtx) << r.body;  // the model ended its story first
+  // A prompt that fills the context is still refused.
+  auto full = Post(s.port(), e.path, Body(e, std::string(400, 'a'), 1));
+  EXPECT_EQ(full.status, 400) << full.body;
+  EXPECT_EQ(full.Json()["error"]["code"], "context_length_exceeded") << full.body;
+  EXPECT_EQ(s.Stop(), 0) << s.log();
 }
 
 }  // namespace

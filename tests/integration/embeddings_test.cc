@@ -13,9 +13,10 @@
 #include <gtest/gtest.h>
 
 #include "lumen_cli.h"
-#include "serve_process.h"
+#include "serve_http.h"
 
 namespace lumen::testing {
+using namespace http;
 namespace {
 
 namespace fs = std::filesystem;

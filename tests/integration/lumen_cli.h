@@ -88,10 +88,10 @@ struct ServeResult {
   int exit_code = -1;
 };
 
-// Starts `lumen serve MODEL --port 0`, POSTs `body` to `path` once, stops it
-// with SIGTERM.
+// Starts `lumen serve MODEL --port 0 EXTRA...` (MODEL "": the embedded one),
+// POSTs `body` to `path` once, stops it with SIGTERM.
 inline ServeResult ServeOnce(const std::string& model, const std::string& path,
-                             const std::string& body) {
+                             const std::string& body, const std::vector<std::string>& extra = {}) {
   using Clock = std::chrono::steady_clock;
   ServeResult r;
   int fds[2];
@@ -103,7 +103,13 @@ inline ServeResult ServeOnce(const std::string& model, const std::string& path,
     close(fds[1]);
     setenv("LUMEN_THREADS", "1", 1);
     unsetenv("LUMEN_API_KEY");
-    execl(LUMEN_BINARY, LUMEN_BINARY, "serve", model.c_str(), "--port", "0", (char*)nullptr);
+    std::vector<std::string> args = {LUMEN_BINARY, "serve", "--port", "0"};
+    if (!model.empty()) args.push_back(model);
+    args.insert(args.end(), extra.begin(), extra.end());
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    execv(LUMEN_BINARY, argv.data());
     _exit(127);
   }
   close(fds[1]);

@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "lumen/cli/common.h"
+#include "lumen/cli/routes.h"
 #include "lumen/cli/verbs.h"
 #include "lumen/engine/bench.h"
 #include "lumen/train/bench_train.h"
@@ -19,8 +20,7 @@ struct BenchArgs {
   std::string model;
   engine::BenchOptions opts;
   int threads = 0;
-  std::string act_route = "exact";
-  std::string kv_type = "f16";
+  ModelArgs routes;  // --act-route, --kv-type, --exact, --tier (the same presets as generate)
   int64_t depth = 0;
   bool membw_only = false;
   bool no_membw = false;
@@ -56,11 +56,18 @@ void RunBenchVerb(BenchArgs& a) {
   ModelArgs margs;
   margs.model = a.model;
   margs.threads = a.threads;
-  margs.act_route = a.act_route;
+  margs.act_route = a.routes.act_route;
+  margs.kv_type = a.routes.kv_type;
+  margs.exact = a.routes.exact;
+  margs.tier = a.routes.tier;
+  margs.show_routes = a.routes.show_routes;
   auto model = LoadModel(margs);
   if (!model.ok()) return ReportError(model.status());
+  AnnounceRoutes(margs, **model, "generate");
+  auto sopts = SessionOptionsFrom(margs);
+  if (!sopts.ok()) return ReportError(sopts.status());
   a.opts.depth = a.depth;
-  a.opts.kv_dtype = *ParseDType(a.kv_type);  // the flag's check admits only valid names
+  a.opts.kv_dtype = sopts->kv_dtype;
   a.opts.membw = !a.no_membw;
   auto rr = engine::RunBench(**model, a.opts);
   if (!rr.ok()) return ReportError(rr.status());
@@ -139,8 +146,9 @@ void RegisterBench(CLI::App& app) {
       ->check(CLI::Range(1, 1000));
   cmd->add_option("--ctx", a->depth, "also decode starting at this context position")
       ->check(CLI::Range(int64_t(1), int64_t(1) << 24));
-  AddActRouteOption(cmd, a->act_route);
-  AddKvTypeOption(cmd, a->kv_type);
+  AddActRouteOption(cmd, a->routes.act_route);
+  AddKvTypeOption(cmd, a->routes.kv_type);
+  AddTierOptions(cmd, a->routes);
   cmd->add_flag("--membw", a->membw_only, "only measure the read bandwidth (1 and all threads)");
   cmd->add_flag("--no-membw", a->no_membw, "skip the bandwidth measurement");
   // lumen bench train: the training memory levers side by side (issue 15).

@@ -2,6 +2,7 @@
 
 #include <cstdio>
 
+#include "lumen/cli/routes.h"
 #include "lumen/cli/verbs.h"
 #include "lumen/engine/default_model.h"
 #include "lumen/kernels/matrix.h"
@@ -22,8 +23,22 @@ void AddModelArgs(CLI::App* app, ModelArgs& args, bool positional) {
       ->check(CLI::Range(int64_t(1), int64_t(1) << 24));
   AddKvTypeOption(app, args.kv_type);
   AddActRouteOption(app, args.act_route);
+  AddTierOptions(app, args);
   app->add_option("--adapter", args.adapter,
                   "LoRA adapter directory (PEFT layout, e.g. from lumen train) applied unmerged");
+}
+
+void AddTierOptions(CLI::App* app, ModelArgs& args) {
+  app->add_flag("--exact", args.exact,
+                "every node at its lowest tier (exact f32 products, f32 KV): bit-identical to "
+                "the reference path; same as --tier l1");
+  app->add_option("--tier", args.tier,
+                  "route preset: l1 (= --exact), l2 (no L3 route: exact products, f16 KV), l3 "
+                  "(every L3 route: int8 decode + bf16 prefill); default: bf16 prefill, exact "
+                  "decode, f16 KV. --act-route / --kv-type override it")
+      ->check(CLI::IsMember({"l1", "l2", "l3"}));
+  app->add_flag("--show-routes", args.show_routes,
+                "print the resolved route of every graph node before running (lumen routes)");
 }
 
 void AddKvTypeOption(CLI::App* app, std::string& kv_type) {
@@ -35,19 +50,21 @@ void AddKvTypeOption(CLI::App* app, std::string& kv_type) {
 
 void AddActRouteOption(CLI::App* app, std::string& act_route) {
   app->add_option("--act-route", act_route,
-                  "matmul activations: exact (f32, default); int8 (decode: Q8_0/Q4_0/Q4_K/Q6_K/"
+                  "matmul activations: exact (f32); int8 (decode: Q8_0/Q4_0/Q4_K/Q6_K/"
                   "MLX-4-bit weights against int8 activations, VNNI dot products); bf16 (prefill: "
                   "bf16 weights and activations, AVX512-BF16 dot products); int8+bf16 (both). "
-                  "int8 and bf16 are tier L3, docs/reference/performance.md")
+                  "int8 and bf16 are tier L3, docs/reference/performance.md. Default: the "
+                  "--tier preset's (bf16 where the CPU has AVX512-BF16)")
       ->check(CLI::IsMember(std::vector<std::string>(kernels::kActRouteNames.begin(),
                                                      kernels::kActRouteNames.end())));
 }
 
 Result<std::unique_ptr<engine::Model>> LoadModel(const ModelArgs& args) {
+  LUMEN_ASSIGN_OR_RETURN(RouteChoice routes, ResolveRouteChoice(args));
   engine::LoadOptions opts;
   opts.tokenizer_path = args.tokenizer;
   opts.threads = args.threads;
-  opts.act_route = kernels::ParseActRoute(args.act_route).value_or(kernels::ActRoute::kExact);
+  opts.act_route = kernels::ParseActRoute(routes.act_route).value_or(kernels::ActRoute::kExact);
   opts.adapter_dir = args.adapter;
   return engine::LoadModelOrDefault(args.model, opts);
 }
@@ -55,8 +72,9 @@ Result<std::unique_ptr<engine::Model>> LoadModel(const ModelArgs& args) {
 Result<engine::SessionOptions> SessionOptionsFrom(const ModelArgs& args) {
   engine::SessionOptions s;
   s.ctx = args.ctx;
-  auto t = ParseDType(args.kv_type);
-  if (!t) return Errorf("--kv-type: unknown type '{}'", args.kv_type);
+  LUMEN_ASSIGN_OR_RETURN(RouteChoice routes, ResolveRouteChoice(args));
+  auto t = ParseDType(routes.kv_type);
+  if (!t) return Errorf("--kv-type: unknown type '{}'", routes.kv_type);
   s.kv_dtype = *t;
   return s;
 }

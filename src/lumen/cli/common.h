@@ -22,8 +22,14 @@ struct ModelArgs {
   std::string tokenizer;  // llama2.c models
   int threads = 0;
   int64_t ctx = 0;
-  std::string kv_type = "f16";
-  std::string act_route = "exact";
+  // Route choices (cli/routes.h): empty means the preset's. The default preset
+  // takes default_act_route (bf16 prefill; training verbs set "exact").
+  std::string kv_type;
+  std::string act_route;
+  std::string default_act_route = "bf16";
+  bool exact = false;  // --exact: every node at its lowest tier
+  std::string tier;    // --tier l1|l2|l3
+  bool show_routes = false;
   std::string adapter;  // LoRA adapter directory (PEFT layout), applied unmerged
 };
 
@@ -31,6 +37,8 @@ void AddModelArgs(CLI::App* app, ModelArgs& args, bool positional = true);
 // --kv-type and --act-route with their checks (AddModelArgs, and bench's own arguments).
 void AddKvTypeOption(CLI::App* app, std::string& kv_type);
 void AddActRouteOption(CLI::App* app, std::string& act_route);
+// --exact, --tier and --show-routes (AddModelArgs, and bench).
+void AddTierOptions(CLI::App* app, ModelArgs& args);
 Result<std::unique_ptr<engine::Model>> LoadModel(const ModelArgs& args);
 Result<engine::SessionOptions> SessionOptionsFrom(const ModelArgs& args);
 

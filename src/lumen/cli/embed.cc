@@ -1,5 +1,5 @@
 // lumen embed [MODEL] [--file F | TEXT...] [--instruction I] [--dimensions N]
-// [--json]: one L2-normalized vector per input from an embedding model
+// [--pooling mean|cls|last] [--json]: one L2-normalized vector per input from an embedding model
 // (engine/embed.h). The first argument is MODEL when it names an existing file
 // or directory; --file holds one input per non-empty line. Plain output: one
 // line per input, the components separated by spaces (%.9g: f32 round-trips).
@@ -23,6 +23,7 @@ struct EmbedArgs {
   std::string file;
   std::string instruction;
   int dimensions = 0;
+  std::string pooling;  // --pooling: overrides the model's
   bool json = false;
 };
 
@@ -46,7 +47,13 @@ void Run(EmbedArgs& a) {
   auto m = LoadModel(a.model);
   if (!m.ok()) return ReportError(m.status());
   const engine::Model& model = **m;
-  auto e = engine::Embedder::Create(model, model.pool());
+  model::Pooling pooling = model::Pooling::kNone;
+  if (!a.pooling.empty()) {
+    auto p = model::ParsePooling(a.pooling);
+    if (!p.ok()) return ReportError(p.status().WithContext("--pooling"));
+    pooling = *p;
+  }
+  auto e = engine::Embedder::Create(model, model.pool(), pooling);
   if (!e.ok()) return ReportError(e.status());
   const int D = (*e)->dim();
   if (a.dimensions > D)
@@ -85,6 +92,9 @@ void Run(EmbedArgs& a) {
 void RegisterEmbed(CLI::App& app) {
   auto* cmd = app.add_subcommand("embed", "embedding vectors of texts (embedding models)");
   auto a = std::make_shared<EmbedArgs>();
+  // Exact products by default, as the server's /v1/embeddings computes them,
+  // so the CLI and the server give the same bits (--tier l3 opts in to bf16).
+  a->model.default_act_route = "exact";
   AddModelArgs(cmd, a->model, /*positional=*/false);
   cmd->add_option("args", a->pos, "[MODEL] TEXT...");
   cmd->add_option("--file", a->file, "one input per non-empty line");
@@ -94,6 +104,10 @@ void RegisterEmbed(CLI::App& app) {
   cmd->add_option("--dimensions", a->dimensions,
                   "keep the first N components and re-normalize (matryoshka)")
       ->check(CLI::PositiveNumber);
+  cmd->add_option("--pooling", a->pooling,
+                  "mean, cls or last: pool this way instead of the model's pooling (as "
+                  "llama.cpp's --pooling; also embeds with a generative model)")
+      ->check(CLI::IsMember({"mean", "cls", "last"}));
   cmd->add_flag("--json", a->json,
                 "print {model, pooling, dimensions, data: [{index, tokens, "
                 "embedding}]}");

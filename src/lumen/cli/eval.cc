@@ -134,10 +134,11 @@ void RunMatch(CLI::App* cmd, EvalArgs& a) {
 void RunRoute(EvalArgs& a) {
   auto run = [&]() -> Status {
     LUMEN_ASSIGN_OR_RETURN(auto text, eval::ReadPrompts(a.prompts));
-    // The route under test is --act-route; "exact" (the flag's default) means int8.
+    // The route under test is --act-route; none given (or "exact") means int8.
     ModelArgs exact_args = a.model, route_args = a.model;
     exact_args.act_route = "exact";
-    if (route_args.act_route == "exact") route_args.act_route = "int8";
+    if (route_args.act_route.empty() || route_args.act_route == "exact")
+      route_args.act_route = "int8";
     // bf16 applies to products with many rows, so those routes are measured on prefill.
     const bool prefill = kernels::RouteHasBf16(*kernels::ParseActRoute(route_args.act_route));
     LUMEN_ASSIGN_OR_RETURN(auto exact, LoadModel(exact_args));

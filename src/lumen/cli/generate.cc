@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "lumen/cli/common.h"
+#include "lumen/cli/routes.h"
 #include "lumen/cli/verbs.h"
 #include "lumen/engine/chat.h"
 #include "lumen/engine/generate.h"
@@ -71,6 +72,7 @@ Result<Runtime> Start(CLI::App* cmd, GenerateArgs& a) {
   Runtime rt;
   LUMEN_ASSIGN_OR_RETURN(sample::SamplerConfig cfg, BuildSamplerConfig(cmd, a.sampler, {}));
   LUMEN_ASSIGN_OR_RETURN(rt.model, LoadModel(a.model));
+  AnnounceRoutes(a.model, *rt.model, "generate");
   LUMEN_ASSIGN_OR_RETURN(engine::SessionOptions sopts, SessionOptionsFrom(a.model));
   LUMEN_ASSIGN_OR_RETURN(rt.session, engine::Session::Create(*rt.model, sopts));
   LUMEN_ASSIGN_OR_RETURN(sample::Sampler sampler, sample::Sampler::Create(cfg));

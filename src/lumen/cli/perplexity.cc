@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "lumen/cli/common.h"
+#include "lumen/cli/routes.h"
 #include "lumen/cli/verbs.h"
 #include "lumen/engine/default_model.h"
 #include "lumen/eval/perplexity.h"
@@ -33,6 +34,7 @@ void Run(const PplArgs& a) {
   if (!so.ok()) return ReportError(so.status());
   auto m = LoadModel(a.model);
   if (!m.ok()) return ReportError(m.status());
+  AnnounceRoutes(a.model, **m, "generate");
   std::unique_ptr<engine::Model> base;
   if (!a.base.empty()) {
     ModelArgs b = a.model;
@@ -74,6 +76,9 @@ void RegisterPerplexity(CLI::App& app) {
   auto* cmd = app.add_subcommand(
       "perplexity", "perplexity of a text file by strided windows (and KL to a --base model)");
   auto a = std::make_shared<PplArgs>();
+  // A measurement of the model: the exact products unless a route flag asks to
+  // measure another (--tier l3, --act-route bf16).
+  a->model.default_act_route = "exact";
   AddModelArgs(cmd, a->model);
   cmd->add_option("-f,--file", a->file, "text file to evaluate")->required();
   cmd->add_option("--stride", a->stride,

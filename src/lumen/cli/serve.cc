@@ -8,12 +8,15 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <thread>
 
 #include <fmt/format.h>
 
 #include "lumen/cli/common.h"
+#include "lumen/cli/routes.h"
 #include "lumen/cli/verbs.h"
+#include "lumen/engine/adapter_registry.h"
 #include "lumen/engine/chat.h"
 #include "lumen/engine/default_model.h"
 #include "lumen/engine/fit.h"
@@ -45,7 +48,42 @@ struct ServeArgs {
   std::string runs_dir;
   std::string train_data_dir;
   double memory_budget_gb = 0;
+  bool clamp_max_tokens = false;
+  std::string pooling;  // --pooling: /v1/embeddings pools this way (overrides the model's)
+  std::vector<std::string> adapters;  // --adapter: NAME=DIR (mounted) or DIR (whole model)
 };
+
+// --adapter values: NAME=DIR mounts DIR as NAME (requests pick it by its
+// "adapter" field); a bare DIR (or an existing directory whose name holds
+// '=') is applied to the whole model, as on every other verb.
+struct AdapterFlags {
+  std::string model_wide;
+  std::vector<std::pair<std::string, std::string>> named;
+};
+
+Result<AdapterFlags> SplitAdapterFlags(const std::vector<std::string>& values) {
+  AdapterFlags f;
+  for (const std::string& v : values) {
+    const size_t eq = v.find('=');
+    std::error_code ec;
+    if (eq == std::string::npos || std::filesystem::is_directory(v, ec)) {
+      if (!f.model_wide.empty())
+        return Errorf(
+            "--adapter: two whole-model adapters ('{}' and '{}'); name them (NAME=DIR) to "
+            "mount both",
+            f.model_wide, v);
+      f.model_wide = v;
+      continue;
+    }
+    const std::string name = v.substr(0, eq), dir = v.substr(eq + 1);
+    if (!engine::ValidAdapterId(name))
+      return Errorf("--adapter {}: the name '{}' must be 1-64 of A-Z a-z 0-9 _ . -", v, name);
+    for (const auto& [n, d] : f.named)
+      if (n == name) return Errorf("--adapter: the name '{}' is given twice", name);
+    f.named.emplace_back(name, dir);
+  }
+  return f;
+}
 
 // Sampler defaults: built-in < generation_config.json < server flags
 // (requests override on top, in EngineBridge::Prepare).
@@ -78,9 +116,19 @@ void RunServe(CLI::App* cmd, ServeArgs& a) {
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
   std::signal(SIGPIPE, SIG_IGN);
 
+  auto adapter_flags = SplitAdapterFlags(a.adapters);
+  if (!adapter_flags.ok()) return ReportError(adapter_flags.status());
+  a.model.adapter = adapter_flags->model_wide;
   auto m = LoadModel(a.model);
   if (!m.ok()) return ReportError(m.status());
   const engine::Model& model = **m;
+  AnnounceRoutes(a.model, model, "serve");
+  engine::AdapterRegistry adapters(model);
+  for (const auto& [name, dir] : adapter_flags->named) {
+    auto mounted = adapters.Mount(name, dir, /*replace=*/false);
+    if (!mounted.ok())
+      return ReportError(mounted.status().WithContext(fmt::format("--adapter {}={}", name, dir)));
+  }
   auto base = BaseSampler(cmd, a, model);
   if (!base.ok()) return ReportError(base.status());
   auto sopts = SessionOptionsFrom(a.model);
@@ -132,6 +180,7 @@ void RunServe(CLI::App* cmd, ServeArgs& a) {
                  "fallback template (docs/reference/server-api.md)\n");
 
   serve::EngineBridge bridge(model, **sched, std::move(*fmt), *base);
+  bridge.set_adapters(&adapters);
   serve::ServerOptions opts;
   opts.host = a.host;
   opts.port = a.port;
@@ -145,10 +194,12 @@ void RunServe(CLI::App* cmd, ServeArgs& a) {
   opts.store.max_bytes = static_cast<size_t>(a.store_mb * 1024 * 1024);
   opts.store.ttl = std::chrono::seconds(a.store_ttl_s);
   opts.fit = *fit;
+  opts.clamp_max_tokens = a.clamp_max_tokens;
+  if (!a.pooling.empty()) opts.pooling = *model::ParsePooling(a.pooling);  // checked by CLI11
   opts.ui.enabled = !a.no_ui;
   opts.ui.runs_dir = a.runs_dir;
   opts.ui.train_data_dir = a.train_data_dir;
-  opts.ui.act_route = a.model.act_route;
+  opts.ui.act_route = ResolveRouteChoice(a.model)->act_route;  // LoadModel checked it
   opts.ui.adapter_dir = a.model.adapter;
   // Runs started from the web app train the served model (not its adapter).
   if (!a.model.model.empty()) opts.ui.train_model_args.push_back(a.model.model);
@@ -164,6 +215,9 @@ void RunServe(CLI::App* cmd, ServeArgs& a) {
   std::fprintf(stderr, "lumen: serving %s (ctx %lld, %d slots) on http://%s:%d\n",
                opts.model_name.c_str(), static_cast<long long>((*sched)->ctx()), a.parallel,
                a.host.c_str(), *port);
+  for (const auto& ad : adapters.List())
+    std::fprintf(stderr, "lumen: adapter '%s' mounted from %s (rank %d)\n", ad->id.c_str(),
+                 ad->path.c_str(), ad->adapter.rank);
   std::fprintf(stderr, "lumen: listening on http://%s:%d\n", a.host.c_str(), *port);
   std::fflush(stderr);
 
@@ -190,7 +244,19 @@ void RunServe(CLI::App* cmd, ServeArgs& a) {
 void RegisterServe(CLI::App& app) {
   auto* cmd = app.add_subcommand("serve", "OpenAI / Anthropic / Responses HTTP server");
   auto a = std::make_shared<ServeArgs>();
+  // Exact products by default: the bf16 route applies to products of more than
+  // 4 rows, so a prompt-cache restore (which prefills only the new suffix) and a
+  // fresh prefill would round differently and the cache would no longer be
+  // L1 (EmbeddedServer.ChatCompletionAndStreamAgree caught it). --tier l3 or
+  // --act-route bf16 opt in.
+  a->model.default_act_route = "exact";
   AddModelArgs(cmd, a->model);
+  // serve's --adapter repeats and may name adapters (SplitAdapterFlags).
+  cmd->remove_option(cmd->get_option("--adapter"));
+  cmd->add_option("--adapter", a->adapters,
+                  "LoRA adapter (PEFT layout), repeatable: NAME=DIR mounts DIR as NAME for "
+                  "requests that name it (\"adapter\" field; GET /v1/adapters); a bare DIR is "
+                  "applied to the whole model under every request");
   cmd->add_option("--host", a->host, "address to bind (default 127.0.0.1: this machine only)");
   cmd->add_option("--port", a->port, "TCP port (0: any free port, printed on stderr)")
       ->check(CLI::Range(0, 65535));
@@ -228,6 +294,14 @@ void RegisterServe(CLI::App& app) {
                   "memory budget in GB (1e9 bytes) that weights + --parallel x (KV + scratch) "
                   "must fit, checked at start (default: MemAvailable; see lumen fit)")
       ->check(CLI::PositiveNumber);
+  cmd->add_flag("--clamp-max-tokens", a->clamp_max_tokens,
+                "cut a max_tokens that does not fit beside the prompt to the room left (as "
+                "llama-server does) instead of refusing the request with "
+                "context_length_exceeded");
+  cmd->add_option("--pooling", a->pooling,
+                  "mean, cls or last: /v1/embeddings pools this way instead of the model's "
+                  "pooling (as llama-server's --pooling; also embeds with a generative model)")
+      ->check(CLI::IsMember({"mean", "cls", "last"}));
   AddSamplerFlags(cmd, a->sampler);
   cmd->callback([cmd, a] { RunServe(cmd, *a); });
 }

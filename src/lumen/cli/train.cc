@@ -29,6 +29,7 @@ struct TrainArgs {
 void RegisterTrain(CLI::App& app) {
   auto a = std::make_shared<TrainArgs>();
   auto* cmd = app.add_subcommand("train", "fine-tune a LoRA adapter (SFT or a preference method)");
+  a->model.default_act_route = "exact";  // the training products are f32 (the L2 route)
   AddModelArgs(cmd, a->model);
   cmd->add_option("--data", a->o.data_dir, "directory with train.jsonl (and valid.jsonl)");
   cmd->add_option("--inspect", a->inspect,

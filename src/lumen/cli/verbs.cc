@@ -21,6 +21,8 @@ void RegisterMerge(CLI::App& app);
 void RegisterPerplexity(CLI::App& app);
 void RegisterFit(CLI::App& app);
 void RegisterEmbed(CLI::App& app);
+void RegisterRoutes(CLI::App& app);
+void RegisterHelp(CLI::App& app);
 
 void RegisterVerbs(CLI::App& app) {
   RegisterInspect(app);
@@ -36,6 +38,8 @@ void RegisterVerbs(CLI::App& app) {
   RegisterPerplexity(app);
   RegisterFit(app);
   RegisterEmbed(app);
+  RegisterRoutes(app);
+  RegisterHelp(app);  // last: it lists every other verb's flags
 }
 
 }  // namespace lumen::cli

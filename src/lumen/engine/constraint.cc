@@ -1,10 +1,24 @@
 #include "lumen/engine/constraint.h"
+#include "lumen/core/route.h"
 
 #include <algorithm>
 #include <bit>
 #include <limits>
 
 namespace lumen::engine {
+
+LUMEN_ROUTE(
+    constraint_mask,
+    {.node = "sample.constraint",
+     .name = "grammar-mask",
+     .tier = Tier::kL1,
+     .oracle = "nlohmann::json's parser and each tool-call format's parser",
+     .bound = "exactly the tokens the grammar allows",
+     .tests = "JsonAcceptor.AgreesWithNlohmannOnRandomTexts;GrammarConstraint.*;SchemaGrammar.*;"
+              "ForcedToolCall.GrammarMatchesEachFormatsParser;SchedulerTest."
+              "ConstrainedNeighbourDoesNotChangeOthers",
+     .when = "constraint=on",
+     .priority = 10});
 
 namespace {
 

@@ -93,20 +93,23 @@ void TruncateNormalized(std::vector<float>& v, int dims) {
   for (float& x : v) x = float(x * inv);
 }
 
-Embedder::Embedder(const Model& model, ThreadPool* pool)
+Embedder::Embedder(const Model& model, ThreadPool* pool, Pooling pooling)
     : model_(model),
       forward_(model.config(), model.weights(), pool),
-      pooling_(model.config().pooling),
+      pooling_(pooling),
       dim_(model.config().dim),
       threads_(pool ? pool->size() : 1) {}
 
-Result<std::unique_ptr<Embedder>> Embedder::Create(const Model& model, ThreadPool* pool) {
-  if (model.config().pooling == Pooling::kNone)
+Result<std::unique_ptr<Embedder>> Embedder::Create(const Model& model, ThreadPool* pool,
+                                                   Pooling pooling) {
+  if (pooling == Pooling::kNone) pooling = model.config().pooling;
+  if (pooling == Pooling::kNone)
     return Errorf(
         "model '{}' is not an embedding model: it names no pooling (GGUF <arch>.pooling_type, "
-        "or sentence-transformers modules.json with a Pooling module)",
+        "or sentence-transformers modules.json with a Pooling module); --pooling mean|cls|last "
+        "pools its hidden states anyway",
         model.name());
-  return std::unique_ptr<Embedder>(new Embedder(model, pool));
+  return std::unique_ptr<Embedder>(new Embedder(model, pool, pooling));
 }
 
 Result<std::vector<std::vector<float>>> Embedder::Embed(

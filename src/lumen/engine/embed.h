@@ -48,9 +48,12 @@ void TruncateNormalized(std::vector<float>& v, int dims);
 
 class Embedder {
  public:
-  // model.config().pooling must not be kNone. pool: the threads this
-  // embedder's forward uses (not shared with a concurrent caller).
-  static Result<std::unique_ptr<Embedder>> Create(const Model& model, ThreadPool* pool);
+  // pooling: kNone takes the model's (model.config().pooling), which must then
+  // not be kNone; another value overrides it (llama.cpp's --pooling), which
+  // also embeds with a generative model. pool: the threads this embedder's
+  // forward uses (not shared with a concurrent caller).
+  static Result<std::unique_ptr<Embedder>> Create(const Model& model, ThreadPool* pool,
+                                                  model::Pooling pooling = model::Pooling::kNone);
 
   // One vector [D] per input. Every input needs 1..max_tokens tokens
   // (errors name "input[i]"). batched = false runs one input at a time.
@@ -61,7 +64,7 @@ class Embedder {
   int dim() const { return dim_; }
 
  private:
-  Embedder(const Model& model, ThreadPool* pool);
+  Embedder(const Model& model, ThreadPool* pool, model::Pooling pooling);
 
   const Model& model_;
   model::Forward forward_;

@@ -3,11 +3,28 @@
 #include <algorithm>
 #include <optional>
 
+#include "lumen/core/route.h"
 #include "lumen/engine/stop.h"
 #include "lumen/sample/sampler.h"
 #include "lumen/tokenize/tokenizer.h"
 
 namespace lumen::engine {
+
+LUMEN_ROUTE(
+    prompt_cache_restore,
+    {.node = "prompt_cache.restore",
+     .name = "adopt-longest-prefix",
+     .tier = Tier::kL1,
+     .oracle = "a fresh prefill of the whole prompt",
+     .bound =
+         "identical tokens on the exact and int8 routes (the per-row arithmetic does not depend on "
+         "chunk boundaries; the bf16 route takes only products of more than 4 rows, so it does)",
+     .tests =
+         "SchedulerTest.PromptCacheReusesPrefix;EmbeddedServer.PromptCacheReusesConversationPrefix;"
+         "SessionTest.TruncateAndReappendReusesThePrefix;SessionTest."
+         "PiecewiseAppendEqualsOneAppend",
+     .when = "prompt_cache=on",
+     .priority = 10});
 
 struct Scheduler::Slot {
   std::shared_ptr<Job> job;
@@ -93,11 +110,13 @@ SchedulerStats Scheduler::stats() const {
   return stats_;
 }
 
-std::unique_ptr<Session> Scheduler::TakeCached(const std::vector<int32_t>& prompt, int64_t* kept) {
+std::unique_ptr<Session> Scheduler::TakeCached(const std::vector<int32_t>& prompt,
+                                               const std::string& key, int64_t* kept) {
   *kept = 0;
   auto best = cache_.end();
   size_t best_len = 0;
   for (auto it = cache_.begin(); it != cache_.end(); ++it) {
+    if (it->key != key) continue;
     const auto& have = it->session->tokens();
     size_t n = 0;
     const size_t lim = std::min(have.size(), prompt.size());
@@ -116,10 +135,11 @@ std::unique_ptr<Session> Scheduler::TakeCached(const std::vector<int32_t>& promp
   return s;
 }
 
-void Scheduler::PutCached(std::unique_ptr<Session> s) {
+void Scheduler::PutCached(std::unique_ptr<Session> s, std::string key) {
   if (opts_.prompt_cache_bytes == 0 || !s || s->tokens().empty()) return;
   if (s->cache().bytes() > opts_.prompt_cache_bytes) return;
-  cache_.push_front({std::move(s)});
+  s->SetLora(nullptr);  // its job's set may go; the key remembers which it was
+  cache_.push_front({std::move(s), std::move(key)});
   size_t total = 0;
   for (const auto& e : cache_) total += e.session->cache().bytes();
   while (total > opts_.prompt_cache_bytes) {
@@ -167,7 +187,8 @@ bool Scheduler::Admit(std::unique_lock<std::mutex>& lock) {
     }
     slot->sampler.emplace(std::move(*sampler));
     int64_t kept = 0;
-    slot->session = TakeCached(r.prompt, &kept);
+    const std::string key = r.adapters ? r.adapters->key : std::string();
+    slot->session = TakeCached(r.prompt, key, &kept);
     if (!slot->session) {
       auto s = Session::Create(model_, opts_.session);
       if (!s.ok()) {
@@ -176,6 +197,7 @@ bool Scheduler::Admit(std::unique_lock<std::mutex>& lock) {
       }
       slot->session = std::move(*s);
     }
+    slot->session->SetLora(r.adapters ? &r.adapters->lora : nullptr);
     if (kept > 0) {
       ++stats_.cache_hits;
       stats_.cached_tokens += kept;
@@ -234,7 +256,8 @@ void Scheduler::Finish(Slot& s, FinishReason why, const std::string& error) {
   e.completion_tokens = s.generated;
   // The session goes to the prompt cache and the counters are updated before
   // the job hears it is done, so /stats read after a response includes it.
-  if (why != FinishReason::kCancelled && error.empty()) PutCached(std::move(s.session));
+  if (why != FinishReason::kCancelled && error.empty())
+    PutCached(std::move(s.session), r.adapters ? r.adapters->key : std::string());
   s.session.reset();
   {
     size_t cache_bytes = 0;
@@ -391,7 +414,8 @@ void Scheduler::DecodeStep() {
       Finish(s, FinishReason::kLength);
       continue;
     }
-    rows.push_back({&s.session->batch_cache(), e.token.id, s.session->next_pos()});
+    rows.push_back(
+        {&s.session->batch_cache(), e.token.id, s.session->next_pos(), s.session->lora()});
     row_slots.push_back(&s);
   }
   if (rows.empty()) return;

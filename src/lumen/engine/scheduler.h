@@ -16,7 +16,14 @@
 // Prompt cache: a finished job's Session (KV + token list) is kept in an LRU
 // bounded by bytes; a new job adopts the entry with the longest common prefix
 // (>= 1 token), truncates it there and prefills only the rest. An adopted entry
-// leaves the cache (two concurrent jobs cannot share one KV).
+// leaves the cache (two concurrent jobs cannot share one KV). Entries are
+// keyed by the adapter set they were computed with (AdapterSet::key): a job
+// only adopts an entry of its own set.
+//
+// Adapters (adapter_registry.h): a job's adapter set rides with it; its
+// prefill runs with the set and its decode rows carry it, so jobs with
+// different sets share one RunBatch (the base product once for all rows,
+// each row's low-rank updates on top, L1 per row as alone).
 //
 // Constraints (constraint.h): a job with a TokenConstraint takes its forced
 // tokens without sampling (appended to its session in one forward, so that
@@ -40,6 +47,7 @@
 #include <thread>
 #include <vector>
 
+#include "lumen/engine/adapter_registry.h"
 #include "lumen/engine/constraint.h"
 #include "lumen/engine/generate.h"
 #include "lumen/engine/model.h"
@@ -78,6 +86,8 @@ struct JobRequest {
   bool want_logprobs = false;
   // Null: unconstrained. Stateful: one per job; only the worker touches it.
   std::shared_ptr<TokenConstraint> constraint;
+  // Null: no adapter beyond the model-wide one. Kept alive by the job.
+  std::shared_ptr<const AdapterSet> adapters;
   std::function<bool(const JobEvent&)> on_event;  // false: cancel
 };
 
@@ -134,8 +144,10 @@ class Scheduler {
   // slot finished (or failed) on the way.
   bool ForceTokens(Slot& s, std::vector<int32_t> forced);
   void Finish(Slot& s, FinishReason why, const std::string& error = "");
-  std::unique_ptr<Session> TakeCached(const std::vector<int32_t>& prompt, int64_t* kept);
-  void PutCached(std::unique_ptr<Session> s);
+  // The entry of adapter set `key` sharing the longest prefix with prompt.
+  std::unique_ptr<Session> TakeCached(const std::vector<int32_t>& prompt, const std::string& key,
+                                      int64_t* kept);
+  void PutCached(std::unique_ptr<Session> s, std::string key);
 
   const Model& model_;
   const SchedulerOptions opts_;
@@ -152,6 +164,7 @@ class Scheduler {
   std::vector<std::unique_ptr<Slot>> slots_;  // worker thread only
   struct CacheEntry {
     std::unique_ptr<Session> session;
+    std::string key;  // AdapterSet::key of the set its KV was made with ("" : none)
   };
   std::list<CacheEntry> cache_;  // front: most recently used; worker thread only
   std::thread worker_;

@@ -64,11 +64,11 @@ Status Session::Append(std::span<const int32_t> tokens, std::vector<float>* all_
     const bool last = off + len == n;
     if (all_logits) {
       LUMEN_RETURN_IF_ERROR(forward_.Run(chunk, pos0 + off, cache_, model::LogitsFor::kAll,
-                                         all_logits->data() + off * V));
+                                         all_logits->data() + off * V, lora_));
     } else {
       // Intermediate chunks only fill the cache; their logits are not needed.
       LUMEN_RETURN_IF_ERROR(
-          forward_.Run(chunk, pos0 + off, cache_, model::LogitsFor::kLast, logits_.data()));
+          forward_.Run(chunk, pos0 + off, cache_, model::LogitsFor::kLast, logits_.data(), lora_));
     }
     tokens_.insert(tokens_.end(), chunk.begin(), chunk.end());
     high_water_ = std::max<int64_t>(high_water_, tokens_.size());

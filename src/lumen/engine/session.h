@@ -47,6 +47,12 @@ class Session {
 
   std::span<float> logits() { return logits_; }
 
+  // The adapter set Append runs with (null: none beyond the model-wide one).
+  // The caller keeps it alive while it is set; KV appended under one set is
+  // only valid for that set (the scheduler's prompt cache is keyed by it).
+  void SetLora(const model::LoraSet* lora) { lora_ = lora; }
+  const model::LoraSet* lora() const { return lora_; }
+
   // Continuous batching (engine/ schedulers): the caller runs one
   // Forward::RunBatch over many sessions' caches, then hands each session its
   // token and logits row. Equivalent to Append({token}).
@@ -66,6 +72,7 @@ class Session {
   std::vector<int32_t> tokens_;
   std::vector<float> logits_;
   int64_t high_water_ = 0;  // most positions ever written since the last reset
+  const model::LoraSet* lora_ = nullptr;
 };
 
 }  // namespace lumen::engine

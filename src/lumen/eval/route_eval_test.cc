@@ -91,5 +91,47 @@ TEST(RouteKl, Int8AndBf16RoutesCostAboutWhatQ8WeightsCost) {
   fs::remove_all(dir);
 }
 
+// The default-route gate (issue 13, DESIGN.md section 4): a route may be the
+// default only if its KL to the exact route is below a quarter of what Q8_0
+// weights cost. The bf16 prefill route is the default (cli/common.cc); this
+// holds it to that on the embedded model's f32 weights and on Q8_0 weights.
+TEST(RouteKl, Bf16PrefillPassesTheDefaultGate) {
+  if (!kernels::CpuHasBf16()) GTEST_SKIP() << "no AVX512-BF16 on this CPU: the route never runs";
+  auto f32 = engine::LoadDefaultModel();
+  ASSERT_TRUE(f32.ok());
+  const fs::path dir = fs::temp_directory_path() / ("lumen_gate_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  auto prompts = EncodePrompts(
+      **f32, std::vector<std::string>{"Once upon a time", "Lily saw a big dog", "The sun was",
+                                      "Tom had a red ball", "One day, a little bird"});
+  ASSERT_TRUE(prompts.ok());
+  EvalOptions o;
+  o.samples = 2;
+  o.max_tokens = 32;
+  const std::string q8_path = (dir / "q8_0.gguf").string();
+  ASSERT_TRUE(engine::ConvertModel(**f32, engine::OutputFormat::kGguf, q8_path, DType::kQ8_0).ok());
+  auto q8 = Load(q8_path, kernels::ActRoute::kExact);
+  ASSERT_TRUE(q8);
+  auto w = RouteKl(**f32, *q8, *prompts, o, RouteMode::kPrefill);
+  ASSERT_TRUE(w.ok());
+  for (const std::string path : {std::string(), q8_path}) {  // "": the embedded f32 model
+    auto load = [&](kernels::ActRoute route) {
+      engine::LoadOptions lo;
+      lo.act_route = route;
+      return engine::LoadModelOrDefault(path, lo);
+    };
+    auto exact = load(kernels::ActRoute::kExact);
+    auto bf16 = load(kernels::ActRoute::kBf16);
+    ASSERT_TRUE(exact.ok() && bf16.ok());
+    auto b = RouteKl(**exact, **bf16, *prompts, o, RouteMode::kPrefill);
+    ASSERT_TRUE(b.ok()) << b.status().message();
+    std::printf("%s: bf16 prefill KL %.3g vs Q8_0 weights %.3g (ratio %.3f)\n", path.c_str(),
+                b->kl_mean, w->kl_mean, b->kl_mean / w->kl_mean);
+    EXPECT_GT(b->kl_mean, 0.0) << path;  // the route ran
+    EXPECT_LT(b->kl_mean, 0.25 * w->kl_mean) << path;
+  }
+  fs::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace lumen::eval

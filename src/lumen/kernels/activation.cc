@@ -1,4 +1,5 @@
 #include "lumen/kernels/activation.h"
+#include "lumen/core/route.h"
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "lumen/kernels/activation.cc"
@@ -40,6 +41,17 @@ HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
 namespace lumen::kernels {
+
+LUMEN_ROUTE(
+    act_gated,
+    {.node = "act.gated",
+     .name = "simd",
+     .tier = Tier::kL1,
+     .oracle = "GatedRef (vecmath's ExpRef polynomial; within a few ulp of std::exp/std::tanh)",
+     .bound = "bit-identical on every target",
+     .tests = "GatedActivation.EveryTargetGivesTheReferenceBits;GatedActivation."
+              "ReferenceTracksTheTextbookFormulas",
+     .priority = 10});
 
 HWY_EXPORT(GatedActivationT);
 

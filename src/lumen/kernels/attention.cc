@@ -1,4 +1,5 @@
 #include "lumen/kernels/attention.h"
+#include "lumen/core/route.h"
 
 #include <algorithm>
 #include <cmath>
@@ -416,6 +417,40 @@ HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
 namespace lumen::kernels {
+
+LUMEN_ROUTE(attn_head_split,
+            {.node = "attn.decode",
+             .name = "simd-head-split",
+             .tier = Tier::kL2,
+             .oracle = "AttendOneRef (attention_ref.h)",
+             .bound = "the bound of attention_test.cc; splitting by head is bit-identical to whole",
+             .tests = "AttentionTest.EveryTargetWithinBound;AttentionTest.HeadSplitEqualsWhole",
+             .priority = 10});
+LUMEN_ROUTE(attn_position_split,
+            {.node = "attn.decode.long",
+             .name = "simd-position-split",
+             .tier = Tier::kL2,
+             .oracle = "AttendOneRef (attention_ref.h)",
+             .bound = "the bound of attention_test.cc (partial softmaxes merged by their maxima)",
+             .tests = "AttentionTest.PositionSplitWithinBound;QuantTypes."
+                      "LongContextDecodeSplitsAttentionByPosition",
+             .when = "threads=many",
+             .priority = 10});
+LUMEN_ROUTE(attn_long_one_thread, {.node = "attn.decode.long",
+                                   .name = "simd-head-split",
+                                   .tier = Tier::kL2,
+                                   .oracle = "AttendOneRef (attention_ref.h)",
+                                   .bound = "the bound of attention_test.cc",
+                                   .tests = "AttentionTest.EveryTargetWithinBound",
+                                   .priority = 0});
+LUMEN_ROUTE(attn_prefill,
+            {.node = "attn.prefill",
+             .name = "simd-rows",
+             .tier = Tier::kL2,
+             .oracle = "AttendOneRef (attention_ref.h), one query row at a time",
+             .bound = "the bound of attention_test.cc",
+             .tests = "AttentionTest.EveryTargetWithinBound;Stories260K.LogitsMatchRunC",
+             .priority = 10});
 namespace {
 
 void LoadRow(DType t, const void* base, int64_t at, int64_t n, float* dst) {

@@ -15,7 +15,9 @@
 //   dv_j += p_j do_i;  dp_j = do_i . v_j;  ds_j = p_j (dp_j - do_i . o_i)
 //   (softcap: ds_j *= 1 - (s_j / cap)^2);  dq_i += scale ds_j k_j;
 //   dk_j += scale ds_j q_i.
-// Scalar templates over Real (float: training; double: the FD oracle).
+// Scalar templates over Real (double: the FD oracle; float: the in-tree
+// reference of the fast route) and the fast float route that training runs
+// (AttentionTrain*Fast, attention_train.cc: tiled, vectorized, threaded).
 #pragma once
 
 #include <algorithm>
@@ -23,6 +25,10 @@
 #include <cstdint>
 #include <limits>
 #include <vector>
+
+namespace lumen {
+class ThreadPool;
+}
 
 namespace lumen::kernels {
 
@@ -147,5 +153,20 @@ void AttentionTrainBackward(const TrainAttentionShape& s, const Real* q, const R
     }
   }
 }
+
+// The fast float route: the same contract as the scalar templates over all
+// heads (kv0 = 0, kv1 = n_kv_heads), threaded on pool (null: the caller's
+// thread). Within a stated bound of the scalar templates (tests:
+// AttentionTrainFast.*). Each query row's forward output and lse depend only
+// on the keys it sees, in order (not on the other rows of the batch), and
+// every result is independent of the pool's size and timing.
+void AttentionTrainForwardFast(const TrainAttentionShape& s, const float* q, const float* k,
+                               const float* v, const int32_t* pos, const KeyRanges* vis, int64_t M,
+                               float* out, float* lse, ThreadPool* pool);
+// Accumulates into dq, dk, dv like AttentionTrainBackward.
+void AttentionTrainBackwardFast(const TrainAttentionShape& s, const float* q, const float* k,
+                                const float* v, const int32_t* pos, const KeyRanges* vis, int64_t M,
+                                const float* out, const float* lse, const float* dout, float* dq,
+                                float* dk, float* dv, ThreadPool* pool);
 
 }  // namespace lumen::kernels

@@ -8,6 +8,7 @@
 #include "lumen/core/buffer.h"
 #include "lumen/core/half.h"
 #include "lumen/core/quant.h"
+#include "lumen/core/route.h"
 #include "lumen/kernels/matmul_bf16.h"
 #include "lumen/kernels/matmul_q8.h"
 
@@ -596,6 +597,56 @@ HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
 namespace lumen::kernels {
+
+// Routes (core/route.h). dtype is the weight's storage: "mlx4"/"mlx8" for MLX.
+LUMEN_ROUTE(
+    matmul_decode_fused,
+    {.node = "matmul.decode",
+     .name = "simd-fused",
+     .tier = Tier::kL2,
+     .oracle = "MatMulRef (matmul_ref.h: dequantize, double accumulation)",
+     .bound = "relative error per output within the bound of matmul_test.cc",
+     .tests = "MatMulTest.EveryTargetDtypeAndShapeWithinBound;MatMulTest."
+              "ThreadSplitMatchesSingleThreadBitForBit;QuantTypes.QuantizedMatchesDequantized",
+     .when = "dtype=f32|f16|bf16|q8_0|q4_0|q4_k|q6_k|mlx4|mlx8",
+     .priority = 10});
+LUMEN_ROUTE(
+    matmul_decode_scratch,
+    {.node = "matmul.decode",
+     .name = "dequant-row",
+     .tier = Tier::kL2,
+     .oracle = "MatMulRef (matmul_ref.h)",
+     .bound = "relative error per output within the bound of matmul_test.cc",
+     .tests =
+         "MatMulTest.EveryTargetDtypeAndShapeWithinBound;QuantTypes.QuantizedMatchesDequantized",
+     .priority = 0});
+LUMEN_ROUTE(matmul_prefill_fused,
+            {.node = "matmul.prefill",
+             .name = "simd-panels",
+             .tier = Tier::kL2,
+             .oracle = "MatMulRef (matmul_ref.h)",
+             .bound = "relative error per output within the bound of matmul_test.cc",
+             .tests = "MatMulTest.EveryTargetDtypeAndShapeWithinBound;MatMulTest."
+                      "ManyEqualsOneByOneBitForBit;MatMulTest.FusedRoutesOnTheBestTarget",
+             .when = "dtype=f32|f16|bf16|q8_0|q4_0|q4_k|q6_k|mlx4|mlx8",
+             .priority = 10});
+LUMEN_ROUTE(matmul_prefill_scratch,
+            {.node = "matmul.prefill",
+             .name = "dequant-row",
+             .tier = Tier::kL2,
+             .oracle = "MatMulRef (matmul_ref.h)",
+             .bound = "relative error per output within the bound of matmul_test.cc",
+             .tests = "MatMulTest.EveryTargetDtypeAndShapeWithinBound",
+             .priority = 0});
+LUMEN_ROUTE(
+    matmul_transposed,
+    {.node = "matmul.backward",
+     .name = "simd-transposed",
+     .tier = Tier::kL2,
+     .oracle = "MatMulRef of the transposed product",
+     .bound = "relative error within the bound of matmul_test.cc",
+     .tests =
+         "MatMulTest.TransposedWithinBound;Types/QuantizedBase.FloatRouteWithinBoundOfDouble/*"});
 
 HWY_EXPORT(MatMulRows);
 HWY_EXPORT(MatMulTRows);

@@ -1,6 +1,7 @@
 #include "lumen/kernels/matmul_bf16.h"
 
 #include "lumen/core/check.h"
+#include "lumen/core/route.h"
 #include "lumen/kernels/sum4_avx512.h"
 
 #if defined(__x86_64__)
@@ -15,6 +16,21 @@
 // instructions; 16 accumulators cover the instruction's latency.
 
 namespace lumen::kernels {
+
+LUMEN_ROUTE(
+    matmul_bf16_prefill,
+    {.node = "matmul.prefill",
+     .name = "bf16-avx512",
+     .tier = Tier::kL3,
+     .oracle = "MatMulBf16Ref (both operands rounded to bf16, double accumulation); "
+               "as a replacement of the exact product: no oracle",
+     .bound = "KL(exact || route) below a quarter of what Q8_0 weights cost (the default gate)",
+     .tests = "MatMulBf16.EveryTargetDtypeAndShapeWithinBound;MatMulBf16.RouteSelectionAndThreads;"
+              "RouteKl.Int8AndBf16RoutesCostAboutWhatQ8WeightsCost;RouteKl."
+              "Bf16PrefillPassesTheDefaultGate",
+     .measure = "docs/reference/performance.md#exactness",
+     .when = "act=bf16|int8+bf16 cpu=avx512bf16",
+     .priority = 20});
 
 #if defined(__x86_64__)
 

@@ -10,6 +10,7 @@
 #include "lumen/core/buffer.h"
 #include "lumen/core/check.h"
 #include "lumen/core/quant.h"
+#include "lumen/core/route.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -45,6 +46,20 @@
 // row per super-block).
 
 namespace lumen::kernels {
+
+LUMEN_ROUTE(
+    matmul_int8_decode,
+    {.node = "matmul.decode",
+     .name = "int8-vnni",
+     .tier = Tier::kL3,
+     .oracle = "MatMulInt8Ref (same activation quantization, double accumulation); "
+               "as a replacement of the exact product: no oracle",
+     .bound = "KL(exact || route) at most twice what Q8_0 weights cost",
+     .tests = "MatMulInt8.MatchesOracleAndExactBound;MatMulInt8.ManyAndThreadsAreBitIdentical;"
+              "QuantTypes.Int8RouteTracksExact;RouteKl.Int8AndBf16RoutesCostAboutWhatQ8WeightsCost",
+     .measure = "docs/reference/performance.md#exactness",
+     .when = "act=int8|int8+bf16 cpu=avx512vnni dtype=q8_0|q4_0|q4_k|q6_k|mlx4",
+     .priority = 20});
 namespace {
 
 enum class Fmt { kQ4_0, kQ8_0, kQ4K, kQ6K, kMlx4 };

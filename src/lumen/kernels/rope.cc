@@ -1,9 +1,20 @@
 #include "lumen/kernels/rope.h"
+#include "lumen/core/route.h"
 
 #include <algorithm>
 #include <cmath>
 
 namespace lumen::kernels {
+
+LUMEN_ROUTE(rope_table, {.node = "rope",
+                         .name = "table",
+                         .tier = Tier::kL2,
+                         .oracle = "HF transformers' rotary embeddings (per-family goldens) and "
+                                   "llama.cpp's llama3 frequencies",
+                         .bound = "the family goldens' logit bound",
+                         .tests = "RopeFreqs.LlamaCppStyleGgufMatchesLlama3Golden;ConfigFromHf."
+                                  "YarnAttentionFactorFromMscale;Families/FamilyGolden.*",
+                         .priority = 10});
 
 RopeTable MakeRopeTable(int rope_dim, double theta, const RopeScaling& s, int64_t max_pos,
                         int64_t seq_len) {

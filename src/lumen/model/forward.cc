@@ -4,12 +4,48 @@
 #include <cstring>
 
 #include "lumen/core/half.h"
+#include "lumen/core/route.h"
 #include "lumen/kernels/activation.h"
 #include "lumen/kernels/attention.h"
 #include "lumen/kernels/matmul.h"
 #include "lumen/kernels/norm.h"
 
 namespace lumen::model {
+
+LUMEN_ROUTE(
+    forward_dense,
+    {.node = "forward",
+     .name = "config-driven",
+     .tier = Tier::kL2,
+     .oracle = "HF transformers (float64 goldens of every family) and llama2.c's run.c",
+     .bound = "the logit bounds of families_test.cc and llama2c_test.cc",
+     .tests = "Families/FamilyGolden.*;Stories260K.LogitsMatchRunC;Stories260K.GreedyIdsMatchRunC",
+     .priority = 10});
+LUMEN_ROUTE(norm_rms, {.node = "norm.rms",
+                       .name = "scalar-double-sum",
+                       .tier = Tier::kL2,
+                       .oracle = "the textbook RMSNorm in float64 (family goldens)",
+                       .bound = "the family goldens' logit bound",
+                       .tests = "Families/FamilyGolden.*",
+                       .priority = 10});
+LUMEN_ROUTE(embed_lookup,
+            {.node = "embed",
+             .name = "dequantize-row",
+             .tier = Tier::kL1,
+             .oracle = "core/quant.h's scalar dequantizers",
+             .bound = "bit-identical (one row decoded, scaled in the embedding's dtype as HF does)",
+             .tests = "QuantRoundTrip.PlainTypes;Families/FamilyGolden.*",
+             .priority = 10});
+LUMEN_ROUTE(
+    decode_batched,
+    {.node = "decode.batched",
+     .name = "rows-in-one-pass",
+     .tier = Tier::kL1,
+     .oracle = "the same sequence decoded alone",
+     .bound = "bit-identical logits and tokens per row",
+     .tests = "SchedulerTest.OutputDoesNotDependOnNeighbours;SchedulerTest.MatchesGenerateAlone;"
+              "ServerBatching.SameSeedAloneAndBesideOthers;MatMulTest.ManyEqualsOneByOneBitForBit",
+     .priority = 10});
 
 using kernels::MatMul;
 
@@ -97,9 +133,9 @@ void Forward::AttentionBlock(int l, std::span<const BatchRow> rows) {
         {&L.wq, qkv, QKV}, {&L.wk, qkv + Q, QKV}, {&L.wv, qkv + Q + KV, QKV}};
     kernels::MatMulMany(outs, xn, T, D, pool_);
   }
-  ApplyLora(L.lora[kLoraQ], xn, T, D, qkv, QKV, pool_);
-  ApplyLora(L.lora[kLoraK], xn, T, D, qkv + Q, QKV, pool_);
-  ApplyLora(L.lora[kLoraV], xn, T, D, qkv + Q + KV, QKV, pool_);
+  RowLora(l, kLoraQ, rows, xn, D, qkv, QKV);
+  RowLora(l, kLoraK, rows, xn, D, qkv + Q, QKV);
+  RowLora(l, kLoraV, rows, xn, D, qkv + Q + KV, QKV);
   const bool sliding = c_.layer_sliding[l];
   int64_t max_pos = 0;
   for (const auto& r : rows) max_pos = std::max(max_pos, r.pos);
@@ -175,7 +211,7 @@ void Forward::AttentionBlock(int l, std::span<const BatchRow> rows) {
   }
 
   MatMul(L.wo, att, T, Q, tmp, D, pool_);
-  ApplyLora(L.lora[kLoraO], att, T, Q, tmp, D, pool_);
+  RowLora(l, kLoraO, rows, att, Q, tmp, D);
   for (int64_t t = 0; t < T; ++t) {
     float* o = tmp + t * D;
     if (L.bo)
@@ -223,7 +259,8 @@ void Forward::AttendByPosition(int l, const BatchRow& row, int64_t t,
     for (int64_t k = 0; k < Q; ++k) o[k] += parts[i * Q + k];
 }
 
-void Forward::FfnBlock(int l, int64_t T) {
+void Forward::FfnBlock(int l, std::span<const BatchRow> rows) {
+  const int64_t T = static_cast<int64_t>(rows.size());
   const LayerWeights& L = w_.layers[l];
   const int64_t D = c_.dim, F = c_.ffn_dim;
   float* x = a_.x.as<float>();
@@ -237,8 +274,8 @@ void Forward::FfnBlock(int l, int64_t T) {
   if (L.w_gate.valid()) {
     const kernels::MatMulOut outs[] = {{&L.w_gate, gate, F}, {&L.w_up, up, F}};
     kernels::MatMulMany(outs, xn, T, D, pool_);
-    ApplyLora(L.lora[kLoraGate], xn, T, D, gate, F, pool_);
-    ApplyLora(L.lora[kLoraUp], xn, T, D, up, F, pool_);
+    RowLora(l, kLoraGate, rows, xn, D, gate, F);
+    RowLora(l, kLoraUp, rows, xn, D, up, F);
     // gate and up are dense [T, F]: split the elements across threads.
     auto act = [&](int64_t b, int64_t e, int) {
       kernels::GatedActivation(c_.act, gate + b, up + b, e - b);
@@ -250,8 +287,8 @@ void Forward::FfnBlock(int l, int64_t T) {
     }
   } else {  // fused [gate; up] rows: one row of output is [gate F | up F]
     MatMul(L.w_up, xn, T, D, gate, 2 * F, pool_);
-    ApplyLora(L.lora[kLoraGate], xn, T, D, gate, 2 * F, pool_);
-    ApplyLora(L.lora[kLoraUp], xn, T, D, gate + F, 2 * F, pool_);
+    RowLora(l, kLoraGate, rows, xn, D, gate, 2 * F);
+    RowLora(l, kLoraUp, rows, xn, D, gate + F, 2 * F);
     auto act = [&](int64_t b, int64_t e, int) {
       for (int64_t t = b; t < e; ++t) {
         float* g = gate + t * 2 * F;
@@ -267,7 +304,7 @@ void Forward::FfnBlock(int l, int64_t T) {
       std::memmove(gate + t * F, gate + t * 2 * F, F * sizeof(float));
   }
   MatMul(L.w_down, gate, T, F, tmp, D, pool_);
-  ApplyLora(L.lora[kLoraDown], gate, T, F, tmp, D, pool_);
+  RowLora(l, kLoraDown, rows, gate, F, tmp, D);
   for (int64_t t = 0; t < T; ++t) {
     float* o = tmp + t * D;
     if (L.post_ffn_norm)
@@ -277,8 +314,38 @@ void Forward::FfnBlock(int l, int64_t T) {
   }
 }
 
+void Forward::RowLora(int l, int target, std::span<const BatchRow> rows, const float* x,
+                      int64_t ldx, float* y, int64_t ldy) {
+  const int64_t T = static_cast<int64_t>(rows.size());
+  ApplyLora(w_.layers[l].lora[target], x, T, ldx, y, ldy, pool_);
+  for (size_t k = 0; k < lora_terms_; ++k) {
+    lora_seen_.clear();
+    for (int64_t t = 0; t < T; ++t) {
+      const LoraSet* set = rows[t].lora;
+      if (!set || set->terms.size() <= k) continue;
+      const LoraWeights* w = set->terms[k].weights;
+      if (std::find(lora_seen_.begin(), lora_seen_.end(), w) != lora_seen_.end()) continue;
+      lora_seen_.push_back(w);
+      lora_rows_.clear();
+      lora_weights_.clear();
+      for (int64_t u = t; u < T; ++u) {
+        const LoraSet* su = rows[u].lora;
+        if (su && su->terms.size() > k && su->terms[k].weights == w) {
+          lora_rows_.push_back(u);
+          lora_weights_.push_back(su->terms[k].weight);
+        }
+      }
+      const LoraMatrix& m = w->layers[l][target];
+      if (!m.valid()) continue;
+      const size_t need = lora_rows_.size() * size_t(m.rank);
+      if (lora_u_.size() < need) lora_u_.resize(need);
+      ApplyLoraRows(m, lora_rows_, lora_weights_, x, ldx, y, ldy, lora_u_.data(), pool_);
+    }
+  }
+}
+
 Status Forward::Run(std::span<const int32_t> tokens, int64_t pos0, KvCache& cache, LogitsFor which,
-                    float* logits) {
+                    float* logits, const LoraSet* lora) {
   const int64_t T = static_cast<int64_t>(tokens.size());
   if (T == 0) return Error("forward: no tokens");
   if (T > kMaxChunk) return Errorf("forward: chunk of {} tokens exceeds {}", T, kMaxChunk);
@@ -286,7 +353,7 @@ Status Forward::Run(std::span<const int32_t> tokens, int64_t pos0, KvCache& cach
     return Errorf("context full: positions {}..{} do not fit the context of {} tokens", pos0,
                   pos0 + T - 1, cache.ctx());
   BatchRow rows[kMaxChunk];
-  for (int64_t t = 0; t < T; ++t) rows[t] = {&cache, tokens[t], pos0 + t};
+  for (int64_t t = 0; t < T; ++t) rows[t] = {&cache, tokens[t], pos0 + t, lora};
   return RunRows(std::span<const BatchRow>(rows, T), which == LogitsFor::kAll ? 0 : T - 1, logits);
 }
 
@@ -308,7 +375,17 @@ Status Forward::RunLayers(std::span<const BatchRow> rows) {
       return Errorf("token id {} at index {} is outside the vocabulary (size {})", rows[t].token, t,
                     c_.vocab_size);
   int64_t max_ctx = 0;
-  for (const auto& r : rows) max_ctx = std::max(max_ctx, r.cache->ctx());
+  lora_terms_ = 0;
+  for (const auto& r : rows) {
+    max_ctx = std::max(max_ctx, r.cache->ctx());
+    if (r.lora) {
+      lora_terms_ = std::max(lora_terms_, r.lora->terms.size());
+      for (const LoraTerm& term : r.lora->terms)
+        if (!term.weights || term.weights->layers.size() != size_t(c_.n_layers))
+          return Errorf("forward: an adapter set's term has {} layers; the model has {}",
+                        term.weights ? term.weights->layers.size() : 0, c_.n_layers);
+    }
+  }
   const int64_t need = max_ctx * (c_.n_heads + 1) + 2 * c_.kv_dim();
   if (need > a_.attn_scratch_per_thread) {  // the first call, or a longer cache than before
     a_.attn_scratch_per_thread = need;
@@ -318,7 +395,7 @@ Status Forward::RunLayers(std::span<const BatchRow> rows) {
   Embed(rows, x);
   for (int l = 0; l < c_.n_layers; ++l) {
     AttentionBlock(l, rows);
-    FfnBlock(l, T);
+    FfnBlock(l, rows);
   }
   return Status::Ok();
 }

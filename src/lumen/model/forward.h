@@ -18,6 +18,7 @@
 #include "lumen/kernels/rope.h"
 #include "lumen/model/config.h"
 #include "lumen/model/kv_cache.h"
+#include "lumen/model/lora.h"
 #include "lumen/model/weights.h"
 
 namespace lumen::model {
@@ -40,11 +41,13 @@ struct Activations {
 
 enum class LogitsFor { kLast, kAll };
 
-// One row of a batched decode step: a token of some sequence at its position.
+// One row of a batched decode step: a token of some sequence at its position,
+// with that sequence's own adapters (null: none beyond the model-wide one).
 struct BatchRow {
   KvCache* cache;
   int32_t token;
   int64_t pos;
+  const LoraSet* lora = nullptr;
 };
 
 // The embedding multiplier the forward uses: c.embed_scale, rounded to the
@@ -57,13 +60,16 @@ class Forward {
   Forward(const ModelConfig& c, const Weights& w, ThreadPool* pool);
 
   // logits: [1, V] (kLast) or [T, V] (kAll). Errors when pos0 + T > cache ctx.
+  // lora: the sequence's adapter set (null: none), which must outlive the call.
   Status Run(std::span<const int32_t> tokens, int64_t pos0, KvCache& cache, LogitsFor which,
-             float* logits);
+             float* logits, const LoraSet* lora = nullptr);
 
   // Continuous batching: B <= kMaxChunk rows, each from its own sequence (or
   // consecutive positions of one), in one pass, so every weight is read once
   // for all rows. logits: [B, V]. Row r gives the same logits as running it
-  // alone (L1: the per-row arithmetic is identical).
+  // alone (L1: the per-row arithmetic is identical), with or without its
+  // own adapter set: every base product runs once for all rows, then each
+  // set's low-rank updates on the rows that carry it (RowLora).
   Status RunBatch(std::span<const BatchRow> rows, float* logits);
 
   // Embeddings: the final norm's output for every row, no LM head (no
@@ -83,7 +89,13 @@ class Forward {
   void AttentionBlock(int l, std::span<const BatchRow> rows);
   void AttendByPosition(int l, const BatchRow& row, int64_t t, const kernels::AttentionShape& shape,
                         int64_t window);
-  void FfnBlock(int l, int64_t T);
+  void FfnBlock(int l, std::span<const BatchRow> rows);
+  // y += the LoRA updates of product `target` of layer l: the model-wide
+  // adapter on every row, then each row's set. Pass k applies every row's
+  // k-th term, rows sharing that adapter together (ApplyLoraRows), so a
+  // row's updates are added in its set's order whatever the batch holds.
+  void RowLora(int l, int target, std::span<const BatchRow> rows, const float* x, int64_t ldx,
+               float* y, int64_t ldy);
   const kernels::RopeTable& Rope(bool sliding, int64_t seq_len);
 
   const ModelConfig& c_;
@@ -94,6 +106,10 @@ class Forward {
   kernels::RopeTable rope_global_, rope_local_;
   int64_t rope_seq_len_ = -1;
   bool position_split_ = true;  // RunHidden turns it off (see forward.cc)
+  size_t lora_terms_ = 0;  // the most terms of any row's set in this call (0: no row has one)
+  std::vector<const LoraWeights*> lora_seen_;
+  std::vector<int64_t> lora_rows_;
+  std::vector<float> lora_weights_, lora_u_;
 };
 
 }  // namespace lumen::model

@@ -1,9 +1,40 @@
 #include "lumen/model/kv_cache.h"
+#include "lumen/core/route.h"
 
 #include <algorithm>
 #include <cstring>
 
 namespace lumen::model {
+
+LUMEN_ROUTE(kv_f32, {.node = "kv.store",
+                     .name = "f32",
+                     .tier = Tier::kL1,
+                     .oracle = "the keys and values as computed",
+                     .bound = "bit-identical",
+                     .tests = "Stories260K.LogitsMatchRunC",
+                     .when = "kv=f32",
+                     .priority = 10});
+LUMEN_ROUTE(
+    kv_half,
+    {.node = "kv.store",
+     .name = "f16/bf16",
+     .tier = Tier::kL2,
+     .oracle = "the f32 cache",
+     .bound = "each value rounded once (2^-11 / 2^-8 relative); logits within 10% of max|logit|",
+     .tests = "QuantTypes.Q8KvCacheTracksF16;Families/FamilyGolden.*",
+     .when = "kv=f16|bf16",
+     .priority = 10});
+LUMEN_ROUTE(
+    kv_q8,
+    {.node = "kv.store",
+     .name = "q8_0",
+     .tier = Tier::kL2,
+     .oracle = "the f16 cache",
+     .bound =
+         "each value within half a step of its 32-block's scale; logits within 10% of max|logit|",
+     .tests = "QuantTypes.Q8KvCacheTracksF16",
+     .when = "kv=q8_0",
+     .priority = 10});
 
 Result<KvCache> KvCache::Create(const ModelConfig& c, int64_t ctx, DType dtype) {
   if (dtype != DType::kF16 && dtype != DType::kBF16 && dtype != DType::kF32 &&

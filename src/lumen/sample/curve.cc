@@ -4,8 +4,21 @@
 #include <cmath>
 
 #include "lumen/core/check.h"
+#include "lumen/core/route.h"
 
 namespace lumen::sample {
+
+LUMEN_ROUTE(sample_curve,
+            {.node = "sample.tone",
+             .name = "curve",
+             .tier = Tier::kL3,
+             .oracle = "none (original); the identity curve is bit-identical to temperature 1",
+             .bound = "identity bit-exact; ranking and argmax preserved; KL and diversity measured",
+             .tests = "CurveGate.IdentityEqualsTemperatureOneBitExact;CurveProperty."
+                      "RankingAndArgmaxPreserved;Curve.*;Pchip.*",
+             .measure = "docs/experiments/sampling.md",
+             .when = "sampler=curve",
+             .priority = 10});
 
 Status ValidateCurve(const CurveConfig& curve, std::string_view where) {
   const auto& p = curve.points;

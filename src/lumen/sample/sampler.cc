@@ -8,10 +8,42 @@
 #include <random>
 
 #include "lumen/core/check.h"
+#include "lumen/core/route.h"
 #include "lumen/kernels/vecmath.h"
 #include "lumen/sample/fast_math.h"
 
 namespace lumen::sample {
+
+LUMEN_ROUTE(
+    sample_chain,
+    {.node = "sample.chain",
+     .name = "fused-truncations",
+     .tier = Tier::kL1,
+     .oracle = "brute-force definitions (sorted full-vocabulary top-k/top-p/min-p/typical/xtc)",
+     .bound = "the same kept set and the same probabilities",
+     .tests = "Sampler.*;Penalties.*;Dry.*;LogitBias.*;Rng.MatchesReferenceXoshiro256StarStar",
+     .priority = 10});
+LUMEN_ROUTE(sample_temperature,
+            {.node = "sample.tone",
+             .name = "temperature",
+             .tier = Tier::kL1,
+             .oracle = "softmax(logits / T)",
+             .bound = "bit-identical",
+             .tests = "Sampler.TemperatureScalesLogits;Sampler.DefaultIsSoftmaxAtTemperatureOne",
+             .priority = 0});
+LUMEN_ROUTE(
+    sample_hlg,
+    {.node = "sample.tone",
+     .name = "hlg",
+     .tier = Tier::kL3,
+     .oracle = "none (original); in its identity configuration bit-identical to temperature",
+     .bound = "identity configs bit-exact; ranking and argmax preserved; KL and diversity measured",
+     .tests = "HlgGate.RolloffOffEqualsPlainTemperatureBitExact;HlgGate."
+              "WideMidsEqualPlainTemperatureBitExact;"
+              "HlgProperty.RankingAndArgmaxPreserved;Hlg.*",
+     .measure = "docs/experiments/sampling.md",
+     .when = "sampler=hlg",
+     .priority = 10});
 
 namespace {
 

@@ -5,7 +5,7 @@
 namespace lumen::serve {
 
 std::optional<ApiError> AdmitContext(Api api, const char* prompt_field, int64_t prompt_tokens,
-                                     std::optional<int64_t> max_tokens, int64_t ctx) {
+                                     int* max_tokens, int64_t ctx, bool clamp) {
   ApiError e;
   e.code = kContextLengthExceeded;
   if (prompt_tokens >= ctx) {
@@ -16,17 +16,19 @@ std::optional<ApiError> AdmitContext(Api api, const char* prompt_field, int64_t 
         prompt_field, prompt_tokens, ctx);
     return e;
   }
-  if (max_tokens && prompt_tokens + *max_tokens > ctx) {
-    const char* field = api == Api::kResponses ? "max_output_tokens" : "max_tokens";
-    e.param = field;
-    e.message = fmt::format(
-        "{}: the prompt ({} tokens) plus {} ({}) is {} tokens, more than the context ({} "
-        "tokens); ask for at most {}",
-        field, prompt_tokens, field, *max_tokens, prompt_tokens + *max_tokens, ctx,
-        ctx - prompt_tokens);
-    return e;
+  if (*max_tokens < 0 || prompt_tokens + *max_tokens <= ctx) return std::nullopt;
+  if (clamp) {
+    *max_tokens = int(ctx - prompt_tokens);
+    return std::nullopt;
   }
-  return std::nullopt;
+  const char* field = api == Api::kResponses ? "max_output_tokens" : "max_tokens";
+  e.param = field;
+  e.message = fmt::format(
+      "{}: the prompt ({} tokens) plus {} ({}) is {} tokens, more than the context ({} tokens); "
+      "ask for at most {} (or start the server with --clamp-max-tokens)",
+      field, prompt_tokens, field, *max_tokens, prompt_tokens + *max_tokens, ctx,
+      ctx - prompt_tokens);
+  return e;
 }
 
 }  // namespace lumen::serve

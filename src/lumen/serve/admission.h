@@ -8,6 +8,10 @@
 // with code "context_length_exceeded" (OpenAI / Responses shapes), its param
 // naming max_tokens (max_output_tokens for Responses) or the prompt field, and
 // a message giving the three numbers.
+//
+// `serve --clamp-max-tokens` (clamp = true) is llama-server's behaviour
+// instead: max_tokens beyond the room left is cut to it (the reply ends with
+// finish_reason "length" when the context fills); the prompt rule still holds.
 #pragma once
 
 #include <cstdint>
@@ -20,8 +24,9 @@ namespace lumen::serve {
 
 inline constexpr const char* kContextLengthExceeded = "context_length_exceeded";
 
-// nullopt: admitted. prompt_field: "messages", "prompt", "input".
+// nullopt: admitted (with clamp, *max_tokens is cut to ctx - prompt_tokens).
+// prompt_field: "messages", "prompt", "input".
 std::optional<ApiError> AdmitContext(Api api, const char* prompt_field, int64_t prompt_tokens,
-                                     std::optional<int64_t> max_tokens, int64_t ctx);
+                                     int* max_tokens, int64_t ctx, bool clamp);
 
 }  // namespace lumen::serve

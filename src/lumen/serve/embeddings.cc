@@ -33,8 +33,9 @@ std::string Base64Encode(std::string_view in) {
   return out;
 }
 
-EmbeddingService::EmbeddingService(const engine::Model& model, int64_t ctx, std::string model_name)
-    : model_(model), ctx_(ctx), model_name_(std::move(model_name)) {}
+EmbeddingService::EmbeddingService(const engine::Model& model, int64_t ctx, std::string model_name,
+                                   model::Pooling pooling)
+    : model_(model), ctx_(ctx), model_name_(std::move(model_name)), pooling_(pooling) {}
 
 EmbeddingService::~EmbeddingService() = default;
 
@@ -151,7 +152,7 @@ bool EmbeddingService::Handle(const ojson& body, ojson* out, ApiError* err) {
     std::lock_guard<std::mutex> lock(mu_);
     if (!embedder_) {
       pool_ = std::make_unique<ThreadPool>(model_.pool() ? model_.pool()->size() : 1);
-      auto e = engine::Embedder::Create(model_, pool_.get());
+      auto e = engine::Embedder::Create(model_, pool_.get(), pooling_);
       if (!e.ok()) return fail(FieldError("model", e.status().message()));
       embedder_ = std::move(*e);
     }

@@ -35,7 +35,9 @@ std::string Base64Encode(std::string_view bytes);
 
 class EmbeddingService {
  public:
-  EmbeddingService(const engine::Model& model, int64_t ctx, std::string model_name);
+  // pooling: kNone takes the model's; another value overrides it (serve --pooling).
+  EmbeddingService(const engine::Model& model, int64_t ctx, std::string model_name,
+                   model::Pooling pooling = model::Pooling::kNone);
   ~EmbeddingService();
 
   // The response body, or false with *err set (a 4xx naming the field).
@@ -45,6 +47,7 @@ class EmbeddingService {
   const engine::Model& model_;
   int64_t ctx_;
   std::string model_name_;
+  model::Pooling pooling_;
   std::mutex mu_;  // one request at a time: the embedder's scratch is shared
   std::unique_ptr<ThreadPool> pool_;
   std::unique_ptr<engine::Embedder> embedder_;

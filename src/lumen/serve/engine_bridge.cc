@@ -142,6 +142,10 @@ Result<Prepared> EngineBridge::Prepare(const GenRequest& r) const {
     if (!c.ok()) return Errorf("{}: {}", constraint_field, c.status().message());
     p.constraint = std::shared_ptr<const engine::GrammarConstraint>(std::move(*c));
   }
+  if (!r.adapter.empty()) {
+    if (!adapters_) return Errorf("adapter: this server cannot mount adapters");
+    LUMEN_ASSIGN_OR_RETURN(p.adapters, adapters_->Resolve(r.adapter));
+  }
   nlohmann::json fields = r.sampler_fields;
   auto cfg = sample::ParseSamplerJson(fields, base_);
   if (!cfg.ok()) return cfg.status();
@@ -165,6 +169,7 @@ std::shared_ptr<RunState> EngineBridge::Start(const GenRequest& r, const Prepare
     j.stop = r.stop;
     j.want_logprobs = r.logprobs;
     if (p.constraint) j.constraint = std::make_shared<engine::GrammarConstraint>(*p.constraint);
+    j.adapters = p.adapters;
     std::weak_ptr<RunState> weak = run;
     j.on_event = [weak, i](const engine::JobEvent& e) {
       auto s = weak.lock();

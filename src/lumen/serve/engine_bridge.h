@@ -13,6 +13,9 @@
 // the model's tool-call format, detected once from the chat template;
 // response_format json_object makes the reply one JSON object. The token
 // table those need is built on the first such request.
+//
+// The request's "adapter" set spec is resolved against the registry in
+// Prepare (an unknown id: a 400 naming it) and rides with every job.
 #pragma once
 
 #include <chrono>
@@ -40,6 +43,8 @@ struct Prepared {
   // Binding tool_choice / json_object: each job gets a copy (null: free text).
   std::shared_ptr<const engine::GrammarConstraint> constraint;
   bool forced_call = false;  // the reply is exactly one call to one of tool_names
+  // The request's adapter set (null: none); held until its jobs end.
+  std::shared_ptr<const engine::AdapterSet> adapters;
 };
 
 struct ChoiceEvent {
@@ -78,6 +83,9 @@ class EngineBridge {
 
   const engine::Model& model() const { return model_; }
   engine::Scheduler& scheduler() { return sched_; }
+  // The mounted adapters requests may name (null: none can be mounted).
+  void set_adapters(engine::AdapterRegistry* registry) { adapters_ = registry; }
+  engine::AdapterRegistry* adapters() const { return adapters_; }
   const sample::SamplerConfig& base_sampler() const { return base_; }
   ToolFormat tool_format() const { return tool_format_; }
 
@@ -89,6 +97,7 @@ class EngineBridge {
   engine::ChatFormatter formatter_;
   sample::SamplerConfig base_;
   ToolFormat tool_format_ = ToolFormat::kHermes;
+  engine::AdapterRegistry* adapters_ = nullptr;
   mutable std::once_flag table_once_;
   mutable std::shared_ptr<const engine::TokenTable> table_;
 };

@@ -109,6 +109,7 @@ Result<GenRequest> ParseMessages(const ojson& body) {
   LUMEN_RETURN_IF_ERROR(ParseMaxTokens(body["max_tokens"], "max_tokens", r));
   LUMEN_RETURN_IF_ERROR(ExpectBool(body.value("stream", ojson()), "stream", &r.stream));
   LUMEN_RETURN_IF_ERROR(ParseStop(body.value("stop_sequences", ojson()), "stop_sequences", r));
+  LUMEN_RETURN_IF_ERROR(ParseAdapterField(body, r));
   LUMEN_RETURN_IF_ERROR(ParseSamplerFields(body, r));
   if (body.contains("system") && !body["system"].is_null()) {
     std::string sys;

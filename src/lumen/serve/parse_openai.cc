@@ -128,6 +128,7 @@ Status ParseCommon(const ojson& body, GenRequest& r) {
     LUMEN_RETURN_IF_ERROR(ExpectInt(body["n"], "n", 1, 16, &n));
     r.n = static_cast<int>(n);
   }
+  LUMEN_RETURN_IF_ERROR(ParseAdapterField(body, r));
   return ParseSamplerFields(body, r);
 }
 

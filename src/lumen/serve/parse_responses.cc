@@ -69,6 +69,7 @@ Result<GenRequest> ParseResponses(const ojson& body) {
   LUMEN_RETURN_IF_ERROR(ExpectBool(body.value("store", ojson()), "store", &r.store));
   LUMEN_RETURN_IF_ERROR(
       ParseMaxTokens(body.value("max_output_tokens", ojson()), "max_output_tokens", r));
+  LUMEN_RETURN_IF_ERROR(ParseAdapterField(body, r));
   LUMEN_RETURN_IF_ERROR(ParseSamplerFields(body, r));
   if (body.contains("previous_response_id") && !body["previous_response_id"].is_null())
     LUMEN_RETURN_IF_ERROR(ExpectString(body["previous_response_id"], "previous_response_id",

@@ -58,6 +58,10 @@ struct GenRequest {
   // min_p, seed, penalties, logit_bias, hlg, curve, ...).
   nlohmann::json sampler_fields = nlohmann::json::object();
 
+  // The adapter set spec ("", "a", "a+b", "a*0.5+b"); resolved against the
+  // mounted adapters by EngineBridge::Prepare (engine/adapter_registry.h).
+  std::string adapter;
+
   // Responses API.
   std::string previous_response_id;
   bool store = true;
@@ -77,6 +81,8 @@ Result<GenRequest> ParseResponses(const nlohmann::ordered_json& body);
 Status ParseSamplerFields(const nlohmann::ordered_json& body, GenRequest& r);
 Status ParseStop(const nlohmann::ordered_json& v, const char* field, GenRequest& r);
 Status ParseMaxTokens(const nlohmann::ordered_json& v, const char* field, GenRequest& r);
+// The body's "adapter" (a set spec string, or null / absent: none).
+Status ParseAdapterField(const nlohmann::ordered_json& body, GenRequest& r);
 // OpenAI function tools: [{"type":"function","function":{name, description, parameters}}].
 Status ValidateTools(const nlohmann::ordered_json& tools, const char* field);
 Status ParseToolChoice(const nlohmann::ordered_json& v, const char* field, GenRequest& r);

@@ -6,6 +6,7 @@
 
 #include "lumen/core/log.h"
 #include "lumen/serve/admission.h"
+#include "lumen/serve/adapters_api.h"
 #include "lumen/serve/body.h"
 #include "lumen/serve/httplib_include.h"
 #include "lumen/serve/protocol.h"
@@ -41,6 +42,9 @@ constexpr const char* kEndpoints[][3] = {
     {"POST", "/v1/messages", "Anthropic messages (stream, tools)"},
     {"POST", "/v1/responses", "OpenAI Responses (stream, previous_response_id)"},
     {"POST", "/v1/embeddings", "OpenAI embeddings (embedding models: dimensions, base64)"},
+    {"GET", "/v1/adapters", "the mounted LoRA adapters"},
+    {"POST", "/v1/adapters", "mount a LoRA adapter {id, path, replace}"},
+    {"DELETE", "/v1/adapters/{id}", "unmount a LoRA adapter"},
     {"GET", "/lumen/info", "model, architecture, memory, context and slots (web app)"},
     {"POST", "/lumen/curve", "evaluate a control-point curve at input probabilities (web app)"},
     {"GET", "/lumen/runs", "training runs under --runs (web app)"},
@@ -84,7 +88,7 @@ Server::Server(EngineBridge& engine, ServerOptions opts)
           .model_args = opts_.ui.train_model_args,
       })),
       embeddings_(std::make_unique<EmbeddingService>(engine.model(), engine.scheduler().ctx(),
-                                                     opts_.model_name)),
+                                                     opts_.model_name, opts_.pooling)),
       started_(Clock::now()) {
   std::random_device rd;
   id_salt_ = (uint64_t(rd()) << 32) ^ rd();
@@ -298,6 +302,16 @@ void Server::Routes() {
     g.uptime_seconds = std::chrono::duration<double>(Clock::now() - started_).count();
     res.set_content(metrics_.RenderPrometheus(g), "text/plain; version=0.0.4");
   });
+  if (engine_.adapters()) {
+    AdapterRoutes ar;
+    ar.registry = engine_.adapters();
+    ar.bind_host = opts_.host;
+    ar.send_error = [this](httplib::Response& res, const ApiError& e, const std::string& ep) {
+      SendError(res, e, ErrorShape::kOpenAI, ep);
+    };
+    ar.count = [this](const std::string& ep, int status) { metrics_.CountRequest(ep, status); };
+    RegisterAdapterRoutes(h, std::move(ar));
+  }
   WebUiContext ui;
   ui.model = &engine_.model();
   ui.scheduler = &engine_.scheduler();
@@ -411,7 +425,8 @@ void Server::HandleGenerate(Api api, const httplib::Request& req, httplib::Respo
   Result<Prepared> prep = engine_.Prepare(r);
   if (!prep.ok()) return SendError(res, FromStatus(prep.status()), shape, endpoint);
   if (auto refused = AdmitContext(api, prep->prompt_field, int64_t(prep->prompt.size()),
-                                  r.max_tokens, engine_.scheduler().ctx())) {
+                                  &prep->max_tokens, engine_.scheduler().ctx(),
+                                  opts_.clamp_max_tokens)) {
     ++refused_context_;
     return SendError(res, *refused, shape, endpoint);
   }

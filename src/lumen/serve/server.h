@@ -2,6 +2,8 @@
 //   GET  /health, /v1, /v1/models, /v1/models/{id}, /stats, /metrics, /fit
 //   POST /v1/chat/completions, /v1/completions, /v1/messages, /v1/responses,
 //        /v1/embeddings (embeddings.h)
+//   GET/POST /v1/adapters, DELETE /v1/adapters/{id} (adapters_api.h; when the
+//   EngineBridge has an AdapterRegistry)
 // Generation requests pass admission (admission.h): prompt + max_tokens must
 // fit the context.
 // Every POST body passes the same gate (size, UTF-8, JSON, API key) and its
@@ -48,6 +50,8 @@ struct ServerOptions {
   // The memory check the server started with (cli/serve.cc): GET /fit and
   // /stats "admission" report it.
   engine::FitReport fit;
+  bool clamp_max_tokens = false;  // llama-server's rule instead of the 400 (admission.h)
+  model::Pooling pooling = model::Pooling::kNone;  // --pooling: overrides the model's
 };
 
 class Server {

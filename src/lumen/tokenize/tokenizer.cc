@@ -1,4 +1,5 @@
 #include "lumen/tokenize/tokenizer.h"
+#include "lumen/core/route.h"
 
 #include <algorithm>
 
@@ -6,6 +7,15 @@
 #include "lumen/tokenize/unicode.h"
 
 namespace lumen::tokenize {
+
+LUMEN_ROUTE(tokenize_native,
+            {.node = "tokenize",
+             .name = "bpe/spm",
+             .tier = Tier::kL1,
+             .oracle = "HF tokenizers / transformers.js ids and llama.cpp's llama2.c tokenizer",
+             .bound = "identical ids and round-trip text",
+             .tests = "Fixtures/TestVectors.*;Goldens/CorpusGoldens.*;Llama2cTokenizer.*",
+             .priority = 10});
 namespace {
 
 void TrieInsert(std::vector<TokenizerImpl::TrieNode>& trie, std::string_view s, int32_t idx) {

@@ -10,8 +10,11 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "lumen/core/thread_pool.h"
 #include "lumen/engine/synth.h"
+#include "lumen/kernels/roofline.h"
 #include "lumen/train/memory_plan.h"
+#include "lumen/train/step_profile.h"
 #include "lumen/train/trainer.h"
 
 namespace lumen::train {
@@ -21,6 +24,7 @@ namespace fs = std::filesystem;
 
 struct Row {
   double step_s = 0, peak_mb = 0, predicted_mb = 0;
+  StepProfile prof;  // summed over the measured steps
   std::string error;
 };
 
@@ -28,7 +32,11 @@ struct Row {
 Row RunChild(const std::string& model_path, const TrainBenchOptions& o, int64_t seq,
              const std::string& config, const fs::path& tmp) {
   int fds[2];
-  if (::pipe(fds) != 0) return {0, 0, 0, "pipe failed"};
+  if (::pipe(fds) != 0) {
+    Row r;
+    r.error = "pipe failed";
+    return r;
+  }
   const pid_t pid = ::fork();
   if (pid == 0) {
     ::close(fds[0]);
@@ -70,6 +78,10 @@ Row RunChild(const std::string& model_path, const TrainBenchOptions& o, int64_t 
       for (double s : res.step_seconds) total += s;
       out["step_s"] = total / double(std::max<size_t>(1, res.step_seconds.size()));
       out["predicted_mb"] = res.predicted_peak_mb;
+      const StepProfile& p = res.profile;
+      out["profile"] = {p.total_s,       p.head_s,       p.attention_s, p.products_s,
+                        p.norms_s,       p.optimizer_s,  p.head_flops,  p.attention_flops,
+                        p.product_flops, double(p.steps)};
       return Status::Ok();
     };
     Status s = run();
@@ -98,6 +110,20 @@ Row RunChild(const std::string& model_path, const TrainBenchOptions& o, int64_t 
   row.peak_mb = j.value("peak_mb", 0.0);
   row.predicted_mb = j.value("predicted_mb", 0.0);
   row.error = j.value("error", "");
+  if (j.contains("profile") && j["profile"].is_array() && j["profile"].size() == 10) {
+    const auto& p = j["profile"];
+    StepProfile& q = row.prof;
+    q.total_s = p[0];
+    q.head_s = p[1];
+    q.attention_s = p[2];
+    q.products_s = p[3];
+    q.norms_s = p[4];
+    q.optimizer_s = p[5];
+    q.head_flops = p[6];
+    q.attention_flops = p[7];
+    q.product_flops = p[8];
+    q.steps = int64_t(double(p[9]));
+  }
   return row;
 }
 }  // namespace
@@ -122,6 +148,16 @@ Result<std::string> RunTrainBench(const TrainBenchOptions& o) {
       "f16 weights",
       o.plan_only ? std::string("memory plan only (no step run)")
                   : fmt::format("{} measured step(s) per row", o.steps));
+  // The f32 FMA peak of the threads the steps run on (one core's measured
+  // loop, as `lumen bench` reports it, times the thread count).
+  const int threads = o.threads > 0 ? o.threads : ThreadPool::DefaultThreads();
+  const double peak = o.plan_only ? 0.0 : kernels::MeasureFmaFlops(0.5) * threads;
+  std::string shares = fmt::format(
+      "\nShare of the step time per phase (train/step_profile.h) and useful training FLOP/s "
+      "against the measured f32 FMA peak ({:.1f} GFLOP/s on {} threads, {})\n\n"
+      "| seq | configuration | head | attention | products | norms | optimizer | other | "
+      "GFLOP/s | of f32 peak |\n|---|---|---|---|---|---|---|---|---|---|\n",
+      peak / 1e9, threads, kernels::KernelTargetName());
   for (int64_t seq : o.seqs) {
     Row plain;
     for (const std::string& config : o.configs) {
@@ -138,6 +174,17 @@ Result<std::string> RunTrainBench(const TrainBenchOptions& o) {
             ratio ? fmt::format("{:.2f}x", r.predicted_mb / plain.predicted_mb) : "-");
         continue;
       }
+      const StepProfile& p = r.prof;
+      if (p.total_s > 0) {
+        auto pct = [&](double x) { return fmt::format("{:.1f}%", 100.0 * x / p.total_s); };
+        const double other =
+            p.total_s - p.head_s - p.attention_s - p.products_s - p.norms_s - p.optimizer_s;
+        const double flops = (p.head_flops + p.attention_flops + p.product_flops) / p.total_s;
+        shares += fmt::format("| {} | {} | {} | {} | {} | {} | {} | {} | {:.1f} | {:.0f}% |\n", seq,
+                              config, pct(p.head_s), pct(p.attention_s), pct(p.products_s),
+                              pct(p.norms_s), pct(p.optimizer_s), pct(other), flops / 1e9,
+                              peak > 0 ? 100.0 * flops / peak : 0.0);
+      }
       const bool ratio = plain.step_s > 0 && plain.error.empty();
       table += fmt::format("| {} | {} | {:.2f} | {:.0f} | {:.0f} | {} | {} |\n", seq, config,
                            r.step_s, r.peak_mb, r.predicted_mb,
@@ -148,7 +195,7 @@ Result<std::string> RunTrainBench(const TrainBenchOptions& o) {
   }
   std::error_code ec;
   fs::remove_all(tmp, ec);
-  return table;
+  return o.plan_only ? table : table + shares;
 }
 
 }  // namespace lumen::train

@@ -4,10 +4,32 @@
 #include <cmath>
 #include <limits>
 
+#include "lumen/core/route.h"
 #include "lumen/kernels/train_ops.h"
 #include "lumen/train/frozen.h"
 
 namespace lumen::train {
+
+LUMEN_ROUTE(head_fused,
+            {.node = "head.ce",
+             .name = "fused-chunked",
+             .tier = Tier::kL2,
+             .oracle = "the plain head (f32) and finite differences (double)",
+             .bound = "log-probs and dh within the relative L2 bound of fused_head_test.cc",
+             .tests = "Models/FusedHeadTest.MatchesPlainHeadInF32/*;Models/"
+                      "FusedHeadTest.BackwardMatchesFiniteDifferencesInDouble/*",
+             .when = "train.fused_ce=on",
+             .priority = 10});
+LUMEN_ROUTE(head_fused_skip,
+            {.node = "head.ce",
+             .name = "fused-skip-eps",
+             .tier = Tier::kL3,
+             .oracle = "none: skipped chunks change dh; measured against the exact head",
+             .bound = "cosine and relative error of dh, teacher-forced on stories260K",
+             .tests = "CeSkip.MeasuredTeacherForcedOnStories260K",
+             .measure = "docs/experiments/training-memory.md",
+             .when = "train.fused_ce=on train.ce_skip=on",
+             .priority = 20});
 
 template <class Real>
 void FusedHead<Real>::NormRows(int64_t r0, int64_t n, Real* xn) const {

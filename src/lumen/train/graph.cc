@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 
 #include "lumen/core/check.h"
+#include "lumen/core/route.h"
 #include "lumen/kernels/attention_train.h"
 #include "lumen/kernels/matrix.h"
 #include "lumen/kernels/train_ops.h"
@@ -11,6 +13,73 @@
 #include "lumen/train/frozen.h"
 
 namespace lumen::train {
+
+LUMEN_ROUTE(
+    train_graph_f32,
+    {.node = "train.graph",
+     .name = "f32",
+     .tier = Tier::kL2,
+     .oracle = "the same graph in double (itself checked by finite differences) and torch float64",
+     .bound = "relative L2 of LoRA gradients below 1e-4 of the double route",
+     .tests = "Families/GradientCheck.FloatRouteWithinBoundOfDouble/*;Types/"
+              "QuantizedBase.FloatRouteWithinBoundOfDouble/*;"
+              "Golden/GoldenTrain.FloatRouteMatchesTorchFloat64/*",
+     .priority = 10});
+LUMEN_ROUTE(train_graph_double,
+            {.node = "train.graph",
+             .name = "double",
+             .tier = Tier::kL2,
+             .oracle = "fourth-order finite differences of the loss; torch float64",
+             .bound = "relative error below 1e-6",
+             .tests = "Families/GradientCheck.EveryObjectiveMatchesFiniteDifferences/*;"
+                      "Scalings/RopeScalingGradient.MatchesFiniteDifferences/*;Golden/"
+                      "GoldenTrain.DoubleRouteMatchesTorchFloat64/*",
+             .when = "train.compute=double",
+             .priority = 20});
+LUMEN_ROUTE(train_attention_scalar,
+            {.node = "attn.train",
+             .name = "scalar-lse",
+             .tier = Tier::kL2,
+             .oracle = "finite differences in double (the template the double route runs)",
+             .bound = "relative error below 1e-6 in double",
+             .tests = "Families/GradientCheck.EveryObjectiveMatchesFiniteDifferences/*;Families/"
+                      "PrefixShare.MatchesTwoForwards/*",
+             .priority = 0});
+LUMEN_ROUTE(
+    train_segmented,
+    {.node = "train.backward",
+     .name = "segmented",
+     .tier = Tier::kL1,
+     .oracle = "the unsegmented backward",
+     .bound =
+         "bit-identical gradients (recomputation reproduces the forward, dropout masks included)",
+     .tests = "Families/PrefixShare.SegmentedBackwardIsBitIdentical/"
+              "*;Levers.EveryCombinationTrainsAndMatchesThePlainPath",
+     .when = "train.segment=on",
+     .priority = 10});
+LUMEN_ROUTE(train_plain_backward,
+            {.node = "train.backward",
+             .name = "whole",
+             .tier = Tier::kL1,
+             .oracle = "itself (every activation kept)",
+             .bound = "bit-identical",
+             .tests = "Families/GradientCheck.FloatRouteWithinBoundOfDouble/*",
+             .priority = 0});
+LUMEN_ROUTE(train_mlp_chunk, {.node = "train.mlp",
+                              .name = "token-chunked",
+                              .tier = Tier::kL1,
+                              .oracle = "the unchunked MLP",
+                              .bound = "bit-identical loss and gradients (per-token arithmetic)",
+                              .tests = "Families/PrefixShare.MlpChunkMatchesUnchunked/*",
+                              .when = "train.mlp_chunk=on",
+                              .priority = 10});
+LUMEN_ROUTE(train_mlp_whole, {.node = "train.mlp",
+                              .name = "whole",
+                              .tier = Tier::kL1,
+                              .oracle = "itself",
+                              .bound = "bit-identical",
+                              .tests = "Families/GradientCheck.FloatRouteWithinBoundOfDouble/*",
+                              .priority = 0});
 
 using model::LayerWeights;
 using model::Matrix;
@@ -45,6 +114,13 @@ void Graph<Real>::ForRows(int64_t M, Fn&& fn) {
 }
 
 template <class Real>
+template <class Fn>
+void Graph<Real>::NormRows(int64_t M, Fn&& fn) {
+  PhaseTimer timer(Phase(&StepProfile::norms_s));
+  ForRows(M, fn);
+}
+
+template <class Real>
 size_t Graph<Real>::saved_bytes() const {
   size_t n = 0;
   for (const auto& v : boundaries_) n += v.size();
@@ -57,7 +133,41 @@ size_t Graph<Real>::saved_bytes() const {
   return n * sizeof(Real);
 }
 
+template <class Real>
+void Graph<Real>::AddStepFlops(const PackedBatch& b, StepProfile& p) const {
+  const double M = double(b.size()), D = double(c_.dim), Q = double(c_.q_dim()),
+               KV = double(c_.kv_dim()), F = double(c_.ffn_dim);
+  const double frozen = 2 * M * (D * (Q + 2 * KV) + Q * D + 3 * D * F);  // one pass
+  const int first = layout_ ? layout_->first_layer : c_.n_layers;
+  double lora = 0;  // forward A x, B u; backward dB, du, dA, dx: 3 passes over (n + k) r
+  if (layout_)
+    for (const LoraSlot& s : layout_->slots)
+      lora += 3 * 2 * M * double(layout_->cfg.rank) * double(s.n + s.k);
+  p.product_flops += frozen * (c_.n_layers + (c_.n_layers - first)) + lora;
+  // Visible (query, key) pairs; a window keeps at most `window` keys of a
+  // range (positions within a range are consecutive in every packing).
+  for (int l = 0; l < c_.n_layers; ++l) {
+    const int64_t w = c_.layer_sliding[l] ? c_.sliding_window : 0;
+    double pairs = 0;
+    for (const kernels::KeyRanges& v : b.visible)
+      for (int r = 0; r < v.n; ++r) {
+        const int64_t n = std::max<int64_t>(0, v.r[r].end - v.r[r].begin);
+        pairs += double(w > 0 ? std::min(n, w) : n);
+      }
+    // 2 flops per multiply-add per head dim: QK^T, PV forward; dP, dV, dK,
+    // dQ backward (the recomputed scores are not counted).
+    const double per = 2 * double(c_.n_heads) * double(c_.head_dim) * pairs;
+    p.attention_flops += 2 * per + (l >= first ? 4 * per : 0);
+  }
+}
+
 namespace {
+// Frees vectors' storage (clear() keeps the capacity).
+template <class... V>
+void Release(V&... v) {
+  (std::decay_t<decltype(v)>().swap(v), ...);
+}
+
 // The dropout multiplier of element (row m, column k) of a target's input.
 inline float DropScale(const DropoutKey& key, float p, int l, Target t, int64_t m, int64_t k) {
   const double r =
@@ -108,6 +218,7 @@ const LoraSlot* Graph<Real>::LoraInput(int l, Target t, const Real* x, int64_t M
 template <class Real>
 void Graph<Real>::Linear(int l, Target t, const Matrix& W, const Real* x, int64_t M, Real* y,
                          std::vector<Real>& u) {
+  PhaseTimer timer(Phase(&StepProfile::products_s));
   if (W.valid()) FrozenProduct(W, x, M, y, pool_);  // else y holds a fused product's slice
   const LoraSlot* slot = LoraInput(l, t, x, M, u);
   if (!slot) return;
@@ -130,6 +241,7 @@ void Graph<Real>::Linear(int l, Target t, const Matrix& W, const Real* x, int64_
 template <class Real>
 void Graph<Real>::LinearBackward(int l, Target t, const Matrix& W, const Real* x, const Real* u,
                                  const Real* dy, int64_t M, Real* dx, LoraParams<Real>& grad) {
+  PhaseTimer timer(Phase(&StepProfile::products_s));
   if (W.valid()) FrozenProductT(W, dy, M, dx, pool_);  // fused: the caller's one product
   const LoraSlot* slot = layout_ ? layout_->Find(l, t) : nullptr;
   if (!slot || lora_scale_ == 0.0f) return;
@@ -202,7 +314,7 @@ void Graph<Real>::AddBlockOutput(const float* post_norm, std::vector<Real>& out,
   const int64_t D = c_.dim, M = int64_t(out.size()) / D;
   if (post_norm) {
     pre = out;
-    ForRows(M, [&](int64_t i) {
+    NormRows(M, [&](int64_t i) {
       kernels::RmsNormRow(out.data() + i * D, post_norm, c_.norm_offset, c_.norm_eps, D,
                           out.data() + i * D);
     });
@@ -221,7 +333,7 @@ void Graph<Real>::BlockOutputBackward(const float* post_norm, const std::vector<
   for (int64_t i = 0; i < M * D; ++i) dout[i] = dx[i] * rs;
   if (!post_norm) return;
   std::vector<Real> d(M * D, Real(0));
-  ForRows(M, [&](int64_t i) {
+  NormRows(M, [&](int64_t i) {
     kernels::RmsNormRowBackward(pre.data() + i * D, post_norm, c_.norm_offset, c_.norm_eps, D,
                                 dout.data() + i * D, d.data() + i * D);
   });
@@ -240,7 +352,10 @@ void Graph<Real>::FfnRows(int l, const Real* xn2, int64_t n, std::vector<Real>& 
   const bool fused_ffn = !L.w_gate.valid();  // Phi3: w_up is [2F, D], gate rows first
   if (fused_ffn) {
     std::vector<Real> gu(n * 2 * F);
-    FrozenProduct(L.w_up, xn2, n, gu.data(), pool_);
+    {
+      PhaseTimer timer(Phase(&StepProfile::products_s));
+      FrozenProduct(L.w_up, xn2, n, gu.data(), pool_);
+    }
     for (int64_t i = 0; i < n; ++i) {
       std::copy_n(gu.data() + i * 2 * F, F, g.data() + i * F);
       std::copy_n(gu.data() + i * 2 * F + F, F, u.data() + i * F);
@@ -284,6 +399,7 @@ void Graph<Real>::FfnBackwardRows(int l, const Real* xn2, int64_t n, const std::
       std::copy_n(dg.data() + i * F, F, dgu.data() + i * 2 * F);
       std::copy_n(du.data() + i * F, F, dgu.data() + i * 2 * F + F);
     }
+    PhaseTimer timer(Phase(&StepProfile::products_s));
     FrozenProductT(L.w_up, dgu.data(), n, dxn, pool_);
   }
 }
@@ -296,7 +412,7 @@ void Graph<Real>::Layer(int l, const PackedBatch& b, Real* x, LayerSaved& s) {
   const float off = c_.norm_offset, eps = c_.norm_eps;
   s.x_in.assign(x, x + M * D);
   s.xn1.resize(M * D);
-  ForRows(M, [&](int64_t i) {
+  NormRows(M, [&](int64_t i) {
     kernels::RmsNormRow(x + i * D, L.attn_norm, off, eps, D, s.xn1.data() + i * D);
   });
   s.q.resize(M * Q);
@@ -306,7 +422,10 @@ void Graph<Real>::Layer(int l, const PackedBatch& b, Real* x, LayerSaved& s) {
   if (L.wqkv.valid()) {  // Phi3: one [(H + 2 Hkv) Dh, D] product, split into q, k, v
     const int64_t QKV = Q + 2 * KV;
     std::vector<Real> qkv(M * QKV);
-    FrozenProduct(L.wqkv, s.xn1.data(), M, qkv.data(), pool_);
+    {
+      PhaseTimer timer(Phase(&StepProfile::products_s));
+      FrozenProduct(L.wqkv, s.xn1.data(), M, qkv.data(), pool_);
+    }
     for (int64_t i = 0; i < M; ++i) {
       std::copy_n(qkv.data() + i * QKV, Q, s.q.data() + i * Q);
       std::copy_n(qkv.data() + i * QKV + Q, KV, s.k.data() + i * KV);
@@ -327,7 +446,7 @@ void Graph<Real>::Layer(int l, const PackedBatch& b, Real* x, LayerSaved& s) {
   if (L.q_norm) {
     s.q_pre = s.q;
     s.k_pre = s.k;
-    ForRows(M, [&](int64_t i) {
+    NormRows(M, [&](int64_t i) {
       for (int h = 0; h < c_.n_heads; ++h) {
         Real* qh = s.q.data() + i * Q + h * Dh;
         kernels::RmsNormRow(qh, L.q_norm, off, eps, Dh, qh);
@@ -350,15 +469,21 @@ void Graph<Real>::Layer(int l, const PackedBatch& b, Real* x, LayerSaved& s) {
   const kernels::TrainAttentionShape shape{
       c_.n_heads,    c_.n_kv_heads,   c_.head_dim,
       c_.attn_scale, c_.attn_softcap, c_.layer_sliding[l] ? c_.sliding_window : 0};
-  auto attend = [&](int64_t h0, int64_t h1, int) {
-    kernels::AttentionTrainForward(shape, s.q.data(), s.k.data(), s.v.data(), b.pos.data(),
-                                   b.visible.data(), M, s.att.data(), s.lse.data(), int(h0),
-                                   int(h1));
-  };
-  if (pool_)
-    pool_->ParallelFor(c_.n_kv_heads, attend);
-  else
-    attend(0, c_.n_kv_heads, 0);
+  if constexpr (std::is_same_v<Real, float>) {  // training: the fast route
+    PhaseTimer timer(Phase(&StepProfile::attention_s));
+    kernels::AttentionTrainForwardFast(shape, s.q.data(), s.k.data(), s.v.data(), b.pos.data(),
+                                       b.visible.data(), M, s.att.data(), s.lse.data(), pool_);
+  } else {  // the FD oracle: the scalar template
+    auto attend = [&](int64_t h0, int64_t h1, int) {
+      kernels::AttentionTrainForward(shape, s.q.data(), s.k.data(), s.v.data(), b.pos.data(),
+                                     b.visible.data(), M, s.att.data(), s.lse.data(), int(h0),
+                                     int(h1));
+    };
+    if (pool_)
+      pool_->ParallelFor(c_.n_kv_heads, attend);
+    else
+      attend(0, c_.n_kv_heads, 0);
+  }
 
   std::vector<Real> o(M * D);
   Linear(l, Target::kO, L.wo, s.att.data(), M, o.data(), s.lora_u[int(Target::kO)]);
@@ -366,7 +491,7 @@ void Graph<Real>::Layer(int l, const PackedBatch& b, Real* x, LayerSaved& s) {
   AddBlockOutput(L.post_attn_norm, o, s.o_pre, x);
   s.x_mid.assign(x, x + M * D);
   s.xn2.resize(M * D);
-  ForRows(M, [&](int64_t i) {
+  NormRows(M, [&](int64_t i) {
     kernels::RmsNormRow(x + i * D, L.ffn_norm, off, eps, D, s.xn2.data() + i * D);
   });
   std::vector<Real>& d = o;  // reuse [M, D]
@@ -390,6 +515,17 @@ void Graph<Real>::Layer(int l, const PackedBatch& b, Real* x, LayerSaved& s) {
 }
 
 template <class Real>
+void Graph<Real>::Embed(const PackedBatch& b, std::vector<Real>& x) const {
+  const int64_t M = b.size(), D = c_.dim;
+  x.assign(M * D, Real(0));
+  std::vector<float> row(D);
+  for (int64_t i = 0; i < M; ++i) {
+    kernels::DequantizeMatrixRow(w_.tok_embd, b.tokens[i], row.data());
+    for (int64_t k = 0; k < D; ++k) x[i * D + k] = Real(row[k]) * Real(embed_scale_);
+  }
+}
+
+template <class Real>
 const std::vector<Real>& Graph<Real>::Forward(const PackedBatch& b, const LoraParams<Real>* params,
                                               DropoutKey key, bool keep) {
   const int64_t M = b.size(), D = c_.dim;
@@ -397,12 +533,7 @@ const std::vector<Real>& Graph<Real>::Forward(const PackedBatch& b, const LoraPa
   lora_scale_ = params && layout_ ? layout_->cfg.Scale() : 0.0f;
   key_ = key;
   keep_ = keep;
-  hidden_.assign(M * D, Real(0));
-  std::vector<float> row(D);
-  for (int64_t i = 0; i < M; ++i) {
-    kernels::DequantizeMatrixRow(w_.tok_embd, b.tokens[i], row.data());
-    for (int64_t k = 0; k < D; ++k) hidden_[i * D + k] = Real(row[k]) * Real(embed_scale_);
-  }
+  Embed(b, hidden_);
   const bool segmented = keep && segment_ > 0;
   if (segmented) {
     saved_.clear();
@@ -411,7 +542,7 @@ const std::vector<Real>& Graph<Real>::Forward(const PackedBatch& b, const LoraPa
     saved_.resize(c_.n_layers);
   }
   for (int l = 0; l < c_.n_layers; ++l) {
-    if (segmented && l % segment_ == 0)
+    if (segmented && l > 0 && l % segment_ == 0)  // the first is the embedding, recomputed
       boundaries_[l / segment_].assign(hidden_.begin(), hidden_.end());
     Layer(l, b, hidden_.data(), keep && !segmented ? saved_[l] : scratch_);
   }
@@ -446,10 +577,15 @@ void Graph<Real>::LayerBackward(int l, const PackedBatch& b, LayerSaved& s, Real
     }
     row0_ = 0;
   }
-  ForRows(M, [&](int64_t i) {
+  // Each saved tensor is released once the backward has passed its last use,
+  // so the layer's working set shrinks as the backward moves down it.
+  Release(s.g, s.u, s.h, s.xn2, s.d_pre, s.lora_u[int(Target::kGate)], s.lora_u[int(Target::kUp)],
+          s.lora_u[int(Target::kDown)]);
+  NormRows(M, [&](int64_t i) {
     kernels::RmsNormRowBackward(s.x_mid.data() + i * D, L.ffn_norm, off, eps, D, dxn.data() + i * D,
                                 dx + i * D);
   });
+  Release(s.x_mid);
 
   // Attention: x_mid = x_in + rs * post_norm(o(attn(rope(q), rope(k), v)))
   std::vector<Real>& dob = dd;
@@ -457,19 +593,28 @@ void Graph<Real>::LayerBackward(int l, const PackedBatch& b, LayerSaved& s, Real
   std::vector<Real> datt(M * Q, Real(0));
   LinearBackward(l, Target::kO, L.wo, s.att.data(), s.lora_u[int(Target::kO)].data(), dob.data(), M,
                  datt.data(), grad);
+  Release(dob, s.o_pre, s.lora_u[int(Target::kO)]);
   std::vector<Real> dq(M * Q, Real(0)), dk(M * KV, Real(0)), dv(M * KV, Real(0));
   const kernels::TrainAttentionShape shape{
       c_.n_heads,    c_.n_kv_heads,   c_.head_dim,
       c_.attn_scale, c_.attn_softcap, c_.layer_sliding[l] ? c_.sliding_window : 0};
-  auto attend = [&](int64_t h0, int64_t h1, int) {
-    kernels::AttentionTrainBackward(shape, s.q.data(), s.k.data(), s.v.data(), b.pos.data(),
-                                    b.visible.data(), M, s.att.data(), s.lse.data(), datt.data(),
-                                    dq.data(), dk.data(), dv.data(), int(h0), int(h1));
-  };
-  if (pool_)
-    pool_->ParallelFor(c_.n_kv_heads, attend);
-  else
-    attend(0, c_.n_kv_heads, 0);
+  if constexpr (std::is_same_v<Real, float>) {
+    PhaseTimer timer(Phase(&StepProfile::attention_s));
+    kernels::AttentionTrainBackwardFast(shape, s.q.data(), s.k.data(), s.v.data(), b.pos.data(),
+                                        b.visible.data(), M, s.att.data(), s.lse.data(),
+                                        datt.data(), dq.data(), dk.data(), dv.data(), pool_);
+  } else {
+    auto attend = [&](int64_t h0, int64_t h1, int) {
+      kernels::AttentionTrainBackward(shape, s.q.data(), s.k.data(), s.v.data(), b.pos.data(),
+                                      b.visible.data(), M, s.att.data(), s.lse.data(), datt.data(),
+                                      dq.data(), dk.data(), dv.data(), int(h0), int(h1));
+    };
+    if (pool_)
+      pool_->ParallelFor(c_.n_kv_heads, attend);
+    else
+      attend(0, c_.n_kv_heads, 0);
+  }
+  Release(datt, s.att, s.q, s.k, s.v, s.lse);
   const kernels::RopeTable& rope = Rope(l);
   ForRows(M, [&](int64_t i) {
     kernels::RopeRotate(dq.data() + i * Q, c_.n_heads, c_.head_dim, c_.rope_dim, rope, b.pos[i],
@@ -479,7 +624,7 @@ void Graph<Real>::LayerBackward(int l, const PackedBatch& b, LayerSaved& s, Real
   });
   if (L.q_norm) {
     std::vector<Real> dq_pre(M * Q, Real(0)), dk_pre(M * KV, Real(0));
-    ForRows(M, [&](int64_t i) {
+    NormRows(M, [&](int64_t i) {
       for (int h = 0; h < c_.n_heads; ++h) {
         const int64_t o = i * Q + h * Dh;
         kernels::RmsNormRowBackward(s.q_pre.data() + o, L.q_norm, off, eps, Dh, dq.data() + o,
@@ -509,10 +654,11 @@ void Graph<Real>::LayerBackward(int l, const PackedBatch& b, LayerSaved& s, Real
       std::copy_n(dk.data() + i * KV, KV, dqkv.data() + i * QKV + Q);
       std::copy_n(dv.data() + i * KV, KV, dqkv.data() + i * QKV + Q + KV);
     }
+    PhaseTimer timer(Phase(&StepProfile::products_s));
     FrozenProductT(L.wqkv, dqkv.data(), M, dxn.data(), pool_);
   }
   if (!need_dx) return;
-  ForRows(M, [&](int64_t i) {
+  NormRows(M, [&](int64_t i) {
     kernels::RmsNormRowBackward(s.x_in.data() + i * D, L.attn_norm, off, eps, D, dxn.data() + i * D,
                                 dx + i * D);
   });
@@ -520,25 +666,33 @@ void Graph<Real>::LayerBackward(int l, const PackedBatch& b, LayerSaved& s, Real
 
 template <class Real>
 void Graph<Real>::Backward(const PackedBatch& b, const LoraParams<Real>& params,
-                           const Real* dhidden, LoraParams<Real>& grad) {
+                           std::vector<Real> dx, LoraParams<Real>& grad) {
   LUMEN_CHECK(keep_ && layout_ && params_ == &params);
-  std::vector<Real> dx(dhidden, dhidden + b.size() * c_.dim);
+  LUMEN_CHECK(int64_t(dx.size()) == b.size() * c_.dim);
+  std::vector<Real>().swap(hidden_);
   if (segment_ == 0) {
-    for (int l = c_.n_layers - 1; l >= layout_->first_layer; --l)
+    for (int l = c_.n_layers - 1; l >= layout_->first_layer; --l) {
       LayerBackward(l, b, saved_[l], dx.data(), grad);
+      saved_[l] = LayerSaved();
+    }
     return;
   }
   saved_.resize(segment_);
-  std::vector<Real> x;
   for (int sg = int(boundaries_.size()) - 1; sg >= 0; --sg) {
     const int l0 = sg * segment_, l1 = std::min(l0 + segment_, c_.n_layers);
     if (l1 <= layout_->first_layer) break;
-    x = boundaries_[sg];
-    for (int l = l0; l < l1; ++l) Layer(l, b, x.data(), saved_[l - l0]);
-    for (int l = l1 - 1; l >= std::max(l0, layout_->first_layer); --l)
+    {  // the boundary is spent once its segment is recomputed
+      std::vector<Real> x = std::move(boundaries_[sg]);
+      if (sg == 0) Embed(b, x);
+      for (int l = l0; l < l1; ++l) Layer(l, b, x.data(), saved_[l - l0]);
+    }
+    for (int l = l1 - 1; l >= std::max(l0, layout_->first_layer); --l) {
       LayerBackward(l, b, saved_[l - l0], dx.data(), grad);
+      saved_[l - l0] = LayerSaved();
+    }
   }
   saved_.clear();
+  boundaries_.clear();
 }
 
 template class Graph<float>;

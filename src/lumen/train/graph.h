@@ -25,6 +25,7 @@
 #include "lumen/model/weights.h"
 #include "lumen/train/batch.h"
 #include "lumen/train/lora.h"
+#include "lumen/train/step_profile.h"
 
 namespace lumen::train {
 
@@ -45,9 +46,17 @@ class Graph {
   // Backward. Returns hidden [M, D].
   const std::vector<Real>& Forward(const PackedBatch& b, const LoraParams<Real>* params,
                                    DropoutKey key, bool keep);
-  // dhidden [M, D] -> grad += d loss / d params. Needs a Forward with keep.
-  void Backward(const PackedBatch& b, const LoraParams<Real>& params, const Real* dhidden,
+  // dhidden [M, D] -> grad += d loss / d params. Needs a Forward with keep;
+  // releases the Forward's hidden (the head is done with it) and every saved
+  // activation as soon as the backward has passed it, so the peak holds one
+  // layer's working set. The vector form takes dhidden's storage as its
+  // running gradient instead of a copy.
+  void Backward(const PackedBatch& b, const LoraParams<Real>& params, std::vector<Real> dhidden,
                 LoraParams<Real>& grad);
+  void Backward(const PackedBatch& b, const LoraParams<Real>& params, const Real* dhidden,
+                LoraParams<Real>& grad) {
+    Backward(b, params, std::vector<Real>(dhidden, dhidden + b.size() * c_.dim), grad);
+  }
 
   // Bytes held by the saved activations of the last Forward (for reports).
   size_t saved_bytes() const;
@@ -65,12 +74,20 @@ class Graph {
   // gradients of gate/up/down sum over tokens in chunks (L2). 0: off.
   // T below 8 is raised to 8 (see MlpChunks).
   void set_mlp_chunk(int64_t t) { mlp_chunk_ = t > 0 ? std::max<int64_t>(t, 8) : 0; }
+  // Phase timers (attention, products, norms) add to p's seconds; null: off.
+  void set_profile(StepProfile* p) { profile_ = p; }
+  // Adds the useful FLOPs of one Forward and Backward of b (step_profile.h):
+  // frozen and LoRA products forward and dX backward, attention's two
+  // forward and four backward products over the visible pairs.
+  void AddStepFlops(const PackedBatch& b, StepProfile& p) const;
 
  private:
   struct LayerSaved {
     std::vector<Real> x_in, xn1, q_pre, k_pre, q, k, v, att, lse, o_pre, x_mid, xn2, g, u, h, d_pre;
     std::vector<Real> lora_u[kNumTargets];  // A x per target [M, r]
   };
+  // x [M, D] = the scaled token embeddings of b.
+  void Embed(const PackedBatch& b, std::vector<Real>& x) const;
   void Layer(int l, const PackedBatch& b, Real* x, LayerSaved& s);
   void LayerBackward(int l, const PackedBatch& b, LayerSaved& s, Real* dx, LoraParams<Real>& grad);
   void AddBlockOutput(const float* post_norm, std::vector<Real>& out, std::vector<Real>& pre,
@@ -98,8 +115,11 @@ class Graph {
                        LoraParams<Real>& grad);
   std::vector<int64_t> MlpChunks(int64_t M) const;
   const kernels::RopeTable& Rope(int l) const;
+  double* Phase(double StepProfile::*field) { return profile_ ? &(profile_->*field) : nullptr; }
   template <class Fn>
   void ForRows(int64_t M, Fn&& fn);
+  template <class Fn>
+  void NormRows(int64_t M, Fn&& fn);  // ForRows, timed as norms
 
   const model::ModelConfig& c_;
   const model::Weights& w_;
@@ -114,9 +134,12 @@ class Graph {
   std::vector<LayerSaved> saved_;
   int segment_ = 0;
   int64_t mlp_chunk_ = 0;
+  StepProfile* profile_ = nullptr;
   int64_t row0_ = 0;  // first packed row of the rows a Linear sees (dropout keys)
-  std::vector<std::vector<Real>> boundaries_;  // [segments][M, D] residual entering each
-  LayerSaved scratch_;                         // the layer's buffers when nothing is kept
+  // [segments][M, D] residual entering each; the first stays empty (the
+  // embedding is recomputed from the tokens).
+  std::vector<std::vector<Real>> boundaries_;
+  LayerSaved scratch_;  // the layer's buffers when nothing is kept
   std::vector<Real> hidden_;
 };
 

@@ -3,10 +3,20 @@
 #include <algorithm>
 #include <cmath>
 
+#include "lumen/core/route.h"
 #include "lumen/kernels/train_ops.h"
 #include "lumen/train/frozen.h"
 
 namespace lumen::train {
+
+LUMEN_ROUTE(head_plain, {.node = "head.ce",
+                         .name = "plain",
+                         .tier = Tier::kL2,
+                         .oracle = "finite differences in double; torch float64",
+                         .bound = "the GradientCheck and GoldenTrain bounds",
+                         .tests = "Families/GradientCheck.EveryObjectiveMatchesFiniteDifferences/"
+                                  "*;Golden/GoldenTrain.FloatRouteMatchesTorchFloat64/*",
+                         .priority = 0});
 
 template <class Real>
 void PlainHead<Real>::Forward(const Real* hidden, const PackedBatch& b, std::vector<Real>& logp) {

@@ -48,9 +48,14 @@ MemoryPlan PlanMemory(const model::ModelConfig& c, const LoraLayout& layout, con
     if (s.layer == c.n_layers - 1) lora_u += size_t(layout.cfg.rank);
   p.per_layer = (per_tok + lora_u) * M * kF;
   const size_t boundary = M * D * kF;
+  // Segmented: every boundary but the first (the embedding, recomputed) is
+  // kept; the top segment's boundary is spent by its recompute.
+  size_t kept_bounds = 0, bwd_bounds = 0;
   if (in.segment > 0) {
     const size_t segs = (size_t(c.n_layers) + in.segment - 1) / in.segment;
-    p.layers = segs * boundary + size_t(std::min(in.segment, c.n_layers)) * p.per_layer;
+    kept_bounds = segs - 1;
+    bwd_bounds = kept_bounds > 0 ? kept_bounds - 1 : 0;
+    p.layers = kept_bounds * boundary + size_t(std::min(in.segment, c.n_layers)) * p.per_layer;
   } else {
     p.layers = size_t(c.n_layers) * p.per_layer;
   }
@@ -72,13 +77,13 @@ MemoryPlan PlanMemory(const model::ModelConfig& c, const LoraLayout& layout, con
   // dv and MatMulT's [M, K] scratch). The peak is the larger of two moments:
   // the head's backward (kept layers + head + hidden and dhidden) and a
   // layer's backward (kept layers + the head's kept buffers + temporaries +
-  // hidden, dhidden, dx).
+  // dx: the graph's backward frees hidden and takes dhidden's storage as dx).
   const size_t layer_tmp = M * kF * (3 * D + 2 * Q + 2 * KV + D) +
                            MF * kF * (4 * F + F + (in.mlp_chunk > 0 ? 3 * F : 0));
-  p.transient = layer_tmp + 3 * boundary;
+  p.transient = layer_tmp + boundary;
   const size_t head_phase = p.head + 2 * boundary;
   p.peak = in.baseline + in.weight_bytes + p.lora + p.layers +
-           std::max(head_phase, head_kept + p.transient);
+           std::max(head_phase, head_kept + p.transient - (kept_bounds - bwd_bounds) * boundary);
   return p;
 }
 

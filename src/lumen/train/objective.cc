@@ -1,8 +1,20 @@
 #include "lumen/train/objective.h"
+#include "lumen/core/route.h"
 
 #include <cmath>
 
 namespace lumen::train {
+
+LUMEN_ROUTE(
+    objective_closed_form,
+    {.node = "train.loss",
+     .name = "closed-form",
+     .tier = Tier::kL2,
+     .oracle = "finite differences in double; TRL-style torch float64 losses",
+     .bound = "relative error below 1e-6 (double)",
+     .tests =
+         "Families/GradientCheck.EveryObjectiveMatchesFiniteDifferences/*;Golden/GoldenTrain.*",
+     .priority = 10});
 
 namespace {
 constexpr std::string_view kNames[] = {"sft", "dpo", "orpo", "simpo", "ipo", "hinge"};

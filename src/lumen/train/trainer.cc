@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 
 #include <malloc.h>
 #include <unistd.h>
@@ -17,6 +18,7 @@
 
 #include "lumen/core/buffer.h"
 #include "lumen/core/log.h"
+#include "lumen/core/route.h"
 #include "lumen/engine/adapter.h"
 #include "lumen/formats/safetensors.h"
 #include "lumen/train/fused_head.h"
@@ -25,6 +27,64 @@
 #include "lumen/train/memory_plan.h"
 
 namespace lumen::train {
+
+// The lambda controller (lambda_controller.h) runs inside the trainer's step.
+LUMEN_ROUTE(
+    lambda_adaptive,
+    {.node = "train.lambda",
+     .name = "adaptive",
+     .tier = Tier::kL3,
+     .oracle = "none (original controller); static lambda is the baseline",
+     .bound = "unit laws of each controller; the experiment's measured outcome",
+     .tests = "LambdaControllerTest.*;Controller.ResumeContinuesTheControllerBitIdentically",
+     .measure = "docs/experiments/dynamic-lambda.md",
+     .when = "train.controller=on",
+     .priority = 10});
+LUMEN_ROUTE(lambda_static, {.node = "train.lambda",
+                            .name = "static",
+                            .tier = Tier::kL1,
+                            .oracle = "the ORPO paper's fixed lambda",
+                            .bound = "bit-identical",
+                            .tests = "LambdaControllerTest.*",
+                            .priority = 0});
+LUMEN_ROUTE(
+    train_prefix_share,
+    {.node = "train.pairs",
+     .name = "prefix-shared",
+     .tier = Tier::kL2,
+     .oracle = "two forwards per pair",
+     .bound = "loss and LoRA gradients within the bound of graph_test.cc; log-probs bit-identical",
+     .tests = "Families/PrefixShare.MatchesTwoForwards/"
+              "*;Levers.EveryCombinationTrainsAndMatchesThePlainPath",
+     .when = "train.prefix_share=on",
+     .priority = 10});
+LUMEN_ROUTE(train_two_forwards, {.node = "train.pairs",
+                                 .name = "two-forwards",
+                                 .tier = Tier::kL1,
+                                 .oracle = "itself",
+                                 .bound = "bit-identical",
+                                 .tests = "Methods/PreferenceEfficacy.LiftsValidationAccuracy/*",
+                                 .priority = 0});
+LUMEN_ROUTE(
+    train_grad_accum,
+    {.node = "train.step",
+     .name = "grad-accum",
+     .tier = Tier::kL2,
+     .oracle = "one step over the whole batch",
+     .bound =
+         "adapter within relative L2 5e-2 of the unaccumulated run after 6 steps (measured 3.1e-2: "
+         "micro-batches normalize by their own token counts)",
+     .tests = "Levers.EveryCombinationTrainsAndMatchesThePlainPath",
+     .when = "train.grad_accum=on",
+     .priority = 10});
+LUMEN_ROUTE(train_step,
+            {.node = "train.step",
+             .name = "adamw",
+             .tier = Tier::kL1,
+             .oracle = "itself on resume (bit-identical) and the same seed",
+             .bound = "bit-identical",
+             .tests = "TrainRun.SameSeedGivesBitIdenticalAdapter;TrainRun.ResumeEndsBitIdentical",
+             .priority = 0});
 
 namespace {
 namespace fs = std::filesystem;
@@ -423,6 +483,14 @@ Result<TrainResult> Train(const engine::Model& model, const TrainOptions& opts) 
       {"control_every", o.control_every},
       {"threads", model.pool() ? model.pool()->size() : 1}};
   LUMEN_RETURN_IF_ERROR(WriteFileAtomic((out / "config.json").string(), cfg.dump(2) + "\n"));
+  // The handler is in place before metrics.jsonl exists: a Ctrl-C from then on
+  // checkpoints instead of killing (restored on every return by the guard).
+  g_interrupted.store(false);
+  const auto old_handler = std::signal(SIGINT, OnSigint);
+  struct RestoreSigint {
+    decltype(old_handler) h;
+    ~RestoreSigint() { std::signal(SIGINT, h); }
+  } restore_sigint{old_handler};
   std::ofstream metrics((out / "metrics.jsonl").string(),
                         o.resume_dir.empty() ? std::ios::trunc : std::ios::app);
 
@@ -486,8 +554,6 @@ Result<TrainResult> Train(const engine::Model& model, const TrainOptions& opts) 
     return perm[cursor % N];
   };
 
-  g_interrupted.store(false);
-  auto old_handler = std::signal(SIGINT, OnSigint);
   LoraParams<float> grad;
   EvalMetrics window;
   int64_t window_tokens = 0;
@@ -504,6 +570,8 @@ Result<TrainResult> Train(const engine::Model& model, const TrainOptions& opts) 
   };
   const std::string ckpt_dir = (out / "checkpoints").string();
   Status status = Status::Ok();
+  StepProfile& prof = result.profile;
+  run.graph.set_profile(&prof);
   while (st.step < total) {
     const auto step_start = std::chrono::steady_clock::now();
     grad.w.assign(layout.size, 0.0f);
@@ -514,15 +582,26 @@ Result<TrainResult> Train(const engine::Model& model, const TrainOptions& opts) 
       if (NeedsReference(o.method)) run.FillRefs(train, p, po);
       const auto& h = run.graph.Forward(p.batch, &st.params, {o.seed, uint64_t(st.step)}, true);
       std::vector<float> logp, dlogp, dh;
-      run.head->Forward(h.data(), p.batch, logp);
-      const ObjectiveResult r = Objective(o.method, objective_now(), p.batch, logp, p.pairs, dlogp);
-      AddMetrics(window, r);
-      window_tokens += p.batch.size();
-      if (o.grad_accum > 1)
-        for (float& g : dlogp) g /= float(o.grad_accum);
-      run.head->Backward(dlogp.data(), dh);
-      run.graph.Backward(p.batch, st.params, dh.data(), grad);
+      {
+        PhaseTimer timer(&prof.head_s);
+        run.head->Forward(h.data(), p.batch, logp);
+        const ObjectiveResult r =
+            Objective(o.method, objective_now(), p.batch, logp, p.pairs, dlogp);
+        AddMetrics(window, r);
+        window_tokens += p.batch.size();
+        if (o.grad_accum > 1)
+          for (float& g : dlogp) g /= float(o.grad_accum);
+        run.head->Backward(dlogp.data(), dh);
+      }
+      run.graph.Backward(p.batch, st.params, std::move(dh), grad);
+      run.graph.AddStepFlops(p.batch, prof);
+      int64_t scored = 0;
+      for (int32_t t : p.batch.targets) scored += t >= 0;
+      // Logits forward and dh backward: 2 flops per multiply-add each.
+      prof.head_flops +=
+          4.0 * double(scored) * double(model.config().dim) * double(model.config().vocab_size);
     }
+    std::optional<PhaseTimer> opt_timer(&prof.optimizer_s);
     double norm2 = 0;
     for (float g : grad.w) norm2 += double(g) * g;
     const double norm = std::sqrt(norm2);
@@ -549,9 +628,12 @@ Result<TrainResult> Train(const engine::Model& model, const TrainOptions& opts) 
         }
       }
     }
+    opt_timer.reset();
     ++st.step;
     result.step_seconds.push_back(
         std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count());
+    prof.total_s += result.step_seconds.back();
+    ++prof.steps;
     const bool report = st.step % std::max<int64_t>(1, o.steps_per_report) == 0 || st.step == total;
     if (report) {
       FinishMetrics(window);
@@ -613,7 +695,6 @@ Result<TrainResult> Train(const engine::Model& model, const TrainOptions& opts) 
       break;
     }
   }
-  std::signal(SIGINT, old_handler);
   LUMEN_RETURN_IF_ERROR(status);
   LUMEN_RETURN_IF_ERROR(
       engine::SaveAdapter(o.out_dir, ToAdapter(layout, st.params, o.model_name), c));

@@ -20,6 +20,7 @@
 #include "lumen/train/lambda_controller.h"
 #include "lumen/train/lora.h"
 #include "lumen/train/objective.h"
+#include "lumen/train/step_profile.h"
 
 namespace lumen::train {
 
@@ -85,6 +86,7 @@ struct TrainResult {
   std::string plan;  // the memory plan (memory_plan.h), printed by --plan
   double predicted_peak_mb = 0;
   std::vector<double> step_seconds;  // wall time of each optimizer step
+  StepProfile profile;               // phases of the optimizer steps (step_profile.h)
 };
 
 // Validates everything (data, targets, options) before creating out_dir, so a

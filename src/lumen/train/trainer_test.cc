@@ -309,7 +309,10 @@ TEST(Levers, EveryCombinationTrainsAndMatchesThePlainPath) {
           EXPECT_EQ(v, run(fused, share, 0, 1, name + "ref")) << name;
         }
         EXPECT_LT(testing::RelativeL2(v, plain), 1e-3) << name;
-        run(fused, share, segment, 2, name + "acc");
+        // Measured 3.1e-2 after 6 steps: each micro-batch normalizes by its own
+        // token count, so accumulation is not the whole-batch mean (issue 18 note).
+        EXPECT_LT(testing::RelativeL2(run(fused, share, segment, 2, name + "acc"), plain), 5e-2)
+            << name << " with grad-accum 2";
       }
 }
 

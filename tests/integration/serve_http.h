@@ -1,9 +1,10 @@
-// A running `lumen serve` and plain HTTP/1.1 requests to it over loopback,
-// for integration tests that start their own servers (admission_test.cc,
-// embeddings_test.cc). The server inherits LUMEN_THREADS=1.
+// HTTP helpers for end-to-end tests of `lumen serve` (LUMEN_BINARY): a
+// server process on an ephemeral port, one request per connection
+// (de-chunked), and an SSE parser.
 #pragma once
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
@@ -19,14 +20,13 @@
 
 #include <nlohmann/json.hpp>
 
-namespace lumen::testing {
+namespace lumen::testing::http {
 
 using json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
 
 // A running `lumen serve`; Stop() sends SIGTERM and returns the exit status.
 class ServerProcess {
-  using Clock = std::chrono::steady_clock;
-
  public:
   explicit ServerProcess(std::vector<std::string> args) {
     int fds[2];
@@ -180,4 +180,33 @@ inline HttpResponse Post(int port, const std::string& path, const json& body,
   return Request(port, "POST", path, body.dump(), headers);
 }
 
-}  // namespace lumen::testing
+struct SseEvent {
+  std::string event;
+  std::string data;
+};
+
+inline std::vector<SseEvent> ParseSse(const std::string& body) {
+  std::vector<SseEvent> out;
+  size_t pos = 0;
+  while (pos < body.size()) {
+    size_t end = body.find("\n\n", pos);
+    if (end == std::string::npos) end = body.size();
+    std::string block = body.substr(pos, end - pos);
+    pos = end + 2;
+    if (block.empty()) continue;
+    SseEvent e;
+    size_t lp = 0;
+    while (lp < block.size()) {
+      size_t le = block.find('\n', lp);
+      if (le == std::string::npos) le = block.size();
+      const std::string line = block.substr(lp, le - lp);
+      if (line.rfind("event: ", 0) == 0) e.event = line.substr(7);
+      if (line.rfind("data: ", 0) == 0) e.data = line.substr(6);
+      lp = le + 1;
+    }
+    out.push_back(e);
+  }
+  return out;
+}
+
+}  // namespace lumen::testing::http

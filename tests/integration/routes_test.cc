@@ -1,0 +1,174 @@
+// --exact end to end (issue 18): `lumen generate --exact` and `lumen serve
+// --exact` reproduce the reference path bit for bit, on the embedded model and
+// on a synth model of every family. The reference path is the library called
+// directly with the lowest-tier routes: LoadOptions{act_route = kExact} and an
+// f32 KV cache. Generate is compared on seeded T=1 sampling (a changed logit
+// bit moves a sample sooner or later) and serve on the logprob of every
+// generated token, compared as floats for equality.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "lumen/engine/default_model.h"
+#include "lumen/engine/generate.h"
+#include "lumen/engine/model.h"
+#include "lumen/engine/session.h"
+#include "lumen/sample/sampler.h"
+#include "lumen_cli.h"
+
+namespace lumen::testing {
+namespace {
+
+namespace fs = std::filesystem;
+
+const char* kPrompt = "Once upon a time";
+
+struct Reference {
+  std::string text;
+  std::vector<float> logprobs;
+};
+
+Reference RunReference(const std::string& model_path, float temperature, uint64_t seed, int n,
+                       bool ignore_eos) {
+  engine::LoadOptions lo;
+  lo.act_route = kernels::ActRoute::kExact;
+  lo.threads = 1;
+  auto model = engine::LoadModelOrDefault(model_path, lo);
+  Reference ref;
+  EXPECT_TRUE(model.ok()) << model.status().message();
+  if (!model.ok()) return ref;
+  engine::SessionOptions so;
+  so.kv_dtype = DType::kF32;
+  so.ctx = 256;
+  auto session = engine::Session::Create(**model, so);
+  EXPECT_TRUE(session.ok());
+  sample::SamplerConfig cfg;
+  cfg.temperature = temperature;
+  cfg.seed = seed;
+  auto sampler = sample::Sampler::Create(cfg);
+  EXPECT_TRUE(sampler.ok());
+  const std::vector<int32_t> prompt = (*model)->tokenizer().Encode(kPrompt, true);
+  engine::GenerateOptions g;
+  g.max_tokens = n;
+  g.ignore_eos = ignore_eos;
+  g.want_logprobs = true;
+  auto r = engine::Generate(**session, *sampler, prompt, g, [](std::string_view) { return true; });
+  EXPECT_TRUE(r.ok());
+  if (!r.ok()) return ref;
+  ref.text = r->text;
+  for (const auto& t : r->tokens) ref.logprobs.push_back(t.logprobs.chosen.logprob);
+  return ref;
+}
+
+class ExactRoute : public ::testing::TestWithParam<std::string> {
+ protected:
+  // "" is the embedded model; otherwise a synth model of that shape.
+  std::string ModelPath() {
+    if (GetParam() == "embedded") return "";
+    const std::string path = TempDir("exact") + "/" + GetParam() + ".gguf";
+    if (!fs::exists(path)) {
+      CliRun s = RunLumen("synth " + GetParam() + " -o " + path + " --seed 3");
+      EXPECT_EQ(s.code, 0) << s.err;
+    }
+    return path;
+  }
+};
+
+TEST_P(ExactRoute, GenerateIsTheReferencePath) {
+  const std::string path = ModelPath();
+  const Reference ref = RunReference(path, 1.0f, 7, 24, /*ignore_eos=*/true);
+  ASSERT_FALSE(ref.text.empty());
+  CliRun r = RunLumen("generate " + (path.empty() ? "" : "-m " + path) +
+                      " -p \"Once upon a time\" -n 24 --temp 1 --seed 7 --ignore-eos --no-echo "
+                      "--ctx 256 -t 1 --exact");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out, ref.text + "\n");
+  EXPECT_NE(r.err.find("--exact: every node at its lowest tier"), std::string::npos) << r.err;
+}
+
+TEST_P(ExactRoute, ServeIsTheReferencePath) {
+  const std::string path = ModelPath();
+  const Reference ref = RunReference(path, 0.0f, 1, 8, /*ignore_eos=*/false);
+  ASSERT_FALSE(ref.logprobs.empty());
+  const std::string body =
+      R"({"prompt": "Once upon a time", "max_tokens": 8, "temperature": 0, "logprobs": 1})";
+  ServeResult s =
+      ServeOnce(path.empty() ? "" : path, "/v1/completions", body, {"--exact", "--ctx", "256"});
+  ASSERT_TRUE(s.started) << s.log;
+  const size_t at = s.response.find("\r\n\r\n");
+  ASSERT_NE(at, std::string::npos) << s.response;
+  auto j = nlohmann::json::parse(s.response.substr(at + 4), nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << s.response;
+  const auto& choice = j["choices"][0];
+  EXPECT_EQ(choice["text"].get<std::string>(), ref.text);
+  const auto& lps = choice["logprobs"]["token_logprobs"];
+  ASSERT_EQ(lps.size(), ref.logprobs.size()) << s.response;
+  for (size_t i = 0; i < lps.size(); ++i)
+    EXPECT_EQ(static_cast<float>(lps[i].get<double>()), ref.logprobs[i]) << "token " << i;
+  EXPECT_NE(s.log.find("--exact: every node at its lowest tier"), std::string::npos) << s.log;
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, ExactRoute,
+                         ::testing::Values("embedded", "tiny-llama", "tiny-mistral", "tiny-qwen2",
+                                           "tiny-qwen3", "tiny-gemma2", "tiny-gemma3",
+                                           "tiny-minicpm", "tiny-phi3"),
+                         [](const auto& info) {
+                           std::string n = info.param;
+                           for (char& c : n)
+                             if (c == '-') c = '_';
+                           return n;
+                         });
+
+// The registry's table through the CLI: every node of every graph has a route,
+// --exact changes the product and KV routes to their lowest tiers, and the DOT
+// output names every node.
+TEST(RoutesCli, TableExactAndDot) {
+  CliRun r = RunLumen("routes --for generate");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out.find("UNTAGGED"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("kv.store"), std::string::npos);
+  EXPECT_NE(r.out.find("f16/bf16"), std::string::npos) << r.out;  // the default KV
+  CliRun e = RunLumen("routes --for generate --exact --json");
+  ASSERT_EQ(e.code, 0) << e.err;
+  auto j = nlohmann::json::parse(e.out, nullptr, false);
+  ASSERT_TRUE(j.is_array()) << e.out;
+  bool kv = false;
+  for (const auto& n : j) {
+    ASSERT_FALSE(n["route"].is_null()) << n.dump();
+    if (n["node"] == "kv.store") {
+      kv = true;
+      EXPECT_EQ(n["route"], "f32");
+      EXPECT_EQ(n["tier"], "L1");
+    }
+    if (n["node"].get<std::string>().rfind("matmul.", 0) == 0) EXPECT_EQ(n["tier"], "L2");
+  }
+  EXPECT_TRUE(kv);
+  CliRun d = RunLumen("routes --dot");
+  ASSERT_EQ(d.code, 0) << d.err;
+  EXPECT_EQ(d.out.rfind("digraph", 0), 0u);
+  EXPECT_NE(d.out.find("head.ce"), std::string::npos);
+  CliRun bad = RunLumen("routes --exact --tier l3");
+  EXPECT_NE(bad.code, 0);
+  EXPECT_NE(bad.err.find("--exact means --tier l1"), std::string::npos) << bad.err;
+}
+
+// The gate itself: a results file where a named test failed, or is missing,
+// fails the check, naming the route and the test.
+TEST(RoutesCli, GateFailsOnAFailedOrMissingTest) {
+  const std::string dir = TempDir("gate");
+  const std::string junit = dir + "/junit.xml";
+  std::ofstream(junit) << "<testsuite>\n"
+                          "<testcase name=\"GatedActivation.EveryTargetGivesTheReferenceBits\" "
+                          "status=\"fail\"><failure message=\"Failed\"/></testcase>\n"
+                          "</testsuite>\n";
+  CliRun r = RunLumen("routes --check " + junit);
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("act.gated / simd: test GatedActivation.EveryTargetGivesTheReferenceBits "
+                       "failed"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("did not run"), std::string::npos) << r.out;
+}
+
+}  // namespace
+}  // namespace lumen::testing

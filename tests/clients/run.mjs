@@ -309,11 +309,16 @@ const libs = [];
 libraryChecks((name, fn) => libs.push({ name, fn }));
 let failed = 0, total = 0;
 
+// The SDKs' defaults ask for more tokens than these small contexts hold (the
+// Anthropic provider sends max_tokens 4096, generateObject 300 against 256):
+// sections 1 and 2 run with --clamp-max-tokens (llama-server's rule), section
+// 3 with the default refusal, which it checks as the SDKs report it.
+
 // 1. The embedded stories260K with a mounted adapter: SDK checks, then the libraries.
 {
   const adapterDir = mkdtempSync(join(tmpdir(), "lumen-clients-adapter-"));
   writeStoryAdapter(adapterDir);
-  const server = await startServer(["--adapter", `story=${adapterDir}`]);
+  const server = await startServer(["--adapter", `story=${adapterDir}`, "--clamp-max-tokens"]);
   const base = `http://127.0.0.1:${server.port}`;
   const openai = new OpenAI({ apiKey: KEY, baseURL: `${base}/v1`, maxRetries: 0 });
   const anthropic = new Anthropic({ apiKey: KEY, baseURL: base, maxRetries: 0 });
@@ -328,11 +333,71 @@ let failed = 0, total = 0;
   const dir = mkdtempSync(join(tmpdir(), "lumen-clients-"));
   try {
     execFileSync(bin, ["synth", "tiny-qwen3", "--format", "hf", "-o", join(dir, "m")], { stdio: "ignore" });
-    const server = await startServer([join(dir, "m"), "--alias", "tiny-qwen3"]);
+    const server = await startServer([join(dir, "m"), "--alias", "tiny-qwen3", "--clamp-max-tokens"]);
     const base = `http://127.0.0.1:${server.port}`;
     const all = libs.map((c) => ({ ...c, name: `[tiny-qwen3] ${c.name}` }));
     total += all.length;
     failed += await runChecks(all, server, { port: server.port, base, key: KEY, model: "tiny-qwen3" });
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+}
+// 3. A synth embedding model (tiny-qwen3, last-token pooling): the OpenAI
+// SDK's embeddings.create, and admission errors as the SDKs see them.
+{
+  const dir = mkdtempSync(join(tmpdir(), "lumen-clients-emb-"));
+  try {
+    execFileSync(bin, ["synth", "tiny-qwen3", "--format", "hf", "--pooling", "last", "-o", join(dir, "m")],
+                 { stdio: "ignore" });
+    const server = await startServer([join(dir, "m"), "--alias", "tiny-embed", "--ctx", "128"]);
+    const base = `http://127.0.0.1:${server.port}`;
+    const openai = new OpenAI({ apiKey: KEY, baseURL: `${base}/v1`, maxRetries: 0 });
+    const anthropic = new Anthropic({ apiKey: KEY, baseURL: base, maxRetries: 0 });
+    const input = ["The cat sat on the mat.", "A quick brown fox"];
+    const norm = (v) => Math.sqrt(v.reduce((s, x) => s + x * x, 0));
+    const emb = [
+      { name: "[tiny-embed] openai: embeddings.create float", fn: async () => {
+        const r = await openai.embeddings.create({ model: "tiny-embed", input, encoding_format: "float" });
+        assert.equal(r.object, "list");
+        assert.equal(r.data.length, 2);
+        for (const [i, d] of r.data.entries()) {
+          assert.equal(d.index, i);
+          assert.equal(d.embedding.length, 64);
+          assert.ok(Math.abs(norm(d.embedding) - 1) < 1e-5, String(norm(d.embedding)));
+        }
+        assert.ok(r.usage.prompt_tokens > 0 && r.usage.total_tokens === r.usage.prompt_tokens);
+      } },
+      { name: "[tiny-embed] openai: base64 decodes to the float vectors", fn: async () => {
+        const f = await openai.embeddings.create({ model: "tiny-embed", input, encoding_format: "float" });
+        const b = await openai.embeddings.create({ model: "tiny-embed", input, encoding_format: "base64" });
+        // The SDK's default asks for base64 and decodes it to numbers itself.
+        const d = await openai.embeddings.create({ model: "tiny-embed", input });
+        for (let i = 0; i < 2; i++) {
+          const buf = Buffer.from(b.data[i].embedding, "base64");
+          const got = Array.from(new Float32Array(buf.buffer, buf.byteOffset, buf.byteLength / 4));
+          assert.deepEqual(got, f.data[i].embedding);
+          assert.deepEqual(Array.from(d.data[i].embedding), f.data[i].embedding);
+        }
+      } },
+      { name: "[tiny-embed] openai: dimensions truncates and re-normalizes", fn: async () => {
+        const r = await openai.embeddings.create({ model: "tiny-embed", input: "x", dimensions: 16, encoding_format: "float" });
+        assert.equal(r.data[0].embedding.length, 16);
+        assert.ok(Math.abs(norm(r.data[0].embedding) - 1) < 1e-5);
+        await assert.rejects(
+          openai.embeddings.create({ model: "tiny-embed", input: "x", dimensions: 65 }),
+          (e) => e.status === 400 && e.param === "dimensions");
+      } },
+      { name: "[tiny-embed] admission: context_length_exceeded in both SDKs", fn: async () => {
+        await assert.rejects(
+          openai.chat.completions.create({ model: "m", messages: [{ role: "user", content: "hi" }], max_tokens: 1000 }),
+          (e) => e.status === 400 && e.code === "context_length_exceeded" && e.param === "max_tokens");
+        await assert.rejects(
+          anthropic.messages.create({ model: "m", messages: [{ role: "user", content: "hi" }], max_tokens: 1000 }),
+          (e) => e instanceof Anthropic.BadRequestError && /more than the context \(128 tokens\)/.test(e.message));
+      } },
+    ];
+    total += emb.length;
+    failed += await runChecks(emb, server, {});
   } finally {
     rmSync(dir, { recursive: true, force: true });
   }

@@ -379,6 +379,8 @@ TEST(Compat, EveryModelVerbOnThirdPartyAndConvertedModels) {
   ASSERT_EQ(c.code, 0) << c.err;
   const std::string prompts = testing::TempDir("compat") + "/prompts.txt";
   std::ofstream(prompts) << "Once upon a time\n";
+  const std::string story = testing::TempDir("compat") + "/story.txt";
+  std::ofstream(story) << ExpectedText();
   const std::vector<VerbModel> models = {
       {"stories260K.gguf", StoriesGguf(), "1 403 407 261 378\n"},
       {"llama-2-tiny-random.gguf", TinyRandomGguf(), "1 9038 2501 263 931\n"},
@@ -406,6 +408,21 @@ TEST(Compat, EveryModelVerbOnThirdPartyAndConvertedModels) {
     r = RunLumen("bench " + m.path + " --prompt 8 --gen 4 --repeat 1 --no-membw");
     ASSERT_EQ(r.code, 0) << r.err;
     EXPECT_NE(r.out.find("decode:"), std::string::npos) << r.out;
+    r = RunLumen("perplexity " + m.path + " --file " + story + " --ctx 32 --stride 16");
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_NE(r.out.find("PPL: "), std::string::npos) << r.out;
+    r = RunLumen("fit " + m.path + " --ctx 64 --json");
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_NE(r.out.find("\"fits\": true"), std::string::npos) << r.out;
+    // A generative model names no pooling: embed says so and how to pool
+    // anyway (llama.cpp's --pooling), which then works.
+    r = RunLumen("embed " + m.path + " \"Once upon a time\"");
+    EXPECT_NE(r.code, 0);
+    EXPECT_NE(r.err.find("is not an embedding model"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("--pooling mean|cls|last"), std::string::npos) << r.err;
+    r = RunLumen("embed " + m.path + " \"Once upon a time\" --pooling mean --json");
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_NE(r.out.find("\"pooling\":\"mean\""), std::string::npos) << r.out;
     const testing::ServeResult s =
         testing::ServeOnce(m.path, "/v1/completions",
                            R"({"prompt": "Once upon a time", "max_tokens": 6, "temperature": 0})");

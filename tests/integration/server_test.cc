@@ -72,7 +72,7 @@ TEST_F(EmbeddedServer, GetEndpoints) {
   EXPECT_EQ(Request(port(), "GET", "/v1/models/other").status, 404);
   auto idx = Request(port(), "GET", "/v1");
   ASSERT_EQ(idx.status, 200);
-  EXPECT_EQ(idx.Json()["data"].size(), 18u);  // 12 API routes + 6 web app endpoints
+  EXPECT_EQ(idx.Json()["data"].size(), 20u);  // 14 API routes + 6 web app endpoints
   auto st = Request(port(), "GET", "/stats");
   ASSERT_EQ(st.status, 200);
   EXPECT_EQ(st.Json()["parallel"], 4);
@@ -444,10 +444,13 @@ TEST_F(EmbeddedServer, InvalidRequestsNameTheField) {
   EXPECT_EQ(Request(port(), "GET", "/health").status, 200);
 }
 
-// max_tokens beyond the room left is clamped to it (finish "length" /
-// "max_tokens"); only a prompt that fills the context is refused.
-TEST_F(EmbeddedServer, MaxTokensBeyondTheContextIsClamped) {
-  auto r = Post(port(), "/v1/chat/completions", Chat("Once upon a time", 100000, {{"seed", 2}}));
+// Without max_tokens a reply runs until the context is full (finish
+// "length"); an explicit max_tokens beyond the room left, or a prompt that
+// fills the context, is refused (admission_test.cc has the boundaries).
+TEST_F(EmbeddedServer, MaxTokensBeyondTheContextIsRefused) {
+  json unset = Chat("Once upon a time", 1, {{"seed", 2}, {"logit_bias", {{"2", -100}}}});
+  unset.erase("max_tokens");
+  auto r = Post(port(), "/v1/chat/completions", unset);
   ASSERT_EQ(r.status, 200) << r.body;
   const json j = r.Json();
   const int ctx = 512;  // stories260K's context, the default here
@@ -455,18 +458,16 @@ TEST_F(EmbeddedServer, MaxTokensBeyondTheContextIsClamped) {
   EXPECT_EQ(j["usage"]["prompt_tokens"].get<int>() + j["usage"]["completion_tokens"].get<int>(),
             ctx)
       << r.body;
-  // The Anthropic SDKs' default max_tokens.
+  auto over = Post(port(), "/v1/chat/completions", Chat("Once upon a time", 100000));
+  EXPECT_EQ(over.status, 400) << over.body;
+  EXPECT_EQ(over.Json()["error"]["code"], "context_length_exceeded") << over.body;
+  // The Anthropic SDKs' default max_tokens does not fit a 512-token context.
   auto a = Post(port(), "/v1/messages",
                 {{"model", "m"},
                  {"max_tokens", 4096},
                  {"messages", {{{"role", "user"}, {"content", "Hello"}}}}});
-  ASSERT_EQ(a.status, 200) << a.body;
-  EXPECT_EQ(a.Json()["stop_reason"], "max_tokens");
-  EXPECT_EQ(a.Json()["usage"]["input_tokens"].get<int>() +
-                a.Json()["usage"]["cache_read_input_tokens"].get<int>() +
-                a.Json()["usage"]["output_tokens"].get<int>(),
-            ctx)
-      << a.body;
+  EXPECT_EQ(a.status, 400) << a.body;
+  EXPECT_EQ(a.Json()["error"]["type"], "invalid_request_error") << a.body;
   auto big = Post(port(), "/v1/messages",
                   {{"model", "m"},
                    {"max_tokens", 10},

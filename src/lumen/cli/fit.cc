@@ -1,5 +1,5 @@
 // lumen fit [MODEL] [--ctx N] [--parallel P] [--memory-budget GB] [--kv-type T]
-// [--remeasure | --membw GBS]: the memory a configuration needs, whether it
+// [--remeasure | --membw GBS] [--json]: the memory a configuration needs, whether it
 // fits, the largest context that does, and the decode speed the measured
 // bandwidth predicts (engine/fit.h holds the arithmetic; this file prints).
 #include <fmt/format.h>
@@ -19,6 +19,7 @@ struct FitArgs {
   double membw_gbs = 0;
   bool remeasure = false;
   bool no_speed = false;
+  bool json = false;
 };
 
 std::string Bytes(double b) {
@@ -51,6 +52,11 @@ void Run(const FitArgs& a) {
   }
   auto r = engine::Fit(**m, o);
   if (!r.ok()) return ReportError(r.status());
+  if (!r->fits) SetExitCode(2);
+  if (a.json) {
+    fmt::print("{}\n", engine::FitReportJson(*r).dump(2));
+    return;
+  }
   const auto& c = (*m)->config();
   fmt::print("model: {}\n", a.model.model.empty() ? engine::kDefaultModelName : a.model.model);
   fmt::print("context {} of {}, {} parallel sequence(s), KV type {}\n", r->ctx, c.max_ctx,
@@ -79,7 +85,6 @@ void Run(const FitArgs& a) {
       fmt::print(", {:.1f} tok/s for {} sequences together", r->decode_tok_s_batch, r->parallel);
     fmt::print("\n");
   }
-  if (!r->fits) SetExitCode(2);
 }
 
 }  // namespace
@@ -99,6 +104,7 @@ void RegisterFit(CLI::App& app) {
       ->check(CLI::PositiveNumber);
   cmd->add_flag("--remeasure", a->remeasure, "measure the bandwidth again and update the cache");
   cmd->add_flag("--no-speed", a->no_speed, "skip the bandwidth and speed prediction");
+  cmd->add_flag("--json", a->json, "print the report as one JSON object (the server's GET /fit)");
   cmd->callback([a] { Run(*a); });
 }
 

@@ -83,11 +83,15 @@ const std::map<std::string, FlagKind>& Classes() {
                           "--samples",
                           "--seeds",
                           "--max-tokens",
-                          "--temperatures"})
+                          "--temperatures",
+                          "--pooling",
+                          "--dimensions",
+                          "--instruction"})
       c[f] = FlagKind::kHyper;
     for (const char* f : {"--model",
                           "--tokenizer",
                           "--adapter",
+                          "--clamp-max-tokens",
                           "--prompt",
                           "--no-echo",
                           "--no-bos",

@@ -19,6 +19,7 @@
 #include "lumen/engine/adapter_registry.h"
 #include "lumen/engine/chat.h"
 #include "lumen/engine/default_model.h"
+#include "lumen/engine/fit.h"
 #include "lumen/engine/scheduler.h"
 #include "lumen/model/kv_cache.h"
 #include "lumen/serve/engine_bridge.h"
@@ -46,6 +47,9 @@ struct ServeArgs {
   bool no_ui = false;
   std::string runs_dir;
   std::string train_data_dir;
+  double memory_budget_gb = 0;
+  bool clamp_max_tokens = false;
+  std::string pooling;  // --pooling: /v1/embeddings pools this way (overrides the model's)
   std::vector<std::string> adapters;  // --adapter: NAME=DIR (mounted) or DIR (whole model)
 };
 
@@ -135,6 +139,25 @@ void RunServe(CLI::App* cmd, ServeArgs& a) {
     sopts->ctx = engine::AutoContext(model.config(), sopts->kv_dtype, a.parallel,
                                      engine::MemAvailableBytes());
 
+  // Refuse a configuration that cannot hold every slot's context (fit.h's
+  // arithmetic) before anything starts.
+  auto fit = engine::Fit(model, {.ctx = sopts->ctx,
+                                 .parallel = a.parallel,
+                                 .kv_dtype = sopts->kv_dtype,
+                                 .budget_bytes = uint64_t(a.memory_budget_gb * 1e9),
+                                 .beyond_model_ctx = true});
+  if (!fit.ok()) return ReportError(fit.status());
+  if (!fit->fits)
+    return ReportError(
+        Errorf("serve: --ctx {} with --parallel {} needs {} bytes (weights {} + {} x (KV {} + "
+               "transient {})), more than the memory budget of {} bytes ({}); the largest context "
+               "that fits is {}{}",
+               fit->ctx, fit->parallel, fit->total_bytes, fit->weight_bytes, fit->parallel,
+               fit->kv_bytes_per_seq, fit->transient_bytes_per_seq, fit->budget_bytes,
+               a.memory_budget_gb > 0 ? "--memory-budget" : "MemAvailable", fit->max_ctx,
+               fit->max_ctx > 0 ? fmt::format(" (--ctx {})", fit->max_ctx)
+                                : std::string(": lower --parallel or raise --memory-budget")));
+
   engine::SchedulerOptions so;
   so.parallel = a.parallel;
   so.queue = a.queue;
@@ -170,6 +193,9 @@ void RunServe(CLI::App* cmd, ServeArgs& a) {
   opts.store.max_entries = static_cast<size_t>(a.store_entries);
   opts.store.max_bytes = static_cast<size_t>(a.store_mb * 1024 * 1024);
   opts.store.ttl = std::chrono::seconds(a.store_ttl_s);
+  opts.fit = *fit;
+  opts.clamp_max_tokens = a.clamp_max_tokens;
+  if (!a.pooling.empty()) opts.pooling = *model::ParsePooling(a.pooling);  // checked by CLI11
   opts.ui.enabled = !a.no_ui;
   opts.ui.runs_dir = a.runs_dir;
   opts.ui.train_data_dir = a.train_data_dir;
@@ -264,6 +290,18 @@ void RegisterServe(CLI::App& app) {
                   "let the web app start lumen train runs (into --runs) on data directories "
                   "under DIR; without it starting runs is refused")
       ->check(CLI::ExistingDirectory);
+  cmd->add_option("--memory-budget", a->memory_budget_gb,
+                  "memory budget in GB (1e9 bytes) that weights + --parallel x (KV + scratch) "
+                  "must fit, checked at start (default: MemAvailable; see lumen fit)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_flag("--clamp-max-tokens", a->clamp_max_tokens,
+                "cut a max_tokens that does not fit beside the prompt to the room left (as "
+                "llama-server does) instead of refusing the request with "
+                "context_length_exceeded");
+  cmd->add_option("--pooling", a->pooling,
+                  "mean, cls or last: /v1/embeddings pools this way instead of the model's "
+                  "pooling (as llama-server's --pooling; also embeds with a generative model)")
+      ->check(CLI::IsMember({"mean", "cls", "last"}));
   AddSamplerFlags(cmd, a->sampler);
   cmd->callback([cmd, a] { RunServe(cmd, *a); });
 }

@@ -20,6 +20,7 @@ void RegisterTrain(CLI::App& app);
 void RegisterMerge(CLI::App& app);
 void RegisterPerplexity(CLI::App& app);
 void RegisterFit(CLI::App& app);
+void RegisterEmbed(CLI::App& app);
 void RegisterRoutes(CLI::App& app);
 void RegisterHelp(CLI::App& app);
 
@@ -36,6 +37,7 @@ void RegisterVerbs(CLI::App& app) {
   RegisterMerge(app);
   RegisterPerplexity(app);
   RegisterFit(app);
+  RegisterEmbed(app);
   RegisterRoutes(app);
   RegisterHelp(app);  // last: it lists every other verb's flags
 }

@@ -100,7 +100,7 @@ Result<FitReport> Fit(const Model& model, const FitOptions& o) {
   const int64_t model_ctx = std::max<int64_t>(c.max_ctx, 1);
   FitReport r;
   r.ctx = o.ctx > 0 ? o.ctx : model_ctx;
-  if (r.ctx > model_ctx)
+  if (r.ctx > model_ctx && !o.beyond_model_ctx)
     return Errorf("--ctx {} exceeds the model's context of {} tokens", r.ctx, model_ctx);
   r.parallel = o.parallel;
   r.kv_dtype = o.kv_dtype;
@@ -122,7 +122,7 @@ Result<FitReport> Fit(const Model& model, const FitOptions& o) {
     return Error("fit: /proc/meminfo has no MemAvailable; give --memory-budget");
   r.fits = r.total_bytes <= r.budget_bytes;
   // total() never decreases with ctx: binary search the largest that fits.
-  int64_t lo = 0, hi = model_ctx;
+  int64_t lo = 0, hi = std::max(model_ctx, r.ctx);
   while (lo < hi) {
     const int64_t mid = lo + (hi - lo + 1) / 2;
     if (total(mid) <= r.budget_bytes)
@@ -140,6 +140,25 @@ Result<FitReport> Fit(const Model& model, const FitOptions& o) {
     r.decode_tok_s_batch = o.parallel * o.bandwidth / (wt + o.parallel * kv_full);
   }
   return r;
+}
+
+nlohmann::ordered_json FitReportJson(const FitReport& r) {
+  return {{"ctx", r.ctx},
+          {"parallel", r.parallel},
+          {"kv_type", std::string(Name(r.kv_dtype))},
+          {"weight_bytes", r.weight_bytes},
+          {"weight_bytes_per_token", r.weight_bytes_per_token},
+          {"kv_bytes_per_token", r.kv_bytes_per_token},
+          {"kv_bytes_per_seq", r.kv_bytes_per_seq},
+          {"transient_bytes_per_seq", r.transient_bytes_per_seq},
+          {"total_bytes", r.total_bytes},
+          {"budget_bytes", r.budget_bytes},
+          {"fits", r.fits},
+          {"max_ctx", r.max_ctx},
+          {"bandwidth", r.bandwidth},
+          {"decode_tok_s_start", r.decode_tok_s_start},
+          {"decode_tok_s_full", r.decode_tok_s_full},
+          {"decode_tok_s_batch", r.decode_tok_s_batch}};
 }
 
 std::string CpuModelName() {

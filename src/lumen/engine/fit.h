@@ -33,6 +33,8 @@
 #include <cstdint>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 #include "lumen/core/dtype.h"
 #include "lumen/core/status.h"
 #include "lumen/engine/model.h"
@@ -47,6 +49,9 @@ struct FitOptions {
   uint64_t budget_bytes = 0;     // 0: MemAvailable from /proc/meminfo
   double bandwidth = 0;          // bytes/s; 0: no speed prediction
   int threads = 0;               // 0: the model's thread pool size
+  // The server accepts a --ctx beyond the model's trained context (lumen fit
+  // refuses it): allow it here too, and search max_ctx up to it.
+  bool beyond_model_ctx = false;
 };
 
 struct FitReport {
@@ -76,6 +81,10 @@ uint64_t TransientBytesPerSeq(const model::ModelConfig& c, int threads, int64_t 
                               bool fused_gate_up);
 
 Result<FitReport> Fit(const Model& model, const FitOptions& opts);
+
+// The report as JSON, one key per FitReport field (kv_dtype as "kv_type": its
+// name), for `lumen fit --json` and the server's GET /fit.
+nlohmann::ordered_json FitReportJson(const FitReport& r);
 
 // Read bandwidth of this machine in bytes/s (all threads, median of
 // MeasureMemBandwidth), measured once and cached in

@@ -8,6 +8,7 @@
 
 #include "lumen/core/log.h"
 #include "lumen/engine/adapter.h"
+#include "lumen/engine/embed.h"
 #include "lumen/formats/gguf.h"
 #include "lumen/formats/hf_dir.h"
 #include "lumen/formats/llama2c.h"
@@ -130,6 +131,7 @@ Status Model::InitGguf(const LoadOptions& opts) {
 Status Model::InitHf(const LoadOptions& opts) {
   const formats::HfModelDir& hf = *sources_->hf;
   LUMEN_ASSIGN_OR_RETURN(config_, model::ConfigFromHf(hf.config()));
+  LUMEN_ASSIGN_OR_RETURN(config_.pooling, ReadSentenceTransformersPooling(hf.dir()));
   LUMEN_ASSIGN_OR_RETURN(auto mlx, formats::ParseMlxQuantization(hf.config(), "config.json"));
   format_ = mlx ? "mlx" : "hf";
   std::set<std::string> claimed;  // two canonical names can map to one HF name

@@ -177,6 +177,7 @@ Result<ModelConfig> SynthConfig(const SynthOptions& o) {
   if (o.kv_heads) c.n_kv_heads = o.kv_heads;
   if (o.vocab) c.vocab_size = o.vocab;
   if (o.ctx) c.max_ctx = o.ctx;
+  c.pooling = o.pooling;
   if (int(c.layer_sliding.size()) != c.n_layers) c.layer_sliding.clear();
   if (c.family == Family::kPhi3 && c.rope_dim > 0 && o.dim) c.rope_dim = 0;  // reshaped: full
   ApplyFamily(c);

@@ -29,6 +29,9 @@ struct SynthOptions {
   // Shape overrides (0: keep the named shape's).
   int layers = 0, dim = 0, ffn = 0, heads = 0, kv_heads = 0, vocab = 0;
   int64_t ctx = 0;
+  // An embedding model (engine/embed.h): GGUF pooling_type, or HF
+  // sentence-transformers modules.json + 1_Pooling/config.json.
+  model::Pooling pooling = model::Pooling::kNone;
 };
 
 // Parses a --quant value: a tensor type ("f16", "q4_k", ...) into dtype,

@@ -5,6 +5,7 @@
 #include "lumen/core/buffer.h"
 #include "lumen/core/progress.h"
 #include "lumen/core/quant.h"
+#include "lumen/engine/embed.h"
 #include "lumen/formats/gguf.h"
 #include "lumen/formats/safetensors.h"
 #include "lumen/kernels/rope.h"
@@ -175,6 +176,8 @@ Status WriteHfModel(const model::ModelConfig& config, const tokenize::Tokenizer&
     cfg["quantization_config"] = quant;
   }
   LUMEN_RETURN_IF_ERROR(WriteFileAtomic(dir + "/config.json", cfg.dump(2) + "\n"));
+  if (config.pooling != model::Pooling::kNone)
+    LUMEN_RETURN_IF_ERROR(WriteSentenceTransformersPooling(dir, config.pooling, config.dim));
   LUMEN_RETURN_IF_ERROR(tok.ExportHf(dir));
   return Status::Ok();
 }

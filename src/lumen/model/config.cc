@@ -369,6 +369,26 @@ Result<ModelConfig> ConfigFromHf(const json& j) {
   return c;
 }
 
+std::string_view PoolingName(Pooling p) {
+  switch (p) {
+    case Pooling::kMean:
+      return "mean";
+    case Pooling::kCls:
+      return "cls";
+    case Pooling::kLast:
+      return "last";
+    case Pooling::kNone:
+      break;
+  }
+  return "none";
+}
+
+Result<Pooling> ParsePooling(std::string_view name) {
+  for (Pooling p : {Pooling::kNone, Pooling::kMean, Pooling::kCls, Pooling::kLast})
+    if (name == PoolingName(p)) return p;
+  return Errorf("pooling '{}': must be mean, cls, last or none", name);
+}
+
 Result<ModelConfig> ConfigFromGguf(const formats::GgufFile& g) {
   LUMEN_ASSIGN_OR_RETURN(std::string arch, g.GetString("general.architecture"));
   ModelConfig c;
@@ -407,6 +427,12 @@ Result<ModelConfig> ConfigFromGguf(const formats::GgufFile& g) {
   LUMEN_RETURN_IF_ERROR(opt_f("attention.layer_norm_rms_epsilon", c.norm_eps));
   LUMEN_RETURN_IF_ERROR(opt_f("rope.freq_base", c.rope_theta));
   LUMEN_RETURN_IF_ERROR(opt_i("attention.sliding_window", c.sliding_window));
+  int64_t pooling = 0;
+  LUMEN_RETURN_IF_ERROR(opt_i("pooling_type", pooling));
+  if (pooling < 0 || pooling > 3)
+    return Errorf("{}: {}pooling_type {} is not supported (0 none, 1 mean, 2 cls, 3 last)",
+                  g.path(), p, pooling);
+  c.pooling = static_cast<Pooling>(pooling);
   // vocab: metadata key if present, else the token list, else the embedding rows.
   c.vocab_size = 0;
   LUMEN_RETURN_IF_ERROR(opt_i("vocab_size", c.vocab_size));
@@ -562,6 +588,7 @@ void ConfigToGguf(const ModelConfig& c, formats::GgufWriter& w) {
   w.SetF32(p + "attention.layer_norm_rms_epsilon", c.norm_eps);
   w.SetF32(p + "rope.freq_base", float(c.rope_theta));
   if (c.sliding_window > 0) w.SetU32(p + "attention.sliding_window", uint32_t(c.sliding_window));
+  if (c.pooling != Pooling::kNone) w.SetU32(p + "pooling_type", uint32_t(c.pooling));
   // Rope scaling in llama.cpp's keys where llama.cpp has the type (linear,
   // yarn); llama.cpp aborts on any other rope.scaling.type, so llama3 and
   // dynamic go under a lumen-only key it ignores. (WriteGgufModel turns llama3

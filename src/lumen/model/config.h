@@ -24,6 +24,14 @@ enum class Family { kLlama, kMistral, kQwen2, kQwen3, kGemma2, kGemma3, kMiniCpm
 std::string_view FamilyName(Family f);              // "llama", "qwen3", ...
 Result<Family> ParseFamily(std::string_view name);  // HF model_type or GGUF arch
 
+// How an embedding model turns a sequence's final hidden states into one
+// vector (llama.cpp's llama_pooling_type values, GGUF "<arch>.pooling_type";
+// sentence-transformers' 1_Pooling/config.json). kNone: not an embedding model.
+enum class Pooling { kNone = 0, kMean = 1, kCls = 2, kLast = 3 };
+
+std::string_view PoolingName(Pooling p);              // "none", "mean", "cls", "last"
+Result<Pooling> ParsePooling(std::string_view name);  // the names above
+
 struct ModelConfig {
   Family family = Family::kLlama;
   int n_layers = 0;
@@ -70,6 +78,10 @@ struct ModelConfig {
   bool tied_embeddings = false;
   bool fused_qkv = false;      // Phi3: one attn_qkv weight
   bool fused_gate_up = false;  // Phi3: ffn_up holds gate then up
+
+  // Embedding models (engine/embed.h): set from GGUF "<arch>.pooling_type" or,
+  // for HF directories, from sentence-transformers' modules.json (engine/model.cc).
+  Pooling pooling = Pooling::kNone;
 
   int64_t q_dim() const { return int64_t(n_heads) * head_dim; }
   int64_t kv_dim() const { return int64_t(n_kv_heads) * head_dim; }

@@ -184,7 +184,7 @@ void Forward::AttentionBlock(int l, std::span<const BatchRow> rows) {
       pool_->ParallelFor(T, attend);
     else
       attend(0, T, 0);
-  } else if (max_pos + 1 >= kSplitAttention &&
+  } else if (position_split_ && max_pos + 1 >= kSplitAttention &&
              std::all_of(rows.begin(), rows.end(), [&](const BatchRow& r) {
                return kernels::AttendSplitSupported(shape, r.cache->layer(l).dtype);
              })) {
@@ -368,7 +368,7 @@ Status Forward::RunBatch(std::span<const BatchRow> rows, float* logits) {
   return RunRows(rows, 0, logits);
 }
 
-Status Forward::RunRows(std::span<const BatchRow> rows, int64_t first, float* logits) {
+Status Forward::RunLayers(std::span<const BatchRow> rows) {
   const int64_t T = static_cast<int64_t>(rows.size());
   for (int64_t t = 0; t < T; ++t)
     if (rows[t].token < 0 || rows[t].token >= c_.vocab_size)
@@ -397,8 +397,15 @@ Status Forward::RunRows(std::span<const BatchRow> rows, int64_t first, float* lo
     AttentionBlock(l, rows);
     FfnBlock(l, rows);
   }
+  return Status::Ok();
+}
+
+Status Forward::RunRows(std::span<const BatchRow> rows, int64_t first, float* logits) {
+  LUMEN_RETURN_IF_ERROR(RunLayers(rows));
+  const int64_t T = static_cast<int64_t>(rows.size());
   const int64_t D = c_.dim, V = c_.vocab_size;
   const int64_t nrows = T - first;
+  const float* x = a_.x.as<float>();
   float* xn = a_.xn.as<float>();
   for (int64_t t = 0; t < nrows; ++t) {
     float* o = xn + t * D;
@@ -408,6 +415,30 @@ Status Forward::RunRows(std::span<const BatchRow> rows, int64_t first, float* lo
   }
   MatMul(w_.output, xn, nrows, D, logits, V, pool_);
   if (c_.final_softcap > 0) kernels::SoftCap(logits, nrows * V, c_.final_softcap);
+  return Status::Ok();
+}
+
+Status Forward::RunHidden(std::span<const BatchRow> rows, float* hidden) {
+  const int64_t T = static_cast<int64_t>(rows.size());
+  if (T == 0) return Error("forward: no rows");
+  if (T > kMaxChunk) return Errorf("forward: chunk of {} rows exceeds {}", T, kMaxChunk);
+  for (int64_t t = 0; t < T; ++t)
+    if (rows[t].pos < 0 || rows[t].pos >= rows[t].cache->ctx())
+      return Errorf("context full: position {} does not fit the context of {} tokens (row {})",
+                    rows[t].pos, rows[t].cache->ctx(), t);
+  // The position split sums a row's attention in another order than the
+  // other two routes: off here, so a row's result does not depend on how many
+  // rows share its step (the batched embedding route is L1 against one input
+  // at a time).
+  position_split_ = false;
+  const Status st = RunLayers(rows);
+  position_split_ = true;
+  LUMEN_RETURN_IF_ERROR(st);
+  const int64_t D = c_.dim;
+  const float* x = a_.x.as<float>();
+  for (int64_t t = 0; t < T; ++t)
+    kernels::RmsNormForward(x + t * D, w_.output_norm, c_.norm_offset, c_.norm_eps, D,
+                            hidden + t * D);
   return Status::Ok();
 }
 

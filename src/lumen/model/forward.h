@@ -72,9 +72,18 @@ class Forward {
   // set's low-rank updates on the rows that carry it (RowLora).
   Status RunBatch(std::span<const BatchRow> rows, float* logits);
 
+  // Embeddings: the final norm's output for every row, no LM head (no
+  // logit_scale, no softcap). hidden: [B, D]. Rows as RunBatch takes them,
+  // plus runs of consecutive positions of one sequence (a prefill chunk of
+  // each of several sequences); each row's hidden state is computed with the
+  // same per-row arithmetic as in Run.
+  Status RunHidden(std::span<const BatchRow> rows, float* hidden);
+
   const ModelConfig& config() const { return c_; }
 
  private:
+  // Everything before the head: embedding and every layer, into a_.x.
+  Status RunLayers(std::span<const BatchRow> rows);
   Status RunRows(std::span<const BatchRow> rows, int64_t first_logit_row, float* logits);
   void Embed(std::span<const BatchRow> rows, float* x) const;
   void AttentionBlock(int l, std::span<const BatchRow> rows);
@@ -96,6 +105,7 @@ class Forward {
   float embed_scale_;  // c_.embed_scale, rounded to the embedding dtype when HF does
   kernels::RopeTable rope_global_, rope_local_;
   int64_t rope_seq_len_ = -1;
+  bool position_split_ = true;  // RunHidden turns it off (see forward.cc)
   size_t lora_terms_ = 0;  // the most terms of any row's set in this call (0: no row has one)
   std::vector<const LoraWeights*> lora_seen_;
   std::vector<int64_t> lora_rows_;

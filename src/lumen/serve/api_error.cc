@@ -58,7 +58,9 @@ std::string ErrorBody(const ApiError& e, ErrorShape shape) {
           {{"message", e.message},
            {"type", type},
            {"param", e.param.empty() ? nlohmann::json() : nlohmann::json(e.param)},
-           {"code", e.status == 401 ? nlohmann::json("invalid_api_key") : nlohmann::json()}}}};
+           {"code", !e.code.empty()   ? nlohmann::json(e.code)
+                    : e.status == 401 ? nlohmann::json("invalid_api_key")
+                                      : nlohmann::json()}}}};
   }
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }

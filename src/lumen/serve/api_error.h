@@ -18,6 +18,7 @@ struct ApiError {
   std::string type;     // empty: derived from status and shape
   std::string param;    // the request field, e.g. "messages[2].role"
   std::string message;  // "messages[2].role: unknown role 'robot'"
+  std::string code;     // OpenAI error.code ("context_length_exceeded"); empty: derived
   int retry_after = 0;  // seconds, for 429 / 529
 };
 

@@ -93,15 +93,11 @@ Result<Prepared> EngineBridge::Prepare(const GenRequest& r) const {
       return Errorf("{}: the prompt is empty and the model has no BOS token", prompt_field);
     p.prompt.push_back(tok.bos());
   }
-  // A prompt that fills the context is refused; max_tokens beyond the room
-  // left is clamped to it, and the reply ends with finish_reason "length"
-  // (Anthropic "max_tokens") when it runs out, as llama-server and the hosted
-  // APIs do.
-  const int64_t ctx = sched_.ctx(), P = static_cast<int64_t>(p.prompt.size());
-  if (P >= ctx)
-    return Errorf("{}: the prompt ({} tokens) does not leave room in the context ({} tokens)",
-                  prompt_field, P, ctx);
-  if (r.max_tokens) p.max_tokens = static_cast<int>(std::min<int64_t>(*r.max_tokens, ctx - P));
+  // Whether prompt + max_tokens fits the context is the server's admission
+  // (admission.h), a 400 with its own code; an unset max_tokens runs until
+  // the context is full.
+  p.prompt_field = prompt_field;
+  if (r.max_tokens) p.max_tokens = static_cast<int>(*r.max_tokens);
   // Binding choices. Checked here, so a vocabulary that cannot spell the
   // format is a 400 naming the field, not a failed job.
   std::vector<engine::GrammarSegment> grammar;

@@ -38,7 +38,8 @@ struct Prepared {
   std::string prompt_text;  // what was tokenized (echo)
   sample::SamplerConfig sampler;
   int max_tokens = -1;
-  std::vector<std::string> tool_names;  // tools the reply may call
+  const char* prompt_field = "messages";  // "prompt" / "input": the field admission names
+  std::vector<std::string> tool_names;    // tools the reply may call
   // Binding tool_choice / json_object: each job gets a copy (null: free text).
   std::shared_ptr<const engine::GrammarConstraint> constraint;
   bool forced_call = false;  // the reply is exactly one call to one of tool_names

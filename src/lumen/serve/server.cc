@@ -5,6 +5,7 @@
 #include <thread>
 
 #include "lumen/core/log.h"
+#include "lumen/serve/admission.h"
 #include "lumen/serve/adapters_api.h"
 #include "lumen/serve/body.h"
 #include "lumen/serve/httplib_include.h"
@@ -35,10 +36,12 @@ constexpr const char* kEndpoints[][3] = {
     {"GET", "/v1/models", "the served model (OpenAI and Anthropic list shapes)"},
     {"GET", "/stats", "requests, tokens, prompt cache, queue, slots, response store, uptime"},
     {"GET", "/metrics", "Prometheus text format"},
+    {"GET", "/fit", "the memory check of the running configuration (lumen fit --json)"},
     {"POST", "/v1/chat/completions", "OpenAI chat completions (stream, tools, logprobs, n)"},
     {"POST", "/v1/completions", "OpenAI text completions (stream, echo, logprobs)"},
     {"POST", "/v1/messages", "Anthropic messages (stream, tools)"},
     {"POST", "/v1/responses", "OpenAI Responses (stream, previous_response_id)"},
+    {"POST", "/v1/embeddings", "OpenAI embeddings (embedding models: dimensions, base64)"},
     {"GET", "/v1/adapters", "the mounted LoRA adapters"},
     {"POST", "/v1/adapters", "mount a LoRA adapter {id, path, replace}"},
     {"DELETE", "/v1/adapters/{id}", "unmount a LoRA adapter"},
@@ -84,6 +87,8 @@ Server::Server(EngineBridge& engine, ServerOptions opts)
           .train_data_dir = opts_.ui.train_data_dir,
           .model_args = opts_.ui.train_model_args,
       })),
+      embeddings_(std::make_unique<EmbeddingService>(engine.model(), engine.scheduler().ctx(),
+                                                     opts_.model_name, opts_.pooling)),
       started_(Clock::now()) {
   std::random_device rd;
   id_salt_ = (uint64_t(rd()) << 32) ^ rd();
@@ -155,6 +160,13 @@ std::string Server::StatsJson() const {
         {"max_bytes", store_.limits().max_bytes},
         {"ttl_seconds", store_.limits().ttl.count()}}},
       {"context", engine_.scheduler().ctx()},
+      {"admission",
+       {{"safe_context", engine_.scheduler().ctx()},
+        {"parallel", so.parallel},
+        {"kv_bytes_per_seq", opts_.fit.kv_bytes_per_seq},
+        {"total_bytes", opts_.fit.total_bytes},
+        {"budget_bytes", opts_.fit.budget_bytes},
+        {"refused_context", refused_context_.load()}}},
   };
   return DumpJson(j);
 }
@@ -272,6 +284,9 @@ void Server::Routes() {
   h.Get("/stats", [this](const httplib::Request&, httplib::Response& res) {
     res.set_content(StatsJson(), "application/json");
   });
+  h.Get("/fit", [this](const httplib::Request&, httplib::Response& res) {
+    res.set_content(DumpJson(engine::FitReportJson(opts_.fit)), "application/json");
+  });
   h.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
     const engine::SchedulerStats s = engine_.scheduler().stats();
     Metrics::Gauges g;
@@ -306,6 +321,9 @@ void Server::Routes() {
   ui.model_name = opts_.model_name;
   ui.opts = opts_.ui;
   RegisterWebUi(h, ui);
+  h.Post("/v1/embeddings", [this](const httplib::Request& req, httplib::Response& res) {
+    HandleEmbeddings(req, res);
+  });
   for (Api api : {Api::kChat, Api::kCompletions, Api::kMessages, Api::kResponses}) {
     h.Post(EndpointName(api), [this, api](const httplib::Request& req, httplib::Response& res) {
       HandleGenerate(api, req, res);
@@ -406,6 +424,12 @@ void Server::HandleGenerate(Api api, const httplib::Request& req, httplib::Respo
 
   Result<Prepared> prep = engine_.Prepare(r);
   if (!prep.ok()) return SendError(res, FromStatus(prep.status()), shape, endpoint);
+  if (auto refused = AdmitContext(api, prep->prompt_field, int64_t(prep->prompt.size()),
+                                  &prep->max_tokens, engine_.scheduler().ctx(),
+                                  opts_.clamp_max_tokens)) {
+    ++refused_context_;
+    return SendError(res, *refused, shape, endpoint);
+  }
 
   engine::Scheduler::SubmitError serr;
   std::shared_ptr<RunState> run = engine_.Start(r, *prep, &serr);
@@ -551,6 +575,25 @@ void Server::HandleGenerate(Api api, const httplib::Request& req, httplib::Respo
         run->Cancel();  // no-op when finished
         --open_streams_;
       });
+}
+
+void Server::HandleEmbeddings(const httplib::Request& req, httplib::Response& res) {
+  const std::string endpoint = "/v1/embeddings";
+  ApiError err;
+  if (stopping_) {
+    err.status = 503;
+    err.message = "the server is shutting down";
+    return SendError(res, err, ErrorShape::kOpenAI, endpoint);
+  }
+  ojson body, out;
+  if (!ParseBody(req.body, opts_.max_body_bytes, &body, &err) ||
+      !embeddings_->Handle(body, &out, &err)) {
+    if (err.code == kContextLengthExceeded) ++refused_context_;
+    return SendError(res, err, ErrorShape::kOpenAI, endpoint);
+  }
+  metrics_.AddTokens(out["usage"]["prompt_tokens"].get<int64_t>(), 0);
+  res.set_content(DumpJson(out), "application/json");
+  metrics_.CountRequest(endpoint, 200);
 }
 
 Result<int> Server::Bind() {

@@ -1,8 +1,11 @@
 // Server: the HTTP front of `lumen serve` (cpp-httplib). Routes
-//   GET  /health, /v1, /v1/models, /v1/models/{id}, /stats, /metrics
-//   POST /v1/chat/completions, /v1/completions, /v1/messages, /v1/responses
+//   GET  /health, /v1, /v1/models, /v1/models/{id}, /stats, /metrics, /fit
+//   POST /v1/chat/completions, /v1/completions, /v1/messages, /v1/responses,
+//        /v1/embeddings (embeddings.h)
 //   GET/POST /v1/adapters, DELETE /v1/adapters/{id} (adapters_api.h; when the
 //   EngineBridge has an AdapterRegistry)
+// Generation requests pass admission (admission.h): prompt + max_tokens must
+// fit the context.
 // Every POST body passes the same gate (size, UTF-8, JSON, API key) and its
 // protocol parser, then EngineBridge; errors come back as 4xx in the error
 // shape of the endpoint's protocol (api_error.h). docs/reference/server-api.md
@@ -18,7 +21,9 @@
 #include <memory>
 #include <string>
 
+#include "lumen/engine/fit.h"
 #include "lumen/serve/api_error.h"
+#include "lumen/serve/embeddings.h"
 #include "lumen/serve/engine_bridge.h"
 #include "lumen/serve/metrics.h"
 #include "lumen/serve/response_store.h"
@@ -42,6 +47,11 @@ struct ServerOptions {
   ResponseStoreLimits store;
   int http_threads = 0;  // 0: parallel + queue + 8
   WebUiOptions ui;       // the web app at / and its /lumen/ endpoints (web_ui.h)
+  // The memory check the server started with (cli/serve.cc): GET /fit and
+  // /stats "admission" report it.
+  engine::FitReport fit;
+  bool clamp_max_tokens = false;  // llama-server's rule instead of the 400 (admission.h)
+  model::Pooling pooling = model::Pooling::kNone;  // --pooling: overrides the model's
 };
 
 class Server {
@@ -59,6 +69,7 @@ class Server {
  private:
   void Routes();
   void HandleGenerate(Api api, const httplib::Request& req, httplib::Response& res);
+  void HandleEmbeddings(const httplib::Request& req, httplib::Response& res);
   void SendError(httplib::Response& res, const ApiError& e, ErrorShape shape,
                  const std::string& endpoint);
   std::string NewId(const char* prefix);
@@ -70,9 +81,11 @@ class Server {
   Metrics metrics_;
   ResponseStore store_;
   std::unique_ptr<TrainJobs> jobs_;  // runs started from the web app
+  std::unique_ptr<EmbeddingService> embeddings_;
   std::atomic<bool> stopping_{false};
   std::atomic<int> open_streams_{0};
   std::atomic<uint64_t> next_id_{1};
+  std::atomic<uint64_t> refused_context_{0};  // 400 context_length_exceeded
   uint64_t id_salt_ = 0;
   std::chrono::steady_clock::time_point started_;
   int64_t created_unix_ = 0;

@@ -140,7 +140,9 @@ TEST(RoutesCli, TableExactAndDot) {
       EXPECT_EQ(n["route"], "f32");
       EXPECT_EQ(n["tier"], "L1");
     }
-    if (n["node"].get<std::string>().rfind("matmul.", 0) == 0) EXPECT_EQ(n["tier"], "L2");
+    if (n["node"].get<std::string>().rfind("matmul.", 0) == 0) {
+      EXPECT_EQ(n["tier"], "L2");
+    }
   }
   EXPECT_TRUE(kv);
   CliRun d = RunLumen("routes --dot");

@@ -579,13 +579,89 @@ void MatMulRows(const Matrix& W, const float* X, int64_t M, int64_t ldx, float* 
 }
 
 // dX[M, K] for columns [k0, k1), accumulated into dX (caller zeroes).
+// The transposed product's register tile: R rows of dX by V vectors of
+// columns stay in registers across a panel of decoded weight rows; each term
+// is one FMA, added in ascending n (the order an AXPY per weight row has).
+template <int R, int V>
+HWY_INLINE void TransposedTile(const float* HWY_RESTRICT panel, int64_t ldp, int64_t nb,
+                               const float* HWY_RESTRICT dy, int64_t N, float* HWY_RESTRICT dx,
+                               int64_t K) {
+  const DF d;
+  const int64_t L = hn::Lanes(d);
+  VF acc[R][V];
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < V; ++v) acc[r][v] = hn::LoadU(d, dx + r * K + v * L);
+  for (int64_t n = 0; n < nb; ++n) {
+    VF w[V];
+    for (int v = 0; v < V; ++v) w[v] = hn::LoadU(d, panel + n * ldp + v * L);
+    for (int r = 0; r < R; ++r) {
+      const VF a = hn::Set(d, dy[r * N + n]);
+      for (int v = 0; v < V; ++v) acc[r][v] = hn::MulAdd(a, w[v], acc[r][v]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < V; ++v) hn::StoreU(acc[r][v], d, dx + r * K + v * L);
+}
+
+// 4 x kTV tiles, with the narrower tiles at the edges.
+#if HWY_TARGET <= HWY_AVX3
+constexpr int kTV = 4;  // 16 accumulators of the 32 vector registers
+#else
+constexpr int kTV = 2;
+#endif
+
+template <int R>
+HWY_INLINE void TransposedTileCols(int vecs, const float* panel, int64_t ldp, int64_t nb,
+                                   const float* dy, int64_t N, float* dx, int64_t K) {
+  switch (vecs) {
+    case 1:
+      return TransposedTile<R, 1>(panel, ldp, nb, dy, N, dx, K);
+    case 2:
+      return TransposedTile<R, 2>(panel, ldp, nb, dy, N, dx, K);
+    case 3:
+      return TransposedTile<R, kTV == 4 ? 3 : 1>(panel, ldp, nb, dy, N, dx, K);
+    default:
+      return TransposedTile<R, kTV>(panel, ldp, nb, dy, N, dx, K);
+  }
+}
+
+// dX[:, k0:k1) (already holding the sum so far) += dY * W[:, k0:k1). W rows
+// are decoded kTn at a time into a panel; for each column tile (an L1-sized
+// slice of the panel) every 4-row tile of dX accumulates the panel's rows.
+// Columns past the last whole vector of [k0, k1) are summed in scalar code
+// as mul then add, as the AXPY this replaces did, so the result is the same
+// bit for bit.
 void MatMulTRows(const Matrix& W, const float* dY, int64_t M, float* dX, int64_t k0, int64_t k1) {
-  const int64_t N = W.n, K = W.k;
-  std::vector<float> scratch(K);
-  for (int64_t n = 0; n < N; ++n) {
-    DequantizeMatrixRow(W, n, scratch.data());
+  const DF d;
+  const int64_t L = hn::Lanes(d), N = W.n, K = W.k, KW = k1 - k0;
+  const int64_t kv = KW / L * L;  // whole vectors of the range
+  constexpr int64_t kTn = 128;
+  std::vector<float> row(K), panel(kTn * KW);
+  for (int64_t n0 = 0; n0 < N; n0 += kTn) {
+    const int64_t nb = std::min(kTn, N - n0);
+    for (int64_t i = 0; i < nb; ++i) {
+      DequantizeMatrixRow(W, n0 + i, row.data());
+      std::memcpy(panel.data() + i * KW, row.data() + k0, KW * sizeof(float));
+    }
+    const float* dy0 = dY + n0;
+    for (int64_t k = 0; k < kv; k += kTV * L) {
+      const int vecs = int(std::min<int64_t>(kTV, (kv - k) / L));
+      const float* pk = panel.data() + k;
+      int64_t m = 0;
+      for (; m + 4 <= M; m += 4)
+        TransposedTileCols<4>(vecs, pk, KW, nb, dy0 + m * N, N, dX + m * K + k0 + k, K);
+      for (; m < M; ++m)
+        TransposedTileCols<1>(vecs, pk, KW, nb, dy0 + m * N, N, dX + m * K + k0 + k, K);
+    }
     for (int64_t m = 0; m < M; ++m)
-      AxpyF32(dY[m * N + n], scratch.data() + k0, dX + m * K + k0, k1 - k0);
+      for (int64_t c = kv; c < KW; ++c) {
+        float y = dX[m * K + k0 + c];
+        for (int64_t i = 0; i < nb; ++i) {
+          const float t = dy0[m * N + i] * panel[i * KW + c];
+          y += t;
+        }
+        dX[m * K + k0 + c] = y;
+      }
   }
 }
 

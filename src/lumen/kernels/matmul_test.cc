@@ -165,5 +165,49 @@ TEST(MatMulTest, TransposedWithinBound) {
   }
 }
 
+// The tiled transposed product: panels of 128 weight rows (N = 300 spans three,
+// the last partial), row tiles of 4 with remainders, column tiles with a
+// scalar tail (K = 100 is no multiple of any vector), on every target and
+// storage; within the bound of the double oracle, and the same bits on 1, 2
+// and 3 threads (each thread owns whole 64-column ranges).
+TEST(MatMulTest, TransposedTilesWithinBoundOnEveryTarget) {
+  std::mt19937 rng(13);
+  for (int64_t target : Targets()) {
+    hwy::SetSupportedTargetsForTest(target);
+    const std::string tname = hwy::TargetName(target);
+    for (const Spec& s : AllSpecs()) {
+      const int64_t K = s.block == 1 ? 100 : s.block * 3, N = 300;
+      if (s.mlx_bits == 0 && !RowBytes(s.dtype, K)) continue;
+      OwnedMatrix o = Make(s, N, K, rng);
+      std::vector<float> w(N * K);
+      for (int64_t n = 0; n < N; ++n) DequantizeMatrixRow(o.m, n, w.data() + n * K);
+      for (int64_t M : {1, 6, 9}) {
+        std::vector<float> dY(M * N), dX(M * K, 5.0f), ref(M * K);
+        for (auto& v : dY) v = std::uniform_real_distribution<float>(-1, 1)(rng);
+        MatMulT(o.m, dY.data(), M, dX.data(), nullptr);
+        MatMulTRef(o.m, dY.data(), M, ref.data());
+        int bad = 0;
+        for (int64_t m = 0; m < M; ++m)
+          for (int64_t k = 0; k < K; ++k) {
+            double abs_dot = 0;
+            for (int64_t n = 0; n < N; ++n) abs_dot += std::fabs(double(w[n * K + k]) * dY[m * N + n]);
+            if (!(std::fabs(dX[m * K + k] - ref[m * K + k]) <= MatMulBound(N, abs_dot)) &&
+                bad++ < 3)
+              ADD_FAILURE() << tname << " " << s.name << " M=" << M << " m=" << m << " k=" << k
+                            << " got " << dX[m * K + k] << " want " << ref[m * K + k];
+          }
+        for (int threads : {2, 3}) {
+          ThreadPool pool(threads);
+          std::vector<float> t(M * K, -1.0f);
+          MatMulT(o.m, dY.data(), M, t.data(), &pool);
+          EXPECT_EQ(0, std::memcmp(t.data(), dX.data(), t.size() * sizeof(float)))
+              << tname << " " << s.name << " M=" << M << " threads=" << threads;
+        }
+      }
+    }
+  }
+  hwy::SetSupportedTargetsForTest(0);
+}
+
 }  // namespace
 }  // namespace lumen::kernels

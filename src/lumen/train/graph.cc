@@ -435,6 +435,9 @@ void Graph<Real>::Layer(int l, const PackedBatch& b, Real* x, LayerSaved& s) {
   Linear(l, Target::kQ, L.wq, s.xn1.data(), M, s.q.data(), s.lora_u[int(Target::kQ)]);
   Linear(l, Target::kK, L.wk, s.xn1.data(), M, s.k.data(), s.lora_u[int(Target::kK)]);
   Linear(l, Target::kV, L.wv, s.xn1.data(), M, s.v.data(), s.lora_u[int(Target::kV)]);
+  // The backward recomputes xn1 from x_in (one norm per row, bit-identical)
+  // rather than keeping [M, D] through the layer's whole backward.
+  Release(s.xn1);
   auto add_bias = [&](std::vector<Real>& y, const float* bias, int64_t N) {
     if (!bias) return;
     for (int64_t i = 0; i < M; ++i)
@@ -528,7 +531,6 @@ void Graph<Real>::Embed(const PackedBatch& b, std::vector<Real>& x) const {
 template <class Real>
 const std::vector<Real>& Graph<Real>::Forward(const PackedBatch& b, const LoraParams<Real>* params,
                                               DropoutKey key, bool keep) {
-  const int64_t M = b.size(), D = c_.dim;
   params_ = params;
   lora_scale_ = params && layout_ ? layout_->cfg.Scale() : 0.0f;
   key_ = key;
@@ -640,12 +642,17 @@ void Graph<Real>::LayerBackward(int l, const PackedBatch& b, LayerSaved& s, Real
     dk.swap(dk_pre);
   }
   std::fill(dxn.begin(), dxn.end(), Real(0));
+  s.xn1.resize(M * D);
+  NormRows(M, [&](int64_t i) {
+    kernels::RmsNormRow(s.x_in.data() + i * D, L.attn_norm, off, eps, D, s.xn1.data() + i * D);
+  });
   LinearBackward(l, Target::kQ, L.wq, s.xn1.data(), s.lora_u[int(Target::kQ)].data(), dq.data(), M,
                  dxn.data(), grad);
   LinearBackward(l, Target::kK, L.wk, s.xn1.data(), s.lora_u[int(Target::kK)].data(), dk.data(), M,
                  dxn.data(), grad);
   LinearBackward(l, Target::kV, L.wv, s.xn1.data(), s.lora_u[int(Target::kV)].data(), dv.data(), M,
                  dxn.data(), grad);
+  Release(s.xn1, s.lora_u[int(Target::kQ)], s.lora_u[int(Target::kK)], s.lora_u[int(Target::kV)]);
   if (L.wqkv.valid()) {
     const int64_t QKV = Q + 2 * KV;
     std::vector<Real> dqkv(M * QKV);

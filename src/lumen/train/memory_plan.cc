@@ -5,6 +5,8 @@
 
 #include <fmt/format.h>
 
+#include "lumen/train/frozen.h"
+
 namespace lumen::train {
 
 namespace {
@@ -39,7 +41,8 @@ MemoryPlan PlanMemory(const model::ModelConfig& c, const LoraLayout& layout, con
                V = c.vocab_size;
   p.lora = size_t(layout.size) * kF * 4;
   // graph.cc LayerSaved, per token.
-  size_t per_tok = D /*x_in*/ + D /*xn1*/ + Q + 2 * KV /*q, k, v*/ + Q /*att*/ + H /*lse*/ +
+  // xn1 is recomputed in the backward, not kept.
+  size_t per_tok = D /*x_in*/ + Q + 2 * KV /*q, k, v*/ + Q /*att*/ + H /*lse*/ +
                    D /*x_mid*/ + D /*xn2*/ + (in.mlp_chunk > 0 ? 0 : 3 * F) /*g, u, h*/;
   if (c.qk_norm) per_tok += Q + KV;
   if (c.post_norms) per_tok += 2 * D;
@@ -74,12 +77,14 @@ MemoryPlan PlanMemory(const model::ModelConfig& c, const LoraLayout& layout, con
   }
   p.head = head_kept + head_bwd;
   // Backward temporaries of one layer (dd, pre, dh, dg, du, dxn, datt, dq, dk,
-  // dv and MatMulT's [M, K] scratch). The peak is the larger of two moments:
+  // dv and FrozenProductT's scratch of at most kTransposedRowChunk rows). The peak is the larger of two moments:
   // the head's backward (kept layers + head + hidden and dhidden) and a
   // layer's backward (kept layers + the head's kept buffers + temporaries +
   // dx: the graph's backward frees hidden and takes dhidden's storage as dx).
-  const size_t layer_tmp = M * kF * (3 * D + 2 * Q + 2 * KV + D) +
-                           MF * kF * (4 * F + F + (in.mlp_chunk > 0 ? 3 * F : 0));
+  const size_t chunk = size_t(kTransposedRowChunk);
+  const size_t layer_tmp = M * kF * (3 * D + 2 * Q + 2 * KV) + std::min(M, chunk) * kF * D +
+                           MF * kF * (4 * F + (in.mlp_chunk > 0 ? 3 * F : 0)) +
+                           std::min(MF, chunk) * kF * F;
   p.transient = layer_tmp + boundary;
   const size_t head_phase = p.head + 2 * boundary;
   p.peak = in.baseline + in.weight_bytes + p.lora + p.layers +

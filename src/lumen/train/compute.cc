@@ -26,7 +26,7 @@ LUMEN_ROUTE(
      .bound = "LoRA-gradient and dh cosine and relative error per product kind against f32, "
               "teacher-forced (compute_test.cc)",
      .tests = "MatMulBf16Every.AnyRowCountMatchesOracleAndTheRoute;ComputeQuality.*;"
-              "Bf16Efficacy.*",
+              "Methods/Bf16Efficacy.*;Bf16SftEfficacy.*",
      .measure = "docs/experiments/compute-precision.md",
      .when = "train.compute=bf16 cpu=avx512bf16",
      .priority = 20});
@@ -47,7 +47,8 @@ LUMEN_ROUTE(
      .oracle = "MatMulTBf16Ref (bf16 operands, double sums); against the f32 route: none",
      .bound = "(N + 2) 2^-24 sum |dy w| of the oracle (matmul_bf16_t_test.cc); against f32: "
               "the teacher-forced gradient cosine and relative error (compute_test.cc)",
-     .tests = "MatMulTBf16.*;MatrixColumns.EqualTheRowsSlices;ComputeQuality.*;Bf16Efficacy.*",
+     .tests = "MatMulTBf16.*;MatrixColumns.EqualTheRowsSlices;ComputeQuality.*;Methods/"
+              "Bf16Efficacy.*;Bf16SftEfficacy.*",
      .measure = "docs/experiments/compute-precision.md",
      .when = "train.compute=bf16 cpu=avx512bf16",
      .priority = 20});
@@ -67,7 +68,7 @@ LUMEN_ROUTE(head_chunk_bf16,
                        "against the f32 head",
              .bound = "dh and LoRA-gradient cosine and relative error, teacher-forced "
                       "(compute_test.cc)",
-             .tests = "ComputeQuality.*;Bf16Efficacy.*",
+             .tests = "ComputeQuality.*;Methods/Bf16Efficacy.*;Bf16SftEfficacy.*",
              .measure = "docs/experiments/compute-precision.md",
              .when = "train.compute=bf16 cpu=avx512bf16",
              .priority = 20});
@@ -86,7 +87,7 @@ LUMEN_ROUTE(train_lora_bf16,
              .oracle = "none: A x and dy B (reductions of 64 or more) with bf16 operands; "
                        "measured against f32",
              .bound = "LoRA-gradient cosine and relative error, teacher-forced (compute_test.cc)",
-             .tests = "ComputeQuality.*;Bf16Efficacy.*",
+             .tests = "ComputeQuality.*;Methods/Bf16Efficacy.*;Bf16SftEfficacy.*",
              .measure = "docs/experiments/compute-precision.md",
              .when = "train.compute=bf16 cpu=avx512bf16",
              .priority = 20});

@@ -64,12 +64,12 @@ void RangeProbe::Record(ProbeSite site, const float* v, int64_t n) {
 }
 
 std::string RangeProbe::Describe() const {
-  std::string out = fmt::format("{:<13} {:>10} {:>12} {:>12}  {:<40} {}\n", "operands", "values",
+  std::string out = fmt::format("{:<13} {:>10} {:>12} {:>12}  {:<64} {}\n", "operands", "values",
                                 "max |v|", "min |v|>0", "as f16", "as bf16");
   for (int i = 0; i < kNumProbeSites; ++i) {
     const RangeStats& s = stats_[i];
     if (s.values == 0) continue;
-    out += fmt::format("{:<13} {:>10} {:>12.4g} {:>12.4g}  {:<40} {}\n", kNames[i], s.values,
+    out += fmt::format("{:<13} {:>10} {:>12.4g} {:>12.4g}  {:<64} {}\n", kNames[i], s.values,
                        s.max_abs, s.min_nonzero, Verdict(s, true), Verdict(s, false));
   }
   return out;

@@ -80,9 +80,11 @@ struct KindCase {
 
 // Runs every kind and prints one markdown table; checks the bounds.
 void MeasureModel(const engine::Model& model, const PackedBatch& b, const std::vector<Pair>& pairs,
-                  const std::string& label, const std::vector<KindCase>& cases) {
+                  const std::string& label, const std::vector<KindCase>& cases, int rank = 8,
+                  float dropout = 0.0f) {
   LoraConfig cfg;
-  cfg.rank = 8;
+  cfg.rank = rank;
+  cfg.dropout = dropout;
   auto layout = LoraLayout::Make(model.config(), cfg);
   ASSERT_TRUE(layout.ok()) << layout.status().message();
   LoraParams<float> params = InitLora(*layout, 3);
@@ -92,10 +94,10 @@ void MeasureModel(const engine::Model& model, const PackedBatch& b, const std::v
           float(0.1 * (Uniform01(HashKey({7, uint64_t(s.b_off), uint64_t(j)})) - 0.5));
   const Grads ref = Step(model, *layout, params, b, pairs, 0);
   std::string table = fmt::format(
-      "{} ({} tokens, rank 8, all targets, ORPO):\n"
+      "{} ({} tokens, rank {}, dropout {}, all targets, ORPO):\n"
       "| bf16 products | cosine(LoRA grads) | rel. L2 (LoRA grads) | cosine(dh) | rel. L2 (dh) |\n"
       "|---|---|---|---|---|\n",
-      label, b.size());
+      label, b.size(), rank, dropout);
   for (const KindCase& k : cases) {
     const Grads got = Step(model, *layout, params, b, pairs, k.kinds);
     const Similarity l = Compare(got.lora, ref.lora), d = Compare(got.dh, ref.dh);
@@ -174,6 +176,31 @@ TEST(ComputeQuality, TeacherForcedOnTinySynth) {
                  std::string("synth tiny-llama ") + (*quant ? quant : "f32") + ", random tokens",
                  kBounds);
   }
+}
+
+// Rank 64 reaches the rule's threshold: B (A x) and du A take bf16 operands
+// too (the dropout mask applied to du A's bf16 result).
+TEST(ComputeQuality, LoraRank64WithDropout) {
+  SKIP_WITHOUT_BF16();
+  testing::TempDir dir("compute_r64");
+  auto model = testing::SynthModel(dir, "tiny-llama", 2, 1);
+  ASSERT_TRUE(model);
+  const int V = model->config().vocab_size;
+  PackedBatch b;
+  std::vector<Pair> pairs;
+  for (int r = 0; r < 4; ++r) {
+    std::vector<int32_t> prompt, chosen, rejected;
+    for (int i = 0; i < 16; ++i) prompt.push_back(int32_t((r * 31 + i * 7) % V));
+    for (int i = 0; i < 12; ++i) {
+      chosen.push_back(int32_t((r * 17 + i * 5 + 1) % V));
+      rejected.push_back(int32_t((r * 13 + i * 11 + 2) % V));
+    }
+    Pair p;
+    std::tie(p.chosen, p.rejected) = b.AddSharedPair(prompt, chosen, rejected);
+    pairs.push_back(p);
+  }
+  MeasureModel(*model, b, pairs, "synth tiny-llama f32, random tokens", {kBounds[3], kBounds[4]},
+               /*rank=*/64, /*dropout=*/0.1f);
 }
 
 TEST(ComputeOption, ParsesAndRefusesWithoutTheInstructions) {

@@ -1,7 +1,8 @@
 // The training forward and backward of every supported dense family over a
 // PackedBatch, with LoRA on the chosen targets and every base weight frozen
 // (any storage type: products through W use kernels::MatMul and, backward,
-// kernels::MatMulT, which decode W on the fly).
+// kernels::MatMulT, which decode W on the fly; with set_bf16 the bf16-operand
+// routes of train/compute.h).
 //
 // Real = float is the training route; Real = double is the finite-difference
 // oracle (frozen rows decoded to f32, arithmetic in double): the same code at

@@ -13,6 +13,7 @@
 #include "lumen/engine/generate.h"
 #include "lumen/engine/model.h"
 #include "lumen/engine/session.h"
+#include "lumen/kernels/matmul_bf16.h"
 #include "lumen/sample/sampler.h"
 #include "lumen_cli.h"
 
@@ -152,6 +153,31 @@ TEST(RoutesCli, TableExactAndDot) {
   CliRun bad = RunLumen("routes --exact --tier l3");
   EXPECT_NE(bad.code, 0);
   EXPECT_NE(bad.err.find("--exact means --tier l1"), std::string::npos) << bad.err;
+}
+
+// `--compute bf16` shows the train graph as `lumen train --compute bf16`
+// runs it: the four product nodes take their L3 bf16 routes where the CPU
+// has AVX512-BF16; the default (f32) keeps them at L2.
+TEST(RoutesCli, TrainComputeShowsTheBf16Routes) {
+  const char* nodes[] = {"train.product", "train.product_t", "head.chunk", "train.lora"};
+  for (const char* compute : {"f32", "bf16"}) {
+    CliRun r = RunLumen(std::string("routes --for train --json --compute ") + compute);
+    ASSERT_EQ(r.code, 0) << r.err;
+    auto j = nlohmann::json::parse(r.out, nullptr, false);
+    ASSERT_TRUE(j.is_array()) << r.out;
+    const bool bf16 = std::string(compute) == "bf16" && kernels::CpuHasBf16();
+    int seen = 0;
+    for (const auto& n : j)
+      for (const char* node : nodes)
+        if (n["node"] == node) {
+          ++seen;
+          EXPECT_EQ(n["route"], bf16 ? "bf16" : "f32") << compute << " " << node;
+          EXPECT_EQ(n["tier"], bf16 ? "L3" : "L2") << compute << " " << node;
+        }
+    EXPECT_EQ(seen, 4) << r.out;
+  }
+  CliRun bad = RunLumen("routes --for train --compute f16");
+  EXPECT_NE(bad.code, 0);
 }
 
 // The gate itself: a results file where a named test failed, or is missing,

@@ -14,9 +14,11 @@
 #include <fstream>
 #include <sstream>
 #include <thread>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "lumen/kernels/matmul_bf16.h"
 #include "lumen_cli.h"
 
 namespace lumen {
@@ -174,7 +176,10 @@ TEST(TrainCli, PlanPredictsThePeakAndTheBudgetChoosesSegments) {
   }
   const std::string common = "train " + model.string() + " --data " + data.string() +
                              " --method sft --batch-size 2 --max-seq-len 600 -t 2";
-  for (const std::string flags : {"--no-fused-ce", "--segment 1", "--mlp-chunk 64"}) {
+  std::vector<std::string> levers = {"--no-fused-ce", "--segment 1", "--mlp-chunk 64"};
+  // --compute bf16 changes the backward's transients (memory_plan.cc).
+  if (kernels::CpuHasBf16()) levers.push_back("--compute bf16 --segment 1");
+  for (const std::string& flags : levers) {
     CliResult plan = Lumen(common + " --plan " + flags);
     ASSERT_EQ(plan.code, 0) << plan.err;
     const double predicted = PredictedMb(plan.out);
@@ -199,6 +204,33 @@ TEST(TrainCli, PlanPredictsThePeakAndTheBudgetChoosesSegments) {
   EXPECT_NE(tiny.err.find("--memory-budget 20 MB: the smallest plan needs"), std::string::npos)
       << tiny.err;
   EXPECT_FALSE(fs::exists(Tmp() / "plan_tiny"));
+}
+
+// --compute: a bad value, a conflict with --exact, and (without AVX512-BF16)
+// the refusal are clear errors that leave no output; with the instructions,
+// a bf16 run with --probe-ranges trains and reports the operand ranges.
+TEST(TrainCli, ComputeFlagErrorsAndRangeProbeReport) {
+  const std::string common =
+      "train --data " + Src("tests/data/train/uppercase") + " --method orpo --iters 2 -t 2 --out ";
+  CliResult bad = Lumen(common + (Tmp() / "cmp_bad").string() + " --compute fp16");
+  EXPECT_NE(bad.code, 0);
+  EXPECT_NE(bad.err.find("--compute"), std::string::npos) << bad.err;
+  CliResult exact = Lumen(common + (Tmp() / "cmp_exact").string() + " --compute bf16 --exact");
+  EXPECT_NE(exact.code, 0);
+  EXPECT_NE(exact.err.find("cannot be combined with --exact"), std::string::npos) << exact.err;
+  EXPECT_FALSE(fs::exists(Tmp() / "cmp_exact"));
+  const fs::path out = Tmp() / "cmp_bf16";
+  CliResult run = Lumen(common + out.string() + " --compute bf16 --probe-ranges");
+  if (!kernels::CpuHasBf16()) {
+    EXPECT_NE(run.code, 0);
+    EXPECT_NE(run.err.find("AVX512-BF16"), std::string::npos) << run.err;
+    EXPECT_FALSE(fs::exists(out));
+    return;
+  }
+  ASSERT_EQ(run.code, 0) << run.err;
+  EXPECT_NE(run.err.find("operand ranges per product"), std::string::npos) << run.err;
+  EXPECT_NE(run.err.find("head.coeff"), std::string::npos) << run.err;
+  EXPECT_EQ(nlohmann::json::parse(Slurp(out / "config.json"))["compute"], "bf16");
 }
 
 TEST(TrainCli, InspectReportsKindAndLengths) {

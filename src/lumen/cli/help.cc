@@ -29,8 +29,9 @@ constexpr const char* kKindTitle[] = {
 const std::map<std::string, FlagKind>& Classes() {
   static const std::map<std::string, FlagKind> m = [] {
     std::map<std::string, FlagKind> c;
-    for (const char* f : {"--act-route", "--kv-type", "--exact", "--tier", "--fused-ce",
-                          "--no-fused-ce", "--prefix-share", "--no-prefix-share", "--ce-skip-eps"})
+    for (const char* f :
+         {"--act-route", "--kv-type", "--exact", "--tier", "--fused-ce", "--no-fused-ce",
+          "--prefix-share", "--no-prefix-share", "--ce-skip-eps", "--compute"})
       c[f] = FlagKind::kRoute;
     for (const char* f :
          {"--threads", "--ctx", "--batch", "--parallel", "--queue", "--prompt-cache-mb",
@@ -110,6 +111,7 @@ const std::map<std::string, FlagKind>& Classes() {
                           "--data",
                           "--inspect",
                           "--plan",
+                          "--probe-ranges",
                           "--resume",
                           "--save-every",
                           "--steps-per-eval",

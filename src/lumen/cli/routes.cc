@@ -53,11 +53,15 @@ constexpr GraphNode kTrain[] = {
     {"norm.rms"},
     {"matmul.prefill", true},
     {"matmul.backward", true},
+    {"train.product"},
+    {"train.product_t"},
+    {"train.lora"},
     {"rope"},
     {"attn.train"},
     {"act.gated"},
     {"train.mlp"},
     {"head.ce"},
+    {"head.chunk"},
     {"train.loss"},
     {"train.pairs"},
     {"train.backward"},
@@ -114,7 +118,7 @@ RouteContext MakeContext(std::string_view graph, const ModelArgs& args, const Ro
   if (graph == "train") {  // TrainOptions' defaults (docs/reference/training.md)
     ctx.Set("train.fused_ce", "on");
     ctx.Set("train.prefix_share", "on");
-    ctx.Set("train.compute", "f32");
+    ctx.Set("train.compute", args.train_compute.empty() ? "f32" : args.train_compute);
   }
   return ctx;
 }
@@ -179,7 +183,8 @@ Result<std::vector<ResolvedNode>> ResolveGraph(std::string_view graph, const Mod
   if (graph != "generate" && graph != "serve" && graph != "train")
     return Errorf("--for: '{}' is not one of generate, serve, train", graph);
   LUMEN_ASSIGN_OR_RETURN(RouteChoice c, ResolveRouteChoice(args));
-  if (graph == "train") c.act_route = "exact";  // training products are f32 (issue 16: --compute)
+  // Training's products are chosen by --compute (train.compute), not --act-route.
+  if (graph == "train") c.act_route = "exact";
   RouteContext ctx = MakeContext(graph, args, c, model);
   std::vector<std::string> dtypes = ProductDtypes(model);
   if (dtypes.empty()) dtypes = {"f32"};
@@ -483,6 +488,10 @@ void RegisterRoutes(CLI::App& app) {
   AddModelArgs(cmd, a->model, /*positional=*/false);
   cmd->add_option("--for", a->graph, "only this graph: generate, serve or train")
       ->check(CLI::IsMember({"generate", "serve", "train"}));
+  cmd->add_option("--compute", a->model.train_compute,
+                  "the train graph's product precision: f32 (default) or bf16 (lumen train "
+                  "--compute)")
+      ->check(CLI::IsMember({"f32", "bf16"}));
   cmd->add_flag("--json", a->json, "JSON: one object per node");
   cmd->add_flag("--dot", a->dot, "Graphviz DOT of the graphs (docs/design/routes.svg)");
   cmd->add_option("--check", a->check,

@@ -22,7 +22,7 @@ struct TrainArgs {
   bool no_mask_prompt = false, mask_prompt = false;
   bool fused_ce = false, no_fused_ce = false, prefix_share = false, no_prefix_share = false;
   std::string sft_scope = "response", lambda_schedule = "static", controller = "aimd",
-              controlled = "lambda";
+              controlled = "lambda", compute = "f32";
 };
 }  // namespace
 
@@ -90,6 +90,12 @@ void RegisterTrain(CLI::App& app) {
                   "MB: choose the segment length so the predicted peak fits");
   cmd->add_flag("--plan", a->o.plan_only,
                 "print the memory plan (estimate, choice, predicted peak) and exit");
+  cmd->add_option("--compute", a->compute,
+                  "product precision: f32 (default, exact) or bf16 (AVX512-BF16 operands, f32 "
+                  "sums; L3)")
+      ->check(CLI::IsMember({"f32", "bf16"}));
+  cmd->add_flag("--probe-ranges", a->o.probe_ranges,
+                "record operand ranges per product and report whether f16 would under/overflow");
   cmd->add_option("--sft-scope", a->sft_scope, "ORPO's NLL over the response (default) or full")
       ->check(CLI::IsMember({"full", "response"}));
   // Adaptive preference pressure.
@@ -120,6 +126,14 @@ void RegisterTrain(CLI::App& app) {
       return;
     }
     if (a->o.data_dir.empty()) return ReportError(Error("--data DIR is required"));
+    auto compute = train::ParseCompute(a->compute);
+    if (!compute) return ReportError(Errorf("--compute: '{}' is not f32 or bf16", a->compute));
+    a->o.compute = *compute;
+    if (*compute == train::Compute::kBf16 &&
+        (a->model.exact || a->model.tier == "l1" || a->model.tier == "l2"))
+      return ReportError(Errorf(
+          "--compute bf16 is a tier L3 route; it cannot be combined with {} (drop one of them)",
+          a->model.exact ? "--exact" : "--tier " + a->model.tier));
     auto method = train::ParseMethod(a->method);
     if (!method.ok()) return ReportError(method.status());
     a->o.method = *method;
@@ -155,6 +169,9 @@ void RegisterTrain(CLI::App& app) {
     }
     fmt::print(stderr, "{} {} steps; adapter in {}\n", r->interrupted ? "stopped after" : "trained",
                r->steps, a->o.out_dir);
+    if (!r->ranges.empty())
+      fmt::print(stderr, "operand ranges per product (--probe-ranges; also in metrics.jsonl):\n{}",
+                 r->ranges);
     if (r->last_eval.pairs)
       fmt::print(stderr, "validation: loss {:.4f} (from {:.4f}), accuracy {:.3f} (from {:.3f})\n",
                  r->last_eval.loss, r->first_eval.loss, r->last_eval.accuracy,

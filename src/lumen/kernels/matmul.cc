@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "lumen/core/buffer.h"
+#include "lumen/core/check.h"
 #include "lumen/core/half.h"
 #include "lumen/core/quant.h"
 #include "lumen/core/route.h"
@@ -519,18 +520,13 @@ void LargeM(RowDecoder& dec, const PreparedX& X, int64_t M, float* Y, int64_t ld
   }
 }
 
-// The bf16 route (matmul_bf16.h): as LargeM, but the panel rows and the X rows
-// are rounded to bf16 so each dot instruction does 32 products. Every thread
-// converts all M rows of X: M K conversions against M K (n1 - n0) products.
-void LargeMBf16(RowDecoder& dec, const PreparedX& X, int64_t M, float* Y, int64_t ldy, int64_t n0,
-                int64_t n1) {
+// The bf16 route's panels (matmul_bf16.h): rows [n0, n1) of W decoded P at a
+// time, rounded to bf16, and dotted with the bf16 activation rows xb [M, ld].
+void Bf16Panels(RowDecoder& dec, const uint16_t* xb, int64_t ld, int64_t M, float* Y, int64_t ldy,
+                int64_t n0, int64_t n1) {
   const DF d;
   const int64_t N = hn::Lanes(d);
   const int64_t K = dec.W.k, ldp = (K + N - 1) / N * N;
-  const int64_t ld = (K + kBf16RowAlign - 1) / kBf16RowAlign * kBf16RowAlign;
-  AlignedBuffer xb_buf(M * ld * sizeof(uint16_t));
-  uint16_t* xb = xb_buf.as<uint16_t>();
-  for (int64_t m = 0; m < M; ++m) ToBf16Padded(X.row(m), K, ld, xb + m * ld);
   AlignedBuffer row_buf(ldp * sizeof(float));
   float* row = row_buf.as<float>();
   // Half of L2 for the panel, as LargeM; a multiple of 4 rows (the tile height).
@@ -546,6 +542,20 @@ void LargeMBf16(RowDecoder& dec, const PreparedX& X, int64_t M, float* Y, int64_
     }
     Bf16PanelProduct(panel, np, xb, M, ld, Y, ldy, n);
   }
+}
+
+// The bf16 route of MatMul (M > 4): as LargeM, but the panel rows and the X
+// rows are rounded to bf16 so each dot instruction does 32 products. Every
+// thread converts all M rows of X: M K conversions against M K (n1 - n0)
+// products (MatMulBf16 converts them once per call instead).
+void LargeMBf16(RowDecoder& dec, const PreparedX& X, int64_t M, float* Y, int64_t ldy, int64_t n0,
+                int64_t n1) {
+  const int64_t K = dec.W.k;
+  const int64_t ld = (K + kBf16RowAlign - 1) / kBf16RowAlign * kBf16RowAlign;
+  AlignedBuffer xb_buf(M * ld * sizeof(uint16_t));
+  uint16_t* xb = xb_buf.as<uint16_t>();
+  for (int64_t m = 0; m < M; ++m) ToBf16Padded(X.row(m), K, ld, xb + m * ld);
+  Bf16Panels(dec, xb, ld, M, Y, ldy, n0, n1);
 }
 
 }  // namespace
@@ -576,6 +586,21 @@ void MatMulRows(const Matrix& W, const float* X, int64_t M, int64_t ldx, float* 
     default:
       break;
   }
+}
+
+// MatMulBf16, step 1: rows [m0, m1) of X as the decoders index them (MLX
+// 4-bit permuted), rounded to bf16 into xb (stride ld, zero-padded).
+void PrepareBf16Rows(const Matrix& W, const float* X, int64_t ldx, int64_t m0, int64_t m1,
+                     uint16_t* xb, int64_t ld) {
+  const PreparedX x(W, PathFor(W), X + m0 * ldx, m1 - m0, ldx);
+  for (int64_t m = m0; m < m1; ++m) ToBf16Padded(x.row(m - m0), W.k, ld, xb + m * ld);
+}
+
+// MatMulBf16, step 2: rows [n0, n1) of W against the prepared rows.
+void MatMulRowsBf16(const Matrix& W, const uint16_t* xb, int64_t ld, int64_t M, float* Y,
+                    int64_t ldy, int64_t n0, int64_t n1) {
+  RowDecoder dec(W);
+  Bf16Panels(dec, xb, ld, M, Y, ldy, n0, n1);
 }
 
 // dX[M, K] for columns [k0, k1), accumulated into dX (caller zeroes).
@@ -725,6 +750,8 @@ LUMEN_ROUTE(
          "MatMulTest.TransposedWithinBound;Types/QuantizedBase.FloatRouteWithinBoundOfDouble/*"});
 
 HWY_EXPORT(MatMulRows);
+HWY_EXPORT(PrepareBf16Rows);
+HWY_EXPORT(MatMulRowsBf16);
 HWY_EXPORT(MatMulTRows);
 HWY_EXPORT(FusedPath);
 
@@ -773,6 +800,31 @@ void MatMulMany(std::span<const MatMulOut> outs, const float* X, int64_t M, int6
 }
 
 bool MatMulIsFused(const Matrix& W) { return HWY_DYNAMIC_DISPATCH(FusedPath)(W) != 0; }
+
+void MatMulBf16(const Matrix& W, const float* X, int64_t M, int64_t ldx, float* Y, int64_t ldy,
+                ThreadPool* pool) {
+  LUMEN_CHECK(CpuHasBf16());
+  if (M <= 0 || W.n == 0) return;
+  const int64_t ld = (W.k + kBf16RowAlign - 1) / kBf16RowAlign * kBf16RowAlign;
+  AlignedBuffer xb_buf(size_t(M) * ld * sizeof(uint16_t));
+  uint16_t* xb = xb_buf.as<uint16_t>();
+  auto prepare = [&](int64_t b, int64_t e, int) {
+    HWY_DYNAMIC_DISPATCH(PrepareBf16Rows)(W, X, ldx, b, e, xb, ld);
+  };
+  auto rows = [&](int64_t b, int64_t e, int) {
+    HWY_DYNAMIC_DISPATCH(MatMulRowsBf16)(W, xb, ld, M, Y, ldy, b, e);
+  };
+  if (pool && M >= 8) {
+    pool->ParallelFor(M, prepare, 4);
+  } else {
+    prepare(0, M, 0);
+  }
+  if (pool && W.n >= 32) {
+    pool->ParallelFor(W.n, rows, 16);
+  } else {
+    rows(0, W.n, 0);
+  }
+}
 
 void MatMulT(const Matrix& W, const float* dY, int64_t M, float* dX, ThreadPool* pool) {
   const int64_t K = W.k;

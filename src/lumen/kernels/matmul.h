@@ -47,4 +47,13 @@ bool MatMulIsFused(const Matrix& W);
 // dX[M, K] = dY[M, N] * W[N, K]; dX is overwritten.
 void MatMulT(const Matrix& W, const float* dY, int64_t M, float* dX, ThreadPool* pool);
 
+// The bf16 route (matmul_bf16.h, tier L3) for every M, whatever W.route says:
+// X is rounded to bf16 once per call (M * roundup(K, 32) * 2 bytes, shared by
+// the threads, plus one 512 KiB panel and one f32 row per thread), then each
+// thread runs the route's panels over its rows of W. Bit-identical to MatMul
+// with W.route = kBf16 where that takes the route (M > 4). The training's
+// --compute bf16 forward. Requires CpuHasBf16().
+void MatMulBf16(const Matrix& W, const float* X, int64_t M, int64_t ldx, float* Y, int64_t ldy,
+                ThreadPool* pool);
+
 }  // namespace lumen::kernels

@@ -54,7 +54,7 @@ namespace {
 // y[j][0, nb) = dot(x[j], w row i) for 4 weight rows at w (stride ld), MB activation rows.
 template <int MB>
 LUMEN_BF16 inline void Tile(const uint16_t* w, int64_t ld, const uint16_t* const* x,
-                            float* const* y, int nb) {
+                            float* const* y, int nb, bool accumulate) {
   __m512 acc[4][MB];
 #pragma GCC unroll 4
   for (int i = 0; i < 4; ++i)
@@ -73,19 +73,22 @@ LUMEN_BF16 inline void Tile(const uint16_t* w, int64_t ld, const uint16_t* const
   }
   const __mmask8 keep = static_cast<__mmask8>((1u << nb) - 1);
 #pragma GCC unroll 4
-  for (int j = 0; j < MB; ++j)
-    _mm_mask_storeu_ps(y[j], keep, SumLanes4(acc[0][j], acc[1][j], acc[2][j], acc[3][j]));
+  for (int j = 0; j < MB; ++j) {
+    __m128 sum = SumLanes4(acc[0][j], acc[1][j], acc[2][j], acc[3][j]);
+    if (accumulate) sum = _mm_add_ps(sum, _mm_maskz_loadu_ps(keep, y[j]));
+    _mm_mask_storeu_ps(y[j], keep, sum);
+  }
 }
 
 template <int MB>
 LUMEN_BF16 void Sweep(const uint16_t* panel, int64_t rows, const uint16_t* xb, int64_t m,
-                      int64_t ld, float* Y, int64_t ldy, int64_t n0) {
+                      int64_t ld, float* Y, int64_t ldy, int64_t n0, bool accumulate) {
   const uint16_t* x[MB];
   float* y[MB];
   for (int j = 0; j < MB; ++j) x[j] = xb + (m + j) * ld;
   for (int64_t i = 0; i < rows; i += 4) {
     for (int j = 0; j < MB; ++j) y[j] = Y + (m + j) * ldy + n0 + i;
-    Tile<MB>(panel + i * ld, ld, x, y, static_cast<int>(rows - i < 4 ? rows - i : 4));
+    Tile<MB>(panel + i * ld, ld, x, y, static_cast<int>(rows - i < 4 ? rows - i : 4), accumulate);
   }
 }
 
@@ -106,18 +109,18 @@ LUMEN_BF16 void ToBf16Padded(const float* src, int64_t n, int64_t padded, uint16
 }
 
 void Bf16PanelProduct(const uint16_t* panel, int64_t rows, const uint16_t* xb, int64_t M,
-                      int64_t ld, float* Y, int64_t ldy, int64_t n0) {
+                      int64_t ld, float* Y, int64_t ldy, int64_t n0, bool accumulate) {
   LUMEN_CHECK(ld % kBf16RowAlign == 0);
   int64_t m = 0;
   // The 4-row X group stays in L1 while the panel's tiles stream from L2.
-  for (; m + 4 <= M; m += 4) Sweep<4>(panel, rows, xb, m, ld, Y, ldy, n0);
+  for (; m + 4 <= M; m += 4) Sweep<4>(panel, rows, xb, m, ld, Y, ldy, n0, accumulate);
   switch (M - m) {
     case 3:
-      return Sweep<3>(panel, rows, xb, m, ld, Y, ldy, n0);
+      return Sweep<3>(panel, rows, xb, m, ld, Y, ldy, n0, accumulate);
     case 2:
-      return Sweep<2>(panel, rows, xb, m, ld, Y, ldy, n0);
+      return Sweep<2>(panel, rows, xb, m, ld, Y, ldy, n0, accumulate);
     case 1:
-      return Sweep<1>(panel, rows, xb, m, ld, Y, ldy, n0);
+      return Sweep<1>(panel, rows, xb, m, ld, Y, ldy, n0, accumulate);
     default:
       return;
   }
@@ -130,7 +133,7 @@ void Bf16PanelProduct(const uint16_t* panel, int64_t rows, const uint16_t* xb, i
 bool CpuHasBf16() { return false; }
 void ToBf16Padded(const float*, int64_t, int64_t, uint16_t*) { LUMEN_CHECK(false); }
 void Bf16PanelProduct(const uint16_t*, int64_t, const uint16_t*, int64_t, int64_t, float*, int64_t,
-                      int64_t) {
+                      int64_t, bool) {
   LUMEN_CHECK(false);
 }
 

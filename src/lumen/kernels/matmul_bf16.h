@@ -33,7 +33,8 @@ void ToBf16Padded(const float* src, int64_t n, int64_t padded, uint16_t* dst);
 // accumulated in f32. ld is a multiple of kBf16RowAlign; panel holds rows rounded
 // up to a multiple of 4 (rows past `rows` are read, never stored: any finite
 // values). Both operands 64-byte aligned. Requires CpuHasBf16().
+// accumulate: Y[...] += the sum (one f32 add per output) instead of Y = it.
 void Bf16PanelProduct(const uint16_t* panel, int64_t rows, const uint16_t* xb, int64_t M,
-                      int64_t ld, float* Y, int64_t ldy, int64_t n0);
+                      int64_t ld, float* Y, int64_t ldy, int64_t n0, bool accumulate = false);
 
 }  // namespace lumen::kernels

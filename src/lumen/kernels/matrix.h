@@ -73,4 +73,13 @@ struct Matrix {
 // dst[0..K) = row r of m as f32.
 void DequantizeMatrixRow(const Matrix& m, int64_t r, float* dst);
 
+// The column granularity of m's storage: 1 for plain types, the block size of
+// a GGUF block type (32, 256), the group size of MLX.
+int64_t MatrixColumnAlign(const Matrix& m);
+
+// dst[0..k1 - k0) = columns [k0, k1) of row r as f32, equal to the same
+// elements of DequantizeMatrixRow. k0 is a multiple of MatrixColumnAlign(m);
+// k1 is too, or k1 == m.k.
+void DequantizeMatrixColumns(const Matrix& m, int64_t r, int64_t k0, int64_t k1, float* dst);
+
 }  // namespace lumen::kernels

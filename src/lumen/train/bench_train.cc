@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -73,6 +74,7 @@ Row RunChild(const std::string& model_path, const TrainBenchOptions& o, int64_t 
       t.segment = all || config == "segment" ? 1 : 0;
       t.mlp_chunk = all || config == "mlp-chunk" ? 256 : 0;
       t.plan_only = o.plan_only;
+      t.compute = ParseCompute(o.compute).value_or(Compute::kF32);
       LUMEN_ASSIGN_OR_RETURN(auto res, Train(*model, t));
       double total = 0;
       for (double s : res.step_seconds) total += s;
@@ -129,6 +131,10 @@ Row RunChild(const std::string& model_path, const TrainBenchOptions& o, int64_t 
 }  // namespace
 
 Result<std::string> RunTrainBench(const TrainBenchOptions& o) {
+  const std::optional<Compute> compute = ParseCompute(o.compute);
+  if (!compute) return Errorf("--compute: '{}' is not f32 or bf16", o.compute);
+  LUMEN_RETURN_IF_ERROR(ValidateCompute(*compute));
+  const bool bf16 = *compute == Compute::kBf16;
   const fs::path tmp = fs::temp_directory_path() / fmt::format("lumen_bench_train_{}", ::getpid());
   fs::create_directories(tmp);
   std::string model = o.model;
@@ -141,23 +147,28 @@ Result<std::string> RunTrainBench(const TrainBenchOptions& o) {
     model = so.out;
   }
   std::string table = fmt::format(
-      "{} on {} ({}), {}, each configuration in its own process\n\n"
+      "{} on {} ({}, --compute {}), {}, each configuration in its own process\n\n"
       "| seq | configuration | step s | peak RSS MB | plan MB | step vs plain | peak vs plain |\n"
       "|---|---|---|---|---|---|---|\n",
       o.method, o.model.empty() ? fmt::format("synth llama-3.2-1b, {} layers", o.layers) : o.model,
-      "f16 weights",
+      "f16 weights", o.compute,
       o.plan_only ? std::string("memory plan only (no step run)")
                   : fmt::format("{} measured step(s) per row", o.steps));
-  // The f32 FMA peak of the threads the steps run on (one core's measured
-  // loop, as `lumen bench` reports it, times the thread count).
+  // The f32 FMA peak (bf16: the vdpbf16ps peak) of the threads the steps run
+  // on (one core's measured loop, as `lumen bench` reports it, times the
+  // thread count).
   const int threads = o.threads > 0 ? o.threads : ThreadPool::DefaultThreads();
-  const double peak = o.plan_only ? 0.0 : kernels::MeasureFmaFlops(0.5) * threads;
+  const double peak =
+      o.plan_only
+          ? 0.0
+          : (bf16 ? kernels::MeasureBf16DotFlops(0.5) : kernels::MeasureFmaFlops(0.5)) * threads;
+  const char* peak_name = bf16 ? "bf16" : "f32";
   std::string shares = fmt::format(
       "\nShare of the step time per phase (train/step_profile.h) and useful training FLOP/s "
-      "against the measured f32 FMA peak ({:.1f} GFLOP/s on {} threads, {})\n\n"
+      "against the measured {} peak ({:.1f} GFLOP/s on {} threads, {})\n\n"
       "| seq | configuration | head | attention | products | norms | optimizer | other | "
-      "GFLOP/s | of f32 peak |\n|---|---|---|---|---|---|---|---|---|---|\n",
-      peak / 1e9, threads, kernels::KernelTargetName());
+      "GFLOP/s | of {} peak |\n|---|---|---|---|---|---|---|---|---|---|\n",
+      peak_name, peak / 1e9, threads, kernels::KernelTargetName(), peak_name);
   for (int64_t seq : o.seqs) {
     Row plain;
     for (const std::string& config : o.configs) {

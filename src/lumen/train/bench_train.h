@@ -22,7 +22,8 @@ struct TrainBenchOptions {
                                       "segment", "mlp-chunk", "all"};
   int steps = 1;  // measured steps per configuration (after none warm)
   int threads = 0;
-  bool plan_only = false;  // predicted peaks from the memory plan, no training
+  bool plan_only = false;       // predicted peaks from the memory plan, no training
+  std::string compute = "f32";  // --compute: the products' precision (compute.h)
 };
 
 // Runs the benchmark and returns the printed table (markdown).

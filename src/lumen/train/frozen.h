@@ -1,10 +1,14 @@
 // Products through a frozen weight W [N, K] of any storage, at Real = float
-// (kernels::MatMul / MatMulT: the training route) or double (rows decoded to
-// f32, then double arithmetic: the finite-difference oracle).
+// (the training route: kernels::MatMul / MatMulT in f32, or with bf16 the
+// bf16-operand routes kernels::MatMulBf16 / MatMulTBf16, train/compute.h) or
+// double (rows decoded to f32, then double arithmetic: the finite-difference
+// oracle, which ignores bf16).
 //
-// FrozenProductT's float route holds a scratch of at most
-// kTransposedRowChunk x K floats (rows are done in chunks; each chunk decodes
-// W once more, which costs 1/kTransposedRowChunk of the product).
+// Transient memory of one call: f32 FrozenProductT holds MatMulT's f32
+// result for at most kTransposedRowChunk rows (rows go in chunks; each chunk
+// decodes W once more, 1/kTransposedRowChunk of the product); bf16 adds into dx directly and holds dy in
+// bf16 plus the panels (kernels/matmul_bf16_t.h); the bf16 FrozenProduct
+// holds x in bf16 plus the panels (kernels/matmul.h, MatMulBf16).
 #pragma once
 
 #include <algorithm>
@@ -14,6 +18,7 @@
 
 #include "lumen/core/thread_pool.h"
 #include "lumen/kernels/matmul.h"
+#include "lumen/kernels/matmul_bf16_t.h"
 #include "lumen/kernels/matrix.h"
 
 namespace lumen::train {
@@ -22,9 +27,13 @@ inline constexpr int64_t kTransposedRowChunk = 256;
 
 // y [M, N] = x [M, K] W^T (overwritten).
 template <class Real>
-void FrozenProduct(const kernels::Matrix& W, const Real* x, int64_t M, Real* y, ThreadPool* pool) {
+void FrozenProduct(const kernels::Matrix& W, const Real* x, int64_t M, Real* y, ThreadPool* pool,
+                   bool bf16 = false) {
   if constexpr (std::is_same_v<Real, float>) {
-    kernels::MatMul(W, x, M, W.k, y, W.n, pool);
+    if (bf16)
+      kernels::MatMulBf16(W, x, M, W.k, y, W.n, pool);
+    else
+      kernels::MatMul(W, x, M, W.k, y, W.n, pool);
   } else {
     std::vector<float> row(W.k);
     for (int64_t n = 0; n < W.n; ++n) {
@@ -41,9 +50,10 @@ void FrozenProduct(const kernels::Matrix& W, const Real* x, int64_t M, Real* y, 
 
 // dx [M, K] += dy [M, N] W.
 template <class Real>
-void FrozenProductT(const kernels::Matrix& W, const Real* dy, int64_t M, Real* dx,
-                    ThreadPool* pool) {
+void FrozenProductT(const kernels::Matrix& W, const Real* dy, int64_t M, Real* dx, ThreadPool* pool,
+                    bool bf16 = false) {
   if constexpr (std::is_same_v<Real, float>) {
+    if (bf16) return kernels::MatMulTBf16(W, dy, M, dx, /*accumulate=*/true, pool);
     const int64_t rows = std::min(M, kTransposedRowChunk);
     std::vector<float> tmp(size_t(rows) * W.k);
     for (int64_t m0 = 0; m0 < M; m0 += rows) {
@@ -64,6 +74,11 @@ void FrozenProductT(const kernels::Matrix& W, const Real* dy, int64_t M, Real* d
       }
     }
   }
+}
+
+// A dense f32 matrix [n, k] (LoRA's A or B) as a kernels::Matrix view.
+inline kernels::Matrix DenseMatrix(const float* p, int64_t n, int64_t k) {
+  return kernels::Matrix::Plain(TensorView::Contiguous(const_cast<float*>(p), DType::kF32, {n, k}));
 }
 
 }  // namespace lumen::train

@@ -45,7 +45,7 @@ void FusedHead<Real>::NormRows(int64_t r0, int64_t n, Real* xn) const {
 template <class Real>
 void FusedHead<Real>::ChunkLogits(const Real* xn, int64_t n, int64_t v0, int64_t vn,
                                   Real* z) const {
-  FrozenProduct(w_.output.RowSlice(v0, v0 + vn), xn, n, z, pool_);
+  FrozenProduct(w_.output.RowSlice(v0, v0 + vn), xn, n, z, pool_, this->bf16_);
   if (c_.final_softcap > 0) kernels::SoftCapForward(z, n * vn, c_.final_softcap);
 }
 
@@ -64,6 +64,7 @@ void FusedHead<Real>::Forward(const Real* hidden, const PackedBatch& b, std::vec
   for (int64_t r0 = 0; r0 < R; r0 += RB) {
     const int64_t n = std::min(RB, R - r0);
     NormRows(r0, n, xn.data());
+    this->Probe(ProbeSite::kHeadXn, xn.data(), n * D);
     mx.assign(n, -std::numeric_limits<Real>::infinity());
     sum.assign(n, Real(0));
     tgt.assign(n, Real(0));
@@ -128,7 +129,8 @@ void FusedHead<Real>::Backward(const Real* dlogp, std::vector<Real>& dhidden) {
         ++skipped_;
         continue;
       }
-      FrozenProductT(w_.output.RowSlice(v0, v0 + vn), z.data(), n, dxn.data(), pool_);
+      this->Probe(ProbeSite::kHeadCoeff, z.data(), n * vn);
+      FrozenProductT(w_.output.RowSlice(v0, v0 + vn), z.data(), n, dxn.data(), pool_, this->bf16_);
     }
     for (int64_t r = 0; r < n; ++r) {
       Real* dn = dxn.data() + r * D;

@@ -204,6 +204,11 @@ const LoraSlot* Graph<Real>::LoraInput(int l, Target t, const Real* x, int64_t M
   }
   const Real* A = params_->w.data() + slot->a_off;
   u.assign(size_t(M) * r, Real(0));
+  Probe(ProbeSite::kLoraX, x, M * K);
+  if (LoraBf16(K)) {
+    LoraProductBf16(A, r, K, x, M, u.data());
+    return slot;
+  }
   ForRows(M, [&](int64_t m) {
     for (int j = 0; j < r; ++j) {
       Real acc = 0;
@@ -219,13 +224,23 @@ template <class Real>
 void Graph<Real>::Linear(int l, Target t, const Matrix& W, const Real* x, int64_t M, Real* y,
                          std::vector<Real>& u) {
   PhaseTimer timer(Phase(&StepProfile::products_s));
-  if (W.valid()) FrozenProduct(W, x, M, y, pool_);  // else y holds a fused product's slice
+  if (W.valid()) {  // else y holds a fused product's slice
+    Probe(ProbeSite::kProductX, x, M * W.k);
+    FrozenProduct(W, x, M, y, pool_, Bf16(kFrozenForward));
+  }
   const LoraSlot* slot = LoraInput(l, t, x, M, u);
   if (!slot) return;
   const int r = layout_->cfg.rank;
   const int64_t N = slot->n;
   const Real* B = params_->w.data() + slot->b_off;
   const Real s = Real(lora_scale_);
+  Probe(ProbeSite::kLoraU, u.data(), M * r);
+  if (LoraBf16(r)) {
+    std::vector<Real> bu(size_t(M) * N);
+    LoraProductBf16(B, N, r, u.data(), M, bu.data());
+    for (size_t i = 0; i < bu.size(); ++i) y[i] += s * bu[i];
+    return;
+  }
   ForRows(M, [&](int64_t m) {
     const Real* um = u.data() + m * r;
     Real* ym = y + m * N;
@@ -242,7 +257,10 @@ template <class Real>
 void Graph<Real>::LinearBackward(int l, Target t, const Matrix& W, const Real* x, const Real* u,
                                  const Real* dy, int64_t M, Real* dx, LoraParams<Real>& grad) {
   PhaseTimer timer(Phase(&StepProfile::products_s));
-  if (W.valid()) FrozenProductT(W, dy, M, dx, pool_);  // fused: the caller's one product
+  if (W.valid()) {  // fused: the caller's one product
+    Probe(ProbeSite::kProductTDy, dy, M * W.n);
+    FrozenProductT(W, dy, M, dx, pool_, Bf16(kFrozenBackward));
+  }
   const LoraSlot* slot = layout_ ? layout_->Find(l, t) : nullptr;
   if (!slot || lora_scale_ == 0.0f) return;
   const int r = layout_->cfg.rank;
@@ -265,13 +283,20 @@ void Graph<Real>::LinearBackward(int l, Target t, const Matrix& W, const Real* x
   });
   // du [M, r] = s dy B
   std::vector<Real> du(size_t(M) * r);
-  ForRows(M, [&](int64_t m) {
-    for (int j = 0; j < r; ++j) {
-      Real acc = 0;
-      for (int64_t n = 0; n < N; ++n) acc += dy[m * N + n] * B[n * r + j];
-      du[m * r + j] = s * acc;
-    }
-  });
+  Probe(ProbeSite::kLoraDy, dy, M * N);
+  if (LoraBf16(N)) {
+    LoraProductTBf16(B, N, r, dy, M, du.data());
+    for (Real& v : du) v *= s;
+  } else {
+    ForRows(M, [&](int64_t m) {
+      for (int j = 0; j < r; ++j) {
+        Real acc = 0;
+        for (int64_t n = 0; n < N; ++n) acc += dy[m * N + n] * B[n * r + j];
+        du[m * r + j] = s * acc;
+      }
+    });
+  }
+  Probe(ProbeSite::kLoraDu, du.data(), M * r);
   // dA [r, K] += du^T drop(x); dx [M, K] += drop'(du A)
   ForRows(K, [&](int64_t k) {
     for (int j = 0; j < r; ++j) {
@@ -284,6 +309,12 @@ void Graph<Real>::LinearBackward(int l, Target t, const Matrix& W, const Real* x
       dA[int64_t(j) * K + k] += acc;
     }
   });
+  if (LoraBf16(r)) {
+    std::vector<Real> dxa(size_t(M) * K);
+    LoraProductTBf16(A, r, K, du.data(), M, dxa.data());
+    for (size_t i = 0; i < dxa.size(); ++i) dx[i] += mask.empty() ? dxa[i] : dxa[i] * mask[i];
+    return;
+  }
   ForRows(M, [&](int64_t m) {
     for (int64_t k = 0; k < K; ++k) {
       Real acc = 0;
@@ -292,6 +323,26 @@ void Graph<Real>::LinearBackward(int l, Target t, const Matrix& W, const Real* x
       dx[m * K + k] += acc;
     }
   });
+}
+
+template <class Real>
+void Graph<Real>::LoraProductBf16(const Real* P, int64_t N, int64_t K, const Real* x, int64_t M,
+                                  Real* y) {
+  if constexpr (std::is_same_v<Real, float>) {
+    kernels::MatMulBf16(DenseMatrix(P, N, K), x, M, K, y, N, pool_);
+  } else {
+    LUMEN_CHECK(false);  // the double graph never takes bf16 (Bf16() is false)
+  }
+}
+
+template <class Real>
+void Graph<Real>::LoraProductTBf16(const Real* P, int64_t N, int64_t K, const Real* dy, int64_t M,
+                                   Real* dx) {
+  if constexpr (std::is_same_v<Real, float>) {
+    kernels::MatMulTBf16(DenseMatrix(P, N, K), dy, M, dx, /*accumulate=*/false, pool_);
+  } else {
+    LUMEN_CHECK(false);
+  }
 }
 
 // Chunk boundaries of M rows for --mlp-chunk: chunks of T rows, the last one
@@ -354,7 +405,8 @@ void Graph<Real>::FfnRows(int l, const Real* xn2, int64_t n, std::vector<Real>& 
     std::vector<Real> gu(n * 2 * F);
     {
       PhaseTimer timer(Phase(&StepProfile::products_s));
-      FrozenProduct(L.w_up, xn2, n, gu.data(), pool_);
+      Probe(ProbeSite::kProductX, xn2, n * L.w_up.k);
+      FrozenProduct(L.w_up, xn2, n, gu.data(), pool_, Bf16(kFrozenForward));
     }
     for (int64_t i = 0; i < n; ++i) {
       std::copy_n(gu.data() + i * 2 * F, F, g.data() + i * F);
@@ -400,7 +452,8 @@ void Graph<Real>::FfnBackwardRows(int l, const Real* xn2, int64_t n, const std::
       std::copy_n(du.data() + i * F, F, dgu.data() + i * 2 * F + F);
     }
     PhaseTimer timer(Phase(&StepProfile::products_s));
-    FrozenProductT(L.w_up, dgu.data(), n, dxn, pool_);
+    Probe(ProbeSite::kProductTDy, dgu.data(), n * 2 * F);
+    FrozenProductT(L.w_up, dgu.data(), n, dxn, pool_, Bf16(kFrozenBackward));
   }
 }
 
@@ -424,7 +477,8 @@ void Graph<Real>::Layer(int l, const PackedBatch& b, Real* x, LayerSaved& s) {
     std::vector<Real> qkv(M * QKV);
     {
       PhaseTimer timer(Phase(&StepProfile::products_s));
-      FrozenProduct(L.wqkv, s.xn1.data(), M, qkv.data(), pool_);
+      Probe(ProbeSite::kProductX, s.xn1.data(), M * D);
+      FrozenProduct(L.wqkv, s.xn1.data(), M, qkv.data(), pool_, Bf16(kFrozenForward));
     }
     for (int64_t i = 0; i < M; ++i) {
       std::copy_n(qkv.data() + i * QKV, Q, s.q.data() + i * Q);
@@ -662,7 +716,8 @@ void Graph<Real>::LayerBackward(int l, const PackedBatch& b, LayerSaved& s, Real
       std::copy_n(dv.data() + i * KV, KV, dqkv.data() + i * QKV + Q + KV);
     }
     PhaseTimer timer(Phase(&StepProfile::products_s));
-    FrozenProductT(L.wqkv, dqkv.data(), M, dxn.data(), pool_);
+    Probe(ProbeSite::kProductTDy, dqkv.data(), M * QKV);
+    FrozenProductT(L.wqkv, dqkv.data(), M, dxn.data(), pool_, Bf16(kFrozenBackward));
   }
   if (!need_dx) return;
   NormRows(M, [&](int64_t i) {

@@ -1,7 +1,8 @@
 // The training forward and backward of every supported dense family over a
 // PackedBatch, with LoRA on the chosen targets and every base weight frozen
 // (any storage type: products through W use kernels::MatMul and, backward,
-// kernels::MatMulT, which decode W on the fly).
+// kernels::MatMulT, which decode W on the fly; with set_bf16 the bf16-operand
+// routes of train/compute.h).
 //
 // Real = float is the training route; Real = double is the finite-difference
 // oracle (frozen rows decoded to f32, arithmetic in double): the same code at
@@ -17,6 +18,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "lumen/core/thread_pool.h"
@@ -24,7 +26,9 @@
 #include "lumen/model/config.h"
 #include "lumen/model/weights.h"
 #include "lumen/train/batch.h"
+#include "lumen/train/compute.h"
 #include "lumen/train/lora.h"
+#include "lumen/train/range_probe.h"
 #include "lumen/train/step_profile.h"
 
 namespace lumen::train {
@@ -76,6 +80,12 @@ class Graph {
   void set_mlp_chunk(int64_t t) { mlp_chunk_ = t > 0 ? std::max<int64_t>(t, 8) : 0; }
   // Phase timers (attention, products, norms) add to p's seconds; null: off.
   void set_profile(StepProfile* p) { profile_ = p; }
+  // The products that take bf16 operands (compute.h: a mask of ProductKind,
+  // kFrozenForward, kFrozenBackward, kLoraProducts); 0, the default: all f32.
+  // Real = double ignores it.
+  void set_bf16(uint32_t kinds) { bf16_ = kinds; }
+  // Records the operands of every product (range_probe.h); null: off.
+  void set_probe(RangeProbe* p) { probe_ = p; }
   // Adds the useful FLOPs of one Forward and Backward of b (step_profile.h):
   // frozen and LoRA products forward and dX backward, attention's two
   // forward and four backward products over the visible pairs.
@@ -116,6 +126,20 @@ class Graph {
   std::vector<int64_t> MlpChunks(int64_t M) const;
   const kernels::RopeTable& Rope(int l) const;
   double* Phase(double StepProfile::*field) { return profile_ ? &(profile_->*field) : nullptr; }
+  bool Bf16(uint32_t kind) const { return std::is_same_v<Real, float> && (bf16_ & kind) != 0; }
+  void Probe(ProbeSite site, const Real* v, int64_t n) {
+    if constexpr (std::is_same_v<Real, float>)
+      if (probe_) probe_->Record(site, v, n);
+  }
+  // True when a LoRA product with this reduction length takes bf16 operands
+  // (compute.h's rule).
+  bool LoraBf16(int64_t reduction) const {
+    return Bf16(kLoraProducts) && reduction >= kLoraBf16MinReduction;
+  }
+  // LoRA's bf16 products, P [N, K] dense: y [M, N] = x [M, K] P^T, and
+  // dx [M, K] = dy [M, N] P (both overwritten). Real = float only.
+  void LoraProductBf16(const Real* P, int64_t N, int64_t K, const Real* x, int64_t M, Real* y);
+  void LoraProductTBf16(const Real* P, int64_t N, int64_t K, const Real* dy, int64_t M, Real* dx);
   template <class Fn>
   void ForRows(int64_t M, Fn&& fn);
   template <class Fn>
@@ -135,6 +159,8 @@ class Graph {
   int segment_ = 0;
   int64_t mlp_chunk_ = 0;
   StepProfile* profile_ = nullptr;
+  uint32_t bf16_ = 0;
+  RangeProbe* probe_ = nullptr;
   int64_t row0_ = 0;  // first packed row of the rows a Linear sees (dropout keys)
   // [segments][M, D] residual entering each; the first stays empty (the
   // embedding is recomputed from the tokens).

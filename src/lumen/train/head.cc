@@ -37,7 +37,8 @@ void PlainHead<Real>::Forward(const Real* hidden, const PackedBatch& b, std::vec
   lse_.resize(R);
   logp.assign(M_, Real(0));
   if (R == 0) return;
-  FrozenProduct(w_.output, xn_.data(), R, logits_.data(), pool_);
+  this->Probe(ProbeSite::kHeadXn, xn_.data(), R * D);
+  FrozenProduct(w_.output, xn_.data(), R, logits_.data(), pool_, this->bf16_);
   if (c_.final_softcap > 0) kernels::SoftCapForward(logits_.data(), R * V, c_.final_softcap);
   for (int64_t r = 0; r < R; ++r) {
     const Real* z = logits_.data() + r * V;
@@ -66,7 +67,8 @@ void PlainHead<Real>::Backward(const Real* dlogp, std::vector<Real>& dhidden) {
   if (c_.final_softcap > 0)
     kernels::SoftCapBackward(logits_.data(), dz.data(), R * V, c_.final_softcap, dz.data());
   std::vector<Real> dxn(R * D, Real(0));
-  FrozenProductT(w_.output, dz.data(), R, dxn.data(), pool_);
+  this->Probe(ProbeSite::kHeadCoeff, dz.data(), R * V);
+  FrozenProductT(w_.output, dz.data(), R, dxn.data(), pool_, this->bf16_);
   for (int64_t r = 0; r < R; ++r) {
     Real* dn = dxn.data() + r * D;
     if (c_.logit_scale != 1.0f)

@@ -9,12 +9,14 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "lumen/core/thread_pool.h"
 #include "lumen/model/config.h"
 #include "lumen/model/weights.h"
 #include "lumen/train/batch.h"
+#include "lumen/train/range_probe.h"
 
 namespace lumen::train {
 
@@ -29,6 +31,21 @@ class Head {
   virtual void Backward(const Real* dlogp, std::vector<Real>& dhidden) = 0;
   // Bytes the head keeps between Forward and Backward.
   virtual size_t saved_bytes() const = 0;
+  // bf16: the logit and dh products take bf16 operands (compute.h,
+  // kHeadChunks; Real = double ignores it). probe: records the normed hiddens
+  // and the coefficients entering the products (range_probe.h); null: off.
+  void set_compute(bool bf16, RangeProbe* probe) {
+    bf16_ = bf16;
+    probe_ = probe;
+  }
+
+ protected:
+  void Probe(ProbeSite site, const Real* v, int64_t n) {
+    if constexpr (std::is_same_v<Real, float>)
+      if (probe_) probe_->Record(site, v, n);
+  }
+  bool bf16_ = false;
+  RangeProbe* probe_ = nullptr;
 };
 
 // The scored rows of a batch (tokens with a target) and their targets.

@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include "lumen/kernels/matmul_bf16_t.h"
 #include "lumen/train/frozen.h"
 
 namespace lumen::train {
@@ -66,14 +67,20 @@ MemoryPlan PlanMemory(const model::ModelConfig& c, const LoraLayout& layout, con
   // its backward adds dz [R, V] and dxn. Fused keeps lse and works on one
   // [row_block, chunk] tile.
   size_t head_kept, head_bwd;
+  // With bf16 the dh product adds into dxn (no [rows, D] f32 result) and
+  // holds the coefficients in bf16 and one panel per thread instead
+  // (kernels/matmul_bf16_t.h); the logit product holds xn in bf16 (smaller).
   if (in.fused_ce) {
     const size_t rb = std::min<size_t>(in.row_block, std::max<size_t>(R, 1));
     const size_t ch = std::min<size_t>(in.vocab_chunk, V);
     head_kept = R * kF;
-    head_bwd = rb * ch * kF + 2 * rb * D * kF + rb * std::max(D, ch) * kF;
+    head_bwd = rb * ch * kF + 2 * rb * D * kF +
+               (in.bf16 ? kernels::MatMulTBf16TransientBytes(rb, ch, in.threads)
+                        : rb * std::max(D, ch) * kF);
   } else {
     head_kept = R * V * kF + 2 * R * D * kF;
     head_bwd = R * V * kF + 2 * R * D * kF;
+    if (in.bf16) head_bwd += kernels::MatMulTBf16TransientBytes(R, V, in.threads);
   }
   p.head = head_kept + head_bwd;
   // Backward temporaries of one layer (dd, pre, dh, dg, du, dxn, datt, dq, dk,
@@ -81,10 +88,15 @@ MemoryPlan PlanMemory(const model::ModelConfig& c, const LoraLayout& layout, con
   // the head's backward (kept layers + head + hidden and dhidden) and a
   // layer's backward (kept layers + the head's kept buffers + temporaries +
   // dx: the graph's backward frees hidden and takes dhidden's storage as dx).
+  // f32: FrozenProductT's scratch, at most kTransposedRowChunk rows of [., D]
+  // (attention) or [., F] (down's dX). bf16 adds into dX directly; its largest
+  // transient is gate/up's backward: dY [M, F] in bf16 plus the panels.
   const size_t chunk = size_t(kTransposedRowChunk);
-  const size_t layer_tmp = M * kF * (3 * D + 2 * Q + 2 * KV) + std::min(M, chunk) * kF * D +
-                           MF * kF * (4 * F + (in.mlp_chunk > 0 ? 3 * F : 0)) +
-                           std::min(MF, chunk) * kF * F;
+  const size_t matmul_t = in.bf16 ? kernels::MatMulTBf16TransientBytes(MF, F, in.threads)
+                                  : std::min(MF, chunk) * kF * F;
+  const size_t layer_tmp = M * kF * (3 * D + 2 * Q + 2 * KV) +
+                           (in.bf16 ? M : std::min(M, chunk)) * kF * D +
+                           MF * kF * (4 * F + (in.mlp_chunk > 0 ? 3 * F : 0)) + matmul_t;
   p.transient = layer_tmp + boundary;
   const size_t head_phase = p.head + 2 * boundary;
   p.peak = in.baseline + in.weight_bytes + p.lora + p.layers +

@@ -24,6 +24,8 @@ struct PlanInputs {
   int64_t row_block = 128;
   int segment = 0;        // 0: keep every layer
   int64_t mlp_chunk = 0;  // 0: the FFN over all tokens at once
+  bool bf16 = false;      // --compute bf16: the products' transients (compute.h)
+  int threads = 1;        // the bf16 routes hold one panel per thread
 };
 
 struct MemoryPlan {

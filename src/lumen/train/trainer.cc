@@ -25,6 +25,7 @@
 #include "lumen/train/graph.h"
 #include "lumen/train/head.h"
 #include "lumen/train/memory_plan.h"
+#include "lumen/train/range_probe.h"
 
 namespace lumen::train {
 
@@ -258,11 +259,17 @@ double LearningRate(const TrainOptions& o, int64_t step, int64_t total) {
 }
 
 std::unique_ptr<Head<float>> MakeHead(const engine::Model& m, const TrainOptions& o) {
-  if (!o.fused_ce) return std::make_unique<PlainHead<float>>(m.config(), m.weights(), m.pool());
-  FusedHeadOptions fo;
-  fo.vocab_chunk = o.vocab_chunk;
-  fo.skip_eps = o.ce_skip_eps;
-  return std::make_unique<FusedHead<float>>(m.config(), m.weights(), m.pool(), fo);
+  std::unique_ptr<Head<float>> head;
+  if (!o.fused_ce) {
+    head = std::make_unique<PlainHead<float>>(m.config(), m.weights(), m.pool());
+  } else {
+    FusedHeadOptions fo;
+    fo.vocab_chunk = o.vocab_chunk;
+    fo.skip_eps = o.ce_skip_eps;
+    head = std::make_unique<FusedHead<float>>(m.config(), m.weights(), m.pool(), fo);
+  }
+  head->set_compute((Bf16Kinds(o.compute) & kHeadChunks) != 0, nullptr);
+  return head;
 }
 
 class Runner {
@@ -271,6 +278,7 @@ class Runner {
       : graph(model.config(), model.weights(), layout, model.pool()), head(MakeHead(model, o)) {
     graph.set_segment(o.segment);
     graph.set_mlp_chunk(o.mlp_chunk);
+    graph.set_bf16(Bf16Kinds(o.compute));
   }
   Graph<float> graph;
   std::unique_ptr<Head<float>> head;
@@ -330,6 +338,7 @@ Result<TrainResult> Train(const engine::Model& model, const TrainOptions& opts) 
   if (o.batch_size < 1) return Errorf("--batch-size {}: must be at least 1", o.batch_size);
   if (o.grad_accum < 1) return Errorf("--grad-accum {}: must be at least 1", o.grad_accum);
   if (!(o.lr > 0)) return Errorf("--lr {}: must be positive", o.lr);
+  LUMEN_RETURN_IF_ERROR(ValidateCompute(o.compute));
   if (o.out_dir.empty()) return Error("--out: an adapter directory is required");
   LUMEN_ASSIGN_OR_RETURN(LoraLayout layout, LoraLayout::Make(c, o.lora));
   const fs::path data_dir = o.data_dir;
@@ -425,6 +434,8 @@ Result<TrainResult> Train(const engine::Model& model, const TrainOptions& opts) 
   plan_in.fused_ce = o.fused_ce;
   plan_in.vocab_chunk = o.vocab_chunk;
   plan_in.mlp_chunk = o.mlp_chunk;
+  plan_in.bf16 = o.compute == Compute::kBf16;
+  plan_in.threads = model.pool() ? model.pool()->size() : 1;
   if (o.memory_budget_mb > 0) {
     LUMEN_ASSIGN_OR_RETURN(auto choice,
                            ChooseSegment(c, layout, plan_in, size_t(o.memory_budget_mb) << 20));
@@ -476,6 +487,8 @@ Result<TrainResult> Train(const engine::Model& model, const TrainOptions& opts) 
       {"ce_skip_eps", o.ce_skip_eps},
       {"prefix_share", o.prefix_share},
       {"segment", o.segment},
+      {"compute", ComputeName(o.compute)},
+      {"probe_ranges", o.probe_ranges},
       {"sft_scope", o.sft_scope_full ? "full" : "response"},
       {"lambda_schedule", o.controller.kind == ControllerKind::kStatic ? "static" : "adaptive"},
       {"lambda_controller", ControllerKindName(o.controller.kind)},
@@ -495,6 +508,12 @@ Result<TrainResult> Train(const engine::Model& model, const TrainOptions& opts) 
                         o.resume_dir.empty() ? std::ios::trunc : std::ios::app);
 
   Runner run(model, &layout, o);
+  std::unique_ptr<RangeProbe> ranges;
+  if (o.probe_ranges) {
+    ranges = std::make_unique<RangeProbe>();
+    run.graph.set_probe(ranges.get());
+    run.head->set_compute((Bf16Kinds(o.compute) & kHeadChunks) != 0, ranges.get());
+  }
   const PackOptions po{pref, o.mask_prompt, o.prefix_share, o.sft_scope_full};
   // The controlled pressure: ORPO's lambda, or SimPO's beta.
   ControllerOptions co = o.controller;
@@ -696,6 +715,11 @@ Result<TrainResult> Train(const engine::Model& model, const TrainOptions& opts) 
     }
   }
   LUMEN_RETURN_IF_ERROR(status);
+  if (ranges) {
+    result.ranges = ranges->Describe();
+    json j = {{"kind", "ranges"}, {"step", st.step}, {"sites", ranges->Json()}};
+    metrics << j.dump() << "\n" << std::flush;
+  }
   LUMEN_RETURN_IF_ERROR(
       engine::SaveAdapter(o.out_dir, ToAdapter(layout, st.params, o.model_name), c));
   result.steps = st.step;

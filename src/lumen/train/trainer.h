@@ -16,6 +16,7 @@
 
 #include "lumen/core/status.h"
 #include "lumen/engine/model.h"
+#include "lumen/train/compute.h"
 #include "lumen/train/dataset.h"
 #include "lumen/train/lambda_controller.h"
 #include "lumen/train/lora.h"
@@ -67,6 +68,10 @@ struct TrainOptions {
   bool plan_only = false;              // --plan: validate, print the memory plan, write nothing
   bool sft_scope_full = false;         // ORPO: NLL over prompt + chosen (TRL's full scope)
 
+  // Compute precision of the large products (compute.h; issue 16).
+  Compute compute = Compute::kF32;  // kBf16: L3, needs AVX512-BF16
+  bool probe_ranges = false;        // --probe-ranges: operand ranges per product (range_probe.h)
+
   // Adaptive preference pressure (issue 17): ORPO's lambda or SimPO's beta.
   ControllerOptions controller;  // kind kStatic: the fixed value (bit-identical)
   bool control_beta = false;     // --controlled-param beta (SimPO)
@@ -87,6 +92,7 @@ struct TrainResult {
   double predicted_peak_mb = 0;
   std::vector<double> step_seconds;  // wall time of each optimizer step
   StepProfile profile;               // phases of the optimizer steps (step_profile.h)
+  std::string ranges;                // --probe-ranges: the report (RangeProbe::Describe)
 };
 
 // Validates everything (data, targets, options) before creating out_dir, so a

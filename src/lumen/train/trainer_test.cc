@@ -6,6 +6,7 @@
 // directory.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -16,6 +17,7 @@
 #include "lumen/engine/adapter.h"
 #include "lumen/engine/default_model.h"
 #include "lumen/engine/session.h"
+#include "lumen/kernels/matmul_bf16.h"
 #include "lumen/model/test_util.h"
 #include "lumen/train/test_util.h"
 #include "lumen/train/trainer.h"
@@ -98,6 +100,35 @@ INSTANTIATE_TEST_SUITE_P(Methods, PreferenceEfficacy,
                          ::testing::Values(Method::kOrpo, Method::kDpo, Method::kSimpo),
                          [](const auto& info) { return std::string(MethodName(info.param)); });
 
+// --compute bf16 (compute.h, tier L3) passes the same efficacy bar as f32.
+// Runs both and prints their final validation accuracy and loss side by
+// side, so a drift is reported (docs/experiments/compute-precision.md).
+class Bf16Efficacy : public ::testing::TestWithParam<Method> {};
+
+TEST_P(Bf16Efficacy, LiftsValidationAccuracy) {
+  if (!kernels::CpuHasBf16()) GTEST_SKIP() << "no AVX512-BF16: --compute bf16 is refused here";
+  auto model = Embedded();
+  ASSERT_TRUE(model);
+  testing::TempDir dir("eff_bf16");
+  TrainOptions o = Options("uppercase", GetParam(), dir.path() / "f32");
+  auto f32 = Train(*model, o);
+  ASSERT_TRUE(f32.ok()) << f32.status().message();
+  o.out_dir = (dir.path() / "bf16").string();
+  o.compute = Compute::kBf16;
+  auto r = Train(*model, o);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_LE(r->first_eval.accuracy, 0.5);
+  EXPECT_GE(r->last_eval.accuracy, 0.9) << MethodName(GetParam());
+  EXPECT_LT(r->last_eval.loss, r->first_eval.loss);
+  std::printf("%s: validation accuracy f32 %.3f bf16 %.3f; loss f32 %.4g bf16 %.4g (from %.4g)\n",
+              std::string(MethodName(GetParam())).c_str(), f32->last_eval.accuracy,
+              r->last_eval.accuracy, f32->last_eval.loss, r->last_eval.loss, r->first_eval.loss);
+}
+
+INSTANTIATE_TEST_SUITE_P(Methods, Bf16Efficacy,
+                         ::testing::Values(Method::kOrpo, Method::kDpo, Method::kSimpo),
+                         [](const auto& info) { return std::string(MethodName(info.param)); });
+
 // SFT on the style set (every story's hero is "Tom"): validation NLL at least
 // halves and greedy generations after "... a brave boy named" say Tom, which
 // the base model never does.
@@ -121,6 +152,62 @@ TEST(SftEfficacy, LowersValidationLossAndChangesGenerations) {
   }
   EXPECT_EQ(base_tom, 0);
   EXPECT_EQ(tuned_tom, 3);
+}
+
+// The SFT efficacy bar with --compute bf16: validation NLL at least halves
+// and the greedy generations say Tom.
+TEST(Bf16SftEfficacy, LowersValidationLossAndChangesGenerations) {
+  if (!kernels::CpuHasBf16()) GTEST_SKIP() << "no AVX512-BF16: --compute bf16 is refused here";
+  auto base = Embedded();
+  ASSERT_TRUE(base);
+  testing::TempDir dir("sft_bf16");
+  TrainOptions o = Options("style", Method::kSft, dir.path() / "out");
+  o.iters = 40;
+  o.compute = Compute::kBf16;
+  auto r = Train(*base, o);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_LT(r->last_eval.nll, 0.5 * r->first_eval.nll);
+  std::printf("sft bf16: validation nll %.4f (from %.4f)\n", r->last_eval.nll, r->first_eval.nll);
+  auto tuned = Embedded((dir.path() / "out").string());
+  ASSERT_TRUE(tuned);
+  int tuned_tom = 0;
+  for (const char* p : {"Once upon a time, there was a brave boy named",
+                        "One day, a little boy named", "There was a happy boy named"})
+    tuned_tom += Greedy(*tuned, p, 3).find("Tom") != std::string::npos;
+  EXPECT_EQ(tuned_tom, 3);
+}
+
+// --probe-ranges: every product kind reports its operands (stderr text and a
+// "ranges" line in metrics.jsonl), and probing changes nothing it observes.
+TEST(TrainRun, ProbeRangesReportsEveryProductKind) {
+  auto model = Embedded();
+  ASSERT_TRUE(model);
+  testing::TempDir dir("probe");
+  TrainOptions o = Options("uppercase", Method::kOrpo, dir.path() / "plain");
+  o.iters = 3;
+  ASSERT_TRUE(Train(*model, o).ok());
+  o.out_dir = (dir.path() / "probed").string();
+  o.probe_ranges = true;
+  auto r = Train(*model, o);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(ReadFile(dir.path() / "plain" / "adapter_model.safetensors"),
+            ReadFile(dir.path() / "probed" / "adapter_model.safetensors"));
+  std::ifstream f(dir.path() / "probed" / "metrics.jsonl");
+  std::string line;
+  nlohmann::json sites;
+  while (std::getline(f, line)) {
+    auto j = nlohmann::json::parse(line);
+    if (j["kind"] == "ranges") sites = j["sites"];
+  }
+  for (const char* site : {"product.x", "product_t.dy", "head.xn", "head.coeff", "lora.x", "lora.u",
+                           "lora.dy", "lora.du"}) {
+    ASSERT_TRUE(sites.contains(site)) << site;
+    EXPECT_GT(sites[site]["values"].get<int64_t>(), 0) << site;
+    EXPECT_GT(sites[site]["max_abs"].get<double>(), 0) << site;
+    EXPECT_NE(r->ranges.find(site), std::string::npos) << r->ranges;
+  }
+  EXPECT_GT(sites["head.coeff"]["min_nonzero"].get<double>(), 0);
+  EXPECT_EQ(sites["head.coeff"]["bf16_overflow"].get<int64_t>(), 0);
 }
 
 TEST(TrainRun, SameSeedGivesBitIdenticalAdapter) {

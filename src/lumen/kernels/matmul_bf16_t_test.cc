@@ -1,0 +1,208 @@
+// The bf16 transposed product (matmul_bf16_t.h) and the bf16 route for every
+// row count (MatMulBf16, matmul.h) against their oracles (matmul_bf16_ref.h).
+//
+// Bound against the oracle (u = 2^-24, mag = sum_n |bf16(dy_n) bf16(w_n)|):
+// the products of two bf16 values are exact in f32, so only the f32 sums
+// round, at most N + 2 of them on any output (lanes, the 4-way tree, one add
+// per N-chunk): |dx - dx_ref| <= (N + 2) u mag. The weights come from the
+// scalar decoders (DequantizeMatrixColumns, equal to DequantizeMatrixRow), so
+// no decoder slack is needed. With accumulate, the add of the prior dX value
+// rounds once more: + u (|dx_prior| + |dx|).
+// Against the exact f32 product: rounding to bf16 (8 significant bits,
+// nearest) moves each of w and dy by at most 2^-8 relative, so
+// |dx - dx_exact| <= (2^-7 + 2^-16 + (N + 4) u) sum |w dy|.
+#include "lumen/kernels/matmul_bf16_t.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "lumen/kernels/matmul.h"
+#include "lumen/kernels/matmul_bf16.h"
+#include "lumen/kernels/matmul_bf16_ref.h"
+#include "lumen/kernels/matmul_ref.h"
+#include "lumen/kernels/test_matrix.h"
+
+namespace lumen::kernels {
+namespace {
+
+constexpr double kU = 1.0 / (1 << 24);
+
+#define SKIP_WITHOUT_BF16() \
+  if (!CpuHasBf16()) GTEST_SKIP() << "no AVX512-BF16 on this CPU: the route is refused there"
+
+// Runs MatMulTBf16 (overwrite and accumulate) and checks both bounds.
+void CheckTransposed(const Matrix& W, int64_t M, ThreadPool* pool, std::mt19937& rng,
+                     const std::string& what) {
+  const int64_t N = W.n, K = W.k;
+  const std::vector<float> dY = RandomActivations(M, N, rng);
+  std::vector<float> dX(M * K, -7.0f), ref(M * K), prior = RandomActivations(M, K, rng);
+  std::vector<float> acc = prior;
+  MatMulTBf16(W, dY.data(), M, dX.data(), /*accumulate=*/false, pool);
+  MatMulTBf16(W, dY.data(), M, acc.data(), /*accumulate=*/true, pool);
+  MatMulTBf16Ref(W, dY.data(), M, ref.data());
+  std::vector<float> w(K);
+  std::vector<double> mag(M * K, 0.0), abs_dot(M * K, 0.0), exact(M * K, 0.0);
+  for (int64_t n = 0; n < N; ++n) {
+    DequantizeMatrixRow(W, n, w.data());
+    for (int64_t m = 0; m < M; ++m) {
+      const double g = dY[m * N + n], gb = RoundBf16(dY[m * N + n]);
+      for (int64_t k = 0; k < K; ++k) {
+        mag[m * K + k] += std::fabs(gb * RoundBf16(w[k]));
+        abs_dot[m * K + k] += std::fabs(g * w[k]);
+        exact[m * K + k] += g * w[k];
+      }
+    }
+  }
+  int bad = 0;
+  for (int64_t i = 0; i < M * K; ++i) {
+    const double ref_bound = (N + 2) * kU * mag[i] + 1e-30;
+    const double exact_bound =
+        (std::ldexp(1.0, -7) + std::ldexp(1.0, -16) + (N + 4) * kU) * abs_dot[i] + 1e-30;
+    const double acc_bound = ref_bound + kU * (std::fabs(prior[i]) + std::fabs(acc[i]));
+    const double e_ref = std::fabs(dX[i] - ref[i]), e_exact = std::fabs(dX[i] - exact[i]);
+    const double e_acc = std::fabs(double(acc[i]) - (double(prior[i]) + ref[i]));
+    if ((!(e_ref <= ref_bound) || !(e_exact <= exact_bound) || !(e_acc <= acc_bound)) && bad++ < 3)
+      ADD_FAILURE() << what << " M=" << M << " N=" << N << " K=" << K << " at m=" << i / K
+                    << " k=" << i % K << ": got " << dX[i] << " oracle " << ref[i] << " (err "
+                    << e_ref << ", bound " << ref_bound << ") exact " << exact[i] << " (err "
+                    << e_exact << ", bound " << exact_bound << ") accumulated " << acc[i]
+                    << " (err " << e_acc << ", bound " << acc_bound << ")";
+  }
+}
+
+TEST(MatMulTBf16, EveryDtypeAndOddShapeWithinBound) {
+  SKIP_WITHOUT_BF16();
+  std::mt19937 rng(7);
+  ThreadPool pool(2);
+  for (const Spec& s : AllSpecs()) {
+    std::vector<int64_t> ks = {s.block * 1, s.block * 3};
+    if (s.block == 1) ks = {37, 96, 200};  // 37, 200: not multiples of 32 (or of a 64 block)
+    for (int64_t K : ks) {
+      if (s.mlx_bits == 0 && !RowBytes(s.dtype, K)) continue;
+      for (int64_t N : {37, 70}) {  // not multiples of 32: padded reduction
+        OwnedMatrix o = Make(s, N, K, rng);
+        for (int64_t M = 1; M <= 7; ++M)
+          CheckTransposed(o.m, M, M % 2 ? &pool : nullptr, rng, s.name);
+      }
+    }
+  }
+}
+
+// Several N-chunks (a 64-column block takes 4096 rows per chunk, a 256-column
+// block 1024) and several column blocks with a short last one; the result
+// does not depend on the threads.
+TEST(MatMulTBf16, SeveralChunksAndBlocksThreadIndependent) {
+  SKIP_WITHOUT_BF16();
+  std::mt19937 rng(11);
+  ThreadPool pool(2);
+  struct Case {
+    DType t;
+    int64_t n, k;
+  };
+  for (const Case& c : {Case{DType::kF16, 4133, 200}, Case{DType::kQ4_0, 4133, 224},
+                        Case{DType::kQ4_K, 1100, 768}, Case{DType::kQ8_0, 300, 96}}) {
+    Spec s;
+    s.dtype = c.t;
+    s.name = std::string(Name(c.t));
+    OwnedMatrix o = Make(s, c.n, c.k, rng);
+    CheckTransposed(o.m, 9, &pool, rng, s.name + " chunks");
+    const std::vector<float> dY = RandomActivations(6, c.n, rng);
+    std::vector<float> a(6 * c.k), b(6 * c.k);
+    MatMulTBf16(o.m, dY.data(), 6, a.data(), false, nullptr);
+    MatMulTBf16(o.m, dY.data(), 6, b.data(), false, &pool);
+    EXPECT_EQ(a, b) << s.name;
+  }
+}
+
+TEST(MatMulTBf16, EmptyReductionZeroesOrKeeps) {
+  SKIP_WITHOUT_BF16();
+  std::mt19937 rng(3);
+  Spec s;
+  OwnedMatrix o = Make(s, 4, 40, rng);
+  Matrix empty = o.m.RowSlice(0, 0);
+  std::vector<float> dx(3 * 40, 5.0f);
+  MatMulTBf16(empty, nullptr, 3, dx.data(), true, nullptr);
+  EXPECT_EQ(dx, std::vector<float>(3 * 40, 5.0f));
+  MatMulTBf16(empty, nullptr, 3, dx.data(), false, nullptr);
+  EXPECT_EQ(dx, std::vector<float>(3 * 40, 0.0f));
+}
+
+// The transient bytes the header states (memory_plan.cc counts them) cover
+// dY in bf16 and the per-thread panels.
+TEST(MatMulTBf16, TransientBytesAsStated) {
+  EXPECT_EQ(MatMulTBf16TransientBytes(100, 64, 1, 1),
+            size_t(100 * 64 * 2) + size_t(64 * 64 * 2 + 64 * 4 + 64 * 2));
+  EXPECT_LE(MatMulTBf16TransientBytes(512, 8192, 4), size_t(512 * 8192 * 2) + 4 * (520u << 10));
+}
+
+// DequantizeMatrixColumns is DequantizeMatrixRow's slice, for every storage.
+TEST(MatrixColumns, EqualTheRowsSlices) {
+  std::mt19937 rng(5);
+  for (const Spec& s : AllSpecs()) {
+    const int64_t K = s.block == 1 ? 100 : s.block * 3;
+    if (s.mlx_bits == 0 && !RowBytes(s.dtype, K)) continue;
+    OwnedMatrix o = Make(s, 3, K, rng);
+    const int64_t a = MatrixColumnAlign(o.m);
+    EXPECT_EQ(a, s.block) << s.name;
+    std::vector<float> row(K), cols(K);
+    for (int64_t r = 0; r < 3; ++r) {
+      DequantizeMatrixRow(o.m, r, row.data());
+      for (int64_t k0 = 0; k0 < K; k0 += a)
+        for (int64_t k1 : {std::min(K, k0 + a), K}) {
+          DequantizeMatrixColumns(o.m, r, k0, k1, cols.data());
+          for (int64_t k = k0; k < k1; ++k)
+            ASSERT_EQ(cols[k - k0], row[k])
+                << s.name << " r " << r << " [" << k0 << ", " << k1 << ") k " << k;
+        }
+    }
+  }
+}
+
+// MatMulBf16 (the route for every row count): within the prefill oracle's
+// bound for M = 1..7, and bit-identical to MatMul's own bf16 route where that
+// applies (M > 4), threads or not.
+TEST(MatMulBf16Every, AnyRowCountMatchesOracleAndTheRoute) {
+  SKIP_WITHOUT_BF16();
+  std::mt19937 rng(13);
+  ThreadPool pool(2);
+  for (const Spec& s : AllSpecs()) {
+    const int64_t K = s.block == 1 ? 37 : s.block * 3;
+    if (s.mlx_bits == 0 && !RowBytes(s.dtype, K)) continue;
+    OwnedMatrix o = Make(s, 37, K, rng);
+    for (int64_t M = 1; M <= 7; ++M) {
+      const std::vector<float> X = RandomActivations(M, K, rng);
+      std::vector<float> y(M * 37), ref(M * 37), route(M * 37);
+      MatMulBf16(o.m, X.data(), M, K, y.data(), 37, M % 2 ? &pool : nullptr);
+      MatMulBf16Ref(o.m, X.data(), M, ref.data());
+      std::vector<float> w(K);
+      for (int64_t n = 0; n < 37; ++n) {
+        DequantizeMatrixRow(o.m, n, w.data());
+        for (int64_t m = 0; m < M; ++m) {
+          double mag = 0, top = 0;
+          for (int64_t k = 0; k < K; ++k) {
+            mag += std::fabs(double(RoundBf16(w[k])) * RoundBf16(X[m * K + k]));
+            top = std::max(top, std::fabs(double(w[k]) * X[m * K + k]));
+          }
+          // The fused decoders may put a weight one f32 rounding away (see
+          // matmul_bf16_test.cc): two bf16 ulps of the largest term.
+          const double bound = (K + 2) * kU * mag + 2.0 * std::ldexp(top, -7) * 1.01 + 1e-30;
+          ASSERT_LE(std::fabs(y[m * 37 + n] - ref[m * 37 + n]), bound)
+              << s.name << " M " << M << " n " << n << " m " << m;
+        }
+      }
+      if (M > 4) {
+        o.m.route = ActRoute::kBf16;
+        MatMul(o.m, X.data(), M, K, route.data(), 37, nullptr);
+        o.m.route = ActRoute::kExact;
+        EXPECT_EQ(y, route) << s.name << " M " << M;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace lumen::kernels

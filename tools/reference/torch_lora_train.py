@@ -274,11 +274,12 @@ def bench_rows(vocab, seq):
 def make_batch(method, prompt, chosen, rejected):
     """ids [B, T], labels [B, T] (-100 on the prompt: no loss there)."""
     seqs = [prompt + chosen] if method == "sft" else [prompt + chosen, prompt + rejected]
-    if len({len(s) for s in seqs}) != 1:
-        raise ValueError("chosen and rejected must have the same length in this loop (no padding)")
-    ids = torch.tensor(seqs, dtype=torch.long)
+    T = max(len(s) for s in seqs)  # right padding (label -100): causal, so it changes nothing
+    ids = torch.tensor([s + [0] * (T - len(s)) for s in seqs], dtype=torch.long)
     labels = ids.clone()
     labels[:, :len(prompt)] = -100
+    for i, s in enumerate(seqs):
+        labels[i, len(s):] = -100
     return ids, labels
 
 
@@ -381,6 +382,18 @@ def build_model(a):
     return model
 
 
+def blas_libraries():
+    """The BLAS shared objects this process mapped: torch's f32 products go
+    through libblas.so.3 (BLAS_INFO=generic in Debian's build), so which one
+    the loader found decides the f32 speed (the reference BLAS is ~1 GFLOP/s)."""
+    try:
+        with open("/proc/self/maps", encoding="utf-8") as f:
+            paths = {line.split()[-1] for line in f if "blas" in line.rsplit("/", 1)[-1]}
+    except OSError:
+        return []
+    return sorted(p for p in paths if p.startswith("/"))
+
+
 def main(argv):
     a = parse_args(argv)
     torch.set_num_threads(a.threads)
@@ -418,6 +431,7 @@ def main(argv):
         "peak_rss_mb": round(peak_mb, 1), "build_s": round(build_s, 2),
         "loss_first": losses[0], "loss_last": losses[-1],
         "attention": "sdpa" if HAS_SDPA else "eager (explicit softmax)",
+        "blas": blas_libraries(),
         "model": a.model or "random", **model.c.describe(),
         "rank": a.rank, "alpha": a.alpha,
     }

@@ -101,7 +101,10 @@ for seq in $seqs; do
       echo "[$(date +%T)] seq $seq $method: torch $compute (load $(loadavg))" >&2
       extra=()
       [[ $compute == bf16 ]] && extra=(--autocast bf16)
-      "${torch_env[@]}" "$PY" "$TORCH_LOOP" --layers "$layers" --seq "$seq" --method "$method" \
+      # oom_score_adj 1000: if a torch run outgrows the machine (ORPO at 2048
+      # peaks near 16 GB), the kernel kills it, not a neighbour's process.
+      "${torch_env[@]}" bash -c 'echo 1000 > /proc/self/oom_score_adj 2>/dev/null; exec "$@"' _ \
+        "$PY" "$TORCH_LOOP" --layers "$layers" --seq "$seq" --method "$method" \
         --steps "$steps" --threads "$threads" "${extra[@]}" \
         > "$work/torch-$tag-$compute.json" 2> "$work/torch-$tag-$compute.err"
       echo $? > "$work/torch-$tag-$compute.rc"

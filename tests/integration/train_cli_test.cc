@@ -209,6 +209,22 @@ TEST(TrainCli, PlanPredictsThePeakAndTheBudgetChoosesSegments) {
 // --compute: a bad value, a conflict with --exact, and (without AVX512-BF16)
 // the refusal are clear errors that leave no output; with the instructions,
 // a bf16 run with --probe-ranges trains and reports the operand ranges.
+// bench train runs every method: SFT on prompt + chosen rows, the preference
+// methods on pairs; every configuration finishes a step (no error rows).
+TEST(TrainCli, BenchTrainRunsSftAndPreferenceMethods) {
+  const fs::path model = Tmp() / "bench.gguf";
+  ASSERT_EQ(Lumen("synth tiny-llama -o " + model.string()).code, 0);
+  for (const char* method : {"sft", "orpo", "dpo"}) {
+    SCOPED_TRACE(method);
+    const auto r = Lumen("bench train " + model.string() + " --seq 16 --method " + method +
+                         " --configs plain --configs all -t 1");
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_EQ(r.out.find("error"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("| 16 | plain |"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("| 16 | all |"), std::string::npos) << r.out;
+  }
+}
+
 TEST(TrainCli, ComputeFlagErrorsAndRangeProbeReport) {
   const std::string common =
       "train --data " + Src("tests/data/train/uppercase") + " --method orpo --iters 2 -t 2 --out ";

@@ -47,8 +47,13 @@ Row RunChild(const std::string& model_path, const TrainBenchOptions& o, int64_t 
       lo.threads = o.threads;
       LUMEN_ASSIGN_OR_RETURN(auto model, engine::Model::Load(model_path, lo));
       const int V = model->config().vocab_size;
+      TrainOptions t;
+      LUMEN_ASSIGN_OR_RETURN(t.method, ParseMethod(o.method));
+      // Preference methods: prompt, chosen, rejected; sft: prompt + chosen
+      // (the same tokens, the rejected response dropped).
+      const bool pref = IsPreference(t.method);
       Dataset d;
-      d.kind = RowKind::kPreference;
+      d.kind = pref ? RowKind::kPreference : RowKind::kPromptCompletion;
       d.path = "(bench)";
       const int64_t half = seq / 2;
       for (int r = 0; r < 4; ++r) {
@@ -56,12 +61,10 @@ Row RunChild(const std::string& model_path, const TrainBenchOptions& o, int64_t 
         for (int64_t i = 0; i < half; ++i) e.prompt.push_back(int32_t((r * 7919 + i * 31) % V));
         for (int64_t i = 0; i < seq - half; ++i) {
           e.chosen.push_back(int32_t((r * 104729 + i * 17 + 3) % V));
-          e.rejected.push_back(int32_t((r * 1299709 + i * 13 + 5) % V));
+          if (pref) e.rejected.push_back(int32_t((r * 1299709 + i * 13 + 5) % V));
         }
         d.rows.push_back(std::move(e));
       }
-      TrainOptions t;
-      LUMEN_ASSIGN_OR_RETURN(t.method, ParseMethod(o.method));
       t.preloaded = &d;
       t.out_dir = (tmp / fmt::format("{}-{}", config, seq)).string();
       t.iters = o.steps;

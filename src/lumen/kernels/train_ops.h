@@ -95,9 +95,10 @@ void GatedForward(Activation act, const Real* g, const Real* u, int64_t n, Real*
 template <class Real>
 void GatedBackward(Activation act, const Real* g, const Real* u, const Real* dh, int64_t n,
                    Real* dg, Real* du) {
-  for (int64_t i = 0; i < n; ++i) {
-    du[i] = GatedValue(act, g[i]) * dh[i];
-    dg[i] = GatedDerivative(act, g[i]) * u[i] * dh[i];
+  for (int64_t i = 0; i < n; ++i) {  // du may alias dh: dh[i] is read once, first
+    const Real d = dh[i];
+    du[i] = GatedValue(act, g[i]) * d;
+    dg[i] = GatedDerivative(act, g[i]) * u[i] * d;
   }
 }
 

@@ -376,19 +376,24 @@ void Graph<Real>::AddBlockOutput(const float* post_norm, std::vector<Real>& out,
 
 // d out from dx: the residual scale, then the post norm's backward.
 template <class Real>
-void Graph<Real>::BlockOutputBackward(const float* post_norm, const std::vector<Real>& pre,
-                                      const Real* dx, int64_t M, std::vector<Real>& dout) {
+const Real* Graph<Real>::BlockOutputBackward(const float* post_norm, const std::vector<Real>& pre,
+                                             const Real* dx, int64_t M, std::vector<Real>& dout) {
   const int64_t D = c_.dim;
   const Real rs = Real(c_.residual_scale);
+  if (!post_norm && rs == Real(1)) {  // dx * 1 is dx: no [M, D] copy at the step's peak
+    dout.clear();
+    return dx;
+  }
   dout.resize(M * D);
   for (int64_t i = 0; i < M * D; ++i) dout[i] = dx[i] * rs;
-  if (!post_norm) return;
+  if (!post_norm) return dout.data();
   std::vector<Real> d(M * D, Real(0));
   NormRows(M, [&](int64_t i) {
     kernels::RmsNormRowBackward(pre.data() + i * D, post_norm, c_.norm_offset, c_.norm_eps, D,
                                 dout.data() + i * D, d.data() + i * D);
   });
   dout.swap(d);
+  return dout.data();
 }
 
 template <class Real>
@@ -435,7 +440,9 @@ void Graph<Real>::FfnBackwardRows(int l, const Real* xn2, int64_t n, const std::
   std::vector<Real> dh(n * F, Real(0));
   LinearBackward(l, Target::kDown, L.w_down, h.data(), lu[int(Target::kDown)].data(), dd, n,
                  dh.data(), grad);
-  std::vector<Real> dg(n * F), du(n * F);
+  // du overwrites dh (each element of dh is spent by its own du and dg).
+  std::vector<Real> dg(n * F);
+  std::vector<Real>& du = dh;
   ForRows(n, [&](int64_t i) {
     kernels::GatedBackward(c_.act, g.data() + i * F, u.data() + i * F, dh.data() + i * F, F,
                            dg.data() + i * F, du.data() + i * F);
@@ -443,6 +450,7 @@ void Graph<Real>::FfnBackwardRows(int l, const Real* xn2, int64_t n, const std::
   LinearBackward(l, Target::kGate, L.w_gate, xn2, lu[int(Target::kGate)].data(), dg.data(), n, dxn,
                  grad);
   const bool fused_ffn = !L.w_gate.valid();
+  if (!fused_ffn) std::vector<Real>().swap(dg);  // up's backward runs without it
   LinearBackward(l, Target::kUp, fused_ffn ? Matrix() : L.w_up, xn2, lu[int(Target::kUp)].data(),
                  du.data(), n, dxn, grad);
   if (fused_ffn) {
@@ -617,37 +625,44 @@ void Graph<Real>::LayerBackward(int l, const PackedBatch& b, LayerSaved& s, Real
 
   // FFN: x_out = x_mid + rs * post_norm(down(act(gate(xn2)) * up(xn2)))
   std::vector<Real> dd;
-  BlockOutputBackward(L.post_ffn_norm, s.d_pre, dx, M, dd);
-  std::vector<Real> dxn(M * D, Real(0));
+  const Real* ddp = BlockOutputBackward(L.post_ffn_norm, s.d_pre, dx, M, dd);
+  // The FFN norm's backward of rows [t0, t0 + n) into dx; every row is its
+  // own, so chunks may run it as they finish (ddp's later rows are unread).
+  auto ffn_norm_backward = [&](int64_t t0, int64_t n, const Real* dxn_rows) {
+    NormRows(n, [&](int64_t i) {
+      kernels::RmsNormRowBackward(s.x_mid.data() + (t0 + i) * D, L.ffn_norm, off, eps, D,
+                                  dxn_rows + i * D, dx + (t0 + i) * D);
+    });
+  };
+  std::vector<Real> dxn;
   const std::vector<int64_t> chunks = MlpChunks(M);
   if (chunks.size() == 2) {
-    FfnBackwardRows(l, s.xn2.data(), M, s.g, s.u, s.h, s.lora_u, dd.data(), dxn.data(), grad);
+    dxn.assign(M * D, Real(0));
+    FfnBackwardRows(l, s.xn2.data(), M, s.g, s.u, s.h, s.lora_u, ddp, dxn.data(), grad);
+    Release(s.g, s.u, s.h);
+    ffn_norm_backward(0, M, dxn.data());
   } else {  // recompute each chunk's intermediates, then backpropagate through it
     std::vector<Real> g, u, h, lu[kNumTargets];
     for (size_t c = 0; c + 1 < chunks.size(); ++c) {
       const int64_t t0 = chunks[c], n = chunks[c + 1] - t0;
       row0_ = t0;
       FfnRows(l, s.xn2.data() + t0 * D, n, g, u, h, lu, nullptr);
-      FfnBackwardRows(l, s.xn2.data() + t0 * D, n, g, u, h, lu, dd.data() + t0 * D,
-                      dxn.data() + t0 * D, grad);
+      dxn.assign(n * D, Real(0));  // one chunk's rows, not [M, D]
+      FfnBackwardRows(l, s.xn2.data() + t0 * D, n, g, u, h, lu, ddp + t0 * D, dxn.data(), grad);
+      ffn_norm_backward(t0, n, dxn.data());
     }
     row0_ = 0;
   }
   // Each saved tensor is released once the backward has passed its last use,
   // so the layer's working set shrinks as the backward moves down it.
-  Release(s.g, s.u, s.h, s.xn2, s.d_pre, s.lora_u[int(Target::kGate)], s.lora_u[int(Target::kUp)],
+  Release(dxn, s.xn2, s.d_pre, s.x_mid, s.lora_u[int(Target::kGate)], s.lora_u[int(Target::kUp)],
           s.lora_u[int(Target::kDown)]);
-  NormRows(M, [&](int64_t i) {
-    kernels::RmsNormRowBackward(s.x_mid.data() + i * D, L.ffn_norm, off, eps, D, dxn.data() + i * D,
-                                dx + i * D);
-  });
-  Release(s.x_mid);
 
   // Attention: x_mid = x_in + rs * post_norm(o(attn(rope(q), rope(k), v)))
   std::vector<Real>& dob = dd;
-  BlockOutputBackward(L.post_attn_norm, s.o_pre, dx, M, dob);
+  const Real* dobp = BlockOutputBackward(L.post_attn_norm, s.o_pre, dx, M, dob);
   std::vector<Real> datt(M * Q, Real(0));
-  LinearBackward(l, Target::kO, L.wo, s.att.data(), s.lora_u[int(Target::kO)].data(), dob.data(), M,
+  LinearBackward(l, Target::kO, L.wo, s.att.data(), s.lora_u[int(Target::kO)].data(), dobp, M,
                  datt.data(), grad);
   Release(dob, s.o_pre, s.lora_u[int(Target::kO)]);
   std::vector<Real> dq(M * Q, Real(0)), dk(M * KV, Real(0)), dv(M * KV, Real(0));
@@ -695,7 +710,7 @@ void Graph<Real>::LayerBackward(int l, const PackedBatch& b, LayerSaved& s, Real
     dq.swap(dq_pre);
     dk.swap(dk_pre);
   }
-  std::fill(dxn.begin(), dxn.end(), Real(0));
+  dxn.assign(M * D, Real(0));
   s.xn1.resize(M * D);
   NormRows(M, [&](int64_t i) {
     kernels::RmsNormRow(s.x_in.data() + i * D, L.attn_norm, off, eps, D, s.xn1.data() + i * D);

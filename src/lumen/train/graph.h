@@ -102,8 +102,10 @@ class Graph {
   void LayerBackward(int l, const PackedBatch& b, LayerSaved& s, Real* dx, LoraParams<Real>& grad);
   void AddBlockOutput(const float* post_norm, std::vector<Real>& out, std::vector<Real>& pre,
                       Real* x);
-  void BlockOutputBackward(const float* post_norm, const std::vector<Real>& pre, const Real* dx,
-                           int64_t M, std::vector<Real>& dout);
+  // The cotangent of a block's output before the residual scale and post
+  // norm: in dout, or dx itself when there is neither (no copy; dout cleared).
+  const Real* BlockOutputBackward(const float* post_norm, const std::vector<Real>& pre,
+                                  const Real* dx, int64_t M, std::vector<Real>& dout);
   // The dropout multipliers of a target's [M, K] input (0 or 1 / (1 - p)).
   std::vector<Real> DropMask(int l, Target t, int64_t M, int64_t K);
   // u [M, r] = A drop(x) for the target's LoRA; null (u cleared) when none.

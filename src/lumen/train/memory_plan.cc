@@ -94,9 +94,11 @@ MemoryPlan PlanMemory(const model::ModelConfig& c, const LoraLayout& layout, con
   const size_t chunk = size_t(kTransposedRowChunk);
   const size_t matmul_t = in.bf16 ? kernels::MatMulTBf16TransientBytes(MF, F, in.threads)
                                   : std::min(MF, chunk) * kF * F;
-  const size_t layer_tmp = M * kF * (3 * D + 2 * Q + 2 * KV) +
+  // dd is dx itself without post norms and residual scale (BlockOutputBackward).
+  const size_t dd = c.post_norms || c.residual_scale != 1.0f ? D : 0;
+  const size_t layer_tmp = M * kF * (2 * D + dd + 2 * Q + 2 * KV) +
                            (in.bf16 ? M : std::min(M, chunk)) * kF * D +
-                           MF * kF * (4 * F + (in.mlp_chunk > 0 ? 3 * F : 0)) + matmul_t;
+                           MF * kF * (3 * F /*g or pre, dh = du, dg*/ + (in.mlp_chunk > 0 ? 3 * F : 0)) + matmul_t;
   p.transient = layer_tmp + boundary;
   const size_t head_phase = p.head + 2 * boundary;
   p.peak = in.baseline + in.weight_bytes + p.lora + p.layers +

@@ -114,7 +114,7 @@ TEST(RouteKl, Bf16PrefillPassesTheDefaultGate) {
   ASSERT_TRUE(q8);
   auto w = RouteKl(**f32, *q8, *prompts, o, RouteMode::kPrefill);
   ASSERT_TRUE(w.ok());
-  for (const std::string path : {std::string(), q8_path}) {  // "": the embedded f32 model
+  for (const std::string& path : {std::string(), q8_path}) {  // "": the embedded f32 model
     auto load = [&](kernels::ActRoute route) {
       engine::LoadOptions lo;
       lo.act_route = route;

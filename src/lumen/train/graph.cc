@@ -466,12 +466,12 @@ void Graph<Real>::FfnBackwardRows(int l, const Real* xn2, int64_t n, const std::
 }
 
 template <class Real>
-void Graph<Real>::Layer(int l, const PackedBatch& b, Real* x, LayerSaved& s) {
+void Graph<Real>::Layer(int l, const PackedBatch& b, Real* x, LayerSaved& s, bool keep_saved) {
   const int64_t M = b.size(), D = c_.dim, Q = c_.q_dim(), KV = c_.kv_dim();
   const int64_t Dh = c_.head_dim;
   const LayerWeights& L = w_.layers[l];
   const float off = c_.norm_offset, eps = c_.norm_eps;
-  s.x_in.assign(x, x + M * D);
+  if (keep_saved) s.x_in.assign(x, x + M * D);
   s.xn1.resize(M * D);
   NormRows(M, [&](int64_t i) {
     kernels::RmsNormRow(x + i * D, L.attn_norm, off, eps, D, s.xn1.data() + i * D);
@@ -553,8 +553,9 @@ void Graph<Real>::Layer(int l, const PackedBatch& b, Real* x, LayerSaved& s) {
   std::vector<Real> o(M * D);
   Linear(l, Target::kO, L.wo, s.att.data(), M, o.data(), s.lora_u[int(Target::kO)]);
   add_bias(o, L.bo, D);
+  if (!keep_saved) Release(s.att, s.q, s.k, s.v, s.lse, s.q_pre, s.k_pre);
   AddBlockOutput(L.post_attn_norm, o, s.o_pre, x);
-  s.x_mid.assign(x, x + M * D);
+  if (keep_saved) s.x_mid.assign(x, x + M * D);
   s.xn2.resize(M * D);
   NormRows(M, [&](int64_t i) {
     kernels::RmsNormRow(x + i * D, L.ffn_norm, off, eps, D, s.xn2.data() + i * D);
@@ -576,7 +577,9 @@ void Graph<Real>::Layer(int l, const PackedBatch& b, Real* x, LayerSaved& s) {
     s.h.clear();
     for (Target t : {Target::kGate, Target::kUp, Target::kDown}) s.lora_u[int(t)].clear();
   }
+  if (!keep_saved) Release(s.xn2, s.g, s.u, s.h, s.o_pre);
   AddBlockOutput(L.post_ffn_norm, d, s.d_pre, x);
+  if (!keep_saved) Release(s.d_pre);
 }
 
 template <class Real>
@@ -608,7 +611,7 @@ const std::vector<Real>& Graph<Real>::Forward(const PackedBatch& b, const LoraPa
   for (int l = 0; l < c_.n_layers; ++l) {
     if (segmented && l > 0 && l % segment_ == 0)  // the first is the embedding, recomputed
       boundaries_[l / segment_].assign(hidden_.begin(), hidden_.end());
-    Layer(l, b, hidden_.data(), keep && !segmented ? saved_[l] : scratch_);
+    Layer(l, b, hidden_.data(), keep && !segmented ? saved_[l] : scratch_, keep && !segmented);
   }
   if (segmented) scratch_ = LayerSaved();  // the backward recomputes into saved_
   return hidden_;
@@ -761,7 +764,7 @@ void Graph<Real>::Backward(const PackedBatch& b, const LoraParams<Real>& params,
     {  // the boundary is spent once its segment is recomputed
       std::vector<Real> x = std::move(boundaries_[sg]);
       if (sg == 0) Embed(b, x);
-      for (int l = l0; l < l1; ++l) Layer(l, b, x.data(), saved_[l - l0]);
+      for (int l = l0; l < l1; ++l) Layer(l, b, x.data(), saved_[l - l0], /*keep_saved=*/true);
     }
     for (int l = l1 - 1; l >= std::max(l0, layout_->first_layer); --l) {
       LayerBackward(l, b, saved_[l - l0], dx.data(), grad);

@@ -98,7 +98,10 @@ class Graph {
   };
   // x [M, D] = the scaled token embeddings of b.
   void Embed(const PackedBatch& b, std::vector<Real>& x) const;
-  void Layer(int l, const PackedBatch& b, Real* x, LayerSaved& s);
+  // keep_saved = false: a forward whose backward will not read s (no
+  // gradient, or segmented: the backward recomputes the layer), so s holds
+  // only the working buffers, each freed after its last use.
+  void Layer(int l, const PackedBatch& b, Real* x, LayerSaved& s, bool keep_saved);
   void LayerBackward(int l, const PackedBatch& b, LayerSaved& s, Real* dx, LoraParams<Real>& grad);
   void AddBlockOutput(const float* post_norm, std::vector<Real>& out, std::vector<Real>& pre,
                       Real* x);

@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "lumen/kernels/matmul_bf16.h"
@@ -298,16 +299,22 @@ TEST(TrainCli, KillNineLosesAtMostOneInterval) {
     auto j = nlohmann::json::parse(line, nullptr, false);
     if (!j.is_discarded() && j["kind"] == "train") reported = j["step"].get<int>();
   }
+  // `latest` names a whole checkpoint even when the kill landed mid-save
+  // (which leaves a .tmp-step-* directory or latest.tmp.<pid> behind).
   const int step = LatestStep(out);
   ASSERT_GT(step, 0);
   EXPECT_GE(step, reported - 4);
-  for (const auto& e : fs::directory_iterator(out / "checkpoints"))  // no half-written step
-    EXPECT_EQ(e.path().filename().string().find(".tmp"), std::string::npos);
+  EXPECT_TRUE(fs::exists(out / "checkpoints" / fmt::format("step-{:08d}", step) /
+                         "state.safetensors"));
+  // Four more steps: the resumed run saves once (--save-every 4), which
+  // clears what the killed one left.
   CliResult r =
-      Lumen(common + " --iters " + std::to_string(step + 3) + " --resume " + out.string());
+      Lumen(common + " --iters " + std::to_string(step + 4) + " --resume " + out.string());
   ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_NE(r.err.find("trained " + std::to_string(step + 3) + " steps"), std::string::npos)
+  EXPECT_NE(r.err.find("trained " + std::to_string(step + 4) + " steps"), std::string::npos)
       << r.err;
+  for (const auto& e : fs::directory_iterator(out / "checkpoints"))  // the resumed run cleaned up
+    EXPECT_EQ(e.path().filename().string().find(".tmp"), std::string::npos) << e.path();
 }
 
 }  // namespace

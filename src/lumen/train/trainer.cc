@@ -184,7 +184,15 @@ Status SaveCheckpoint(const fs::path& dir, const LoraLayout& layout, const State
   const fs::path final_dir = dir / fmt::format("step-{:08d}", st.step);
   const fs::path tmp = dir / fmt::format(".tmp-step-{:08d}", st.step);
   std::error_code ec;
-  fs::remove_all(tmp, ec);
+  // A run killed mid-save (SIGKILL, power) leaves its temporaries: a
+  // .tmp-step-* directory or latest.tmp.<pid>. `latest` still names a whole
+  // checkpoint; the leftovers go at the next save.
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind(".tmp-step-", 0) == 0 || name.rfind("latest.tmp.", 0) == 0)
+      fs::remove_all(e.path(), ec);
+  }
+  ec.clear();
   fs::create_directories(tmp, ec);
   if (ec) return Errorf("checkpoint {}: {}", tmp.string(), ec.message());
   LUMEN_RETURN_IF_ERROR(engine::SaveAdapter(tmp.string(), ToAdapter(layout, st.params, base), c));

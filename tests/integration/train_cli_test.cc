@@ -304,8 +304,8 @@ TEST(TrainCli, KillNineLosesAtMostOneInterval) {
   const int step = LatestStep(out);
   ASSERT_GT(step, 0);
   EXPECT_GE(step, reported - 4);
-  EXPECT_TRUE(fs::exists(out / "checkpoints" / fmt::format("step-{:08d}", step) /
-                         "state.safetensors"));
+  EXPECT_TRUE(
+      fs::exists(out / "checkpoints" / fmt::format("step-{:08d}", step) / "state.safetensors"));
   // Four more steps: the resumed run saves once (--save-every 4), which
   // clears what the killed one left.
   CliResult r =

@@ -157,7 +157,7 @@ void RegisterBench(CLI::App& app) {
   tc->add_option("model", t->model, "model (default: synth llama-3.2-1b widths)");
   tc->add_option("--layers", t->layers, "layers of the synth model (2)");
   tc->add_option("--method", t->method,
-                  "sft (prompt + chosen rows) or a preference method (default orpo)");
+                 "sft (prompt + chosen rows) or a preference method (default orpo)");
   tc->add_option("--seq", t->seqs, "tokens per sequence, repeatable (512)");
   tc->add_option("--configs", t->configs,
                  "plain, fused-ce, prefix-share, segment, all (default: every one)");

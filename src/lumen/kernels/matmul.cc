@@ -644,7 +644,7 @@ HWY_INLINE void TransposedTileCols(int vecs, const float* panel, int64_t ldp, in
     case 2:
       return TransposedTile<R, 2>(panel, ldp, nb, dy, N, dx, K);
     case 3:
-      return TransposedTile<R, kTV == 4 ? 3 : 1>(panel, ldp, nb, dy, N, dx, K);
+      return TransposedTile < R, kTV == 4 ? 3 : 1 > (panel, ldp, nb, dy, N, dx, K);
     default:
       return TransposedTile<R, kTV>(panel, ldp, nb, dy, N, dx, K);
   }

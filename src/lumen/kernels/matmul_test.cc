@@ -190,7 +190,8 @@ TEST(MatMulTest, TransposedTilesWithinBoundOnEveryTarget) {
         for (int64_t m = 0; m < M; ++m)
           for (int64_t k = 0; k < K; ++k) {
             double abs_dot = 0;
-            for (int64_t n = 0; n < N; ++n) abs_dot += std::fabs(double(w[n * K + k]) * dY[m * N + n]);
+            for (int64_t n = 0; n < N; ++n)
+              abs_dot += std::fabs(double(w[n * K + k]) * dY[m * N + n]);
             if (!(std::fabs(dX[m * K + k] - ref[m * K + k]) <= MatMulBound(N, abs_dot)) &&
                 bad++ < 3)
               ADD_FAILURE() << tname << " " << s.name << " M=" << M << " m=" << m << " k=" << k

@@ -106,7 +106,7 @@ class Forward {
   kernels::RopeTable rope_global_, rope_local_;
   int64_t rope_seq_len_ = -1;
   bool position_split_ = true;  // RunHidden turns it off (see forward.cc)
-  size_t lora_terms_ = 0;  // the most terms of any row's set in this call (0: no row has one)
+  size_t lora_terms_ = 0;       // the most terms of any row's set in this call (0: no row has one)
   std::vector<const LoraWeights*> lora_seen_;
   std::vector<int64_t> lora_rows_;
   std::vector<float> lora_weights_, lora_u_;

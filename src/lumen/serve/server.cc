@@ -5,8 +5,8 @@
 #include <thread>
 
 #include "lumen/core/log.h"
-#include "lumen/serve/admission.h"
 #include "lumen/serve/adapters_api.h"
+#include "lumen/serve/admission.h"
 #include "lumen/serve/body.h"
 #include "lumen/serve/httplib_include.h"
 #include "lumen/serve/protocol.h"
@@ -424,9 +424,9 @@ void Server::HandleGenerate(Api api, const httplib::Request& req, httplib::Respo
 
   Result<Prepared> prep = engine_.Prepare(r);
   if (!prep.ok()) return SendError(res, FromStatus(prep.status()), shape, endpoint);
-  if (auto refused = AdmitContext(api, prep->prompt_field, int64_t(prep->prompt.size()),
-                                  &prep->max_tokens, engine_.scheduler().ctx(),
-                                  opts_.clamp_max_tokens)) {
+  if (auto refused =
+          AdmitContext(api, prep->prompt_field, int64_t(prep->prompt.size()), &prep->max_tokens,
+                       engine_.scheduler().ctx(), opts_.clamp_max_tokens)) {
     ++refused_context_;
     return SendError(res, *refused, shape, endpoint);
   }

@@ -6,9 +6,9 @@
 //
 // Transient memory of one call: f32 FrozenProductT holds MatMulT's f32
 // result for at most kTransposedRowChunk rows (rows go in chunks; each chunk
-// decodes W once more, 1/kTransposedRowChunk of the product); bf16 adds into dx directly and holds dy in
-// bf16 plus the panels (kernels/matmul_bf16_t.h); the bf16 FrozenProduct
-// holds x in bf16 plus the panels (kernels/matmul.h, MatMulBf16).
+// decodes W once more, 1/kTransposedRowChunk of the product); bf16 adds into dx directly and holds
+// dy in bf16 plus the panels (kernels/matmul_bf16_t.h); the bf16 FrozenProduct holds x in bf16 plus
+// the panels (kernels/matmul.h, MatMulBf16).
 #pragma once
 
 #include <algorithm>

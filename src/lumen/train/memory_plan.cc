@@ -43,8 +43,8 @@ MemoryPlan PlanMemory(const model::ModelConfig& c, const LoraLayout& layout, con
   p.lora = size_t(layout.size) * kF * 4;
   // graph.cc LayerSaved, per token.
   // xn1 is recomputed in the backward, not kept.
-  size_t per_tok = D /*x_in*/ + Q + 2 * KV /*q, k, v*/ + Q /*att*/ + H /*lse*/ +
-                   D /*x_mid*/ + D /*xn2*/ + (in.mlp_chunk > 0 ? 0 : 3 * F) /*g, u, h*/;
+  size_t per_tok = D /*x_in*/ + Q + 2 * KV /*q, k, v*/ + Q /*att*/ + H /*lse*/ + D /*x_mid*/ +
+                   D /*xn2*/ + (in.mlp_chunk > 0 ? 0 : 3 * F) /*g, u, h*/;
   if (c.qk_norm) per_tok += Q + KV;
   if (c.post_norms) per_tok += 2 * D;
   size_t lora_u = 0;
@@ -84,21 +84,20 @@ MemoryPlan PlanMemory(const model::ModelConfig& c, const LoraLayout& layout, con
   }
   p.head = head_kept + head_bwd;
   // Backward temporaries of one layer (dd, pre, dh, dg, du, dxn, datt, dq, dk,
-  // dv and FrozenProductT's scratch of at most kTransposedRowChunk rows). The peak is the larger of two moments:
-  // the head's backward (kept layers + head + hidden and dhidden) and a
-  // layer's backward (kept layers + the head's kept buffers + temporaries +
-  // dx: the graph's backward frees hidden and takes dhidden's storage as dx).
-  // f32: FrozenProductT's scratch, at most kTransposedRowChunk rows of [., D]
-  // (attention) or [., F] (down's dX). bf16 adds into dX directly; its largest
-  // transient is gate/up's backward: dY [M, F] in bf16 plus the panels.
+  // dv and FrozenProductT's scratch of at most kTransposedRowChunk rows). The peak is the larger of
+  // two moments: the head's backward (kept layers + head + hidden and dhidden) and a layer's
+  // backward (kept layers + the head's kept buffers + temporaries + dx: the graph's backward frees
+  // hidden and takes dhidden's storage as dx). f32: FrozenProductT's scratch, at most
+  // kTransposedRowChunk rows of [., D] (attention) or [., F] (down's dX). bf16 adds into dX
+  // directly; its largest transient is gate/up's backward: dY [M, F] in bf16 plus the panels.
   const size_t chunk = size_t(kTransposedRowChunk);
   const size_t matmul_t = in.bf16 ? kernels::MatMulTBf16TransientBytes(MF, F, in.threads)
                                   : std::min(MF, chunk) * kF * F;
   // dd is dx itself without post norms and residual scale (BlockOutputBackward).
   const size_t dd = c.post_norms || c.residual_scale != 1.0f ? D : 0;
-  const size_t layer_tmp = M * kF * (2 * D + dd + 2 * Q + 2 * KV) +
-                           (in.bf16 ? M : std::min(M, chunk)) * kF * D +
-                           MF * kF * (3 * F /*g or pre, dh = du, dg*/ + (in.mlp_chunk > 0 ? 3 * F : 0)) + matmul_t;
+  const size_t layer_tmp =
+      M * kF * (2 * D + dd + 2 * Q + 2 * KV) + (in.bf16 ? M : std::min(M, chunk)) * kF * D +
+      MF * kF * (3 * F /*g or pre, dh = du, dg*/ + (in.mlp_chunk > 0 ? 3 * F : 0)) + matmul_t;
   p.transient = layer_tmp + boundary;
   const size_t head_phase = p.head + 2 * boundary;
   p.peak = in.baseline + in.weight_bytes + p.lora + p.layers +

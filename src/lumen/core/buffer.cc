@@ -35,7 +35,31 @@ AlignedBuffer& AlignedBuffer::operator=(AlignedBuffer&& o) noexcept {
   return *this;
 }
 
-Result<MappedFile> MappedFile::Open(const std::string& path) {
+namespace {
+
+constexpr size_t kHugePage = size_t{2} << 20;
+
+// MemAvailable from /proc/meminfo in bytes; 0 when unreadable.
+size_t MemAvailable() {
+  const int fd = ::open("/proc/meminfo", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return 0;
+  char buf[4096];
+  const ssize_t n = ::read(fd, buf, sizeof(buf) - 1);
+  ::close(fd);
+  if (n <= 0) return 0;
+  buf[n] = 0;
+  const char* p = std::strstr(buf, "MemAvailable:");
+  return p ? size_t(std::strtoull(p + 13, nullptr, 10)) * 1024 : 0;
+}
+
+bool ForcedMap() {
+  const char* v = std::getenv("LUMEN_MMAP");
+  return v && *v && std::strcmp(v, "0") != 0;
+}
+
+}  // namespace
+
+Result<MappedFile> MappedFile::Open(const std::string& path, Residency r) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return Errorf("{}: cannot open: {}", path, std::strerror(errno));
   struct stat st {};
@@ -51,6 +75,41 @@ Result<MappedFile> MappedFile::Open(const std::string& path) {
   MappedFile m;
   m.path_ = path;
   m.size_ = static_cast<size_t>(st.st_size);
+  if (r == Residency::kAuto) {
+    const bool copy = m.size_ >= kCopyMinBytes && !ForcedMap() && m.size_ <= MemAvailable() / 2;
+    r = copy ? Residency::kCopy : Residency::kMap;
+  }
+  if (m.size_ > 0 && r == Residency::kCopy) {
+    // Room to align the start to a huge page; the kernel backs aligned 2 MiB
+    // ranges of a MADV_HUGEPAGE region with huge pages as they are touched.
+    const size_t len = (m.size_ + kHugePage - 1) / kHugePage * kHugePage + kHugePage;
+    void* base = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (base != MAP_FAILED) {
+      m.map_base_ = base;
+      m.map_len_ = len;
+      auto* p = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(base) + kHugePage - 1) /
+                                           kHugePage * kHugePage);
+      ::madvise(p, len - kHugePage, MADV_HUGEPAGE);  // a hint: 4 KiB pages if refused
+      size_t done = 0;
+      while (done < m.size_) {
+        const ssize_t n = ::pread(fd, p + done, m.size_ - done, static_cast<off_t>(done));
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) {
+          const int e = n < 0 ? errno : EIO;
+          ::close(fd);
+          return Errorf("{}: read failed at byte {} of {}: {}", path, done, m.size_,
+                        n < 0 ? std::strerror(e) : "file shrank while reading");
+        }
+        done += static_cast<size_t>(n);
+      }
+      ::mprotect(base, len, PROT_READ);
+      m.data_ = p;
+      m.copied_ = true;
+      ::close(fd);
+      return m;
+    }
+    // No anonymous memory for a copy: the mapping below still works.
+  }
   if (m.size_ > 0) {
     void* p = ::mmap(nullptr, m.size_, PROT_READ, MAP_PRIVATE, fd, 0);
     if (p == MAP_FAILED) {
@@ -59,32 +118,45 @@ Result<MappedFile> MappedFile::Open(const std::string& path) {
       return Errorf("{}: cannot mmap {} bytes: {}", path, m.size_, std::strerror(e));
     }
     m.data_ = p;
+    m.map_base_ = p;
+    m.map_len_ = m.size_;
   }
   ::close(fd);
   return m;
 }
 
-MappedFile::~MappedFile() {
-  if (data_) ::munmap(data_, size_);
+void MappedFile::Release() {
+  if (map_base_) ::munmap(map_base_, map_len_);
+  data_ = map_base_ = nullptr;
+  size_ = map_len_ = 0;
+  copied_ = false;
 }
+
+MappedFile::~MappedFile() { Release(); }
 
 MappedFile::MappedFile(MappedFile&& o) noexcept
     : data_(std::exchange(o.data_, nullptr)),
       size_(std::exchange(o.size_, 0)),
+      map_base_(std::exchange(o.map_base_, nullptr)),
+      map_len_(std::exchange(o.map_len_, 0)),
+      copied_(std::exchange(o.copied_, false)),
       path_(std::move(o.path_)) {}
 
 MappedFile& MappedFile::operator=(MappedFile&& o) noexcept {
   if (this != &o) {
-    if (data_) ::munmap(data_, size_);
+    Release();
     data_ = std::exchange(o.data_, nullptr);
     size_ = std::exchange(o.size_, 0);
+    map_base_ = std::exchange(o.map_base_, nullptr);
+    map_len_ = std::exchange(o.map_len_, 0);
+    copied_ = std::exchange(o.copied_, false);
     path_ = std::move(o.path_);
   }
   return *this;
 }
 
 Result<std::string> ReadFile(const std::string& path) {
-  LUMEN_ASSIGN_OR_RETURN(MappedFile m, MappedFile::Open(path));
+  LUMEN_ASSIGN_OR_RETURN(MappedFile m, MappedFile::Open(path, Residency::kMap));
   return std::string(reinterpret_cast<const char*>(m.data()), m.size());
 }
 

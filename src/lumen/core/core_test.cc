@@ -5,6 +5,9 @@
 
 #include <atomic>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <vector>
 
 #include "lumen/core/buffer.h"
@@ -118,6 +121,45 @@ TEST(Buffer, MappedFileErrorsNameThePath) {
   auto r = MappedFile::Open("/nonexistent/x.gguf");
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("/nonexistent/x.gguf"), std::string::npos);
+}
+
+// Both residencies hold the file's exact bytes; kAuto copies a large file
+// (onto a 2 MiB boundary, read-only) and maps a small one; LUMEN_MMAP=1
+// forces the mapping.
+TEST(Buffer, MappedFileCopyAndMapHoldTheSameBytes) {
+  const std::string path = ::testing::TempDir() + "/lumen_residency.bin";
+  std::string bytes(MappedFile::kCopyMinBytes + 12345, '\0');
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = char((i * 2654435761u) >> 13);
+  ASSERT_TRUE(WriteFileAtomic(path, bytes).ok());
+  auto map = MappedFile::Open(path, Residency::kMap);
+  auto copy = MappedFile::Open(path, Residency::kCopy);
+  ASSERT_TRUE(map.ok() && copy.ok());
+  EXPECT_FALSE(map->copied());
+  EXPECT_TRUE(copy->copied());
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(copy->data()) % (size_t{2} << 20), 0u);
+  ASSERT_EQ(copy->size(), bytes.size());
+  EXPECT_EQ(std::memcmp(copy->data(), bytes.data(), bytes.size()), 0);
+  EXPECT_EQ(std::memcmp(map->data(), bytes.data(), bytes.size()), 0);
+  MappedFile moved = std::move(*copy);  // the move keeps what munmap needs
+  EXPECT_TRUE(moved.copied());
+  EXPECT_EQ(std::memcmp(moved.data(), bytes.data(), bytes.size()), 0);
+
+  ::setenv("LUMEN_MMAP", "1", 1);
+  auto forced = MappedFile::Open(path);
+  ::unsetenv("LUMEN_MMAP");
+  ASSERT_TRUE(forced.ok());
+  EXPECT_FALSE(forced->copied());
+  std::remove(path.c_str());
+
+  const std::string small = ::testing::TempDir() + "/lumen_residency_small.bin";
+  ASSERT_TRUE(WriteFileAtomic(small, "tiny").ok());
+  auto s = MappedFile::Open(small);
+  ASSERT_TRUE(s.ok());
+  EXPECT_FALSE(s->copied());
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(s->data()), s->size()), "tiny");
+  auto e = MappedFile::Open(::testing::TempDir(), Residency::kCopy);
+  EXPECT_FALSE(e.ok());  // a directory: an error naming it, whatever the residency
+  std::remove(small.c_str());
 }
 
 TEST(Buffer, WriteFileAtomicRoundTrip) {

@@ -78,6 +78,12 @@ size_t Model::weight_bytes() const {
   return n;
 }
 
+size_t Model::copied_bytes() const {
+  const Sources& s = *sources_;
+  return (s.gguf ? s.gguf->copied_bytes() : 0) + (s.hf ? s.hf->copied_bytes() : 0) +
+         (s.l2c ? s.l2c->copied_bytes() : 0);
+}
+
 Status Model::Finish(const LoadOptions& opts) {
   auto lookup = [this](const std::string& name) -> Result<kernels::Matrix> {
     auto it = sources_->index.find(name);

@@ -61,6 +61,9 @@ class Model {
   const Adapter* adapter() const { return adapter_.get(); }
   int64_t parameter_count() const;
   size_t weight_bytes() const;  // bytes streamed per decoded token
+  // Bytes of the model's files held as anonymous copies (core/buffer.h
+  // Residency::kCopy): resident like heap, so RSS accounting subtracts them.
+  size_t copied_bytes() const;
 
   struct Sources;  // the open files, kept alive for the mappings
 

@@ -77,6 +77,8 @@ class GgufFile {
   uint32_t version() const { return version_; }
   uint64_t alignment() const { return alignment_; }
   const std::string& path() const { return path_; }
+  // Bytes of the file copied into anonymous memory (Residency::kCopy), else 0.
+  size_t copied_bytes() const { return file_.copied() ? file_.size() : 0; }
   // Absolute file offset of the tensor data section (aligned).
   uint64_t data_offset() const { return data_offset_; }
 

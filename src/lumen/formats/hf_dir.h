@@ -62,6 +62,12 @@ class HfModelDir {
   // All tensors of all shards, shard by shard, each in data order.
   const std::vector<HfTensor>& tensors() const { return tensors_; }
   const HfTensor* Find(std::string_view name) const;
+  // Bytes of the shards copied into anonymous memory (Residency::kCopy).
+  size_t copied_bytes() const {
+    size_t n = 0;
+    for (const auto& s : shards_) n += s->copied_bytes();
+    return n;
+  }
 
  private:
   Status AddShard(const std::string& file_name);

@@ -68,6 +68,8 @@ class Llama2cModel {
   static Result<Llama2cModel> FromBytes(const uint8_t* bytes, size_t size, std::string name);
 
   const std::string& path() const { return path_; }
+  // Bytes of the file copied into anonymous memory (Residency::kCopy), else 0.
+  size_t copied_bytes() const { return file_.copied() ? file_.size() : 0; }
   const Llama2cConfig& config() const { return config_; }
   const std::vector<Llama2cTensor>& tensors() const { return tensors_; }
   const Llama2cTensor* Find(std::string_view name) const;

@@ -61,6 +61,8 @@ class SafetensorsFile {
   static Result<SafetensorsFile> FromBytes(const uint8_t* bytes, size_t size, std::string name);
 
   const std::string& path() const { return path_; }
+  // Bytes of the file copied into anonymous memory (Residency::kCopy), else 0.
+  size_t copied_bytes() const { return file_.copied() ? file_.size() : 0; }
   // Tensors in data-section order.
   const std::vector<SafetensorsTensor>& tensors() const { return tensors_; }
   const SafetensorsTensor* Find(std::string_view name) const;

@@ -12,6 +12,7 @@
 #include "lumen/core/route.h"
 #include "lumen/kernels/matmul_bf16.h"
 #include "lumen/kernels/matmul_q8.h"
+#include "lumen/kernels/prefetch.h"
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "lumen/kernels/matmul.cc"
@@ -430,7 +431,9 @@ void SmallM(RowDecoder& dec, const PreparedX& X, int64_t m0, float* Y, int64_t l
     }
     return;
   }
+  const int64_t row_bytes = dec.W.w.row_bytes();
   for (int64_t n = n0; n < n1; ++n) {
+    PrefetchAhead(dec.W.w.row<const uint8_t>(n), row_bytes);
     VF acc[kChains][MB];
     for (int c = 0; c < kChains; ++c)
       for (int m = 0; m < MB; ++m) acc[c][m] = hn::Zero(d);

@@ -11,6 +11,7 @@
 #include "lumen/core/check.h"
 #include "lumen/core/quant.h"
 #include "lumen/core/route.h"
+#include "lumen/kernels/prefetch.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -293,6 +294,7 @@ LUMEN_VNNI void Rows(const Matrix& W, const Geometry& g, const Int8Rows& X, int6
     // made GCC keep the accumulators on the stack).
     auto pair = [&]<int A>(int64_t p, std::integral_constant<int, A>) LUMEN_VNNI {
       const uint8_t* blk = row + 2 * p * bb;
+      PrefetchAhead(blk, 1);  // a pair is 36 or 68 bytes: about a line per pair
       const __m512i w = PairCodes<F>(blk);
       const __m512 s = PairScales<F>(blk, bb);
       const __m512i corr = _mm512_sub_epi32(

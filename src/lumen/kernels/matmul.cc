@@ -454,7 +454,9 @@ HWY_NOINLINE float MlxDot4(const uint8_t* p, const float* ss, const float* bb, i
 
 // Y[m, n] for n in [n0, n1) and MB activation rows: each weight vector is
 // decoded once and FMA'd into MB pairs of accumulators.
-template <int MB>
+// E: with the epilogue (epi non-null); a template argument so the plain
+// product's code is what it was (a runtime branch here made GCC spill).
+template <int MB, bool E = false>
 void SmallM(RowDecoder& dec, const PreparedX& X, int64_t m0, float* Y, int64_t ldy, int64_t n0,
             int64_t n1, const LowRankTile* epi) {
   const DF d;
@@ -469,7 +471,7 @@ void SmallM(RowDecoder& dec, const PreparedX& X, int64_t m0, float* Y, int64_t l
       DequantizeRow(W.scales.dtype, W.scales.row(n), ss, groups);
       DequantizeRow(W.biases.dtype, W.biases.row(n), ss + groups, groups);
       float y = MlxDot4(W.w.row<const uint8_t>(n), ss, ss + groups, W.k, W.mlx_group, x[0]);
-      if (epi)
+      if constexpr (E)
         y += hn::GetLane(
             hn::SumOfLanes(DF(), LowRankDot(epi->brow(n), epi->urow(m0), epi->rp, hn::Zero(DF()))));
       Y[m0 * ldy + n] = y;
@@ -485,7 +487,7 @@ void SmallM(RowDecoder& dec, const PreparedX& X, int64_t m0, float* Y, int64_t l
       for (int m = 0; m < MB; ++m) acc[c][m] = hn::MulAdd(w, hn::LoadU(d, x[m] + k), acc[c][m]);
     };
     dec.Decode(n, sink);
-    if (epi)
+    if constexpr (E)
       for (int m = 0; m < MB; ++m)
         acc[0][m] = LowRankDot(epi->brow(n), epi->urow(m0 + m), epi->rp, acc[0][m]);
     for (int m = 0; m < MB; ++m) {
@@ -499,7 +501,7 @@ void SmallM(RowDecoder& dec, const PreparedX& X, int64_t m0, float* Y, int64_t l
 // Prefill microkernel: NB decoded weight rows (panel, stride ldp) times MB
 // activation rows, NB * MB accumulators held in registers across K.
 // epi (may be null): the epilogue's operands; u: the MB rows' U rows.
-template <int NB, int MB>
+template <int NB, int MB, bool E>
 HWY_INLINE void Tile(const float* panel, int64_t ldp, const float* const* x, int64_t K,
                      float* const* y, int64_t n, const LowRankTile* epi, const float* const* u) {
   const DF d;
@@ -515,7 +517,7 @@ HWY_INLINE void Tile(const float* panel, int64_t ldp, const float* const* x, int
       for (int j = 0; j < MB; ++j) acc[i][j] = hn::MulAdd(w, xv[j], acc[i][j]);
     }
   }
-  if (epi)
+  if constexpr (E)
     for (int i = 0; i < NB; ++i)
       for (int j = 0; j < MB; ++j)
         acc[i][j] = LowRankDot(epi->brow(n + i), u[j], epi->rp, acc[i][j]);
@@ -523,19 +525,19 @@ HWY_INLINE void Tile(const float* panel, int64_t ldp, const float* const* x, int
     for (int j = 0; j < MB; ++j) y[j][n + i] = hn::GetLane(hn::SumOfLanes(d, acc[i][j]));
 }
 
-template <int MB>
+template <int MB, bool E>
 HWY_INLINE void TileRows(const float* panel, int64_t ldp, int nb, const float* const* x, int64_t K,
                          float* const* y, int64_t n, const LowRankTile* epi,
                          const float* const* u) {
   switch (nb) {
     case 4:
-      return Tile<4, MB>(panel, ldp, x, K, y, n, epi, u);
+      return Tile<4, MB, E>(panel, ldp, x, K, y, n, epi, u);
     case 3:
-      return Tile<3, MB>(panel, ldp, x, K, y, n, epi, u);
+      return Tile<3, MB, E>(panel, ldp, x, K, y, n, epi, u);
     case 2:
-      return Tile<2, MB>(panel, ldp, x, K, y, n, epi, u);
+      return Tile<2, MB, E>(panel, ldp, x, K, y, n, epi, u);
     default:
-      return Tile<1, MB>(panel, ldp, x, K, y, n, epi, u);
+      return Tile<1, MB, E>(panel, ldp, x, K, y, n, epi, u);
   }
 }
 
@@ -543,6 +545,7 @@ HWY_INLINE void TileRows(const float* panel, int64_t ldp, int nb, const float* c
 // M activation rows over them three at a time: the three X rows stay in L1
 // across the panel's 4-row tiles and the panel streams from L2, so neither
 // X nor W is re-read from memory per tile.
+template <bool E>
 void LargeM(RowDecoder& dec, const PreparedX& X, int64_t M, float* Y, int64_t ldy, int64_t n0,
             int64_t n1, const LowRankTile* epi) {
   const DF d;
@@ -567,16 +570,16 @@ void LargeM(RowDecoder& dec, const PreparedX& X, int64_t M, float* Y, int64_t ld
       if (epi)
         for (int j = 0; j < kMB; ++j) u[j] = epi->urow(m + j);
       for (int64_t i = 0; i < np; i += 4)
-        TileRows<kMB>(panel + i * ldp, ldp, int(std::min<int64_t>(4, np - i)), x, ldp, y, n + i,
-                      epi, u);
+        TileRows<kMB, E>(panel + i * ldp, ldp, int(std::min<int64_t>(4, np - i)), x, ldp, y, n + i,
+                         epi, u);
     }
     for (; m < M; ++m) {
       const float* x[1] = {X.row(m)};
       float* y[1] = {Y + m * ldy};
       const float* u[1] = {epi ? epi->urow(m) : nullptr};
       for (int64_t i = 0; i < np; i += 4)
-        TileRows<1>(panel + i * ldp, ldp, int(std::min<int64_t>(4, np - i)), x, ldp, y, n + i, epi,
-                    u);
+        TileRows<1, E>(panel + i * ldp, ldp, int(std::min<int64_t>(4, np - i)), x, ldp, y, n + i,
+                       epi, u);
     }
   }
 }
@@ -621,6 +624,24 @@ void LargeMBf16(RowDecoder& dec, const PreparedX& X, int64_t M, float* Y, int64_
 
 }  // namespace
 
+// SmallM over all M rows: 4 at a time, then the remainder.
+template <bool E>
+void SmallRows(RowDecoder& dec, const PreparedX& x, int64_t M, float* Y, int64_t ldy, int64_t n0,
+               int64_t n1, const LowRankTile* epi) {
+  int64_t m = 0;
+  for (; m + 4 <= M; m += 4) SmallM<4, E>(dec, x, m, Y, ldy, n0, n1, epi);
+  switch (M - m) {
+    case 3:
+      return SmallM<3, E>(dec, x, m, Y, ldy, n0, n1, epi);
+    case 2:
+      return SmallM<2, E>(dec, x, m, Y, ldy, n0, n1, epi);
+    case 1:
+      return SmallM<1, E>(dec, x, m, Y, ldy, n0, n1, epi);
+    default:
+      return;
+  }
+}
+
 // Rows [n0, n1) of W against all M rows of X; lr (may be null): the fused
 // LoRA epilogue (matmul.h, MatMulLowRank).
 void MatMulRows(const Matrix& W, const float* X, int64_t M, int64_t ldx, float* Y, int64_t ldy,
@@ -638,23 +659,12 @@ void MatMulRows(const Matrix& W, const float* X, int64_t M, int64_t ldx, float* 
   if (M > 4) {
     // Tile reads X up to the padded K: only safe when X is padded or K % N == 0.
     const int64_t N = hn::Lanes(DF());
-    if (W.k % N == 0 || x.base != X) return LargeM(dec, x, M, Y, ldy, n0, n1, epi);
+    if (W.k % N == 0 || x.base != X)
+      return epi ? LargeM<true>(dec, x, M, Y, ldy, n0, n1, epi)
+                 : LargeM<false>(dec, x, M, Y, ldy, n0, n1, nullptr);
   }
-  int64_t m = 0;
-  for (; m + 4 <= M; m += 4) SmallM<4>(dec, x, m, Y, ldy, n0, n1, epi);
-  switch (M - m) {
-    case 3:
-      SmallM<3>(dec, x, m, Y, ldy, n0, n1, epi);
-      break;
-    case 2:
-      SmallM<2>(dec, x, m, Y, ldy, n0, n1, epi);
-      break;
-    case 1:
-      SmallM<1>(dec, x, m, Y, ldy, n0, n1, epi);
-      break;
-    default:
-      break;
-  }
+  if (epi) return SmallRows<true>(dec, x, M, Y, ldy, n0, n1, epi);
+  SmallRows<false>(dec, x, M, Y, ldy, n0, n1, nullptr);
 }
 
 // Y[:, n0:n1) += scale U B^T (the second pass; matmul.h AddLowRank).
@@ -692,7 +702,8 @@ struct TransposedEpi {
   const float* mask;
 };
 
-template <int R, int V>
+// E: 0 no epilogue, 1 without a mask, 2 with one (compile-time, as Tile's).
+template <int R, int V, int E>
 HWY_INLINE void TransposedTile(const float* HWY_RESTRICT panel, int64_t ldp, int64_t nb,
                                const float* HWY_RESTRICT dy, int64_t N, float* HWY_RESTRICT dx,
                                int64_t K, const TransposedEpi* epi) {
@@ -709,7 +720,7 @@ HWY_INLINE void TransposedTile(const float* HWY_RESTRICT panel, int64_t ldp, int
       for (int v = 0; v < V; ++v) acc[r][v] = hn::MulAdd(a, w[v], acc[r][v]);
     }
   }
-  if (epi && !epi->mask) {  // no mask: r more terms of the same sums, U as dy, A as the panel
+  if constexpr (E == 1) {  // no mask: r more terms of the same sums, U as dy, A as the panel
     for (int64_t j = 0; j < epi->r; ++j) {
       VF w[V];
       for (int v = 0; v < V; ++v) w[v] = hn::LoadU(d, epi->v + j * epi->ldv + v * L);
@@ -718,7 +729,8 @@ HWY_INLINE void TransposedTile(const float* HWY_RESTRICT panel, int64_t ldp, int
         for (int v = 0; v < V; ++v) acc[r][v] = hn::MulAdd(a, w[v], acc[r][v]);
       }
     }
-  } else if (epi) {  // dropout: the rank-r term is summed apart, then scaled by the mask
+  } else if constexpr (E ==
+                       2) {  // dropout: the rank-r term is summed apart, then scaled by the mask
     for (int r = 0; r < R; ++r) {
       VF t[V];
       for (int v = 0; v < V; ++v) t[v] = hn::Zero(d);
@@ -742,19 +754,19 @@ constexpr int kTV = 4;  // 16 accumulators of the 32 vector registers
 constexpr int kTV = 2;
 #endif
 
-template <int R>
+template <int R, int E>
 HWY_INLINE void TransposedTileCols(int vecs, const float* panel, int64_t ldp, int64_t nb,
                                    const float* dy, int64_t N, float* dx, int64_t K,
                                    const TransposedEpi* epi) {
   switch (vecs) {
     case 1:
-      return TransposedTile<R, 1>(panel, ldp, nb, dy, N, dx, K, epi);
+      return TransposedTile<R, 1, E>(panel, ldp, nb, dy, N, dx, K, epi);
     case 2:
-      return TransposedTile<R, 2>(panel, ldp, nb, dy, N, dx, K, epi);
+      return TransposedTile<R, 2, E>(panel, ldp, nb, dy, N, dx, K, epi);
     case 3:
-      return TransposedTile < R, kTV == 4 ? 3 : 1 > (panel, ldp, nb, dy, N, dx, K, epi);
+      return TransposedTile < R, kTV == 4 ? 3 : 1, E > (panel, ldp, nb, dy, N, dx, K, epi);
     default:
-      return TransposedTile<R, kTV>(panel, ldp, nb, dy, N, dx, K, epi);
+      return TransposedTile<R, kTV, E>(panel, ldp, nb, dy, N, dx, K, epi);
   }
 }
 
@@ -797,17 +809,19 @@ void MatMulTRows(const Matrix& W, const float* dY, int64_t M, float* dX, int64_t
         return TransposedEpi{lr->u + m * lr->r, lr->r, lr->v + k0 + k, K,
                              lr->mask ? lr->mask + m * K + k0 + k : nullptr};
       };
+      const int mode = !(lr && last) ? 0 : lr->mask ? 2 : 1;
+      auto rows = [&](auto height, int64_t m) HWY_ATTR {
+        constexpr int R = decltype(height)::value;
+        const float* dym = dy0 + m * N;
+        float* dxm = dX + m * K + k0 + k;
+        if (mode == 0) return TransposedTileCols<R, 0>(vecs, pk, KW, nb, dym, N, dxm, K, nullptr);
+        const TransposedEpi e = epi(m);
+        if (mode == 1) return TransposedTileCols<R, 1>(vecs, pk, KW, nb, dym, N, dxm, K, &e);
+        TransposedTileCols<R, 2>(vecs, pk, KW, nb, dym, N, dxm, K, &e);
+      };
       int64_t m = 0;
-      for (; m + 4 <= M; m += 4) {
-        const TransposedEpi e = lr && last ? epi(m) : TransposedEpi{};
-        TransposedTileCols<4>(vecs, pk, KW, nb, dy0 + m * N, N, dX + m * K + k0 + k, K,
-                              lr && last ? &e : nullptr);
-      }
-      for (; m < M; ++m) {
-        const TransposedEpi e = lr && last ? epi(m) : TransposedEpi{};
-        TransposedTileCols<1>(vecs, pk, KW, nb, dy0 + m * N, N, dX + m * K + k0 + k, K,
-                              lr && last ? &e : nullptr);
-      }
+      for (; m + 4 <= M; m += 4) rows(Par<4>{}, m);
+      for (; m < M; ++m) rows(Par<1>{}, m);
     }
     for (int64_t m = 0; m < M; ++m)
       for (int64_t c = kv; c < KW; ++c) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <type_traits>
+#include <utility>
 
 #include "lumen/core/check.h"
 #include "lumen/core/route.h"
@@ -288,10 +289,9 @@ void Graph<Real>::LinearBackward(int l, Target t, const Matrix& W, const Real* x
   Real* dB = grad.w.data() + slot->b_off;
   const Real s = Real(lora_scale_);
   // The same mask the forward drew (a hash of the row and column), once.
-  const std::vector<Real> mask =
-      layout_->cfg.dropout > 0 ? DropMask(l, t, M, K) : std::vector<Real>();
+  std::vector<Real> mask = layout_->cfg.dropout > 0 ? DropMask(l, t, M, K) : std::vector<Real>();
   if constexpr (std::is_same_v<Real, float>) {
-    return LinearBackwardF32(*slot, W, x, u, dy, M, dx, grad, mask, fused);
+    return LinearBackwardF32(*slot, W, x, u, dy, M, dx, grad, std::move(mask), fused);
   }
   // dB [N, r] += s dy^T u
   ForRows(N, [&](int64_t n) {
@@ -347,12 +347,12 @@ void Graph<Real>::LinearBackward(int l, Target t, const Matrix& W, const Real* x
 
 // The f32 route's LoRA backward (lora_products.h): every product a parallel
 // kernel over row-major operands; fused: dx += dy W + mask .* (du A) in one
-// kernels::MatMulTLowRank pass (the frozen product is still to do).
+// kernels::MatMulTLowRank pass (the frozen product is still to do). With
+// dropout, dA is last: the mask becomes drop(x) in place once dx has used it.
 template <class Real>
 void Graph<Real>::LinearBackwardF32(const LoraSlot& slot, const Matrix& W, const Real* x,
                                     const Real* u, const Real* dy, int64_t M, Real* dx,
-                                    LoraParams<Real>& grad, const std::vector<Real>& mask,
-                                    bool fused) {
+                                    LoraParams<Real>& grad, std::vector<Real> mask, bool fused) {
   if constexpr (std::is_same_v<Real, float>) {
     const int r = layout_->cfg.rank;
     const int64_t N = slot.n, K = slot.k;
@@ -369,25 +369,20 @@ void Graph<Real>::LinearBackwardF32(const LoraSlot& slot, const Matrix& W, const
       LoraDyB(B, N, r, s, dy, M, du.data(), pool_);
     }
     Probe(ProbeSite::kLoraDu, du.data(), M * r);
-    const float* m = mask.empty() ? nullptr : mask.data();
-    if (m) {  // drop(x), the input A saw
-      std::vector<float> xd(size_t(M) * K);
-      for (size_t i = 0; i < xd.size(); ++i) xd[i] = x[i] * m[i];
-      LoraGradA(du.data(), xd.data(), M, K, r, grad.w.data() + slot.a_off, pool_);
-    } else {
-      LoraGradA(du.data(), x, M, K, r, grad.w.data() + slot.a_off, pool_);
-    }
+    float* m = mask.empty() ? nullptr : mask.data();
     if (fused) {
       const kernels::LowRank lr{.u = du.data(), .v = A, .r = r, .mask = m};
-      return kernels::MatMulTLowRank(W, dy, M, lr, dx, pool_);
-    }
-    if (LoraBf16(r)) {
+      kernels::MatMulTLowRank(W, dy, M, lr, dx, pool_);
+    } else if (LoraBf16(r)) {
       std::vector<float> dxa(size_t(M) * K);
       LoraProductTBf16(A, r, K, du.data(), M, dxa.data());
       for (size_t i = 0; i < dxa.size(); ++i) dx[i] += m ? dxa[i] * m[i] : dxa[i];
-      return;
+    } else {
+      LoraDxAdd(du.data(), A, M, K, r, m, dx, pool_);
     }
-    LoraDxAdd(du.data(), A, M, K, r, m, dx, pool_);
+    if (m)  // drop(x), the input A saw
+      for (int64_t i = 0; i < M * K; ++i) m[i] *= x[i];
+    LoraGradA(du.data(), m ? m : x, M, K, r, grad.w.data() + slot.a_off, pool_);
   } else {
     LUMEN_CHECK(false);  // the double graph keeps its scalar loops (the oracle)
   }

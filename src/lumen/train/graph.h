@@ -129,7 +129,7 @@ class Graph {
   // Its f32 LoRA part; fused: also dx += dy W (the frozen product not yet done).
   void LinearBackwardF32(const LoraSlot& slot, const model::Matrix& W, const Real* x, const Real* u,
                          const Real* dy, int64_t M, Real* dx, LoraParams<Real>& grad,
-                         const std::vector<Real>& mask, bool fused);
+                         std::vector<Real> mask, bool fused);
   // True when a target's f32 LoRA term goes in its frozen product's epilogue.
   bool FusedLora(bool has_product, bool frozen_bf16) const {
     return std::is_same_v<Real, float> && lora_epilogue_ && has_product && !frozen_bf16 &&

@@ -83,7 +83,7 @@ LUMEN_ROUTE(train_lora_f32_epilogue,
              .bound = "LoRA gradients within 1e-5 relative L2 of the unfused order and 1e-4 of "
                       "the double route; per product the bounds of matmul.h",
              .tests = "Families/GradientCheck.LoraEpilogueMatchesUnfusedWithinBound/*;"
-                      "MatMulLowRank.*;MatMulTLowRank.*",
+                      "MatMulLowRank.*;MatMulTLowRank.*;LoraProducts.*",
              .when = "train.compute=f32",
              .priority = 15});
 LUMEN_ROUTE(train_lora_f32,

@@ -908,7 +908,8 @@ LUMEN_ROUTE(matmul_lora_epilogue,
              .oracle = "MatMulLowRankRef (matmul_ref.h: dequantize, double accumulation)",
              .bound = "per output (K + r + 3) 2^-24 (sum |w x| + sum |s u b|) (matmul.h); not "
                       "bit-identical to the unfused order",
-             .tests = "MatMulLowRank.EpilogueWithinBoundOnEveryTargetAndStorage",
+             .tests = "MatMulLowRank.EpilogueWithinBoundOnEveryTargetAndStorage;MatMulLowRank."
+                      "OtherRoutesAddTheTermInASecondPass",
              .priority = 10});
 LUMEN_ROUTE(matmul_lora_epilogue_t,
             {.node = "matmul.lora_t",

@@ -20,6 +20,8 @@
 
 #include "lumen/core/quant.h"
 #include "lumen/kernels/matmul.h"
+#include "lumen/kernels/matmul_bf16.h"
+#include "lumen/kernels/matmul_q8.h"
 #include "lumen/kernels/matmul_ref.h"
 #include "lumen/kernels/test_matrix.h"
 
@@ -153,6 +155,35 @@ TEST(MatMulTLowRank, EpilogueWithinBoundOnEveryTargetAndStorage) {
     }
   }
   hwy::SetSupportedTargetsForTest(0);
+}
+
+// Routes whose tiles are not the epilogue's (the int8 activation route, the
+// bf16 route of W.route = kBf16) add the rank-r term in a second pass: the
+// same bits as their MatMul followed by AddLowRank.
+TEST(MatMulLowRank, OtherRoutesAddTheTermInASecondPass) {
+  std::mt19937 rng(37);
+  ThreadPool pool(2);
+  Spec s;
+  s.name = "q8_0";
+  s.dtype = DType::kQ8_0;
+  const int64_t N = 40, K = 256, r = 8;
+  OwnedMatrix o = Make(s, N, K, rng);
+  int routes = 0;
+  for (ActRoute route : {ActRoute::kInt8, ActRoute::kBf16}) {
+    o.m.route = route;
+    const int64_t M = route == ActRoute::kInt8 ? 3 : 9;
+    const bool taken = route == ActRoute::kInt8 ? UsesInt8Route(o.m, M) : CpuHasBf16();
+    if (!taken) continue;  // this CPU lacks the route: MatMul takes the exact tiles
+    ++routes;
+    const std::vector<float> X = Random(M * K, rng), U = Random(M * r, rng), B = Random(N * r, rng);
+    const LowRank lr{.u = U.data(), .v = B.data(), .r = r, .scale = 0.5f};
+    std::vector<float> fused(M * N), two(M * N);
+    MatMulLowRank(o.m, X.data(), M, K, lr, fused.data(), N, &pool);
+    MatMul(o.m, X.data(), M, K, two.data(), N, &pool);
+    AddLowRank(two.data(), N, M, N, lr, nullptr);
+    EXPECT_EQ(fused, two) << kActRouteNames[int(route)];
+  }
+  if (routes == 0) GTEST_SKIP() << "neither the int8 nor the bf16 route runs on this CPU";
 }
 
 }  // namespace

@@ -1,7 +1,9 @@
 // The training forward and backward of every supported dense family over a
 // PackedBatch, with LoRA on the chosen targets and every base weight frozen
 // (any storage type: products through W use kernels::MatMul and, backward,
-// kernels::MatMulT, which decode W on the fly; with set_bf16 the bf16-operand
+// kernels::MatMulT, which decode W on the fly; on the f32 route a target's
+// LoRA term rides in those products' epilogue, kernels::MatMulLowRank and
+// MatMulTLowRank, see set_lora_epilogue; with set_bf16 the bf16-operand
 // routes of train/compute.h).
 //
 // Real = float is the training route; Real = double is the finite-difference

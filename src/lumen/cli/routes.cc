@@ -53,6 +53,8 @@ constexpr GraphNode kTrain[] = {
     {"norm.rms"},
     {"matmul.prefill", true},
     {"matmul.backward", true},
+    {"matmul.lora"},
+    {"matmul.lora_t"},
     {"train.product"},
     {"train.product_t"},
     {"train.lora"},

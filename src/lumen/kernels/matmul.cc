@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <type_traits>
 #include <vector>
 
@@ -374,6 +375,47 @@ struct PreparedX {
   const float* row(int64_t m) const { return base + m * ld; }
 };
 
+// The forward epilogue's operands for one thread's rows [n0, n1) of W: U
+// pre-multiplied by the scale, and B's rows, each padded with zeros to rp (a
+// whole number of vectors), so the epilogue is rp / Lanes more FMAs into the
+// tile's accumulators: the dot product extended from K to K + r terms.
+struct LowRankTile {
+  std::vector<float> u, b;  // [M, rp], [n1 - n0, rp]
+  int64_t rp = 0, n0 = 0;
+
+  LowRankTile(const LowRank& lr, int64_t M, int64_t n0_, int64_t n1) : n0(n0_) {
+    const int64_t L = hn::Lanes(DF());
+    rp = (lr.r + L - 1) / L * L;
+    u.assign(M * rp, 0.0f);
+    b.assign((n1 - n0) * rp, 0.0f);
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t j = 0; j < lr.r; ++j) u[m * rp + j] = lr.scale * lr.u[m * lr.r + j];
+    for (int64_t n = n0; n < n1; ++n)
+      std::memcpy(&b[(n - n0) * rp], lr.v + n * lr.r, lr.r * sizeof(float));
+  }
+  const float* urow(int64_t m) const { return u.data() + m * rp; }
+  const float* brow(int64_t n) const { return b.data() + (n - n0) * rp; }
+};
+
+// The rank-r term of one output as a vector whose lanes sum to it.
+HWY_INLINE VF LowRankDot(const float* b, const float* u, int64_t rp, VF acc) {
+  const DF d;
+  for (int64_t j = 0; j < rp; j += hn::Lanes(d))
+    acc = hn::MulAdd(hn::LoadU(d, b + j), hn::LoadU(d, u + j), acc);
+  return acc;
+}
+
+// Y[m, n0:n1) += scale U B^T as a pass of its own: the routes whose tiles
+// are not ours (int8, bf16) and kernels::AddLowRank.
+void AddLowRankRows(const LowRankTile& e, int64_t M, float* Y, int64_t ldy, int64_t n0,
+                    int64_t n1) {
+  const DF d;
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = n0; n < n1; ++n)
+      Y[m * ldy + n] +=
+          hn::GetLane(hn::SumOfLanes(d, LowRankDot(e.brow(n), e.urow(m), e.rp, hn::Zero(d))));
+}
+
 // MLX 4-bit matvec row with plain local accumulators. Through the generic
 // sink this decoder's accumulators were kept on the stack by GCC (2x slower
 // per call); same arithmetic, so results are unchanged.
@@ -413,9 +455,11 @@ HWY_NOINLINE float MlxDot4(const uint8_t* p, const float* ss, const float* bb, i
 
 // Y[m, n] for n in [n0, n1) and MB activation rows: each weight vector is
 // decoded once and FMA'd into MB pairs of accumulators.
-template <int MB>
+// E: with the epilogue (epi non-null); a template argument so the plain
+// product's code is what it was (a runtime branch here made GCC spill).
+template <int MB, bool E = false>
 void SmallM(RowDecoder& dec, const PreparedX& X, int64_t m0, float* Y, int64_t ldy, int64_t n0,
-            int64_t n1) {
+            int64_t n1, const LowRankTile* epi) {
   const DF d;
   const float* x[MB];
   for (int m = 0; m < MB; ++m) x[m] = X.row(m0 + m);
@@ -427,7 +471,11 @@ void SmallM(RowDecoder& dec, const PreparedX& X, int64_t m0, float* Y, int64_t l
     for (int64_t n = n0; n < n1; ++n) {
       DequantizeRow(W.scales.dtype, W.scales.row(n), ss, groups);
       DequantizeRow(W.biases.dtype, W.biases.row(n), ss + groups, groups);
-      Y[m0 * ldy + n] = MlxDot4(W.w.row<const uint8_t>(n), ss, ss + groups, W.k, W.mlx_group, x[0]);
+      float y = MlxDot4(W.w.row<const uint8_t>(n), ss, ss + groups, W.k, W.mlx_group, x[0]);
+      if constexpr (E)
+        y += hn::GetLane(
+            hn::SumOfLanes(DF(), LowRankDot(epi->brow(n), epi->urow(m0), epi->rp, hn::Zero(DF()))));
+      Y[m0 * ldy + n] = y;
     }
     return;
   }
@@ -442,6 +490,9 @@ void SmallM(RowDecoder& dec, const PreparedX& X, int64_t m0, float* Y, int64_t l
       for (int m = 0; m < MB; ++m) acc[c][m] = hn::MulAdd(w, hn::LoadU(d, x[m] + k), acc[c][m]);
     };
     dec.Decode(n, sink);
+    if constexpr (E)
+      for (int m = 0; m < MB; ++m)
+        acc[0][m] = LowRankDot(epi->brow(n), epi->urow(m0 + m), epi->rp, acc[0][m]);
     for (int m = 0; m < MB; ++m) {
       VF t = acc[0][m];
       for (int c = 1; c < kChains; ++c) t = hn::Add(t, acc[c][m]);
@@ -452,9 +503,10 @@ void SmallM(RowDecoder& dec, const PreparedX& X, int64_t m0, float* Y, int64_t l
 
 // Prefill microkernel: NB decoded weight rows (panel, stride ldp) times MB
 // activation rows, NB * MB accumulators held in registers across K.
-template <int NB, int MB>
+// epi (may be null): the epilogue's operands; u: the MB rows' U rows.
+template <int NB, int MB, bool E>
 HWY_INLINE void Tile(const float* panel, int64_t ldp, const float* const* x, int64_t K,
-                     float* const* y, int64_t n) {
+                     float* const* y, int64_t n, const LowRankTile* epi, const float* const* u) {
   const DF d;
   const int64_t N = hn::Lanes(d);
   VF acc[NB][MB];
@@ -468,22 +520,27 @@ HWY_INLINE void Tile(const float* panel, int64_t ldp, const float* const* x, int
       for (int j = 0; j < MB; ++j) acc[i][j] = hn::MulAdd(w, xv[j], acc[i][j]);
     }
   }
+  if constexpr (E)
+    for (int i = 0; i < NB; ++i)
+      for (int j = 0; j < MB; ++j)
+        acc[i][j] = LowRankDot(epi->brow(n + i), u[j], epi->rp, acc[i][j]);
   for (int i = 0; i < NB; ++i)
     for (int j = 0; j < MB; ++j) y[j][n + i] = hn::GetLane(hn::SumOfLanes(d, acc[i][j]));
 }
 
-template <int MB>
+template <int MB, bool E>
 HWY_INLINE void TileRows(const float* panel, int64_t ldp, int nb, const float* const* x, int64_t K,
-                         float* const* y, int64_t n) {
+                         float* const* y, int64_t n, const LowRankTile* epi,
+                         const float* const* u) {
   switch (nb) {
     case 4:
-      return Tile<4, MB>(panel, ldp, x, K, y, n);
+      return Tile<4, MB, E>(panel, ldp, x, K, y, n, epi, u);
     case 3:
-      return Tile<3, MB>(panel, ldp, x, K, y, n);
+      return Tile<3, MB, E>(panel, ldp, x, K, y, n, epi, u);
     case 2:
-      return Tile<2, MB>(panel, ldp, x, K, y, n);
+      return Tile<2, MB, E>(panel, ldp, x, K, y, n, epi, u);
     default:
-      return Tile<1, MB>(panel, ldp, x, K, y, n);
+      return Tile<1, MB, E>(panel, ldp, x, K, y, n, epi, u);
   }
 }
 
@@ -491,8 +548,9 @@ HWY_INLINE void TileRows(const float* panel, int64_t ldp, int nb, const float* c
 // M activation rows over them three at a time: the three X rows stay in L1
 // across the panel's 4-row tiles and the panel streams from L2, so neither
 // X nor W is re-read from memory per tile.
+template <bool E>
 void LargeM(RowDecoder& dec, const PreparedX& X, int64_t M, float* Y, int64_t ldy, int64_t n0,
-            int64_t n1) {
+            int64_t n1, const LowRankTile* epi) {
   const DF d;
   const int64_t N = hn::Lanes(d);
   const int64_t K = dec.W.k, ldp = (K + N - 1) / N * N;
@@ -511,14 +569,20 @@ void LargeM(RowDecoder& dec, const PreparedX& X, int64_t M, float* Y, int64_t ld
     for (; m + kMB <= M; m += kMB) {
       const float* x[kMB] = {X.row(m), X.row(m + 1), X.row(m + 2), X.row(m + 3)};
       float* y[kMB] = {Y + m * ldy, Y + (m + 1) * ldy, Y + (m + 2) * ldy, Y + (m + 3) * ldy};
+      const float* u[kMB] = {};
+      if (epi)
+        for (int j = 0; j < kMB; ++j) u[j] = epi->urow(m + j);
       for (int64_t i = 0; i < np; i += 4)
-        TileRows<kMB>(panel + i * ldp, ldp, int(std::min<int64_t>(4, np - i)), x, ldp, y, n + i);
+        TileRows<kMB, E>(panel + i * ldp, ldp, int(std::min<int64_t>(4, np - i)), x, ldp, y, n + i,
+                         epi, u);
     }
     for (; m < M; ++m) {
       const float* x[1] = {X.row(m)};
       float* y[1] = {Y + m * ldy};
+      const float* u[1] = {epi ? epi->urow(m) : nullptr};
       for (int64_t i = 0; i < np; i += 4)
-        TileRows<1>(panel + i * ldp, ldp, int(std::min<int64_t>(4, np - i)), x, ldp, y, n + i);
+        TileRows<1, E>(panel + i * ldp, ldp, int(std::min<int64_t>(4, np - i)), x, ldp, y, n + i,
+                       epi, u);
     }
   }
 }
@@ -563,32 +627,53 @@ void LargeMBf16(RowDecoder& dec, const PreparedX& X, int64_t M, float* Y, int64_
 
 }  // namespace
 
-// Rows [n0, n1) of W against all M rows of X.
+// SmallM over all M rows: 4 at a time, then the remainder.
+template <bool E>
+void SmallRows(RowDecoder& dec, const PreparedX& x, int64_t M, float* Y, int64_t ldy, int64_t n0,
+               int64_t n1, const LowRankTile* epi) {
+  int64_t m = 0;
+  for (; m + 4 <= M; m += 4) SmallM<4, E>(dec, x, m, Y, ldy, n0, n1, epi);
+  switch (M - m) {
+    case 3:
+      return SmallM<3, E>(dec, x, m, Y, ldy, n0, n1, epi);
+    case 2:
+      return SmallM<2, E>(dec, x, m, Y, ldy, n0, n1, epi);
+    case 1:
+      return SmallM<1, E>(dec, x, m, Y, ldy, n0, n1, epi);
+    default:
+      return;
+  }
+}
+
+// Rows [n0, n1) of W against all M rows of X; lr (may be null): the fused
+// LoRA epilogue (matmul.h, MatMulLowRank).
 void MatMulRows(const Matrix& W, const float* X, int64_t M, int64_t ldx, float* Y, int64_t ldy,
-                int64_t n0, int64_t n1) {
+                int64_t n0, int64_t n1, const LowRank* lr) {
   RowDecoder dec(W);
   const PreparedX x(W, dec.path, X, M, ldx);
-  if (M > 4 && RouteHasBf16(W.route) && CpuHasBf16()) return LargeMBf16(dec, x, M, Y, ldy, n0, n1);
+  std::optional<LowRankTile> tile;
+  if (lr) tile.emplace(*lr, M, n0, n1);
+  const LowRankTile* epi = tile ? &*tile : nullptr;
+  if (M > 4 && RouteHasBf16(W.route) && CpuHasBf16()) {
+    LargeMBf16(dec, x, M, Y, ldy, n0, n1);
+    if (epi) AddLowRankRows(*epi, M, Y, ldy, n0, n1);  // the bf16 panels are not our tiles
+    return;
+  }
   if (M > 4) {
     // Tile reads X up to the padded K: only safe when X is padded or K % N == 0.
     const int64_t N = hn::Lanes(DF());
-    if (W.k % N == 0 || x.base != X) return LargeM(dec, x, M, Y, ldy, n0, n1);
+    if (W.k % N == 0 || x.base != X)
+      return epi ? LargeM<true>(dec, x, M, Y, ldy, n0, n1, epi)
+                 : LargeM<false>(dec, x, M, Y, ldy, n0, n1, nullptr);
   }
-  int64_t m = 0;
-  for (; m + 4 <= M; m += 4) SmallM<4>(dec, x, m, Y, ldy, n0, n1);
-  switch (M - m) {
-    case 3:
-      SmallM<3>(dec, x, m, Y, ldy, n0, n1);
-      break;
-    case 2:
-      SmallM<2>(dec, x, m, Y, ldy, n0, n1);
-      break;
-    case 1:
-      SmallM<1>(dec, x, m, Y, ldy, n0, n1);
-      break;
-    default:
-      break;
-  }
+  if (epi) return SmallRows<true>(dec, x, M, Y, ldy, n0, n1, epi);
+  SmallRows<false>(dec, x, M, Y, ldy, n0, n1, nullptr);
+}
+
+// Y[:, n0:n1) += scale U B^T (the second pass; matmul.h AddLowRank).
+void AddLowRankCols(const LowRank& lr, int64_t M, float* Y, int64_t ldy, int64_t n0, int64_t n1) {
+  const LowRankTile tile(lr, M, n0, n1);
+  AddLowRankRows(tile, M, Y, ldy, n0, n1);
 }
 
 // MatMulBf16, step 1: rows [m0, m1) of X as the decoders index them (MLX
@@ -610,10 +695,21 @@ void MatMulRowsBf16(const Matrix& W, const uint16_t* xb, int64_t ld, int64_t M, 
 // The transposed product's register tile: R rows of dX by V vectors of
 // columns stay in registers across a panel of decoded weight rows; each term
 // is one FMA, added in ascending n (the order an AXPY per weight row has).
-template <int R, int V>
+// The backward epilogue's operands at one tile's first row and column: U
+// rows (stride r), V = A's columns (row stride ldv), mask (stride K) or null.
+struct TransposedEpi {
+  const float* u;
+  int64_t r;
+  const float* v;
+  int64_t ldv;
+  const float* mask;
+};
+
+// E: 0 no epilogue, 1 without a mask, 2 with one (compile-time, as Tile's).
+template <int R, int V, int E>
 HWY_INLINE void TransposedTile(const float* HWY_RESTRICT panel, int64_t ldp, int64_t nb,
                                const float* HWY_RESTRICT dy, int64_t N, float* HWY_RESTRICT dx,
-                               int64_t K) {
+                               int64_t K, const TransposedEpi* epi) {
   const DF d;
   const int64_t L = hn::Lanes(d);
   VF acc[R][V];
@@ -627,6 +723,29 @@ HWY_INLINE void TransposedTile(const float* HWY_RESTRICT panel, int64_t ldp, int
       for (int v = 0; v < V; ++v) acc[r][v] = hn::MulAdd(a, w[v], acc[r][v]);
     }
   }
+  if constexpr (E == 1) {  // no mask: r more terms of the same sums, U as dy, A as the panel
+    for (int64_t j = 0; j < epi->r; ++j) {
+      VF w[V];
+      for (int v = 0; v < V; ++v) w[v] = hn::LoadU(d, epi->v + j * epi->ldv + v * L);
+      for (int r = 0; r < R; ++r) {
+        const VF a = hn::Set(d, epi->u[r * epi->r + j]);
+        for (int v = 0; v < V; ++v) acc[r][v] = hn::MulAdd(a, w[v], acc[r][v]);
+      }
+    }
+  } else if constexpr (E ==
+                       2) {  // dropout: the rank-r term is summed apart, then scaled by the mask
+    for (int r = 0; r < R; ++r) {
+      VF t[V];
+      for (int v = 0; v < V; ++v) t[v] = hn::Zero(d);
+      for (int64_t j = 0; j < epi->r; ++j) {
+        const VF a = hn::Set(d, epi->u[r * epi->r + j]);
+        for (int v = 0; v < V; ++v)
+          t[v] = hn::MulAdd(a, hn::LoadU(d, epi->v + j * epi->ldv + v * L), t[v]);
+      }
+      for (int v = 0; v < V; ++v)
+        acc[r][v] = hn::MulAdd(hn::LoadU(d, epi->mask + r * K + v * L), t[v], acc[r][v]);
+    }
+  }
   for (int r = 0; r < R; ++r)
     for (int v = 0; v < V; ++v) hn::StoreU(acc[r][v], d, dx + r * K + v * L);
 }
@@ -638,18 +757,19 @@ constexpr int kTV = 4;  // 16 accumulators of the 32 vector registers
 constexpr int kTV = 2;
 #endif
 
-template <int R>
+template <int R, int E>
 HWY_INLINE void TransposedTileCols(int vecs, const float* panel, int64_t ldp, int64_t nb,
-                                   const float* dy, int64_t N, float* dx, int64_t K) {
+                                   const float* dy, int64_t N, float* dx, int64_t K,
+                                   const TransposedEpi* epi) {
   switch (vecs) {
     case 1:
-      return TransposedTile<R, 1>(panel, ldp, nb, dy, N, dx, K);
+      return TransposedTile<R, 1, E>(panel, ldp, nb, dy, N, dx, K, epi);
     case 2:
-      return TransposedTile<R, 2>(panel, ldp, nb, dy, N, dx, K);
+      return TransposedTile<R, 2, E>(panel, ldp, nb, dy, N, dx, K, epi);
     case 3:
-      return TransposedTile < R, kTV == 4 ? 3 : 1 > (panel, ldp, nb, dy, N, dx, K);
+      return TransposedTile < R, kTV == 4 ? 3 : 1, E > (panel, ldp, nb, dy, N, dx, K, epi);
     default:
-      return TransposedTile<R, kTV>(panel, ldp, nb, dy, N, dx, K);
+      return TransposedTile<R, kTV, E>(panel, ldp, nb, dy, N, dx, K, epi);
   }
 }
 
@@ -659,15 +779,28 @@ HWY_INLINE void TransposedTileCols(int vecs, const float* panel, int64_t ldp, in
 // Columns past the last whole vector of [k0, k1) are summed in scalar code
 // as mul then add, as the AXPY this replaces did, so the result is the same
 // bit for bit.
-void MatMulTRows(const Matrix& W, const float* dY, int64_t M, float* dX, int64_t k0, int64_t k1) {
+//
+// lr (may be null): the fused LoRA epilogue (matmul.h, MatMulTLowRank), added
+// to each tile after the last panel; the scalar tail adds it the same way.
+// The panel takes only the range's columns where the storage's blocks allow
+// it (DequantizeMatrixColumns gives the same values as the row's slice).
+void MatMulTRows(const Matrix& W, const float* dY, int64_t M, float* dX, int64_t k0, int64_t k1,
+                 const LowRank* lr) {
   const DF d;
   const int64_t L = hn::Lanes(d), N = W.n, K = W.k, KW = k1 - k0;
   const int64_t kv = KW / L * L;  // whole vectors of the range
   constexpr int64_t kTn = 128;
-  std::vector<float> row(K), panel(kTn * KW);
+  const int64_t align = MatrixColumnAlign(W);
+  const bool columns = k0 % align == 0 && (k1 % align == 0 || k1 == K);
+  std::vector<float> row(columns ? 0 : K), panel(kTn * KW);
   for (int64_t n0 = 0; n0 < N; n0 += kTn) {
     const int64_t nb = std::min(kTn, N - n0);
+    const bool last = n0 + nb == N;
     for (int64_t i = 0; i < nb; ++i) {
+      if (columns) {
+        DequantizeMatrixColumns(W, n0 + i, k0, k1, panel.data() + i * KW);
+        continue;
+      }
       DequantizeMatrixRow(W, n0 + i, row.data());
       std::memcpy(panel.data() + i * KW, row.data() + k0, KW * sizeof(float));
     }
@@ -675,11 +808,23 @@ void MatMulTRows(const Matrix& W, const float* dY, int64_t M, float* dX, int64_t
     for (int64_t k = 0; k < kv; k += kTV * L) {
       const int vecs = int(std::min<int64_t>(kTV, (kv - k) / L));
       const float* pk = panel.data() + k;
+      auto epi = [&](int64_t m) {
+        return TransposedEpi{lr->u + m * lr->r, lr->r, lr->v + k0 + k, K,
+                             lr->mask ? lr->mask + m * K + k0 + k : nullptr};
+      };
+      const int mode = !(lr && last) ? 0 : lr->mask ? 2 : 1;
+      auto rows = [&](auto height, int64_t m) HWY_ATTR {
+        constexpr int R = decltype(height)::value;
+        const float* dym = dy0 + m * N;
+        float* dxm = dX + m * K + k0 + k;
+        if (mode == 0) return TransposedTileCols<R, 0>(vecs, pk, KW, nb, dym, N, dxm, K, nullptr);
+        const TransposedEpi e = epi(m);
+        if (mode == 1) return TransposedTileCols<R, 1>(vecs, pk, KW, nb, dym, N, dxm, K, &e);
+        TransposedTileCols<R, 2>(vecs, pk, KW, nb, dym, N, dxm, K, &e);
+      };
       int64_t m = 0;
-      for (; m + 4 <= M; m += 4)
-        TransposedTileCols<4>(vecs, pk, KW, nb, dy0 + m * N, N, dX + m * K + k0 + k, K);
-      for (; m < M; ++m)
-        TransposedTileCols<1>(vecs, pk, KW, nb, dy0 + m * N, N, dX + m * K + k0 + k, K);
+      for (; m + 4 <= M; m += 4) rows(Par<4>{}, m);
+      for (; m < M; ++m) rows(Par<1>{}, m);
     }
     for (int64_t m = 0; m < M; ++m)
       for (int64_t c = kv; c < KW; ++c) {
@@ -687,6 +832,12 @@ void MatMulTRows(const Matrix& W, const float* dY, int64_t M, float* dX, int64_t
         for (int64_t i = 0; i < nb; ++i) {
           const float t = dy0[m * N + i] * panel[i * KW + c];
           y += t;
+        }
+        if (lr && last) {
+          float low = 0;
+          for (int64_t j = 0; j < lr->r; ++j) low += lr->u[m * lr->r + j] * lr->v[j * K + k0 + c];
+          if (lr->mask) low *= lr->mask[m * K + k0 + c];
+          y += low;
         }
         dX[m * K + k0 + c] = y;
       }
@@ -752,10 +903,32 @@ LUMEN_ROUTE(
      .tests =
          "MatMulTest.TransposedWithinBound;Types/QuantizedBase.FloatRouteWithinBoundOfDouble/*"});
 
+// The fused LoRA epilogue (matmul.h, MatMulLowRank / MatMulTLowRank).
+LUMEN_ROUTE(matmul_lora_epilogue,
+            {.node = "matmul.lora",
+             .name = "simd-epilogue",
+             .tier = Tier::kL2,
+             .oracle = "MatMulLowRankRef (matmul_ref.h: dequantize, double accumulation)",
+             .bound = "per output (K + r + 3) 2^-24 (sum |w x| + sum |s u b|) (matmul.h); not "
+                      "bit-identical to the unfused order",
+             .tests = "MatMulLowRank.EpilogueWithinBoundOnEveryTargetAndStorage;MatMulLowRank."
+                      "OtherRoutesAddTheTermInASecondPass",
+             .priority = 10});
+LUMEN_ROUTE(matmul_lora_epilogue_t,
+            {.node = "matmul.lora_t",
+             .name = "simd-epilogue",
+             .tier = Tier::kL2,
+             .oracle = "MatMulTLowRankRef (matmul_ref.h: dequantize, double accumulation)",
+             .bound = "per output (N + r + 3) 2^-24 (|dx0| + sum |dy w| + |mask| sum |u a|) "
+                      "(matmul.h); not bit-identical to the unfused order",
+             .tests = "MatMulTLowRank.EpilogueWithinBoundOnEveryTargetAndStorage",
+             .priority = 10});
+
 HWY_EXPORT(MatMulRows);
 HWY_EXPORT(PrepareBf16Rows);
 HWY_EXPORT(MatMulRowsBf16);
 HWY_EXPORT(MatMulTRows);
+HWY_EXPORT(AddLowRankCols);
 HWY_EXPORT(FusedPath);
 
 void MatMul(const Matrix& W, const float* X, int64_t M, int64_t ldx, float* Y, int64_t ldy,
@@ -763,7 +936,7 @@ void MatMul(const Matrix& W, const float* X, int64_t M, int64_t ldx, float* Y, i
   if (UsesInt8Route(W, M)) return MatMulInt8(W, X, M, ldx, Y, ldy, pool);
   const int64_t N = W.n;
   auto fn = [&](int64_t b, int64_t e, int) {
-    HWY_DYNAMIC_DISPATCH(MatMulRows)(W, X, M, ldx, Y, ldy, b, e);
+    HWY_DYNAMIC_DISPATCH(MatMulRows)(W, X, M, ldx, Y, ldy, b, e, nullptr);
   };
   // Contiguous row ranges per thread (each thread streams its own part of W);
   // grain 16 keeps the prefill panels (4 rows) and cache lines whole.
@@ -791,7 +964,7 @@ void MatMulMany(std::span<const MatMulOut> outs, const float* X, int64_t M, int6
     int64_t off = 0;
     for (const MatMulOut& o : outs) {
       const int64_t lo = std::max<int64_t>(b - off, 0), hi = std::min<int64_t>(e - off, o.w->n);
-      if (lo < hi) HWY_DYNAMIC_DISPATCH(MatMulRows)(*o.w, X, M, ldx, o.y, o.ldy, lo, hi);
+      if (lo < hi) HWY_DYNAMIC_DISPATCH(MatMulRows)(*o.w, X, M, ldx, o.y, o.ldy, lo, hi, nullptr);
       off += o.w->n;
     }
   };
@@ -835,12 +1008,54 @@ void MatMulT(const Matrix& W, const float* dY, int64_t M, float* dX, ThreadPool*
   // Split K across threads: each thread dequantizes every row but writes only
   // its own column range, so no reduction between threads is needed.
   auto fn = [&](int64_t b, int64_t e, int) {
-    HWY_DYNAMIC_DISPATCH(MatMulTRows)(W, dY, M, dX, b, e);
+    HWY_DYNAMIC_DISPATCH(MatMulTRows)(W, dY, M, dX, b, e, nullptr);
   };
   if (pool) {
     pool->ParallelFor(K, fn, 64);
   } else {
     fn(0, K, 0);
+  }
+}
+
+void MatMulLowRank(const Matrix& W, const float* X, int64_t M, int64_t ldx, const LowRank& lr,
+                   float* Y, int64_t ldy, ThreadPool* pool) {
+  LUMEN_CHECK(lr.u && lr.v && lr.r >= 1 && lr.mask == nullptr);
+  if (UsesInt8Route(W, M)) {  // the int8 tiles are not ours: a second pass over Y
+    MatMulInt8(W, X, M, ldx, Y, ldy, pool);
+    return AddLowRank(Y, ldy, M, W.n, lr, pool);
+  }
+  auto fn = [&](int64_t b, int64_t e, int) {
+    HWY_DYNAMIC_DISPATCH(MatMulRows)(W, X, M, ldx, Y, ldy, b, e, &lr);
+  };
+  if (pool && W.n >= 32) {
+    pool->ParallelFor(W.n, fn, 16);
+  } else {
+    fn(0, W.n, 0);
+  }
+}
+
+void AddLowRank(float* Y, int64_t ldy, int64_t M, int64_t N, const LowRank& lr, ThreadPool* pool) {
+  LUMEN_CHECK(lr.u && lr.v && lr.r >= 1 && lr.mask == nullptr);
+  auto fn = [&](int64_t b, int64_t e, int) {
+    HWY_DYNAMIC_DISPATCH(AddLowRankCols)(lr, M, Y, ldy, b, e);
+  };
+  if (pool && N >= 32) {
+    pool->ParallelFor(N, fn, 16);
+  } else {
+    fn(0, N, 0);
+  }
+}
+
+void MatMulTLowRank(const Matrix& W, const float* dY, int64_t M, const LowRank& lr, float* dX,
+                    ThreadPool* pool) {
+  LUMEN_CHECK(lr.u && lr.v && lr.r >= 1);
+  auto fn = [&](int64_t b, int64_t e, int) {
+    HWY_DYNAMIC_DISPATCH(MatMulTRows)(W, dY, M, dX, b, e, &lr);
+  };
+  if (pool) {
+    pool->ParallelFor(W.k, fn, 64);
+  } else {
+    fn(0, W.k, 0);
   }
 }
 

@@ -47,6 +47,45 @@ bool MatMulIsFused(const Matrix& W);
 // dX[M, K] = dY[M, N] * W[N, K]; dX is overwritten.
 void MatMulT(const Matrix& W, const float* dY, int64_t M, float* dX, ThreadPool* pool);
 
+// The fused LoRA epilogue: a product through W plus a rank-r term, summed in
+// the product's output tile before its single store, so the output is written
+// once and the only extra inputs are the small factors.
+//
+// Forward (MatMulLowRank): Y[M, N] = X W^T + scale * U B^T, with U = A x
+// [M, r] (computed once per call by the caller, a small product) and B [N, r].
+// The tile's r extra terms are FMAs into the same f32 accumulators as the K
+// terms of W x (the dot product is extended to K + r terms, U pre-multiplied
+// by scale), so per output
+//   |y - y_ref| <= (K + r + 3) u (sum_k |w_k x_k| + sum_j |s u_j b_j|),
+// u = 2^-24: the MatMul bound over K + r terms plus one rounding of s u_j.
+//
+// Backward (MatMulTLowRank): dX[M, K] += dY W + mask .* (U V), with U = s dY B
+// [M, r] and V = A [r, K]; mask [M, K] (LoRA dropout's multipliers) may be
+// null. The rank-r term is computed in registers and added to each output
+// tile after its last panel of W rows, before its store; per output
+//   |dx - dx_ref| <= (N + r + 3) u (|dx0| + sum_n |dy_n w_n| + |mask| sum_j |u_j v_j|).
+// The oracle for both is MatMulLowRankRef / MatMulTLowRankRef (matmul_ref.h,
+// double). Not bit-identical to the unfused order (product, then a separate
+// rank-r pass): the bound above is the contract (matmul_lowrank_test.cc).
+//
+// Routes that sum W x elsewhere (the int8 activation route, the bf16 route of
+// W.route = kBf16) add the rank-r term in a second pass over their rows of Y,
+// with the same bound.
+struct LowRank {
+  const float* u = nullptr;     // [M, r], row stride r
+  const float* v = nullptr;     // forward: B [N, r]; backward: A [r, K] (row stride K)
+  int64_t r = 0;                // rank, >= 1
+  float scale = 1.0f;           // forward only (the backward's U carries it)
+  const float* mask = nullptr;  // backward only: [M, K] multipliers, or null
+};
+void MatMulLowRank(const Matrix& W, const float* X, int64_t M, int64_t ldx, const LowRank& lr,
+                   float* Y, int64_t ldy, ThreadPool* pool);
+void MatMulTLowRank(const Matrix& W, const float* dY, int64_t M, const LowRank& lr, float* dX,
+                    ThreadPool* pool);
+// The unfused order's second pass: Y[M, N] += scale U B^T (lr.mask null),
+// within (r + 2) u (|y0| + sum_j |s u_j b_j|) of the double sum.
+void AddLowRank(float* Y, int64_t ldy, int64_t M, int64_t N, const LowRank& lr, ThreadPool* pool);
+
 // The bf16 route (matmul_bf16.h, tier L3) for every M, whatever W.route says:
 // X is rounded to bf16 once per call (M * roundup(K, 32) * 2 bytes, shared by
 // the threads, plus one 512 KiB panel and one f32 row per thread), then each

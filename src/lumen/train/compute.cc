@@ -72,13 +72,28 @@ LUMEN_ROUTE(head_chunk_bf16,
              .measure = "docs/experiments/compute-precision.md",
              .when = "train.compute=bf16 cpu=avx512bf16",
              .priority = 20});
+// f32: the rank-r term in the frozen product's epilogue (Graph's default), or
+// in a second pass (Phi3's fused q/k/v and gate/up weights, set_lora_epilogue
+// off). A x, s dy B, dA and dB are kernel products either way (lora_products.h).
+LUMEN_ROUTE(train_lora_f32_epilogue,
+            {.node = "train.lora",
+             .name = "f32-epilogue",
+             .tier = Tier::kL2,
+             .oracle = "the unfused f32 order (second pass) and the same graph in double",
+             .bound = "LoRA gradients within 1e-5 relative L2 of the unfused order and 1e-4 of "
+                      "the double route; per product the bounds of matmul.h",
+             .tests = "Families/GradientCheck.LoraEpilogueMatchesUnfusedWithinBound/*;"
+                      "MatMulLowRank.*;MatMulTLowRank.*;LoraProducts.*",
+             .when = "train.compute=f32",
+             .priority = 15});
 LUMEN_ROUTE(train_lora_f32,
             {.node = "train.lora",
              .name = "f32",
              .tier = Tier::kL2,
              .oracle = "the same graph in double, finite differences",
              .bound = "relative L2 of LoRA gradients below 1e-4 of the double route",
-             .tests = "Families/GradientCheck.FloatRouteWithinBoundOfDouble/*",
+             .tests = "Families/GradientCheck.FloatRouteWithinBoundOfDouble/*;Families/"
+                      "GradientCheck.LoraEpilogueMatchesUnfusedWithinBound/*",
              .priority = 10});
 LUMEN_ROUTE(train_lora_bf16,
             {.node = "train.lora",

@@ -8,7 +8,9 @@
 // result for at most kTransposedRowChunk rows (rows go in chunks; each chunk
 // decodes W once more, 1/kTransposedRowChunk of the product); bf16 adds into dx directly and holds
 // dy in bf16 plus the panels (kernels/matmul_bf16_t.h); the bf16 FrozenProduct holds x in bf16 plus
-// the panels (kernels/matmul.h, MatMulBf16).
+// the panels (kernels/matmul.h, MatMulBf16). A LoRA target's fused backward
+// (kernels::MatMulTLowRank, graph.cc) adds into dx in place and holds no
+// [rows, K] result at all.
 #pragma once
 
 #include <algorithm>

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <type_traits>
+#include <utility>
 
 #include "lumen/core/check.h"
 #include "lumen/core/route.h"
@@ -11,6 +12,7 @@
 #include "lumen/kernels/train_ops.h"
 #include "lumen/model/forward.h"
 #include "lumen/train/frozen.h"
+#include "lumen/train/lora_products.h"
 
 namespace lumen::train {
 
@@ -209,6 +211,10 @@ const LoraSlot* Graph<Real>::LoraInput(int l, Target t, const Real* x, int64_t M
     LoraProductBf16(A, r, K, x, M, u.data());
     return slot;
   }
+  if constexpr (std::is_same_v<Real, float>) {
+    LoraDown(A, r, K, x, M, u.data(), pool_);
+    return slot;
+  }
   ForRows(M, [&](int64_t m) {
     for (int j = 0; j < r; ++j) {
       Real acc = 0;
@@ -224,22 +230,33 @@ template <class Real>
 void Graph<Real>::Linear(int l, Target t, const Matrix& W, const Real* x, int64_t M, Real* y,
                          std::vector<Real>& u) {
   PhaseTimer timer(Phase(&StepProfile::products_s));
-  if (W.valid()) {  // else y holds a fused product's slice
-    Probe(ProbeSite::kProductX, x, M * W.k);
-    FrozenProduct(W, x, M, y, pool_, Bf16(kFrozenForward));
-  }
   const LoraSlot* slot = LoraInput(l, t, x, M, u);
+  if (W.valid()) Probe(ProbeSite::kProductX, x, M * W.k);
+  if (slot) Probe(ProbeSite::kLoraU, u.data(), M * layout_->cfg.rank);
+  if constexpr (std::is_same_v<Real, float>) {
+    if (slot && FusedLora(W.valid(), Bf16(kFrozenForward))) {
+      const kernels::LowRank lr{.u = u.data(),
+                                .v = params_->w.data() + slot->b_off,
+                                .r = layout_->cfg.rank,
+                                .scale = lora_scale_};
+      return kernels::MatMulLowRank(W, x, M, W.k, lr, y, W.n, pool_);
+    }
+  }
+  if (W.valid())  // else y holds a fused product's slice
+    FrozenProduct(W, x, M, y, pool_, Bf16(kFrozenForward));
   if (!slot) return;
   const int r = layout_->cfg.rank;
   const int64_t N = slot->n;
   const Real* B = params_->w.data() + slot->b_off;
   const Real s = Real(lora_scale_);
-  Probe(ProbeSite::kLoraU, u.data(), M * r);
   if (LoraBf16(r)) {
     std::vector<Real> bu(size_t(M) * N);
     LoraProductBf16(B, N, r, u.data(), M, bu.data());
     for (size_t i = 0; i < bu.size(); ++i) y[i] += s * bu[i];
     return;
+  }
+  if constexpr (std::is_same_v<Real, float>) {  // the unfused order: a second pass over y
+    return kernels::AddLowRank(y, N, M, N, {.u = u.data(), .v = B, .r = r, .scale = s}, pool_);
   }
   ForRows(M, [&](int64_t m) {
     const Real* um = u.data() + m * r;
@@ -257,12 +274,13 @@ template <class Real>
 void Graph<Real>::LinearBackward(int l, Target t, const Matrix& W, const Real* x, const Real* u,
                                  const Real* dy, int64_t M, Real* dx, LoraParams<Real>& grad) {
   PhaseTimer timer(Phase(&StepProfile::products_s));
-  if (W.valid()) {  // fused: the caller's one product
-    Probe(ProbeSite::kProductTDy, dy, M * W.n);
+  const LoraSlot* slot = layout_ && lora_scale_ != 0.0f ? layout_->Find(l, t) : nullptr;
+  if (W.valid()) Probe(ProbeSite::kProductTDy, dy, M * W.n);
+  // Fused: dx gets dy W and the rank-r term in one pass, after du is known.
+  const bool fused = slot && FusedLora(W.valid(), Bf16(kFrozenBackward));
+  if (W.valid() && !fused)  // else the caller's one product (fused weights)
     FrozenProductT(W, dy, M, dx, pool_, Bf16(kFrozenBackward));
-  }
-  const LoraSlot* slot = layout_ ? layout_->Find(l, t) : nullptr;
-  if (!slot || lora_scale_ == 0.0f) return;
+  if (!slot) return;
   const int r = layout_->cfg.rank;
   const int64_t N = slot->n, K = slot->k;
   const Real* A = params_->w.data() + slot->a_off;
@@ -271,8 +289,10 @@ void Graph<Real>::LinearBackward(int l, Target t, const Matrix& W, const Real* x
   Real* dB = grad.w.data() + slot->b_off;
   const Real s = Real(lora_scale_);
   // The same mask the forward drew (a hash of the row and column), once.
-  const std::vector<Real> mask =
-      layout_->cfg.dropout > 0 ? DropMask(l, t, M, K) : std::vector<Real>();
+  std::vector<Real> mask = layout_->cfg.dropout > 0 ? DropMask(l, t, M, K) : std::vector<Real>();
+  if constexpr (std::is_same_v<Real, float>) {
+    return LinearBackwardF32(*slot, W, x, u, dy, M, dx, grad, std::move(mask), fused);
+  }
   // dB [N, r] += s dy^T u
   ForRows(N, [&](int64_t n) {
     for (int j = 0; j < r; ++j) {
@@ -323,6 +343,49 @@ void Graph<Real>::LinearBackward(int l, Target t, const Matrix& W, const Real* x
       dx[m * K + k] += acc;
     }
   });
+}
+
+// The f32 route's LoRA backward (lora_products.h): every product a parallel
+// kernel over row-major operands; fused: dx += dy W + mask .* (du A) in one
+// kernels::MatMulTLowRank pass (the frozen product is still to do). With
+// dropout, dA is last: the mask becomes drop(x) in place once dx has used it.
+template <class Real>
+void Graph<Real>::LinearBackwardF32(const LoraSlot& slot, const Matrix& W, const Real* x,
+                                    const Real* u, const Real* dy, int64_t M, Real* dx,
+                                    LoraParams<Real>& grad, std::vector<Real> mask, bool fused) {
+  if constexpr (std::is_same_v<Real, float>) {
+    const int r = layout_->cfg.rank;
+    const int64_t N = slot.n, K = slot.k;
+    const float* A = params_->w.data() + slot.a_off;
+    const float* B = params_->w.data() + slot.b_off;
+    const float s = lora_scale_;
+    LoraGradB(dy, u, M, N, r, s, grad.w.data() + slot.b_off, pool_);
+    Probe(ProbeSite::kLoraDy, dy, M * N);
+    std::vector<float> du(size_t(M) * r);
+    if (LoraBf16(N)) {
+      LoraProductTBf16(B, N, r, dy, M, du.data());
+      for (float& v : du) v *= s;
+    } else {
+      LoraDyB(B, N, r, s, dy, M, du.data(), pool_);
+    }
+    Probe(ProbeSite::kLoraDu, du.data(), M * r);
+    float* m = mask.empty() ? nullptr : mask.data();
+    if (fused) {
+      const kernels::LowRank lr{.u = du.data(), .v = A, .r = r, .mask = m};
+      kernels::MatMulTLowRank(W, dy, M, lr, dx, pool_);
+    } else if (LoraBf16(r)) {
+      std::vector<float> dxa(size_t(M) * K);
+      LoraProductTBf16(A, r, K, du.data(), M, dxa.data());
+      for (size_t i = 0; i < dxa.size(); ++i) dx[i] += m ? dxa[i] * m[i] : dxa[i];
+    } else {
+      LoraDxAdd(du.data(), A, M, K, r, m, dx, pool_);
+    }
+    if (m)  // drop(x), the input A saw
+      for (int64_t i = 0; i < M * K; ++i) m[i] *= x[i];
+    LoraGradA(du.data(), m ? m : x, M, K, r, grad.w.data() + slot.a_off, pool_);
+  } else {
+    LUMEN_CHECK(false);  // the double graph keeps its scalar loops (the oracle)
+  }
 }
 
 template <class Real>

@@ -1,7 +1,9 @@
 // The training forward and backward of every supported dense family over a
 // PackedBatch, with LoRA on the chosen targets and every base weight frozen
 // (any storage type: products through W use kernels::MatMul and, backward,
-// kernels::MatMulT, which decode W on the fly; with set_bf16 the bf16-operand
+// kernels::MatMulT, which decode W on the fly; on the f32 route a target's
+// LoRA term rides in those products' epilogue, kernels::MatMulLowRank and
+// MatMulTLowRank, see set_lora_epilogue; with set_bf16 the bf16-operand
 // routes of train/compute.h).
 //
 // Real = float is the training route; Real = double is the finite-difference
@@ -84,6 +86,13 @@ class Graph {
   // kFrozenForward, kFrozenBackward, kLoraProducts); 0, the default: all f32.
   // Real = double ignores it.
   void set_bf16(uint32_t kinds) { bf16_ = kinds; }
+  // The fused LoRA epilogue (kernels/matmul.h MatMulLowRank, MatMulTLowRank):
+  // on, the default, the f32 route adds each target's rank-r term inside the
+  // frozen product's output tiles, forward and backward; off, it adds it in a
+  // second pass (the unfused order, for tests and measurements). Targets
+  // without a frozen product of their own (Phi3's fused q/k/v, gate/up), the
+  // bf16 routes and Real = double always take the second pass.
+  void set_lora_epilogue(bool on) { lora_epilogue_ = on; }
   // Records the operands of every product (range_probe.h); null: off.
   void set_probe(RangeProbe* p) { probe_ = p; }
   // Adds the useful FLOPs of one Forward and Backward of b (step_profile.h):
@@ -119,6 +128,15 @@ class Graph {
   // dx [M, K] += dy W + s (dy B) A (dropout-masked); grads of A and B.
   void LinearBackward(int l, Target t, const model::Matrix& W, const Real* x, const Real* u,
                       const Real* dy, int64_t M, Real* dx, LoraParams<Real>& grad);
+  // Its f32 LoRA part; fused: also dx += dy W (the frozen product not yet done).
+  void LinearBackwardF32(const LoraSlot& slot, const model::Matrix& W, const Real* x, const Real* u,
+                         const Real* dy, int64_t M, Real* dx, LoraParams<Real>& grad,
+                         std::vector<Real> mask, bool fused);
+  // True when a target's f32 LoRA term goes in its frozen product's epilogue.
+  bool FusedLora(bool has_product, bool frozen_bf16) const {
+    return std::is_same_v<Real, float> && lora_epilogue_ && has_product && !frozen_bf16 &&
+           layout_ && !LoraBf16(layout_->cfg.rank);
+  }
   // The FFN of n rows: g, u, h [n, F] (resized), A x per target in lu[], d [n, D]
   // (d null: skip the down product, as the backward's recompute does).
   void FfnRows(int l, const Real* xn2, int64_t n, std::vector<Real>& g, std::vector<Real>& u,
@@ -165,6 +183,7 @@ class Graph {
   int64_t mlp_chunk_ = 0;
   StepProfile* profile_ = nullptr;
   uint32_t bf16_ = 0;
+  bool lora_epilogue_ = true;
   RangeProbe* probe_ = nullptr;
   int64_t row0_ = 0;  // first packed row of the rows a Linear sees (dropout keys)
   // [segments][M, D] residual entering each; the first stays empty (the

@@ -217,7 +217,7 @@ std::string RouteSummary(const RouteChoice& c, const engine::Model& model) {
       "`lumen routes` lists every node, --exact restores the reference path",
       c.preset,
       !bf16                      ? "exact (L2)"
-      : kernels::AmxBf16Usable() ? "bf16 (L3; AMX tiles from 16 rows)"
+      : kernels::AmxBf16Usable() ? "bf16 (L3, AMX tiles)"
                                  : "bf16 (L3)",
       int8 ? "int8 (L3)" : "exact (L2)", c.kv_type, c.kv_type == "f32" ? "L1" : "L2");
 }

@@ -262,9 +262,11 @@ TEST(MatMulBf16Amx, SeveralPanelsAndWideK) {
   }
 }
 
-// From kAmxMinRows rows MatMul's bf16 route is the AMX kernel, bit for bit,
-// whatever the threads and panels; below it, the AVX512-BF16 kernel. bf16
-// weights decode exactly, so the test builds the same operands directly.
+// From kAmxMinRows rows (every product the bf16 route takes) MatMul's bf16
+// route is the AMX kernel, bit for bit, whatever the threads and panels, and
+// so is MatMulBf16 (the training's forward); below 5 rows the exact route
+// runs (MatMulBf16.RouteSelectionAndThreads). bf16 weights decode exactly, so
+// the test builds the same operands directly.
 TEST(MatMulBf16Amx, TakenFromMinRowsBitForBitAnyThreads) {
   SKIP_WITHOUT_AMX();
   std::mt19937 rng(8);
@@ -283,7 +285,7 @@ TEST(MatMulBf16Amx, TakenFromMinRowsBitForBitAnyThreads) {
   for (int64_t m = 0; m < Mmax; ++m)
     ToBf16Padded(X.data() + m * K, K, ld, xb.as<uint16_t>() + m * ld);
   ThreadPool pool(2);
-  for (int64_t M : {5, 15, 16, 33, 40}) {
+  for (int64_t M : {5, 6, 15, 16, 33, 40}) {
     std::vector<float> want(M * N), one(M * N), two(M * N), bf16(M * N);
     if (M >= kAmxMinRows) {
       AlignedBuffer xp(AmxPackedXBytes(M, ld));

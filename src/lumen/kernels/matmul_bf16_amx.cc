@@ -38,7 +38,8 @@ LUMEN_ROUTE(matmul_bf16_amx_prefill,
                        "as a replacement of the exact product: no oracle",
              .bound = "the bf16 route's bound against MatMulBf16Ref (matmul_bf16_test.cc); "
                       "KL(exact || route) below a quarter of what Q8_0 weights cost",
-             .tests = "MatMulBf16Amx.*",
+             .tests = "MatMulBf16Amx.*;MatMulBf16.RouteSelectionAndThreads;RouteKl."
+                      "Bf16PrefillPassesTheDefaultGate",
              .measure = "docs/reference/performance.md#amx-prefill",
              .when = "act=bf16|int8+bf16 cpu=amx",
              .priority = 30});

@@ -155,6 +155,10 @@ BENCHMARK(BM_MatMul)->ArgsProduct({{3, 4}, {4, 8}, {1, 2}, {2048, 8192}, {1}})->
 BENCHMARK(BM_MatMul)
     ->ArgsProduct({{0, 1, 2, 3, 4, 5, 6, 7}, {256}, {1, 2}, {2048}, {2}})
     ->UseRealTime();
+// The bf16 route at a prefill chunk's rows (128) and near the smallest it
+// takes: on an AMX machine these run the tiles (matmul_bf16_amx.h); the same
+// run with LUMEN_NO_AMX=1 gives the AVX512-BF16 kernel beside them.
+BENCHMARK(BM_MatMul)->ArgsProduct({{3, 4}, {5, 16, 128}, {1}, {2048, 8192}, {2}})->UseRealTime();
 
 // Every row of the ring and the query ~ U(-1, 1).
 void FillRandom(const KvRing& ring, int64_t row, std::vector<float>& q) {

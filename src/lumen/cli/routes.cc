@@ -12,6 +12,7 @@
 
 #include "lumen/cli/verbs.h"
 #include "lumen/kernels/matmul_bf16.h"
+#include "lumen/kernels/matmul_bf16_amx.h"
 #include "lumen/kernels/matmul_q8.h"
 
 namespace lumen::cli {
@@ -80,14 +81,6 @@ std::vector<GraphNode> GraphNodes(std::string_view graph) {
   return out;
 }
 
-bool CpuHasAmx() {
-  std::ifstream f("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(f, line))
-    if (line.rfind("flags", 0) == 0) return line.find(" amx_tile") != std::string::npos;
-  return false;
-}
-
 std::string StorageName(const kernels::Matrix& m) {
   if (m.mlx_bits) return fmt::format("mlx{}", m.mlx_bits);
   return std::string(Name(m.w.dtype));
@@ -106,7 +99,7 @@ RouteContext MakeContext(std::string_view graph, const ModelArgs& args, const Ro
   RouteContext ctx;
   if (kernels::CpuHasBf16()) ctx.Add("cpu", "avx512bf16");
   if (kernels::CpuHasVnni()) ctx.Add("cpu", "avx512vnni");
-  if (CpuHasAmx()) ctx.Add("cpu", "amx");
+  if (kernels::AmxBf16Usable()) ctx.Add("cpu", "amx");
   ctx.Set("act", c.act_route);
   ctx.Set("kv", c.kv_type);
   const int threads = model && model->pool() ? model->pool()->size() : args.threads;
@@ -224,8 +217,11 @@ std::string RouteSummary(const RouteChoice& c, const engine::Model& model) {
   return fmt::format(
       "routes ({}): prefill products {}, decode products {}, KV {} ({}); "
       "`lumen routes` lists every node, --exact restores the reference path",
-      c.preset, bf16 ? "bf16 (L3)" : "exact (L2)", int8 ? "int8 (L3)" : "exact (L2)", c.kv_type,
-      c.kv_type == "f32" ? "L1" : "L2");
+      c.preset,
+      !bf16                      ? "exact (L2)"
+      : kernels::AmxBf16Usable() ? "bf16 (L3, AMX tiles)"
+                                 : "bf16 (L3)",
+      int8 ? "int8 (L3)" : "exact (L2)", c.kv_type, c.kv_type == "f32" ? "L1" : "L2");
 }
 
 void AnnounceRoutes(const ModelArgs& args, const engine::Model& model, std::string_view graph) {
@@ -390,7 +386,7 @@ int CheckRoutes(const std::string& junit_path, const std::string& source_dir) {
   RouteContext cpu;
   if (kernels::CpuHasBf16()) cpu.Add("cpu", "avx512bf16");
   if (kernels::CpuHasVnni()) cpu.Add("cpu", "avx512vnni");
-  if (CpuHasAmx()) cpu.Add("cpu", "amx");
+  if (kernels::AmxBf16Usable()) cpu.Add("cpu", "amx");
 
   std::set<std::pair<std::string, std::string>> seen;
   int checked_tests = 0;

@@ -13,6 +13,7 @@
 #include "lumen/engine/session.h"
 #include "lumen/kernels/matmul.h"
 #include "lumen/kernels/matmul_bf16.h"
+#include "lumen/kernels/matmul_bf16_amx.h"
 #include "lumen/kernels/matmul_q8.h"
 #include "lumen/kernels/roofline.h"
 #include "lumen/model/forward.h"
@@ -162,7 +163,8 @@ Result<BenchReport> RunBench(const Model& model, const BenchOptions& o) {
                         : kernels::MatMulIsFused(m)  ? ": fused decode"
                                                      : ": scalar dequant";
     if (kernels::RouteHasBf16(m.route) && kernels::CpuHasBf16())
-      route += ", prefill bf16, AVX512-BF16 (L3)";
+      route += kernels::AmxBf16Usable() ? ", prefill bf16, AMX tiles (L3)"
+                                        : ", prefill bf16, AVX512-BF16 (L3)";
     routes.insert(name + route);
   });
   if (w.output.w.data != w.tok_embd.w.data) r.weight_bytes_per_token += w.tok_embd.w.row_bytes();

@@ -12,6 +12,7 @@
 #include "lumen/core/quant.h"
 #include "lumen/core/route.h"
 #include "lumen/kernels/matmul_bf16.h"
+#include "lumen/kernels/matmul_bf16_amx.h"
 #include "lumen/kernels/matmul_q8.h"
 #include "lumen/kernels/prefetch.h"
 
@@ -588,16 +589,20 @@ void LargeM(RowDecoder& dec, const PreparedX& X, int64_t M, float* Y, int64_t ld
 }
 
 // The bf16 route's panels (matmul_bf16.h): rows [n0, n1) of W decoded P at a
-// time, rounded to bf16, and dotted with the bf16 activation rows xb [M, ld].
-void Bf16Panels(RowDecoder& dec, const uint16_t* xb, int64_t ld, int64_t M, float* Y, int64_t ldy,
-                int64_t n0, int64_t n1) {
+// time, rounded to bf16, and dotted with the bf16 activation rows xb [M, ld]
+// by the AVX512-BF16 kernel, or, given xpacked (AmxPackX of xb), by the AMX
+// tiles (matmul_bf16_amx.h).
+void Bf16Panels(RowDecoder& dec, const uint16_t* xb, const uint16_t* xpacked, int64_t ld, int64_t M,
+                float* Y, int64_t ldy, int64_t n0, int64_t n1) {
   const DF d;
   const int64_t N = hn::Lanes(d);
   const int64_t K = dec.W.k, ldp = (K + N - 1) / N * N;
   AlignedBuffer row_buf(ldp * sizeof(float));
   float* row = row_buf.as<float>();
-  // Half of L2 for the panel, as LargeM; a multiple of 4 rows (the tile height).
-  const int64_t P = std::clamp<int64_t>((512 * 1024 / (ld * 2)) / 4 * 4, 4, 128);
+  // Half of L2 for the panel, as LargeM; a multiple of the tile height (4 rows
+  // for AVX-512, two 16-row A tiles for AMX).
+  const int64_t tile = xpacked ? 2 * kAmxRows : 4;
+  const int64_t P = std::clamp<int64_t>((512 * 1024 / (ld * 2)) / tile * tile, tile, 128);
   AlignedBuffer panel_buf(P * ld * sizeof(uint16_t));  // zero-filled: rows past np stay finite
   uint16_t* panel = panel_buf.as<uint16_t>();
   auto store = [&](int64_t k, VF w, auto) HWY_ATTR { hn::Store(w, d, row + k); };
@@ -607,8 +612,25 @@ void Bf16Panels(RowDecoder& dec, const uint16_t* xb, int64_t ld, int64_t M, floa
       dec.Decode(n + i, store);
       ToBf16Padded(row, K, ld, panel + i * ld);
     }
-    Bf16PanelProduct(panel, np, xb, M, ld, Y, ldy, n);
+    if (xpacked) {
+      AmxBf16PanelProduct(panel, np, xpacked, M, ld, Y, ldy, n);
+    } else {
+      Bf16PanelProduct(panel, np, xb, M, ld, Y, ldy, n);
+    }
   }
+}
+
+// The AMX variant takes products of at least kAmxMinRows rows where the CPU
+// and the kernel allow it; it needs xb packed into its B-tile layout (xp).
+bool UseAmx(int64_t M) { return M >= kAmxMinRows && AmxBf16Usable(); }
+
+// Bf16Panels, packing xb for the AMX tiles first when they take the product.
+void Bf16PanelsFor(RowDecoder& dec, const uint16_t* xb, int64_t ld, int64_t M, float* Y,
+                   int64_t ldy, int64_t n0, int64_t n1) {
+  if (!UseAmx(M)) return Bf16Panels(dec, xb, nullptr, ld, M, Y, ldy, n0, n1);
+  AlignedBuffer xp(AmxPackedXBytes(M, ld));
+  AmxPackX(xb, M, ld, xp.as<uint16_t>());
+  Bf16Panels(dec, xb, xp.as<uint16_t>(), ld, M, Y, ldy, n0, n1);
 }
 
 // The bf16 route of MatMul (M > 4): as LargeM, but the panel rows and the X
@@ -622,7 +644,7 @@ void LargeMBf16(RowDecoder& dec, const PreparedX& X, int64_t M, float* Y, int64_
   AlignedBuffer xb_buf(M * ld * sizeof(uint16_t));
   uint16_t* xb = xb_buf.as<uint16_t>();
   for (int64_t m = 0; m < M; ++m) ToBf16Padded(X.row(m), K, ld, xb + m * ld);
-  Bf16Panels(dec, xb, ld, M, Y, ldy, n0, n1);
+  Bf16PanelsFor(dec, xb, ld, M, Y, ldy, n0, n1);
 }
 
 }  // namespace
@@ -688,7 +710,7 @@ void PrepareBf16Rows(const Matrix& W, const float* X, int64_t ldx, int64_t m0, i
 void MatMulRowsBf16(const Matrix& W, const uint16_t* xb, int64_t ld, int64_t M, float* Y,
                     int64_t ldy, int64_t n0, int64_t n1) {
   RowDecoder dec(W);
-  Bf16Panels(dec, xb, ld, M, Y, ldy, n0, n1);
+  Bf16PanelsFor(dec, xb, ld, M, Y, ldy, n0, n1);
 }
 
 // dX[M, K] for columns [k0, k1), accumulated into dX (caller zeroes).

@@ -26,6 +26,7 @@ LUMEN_ROUTE(
                "as a replacement of the exact product: no oracle",
      .bound = "KL(exact || route) below a quarter of what Q8_0 weights cost (the default gate)",
      .tests = "MatMulBf16.EveryTargetDtypeAndShapeWithinBound;MatMulBf16.RouteSelectionAndThreads;"
+              "MatMulBf16.WithoutAmx;"
               "RouteKl.Int8AndBf16RoutesCostAboutWhatQ8WeightsCost;RouteKl."
               "Bf16PrefillPassesTheDefaultGate",
      .measure = "docs/reference/performance.md#exactness",

@@ -10,7 +10,9 @@
 // reports the KL against the exact route.
 //
 // Used by MatMul when RouteHasBf16(W.route), the CPU has AVX512-BF16 and
-// M > 4 (and, with kInt8Bf16, the int8 route does not take the product first).
+// M > 4 (and, with kInt8Bf16, the int8 route does not take the product first),
+// unless the CPU has AMX-BF16 tiles: then matmul_bf16_amx.h takes the product
+// with the same rounding.
 // Every weight storage works: the weight rows come from the same decoders as
 // the exact route. MatMulBf16Ref (matmul_bf16_ref.h) is the scalar oracle.
 #pragma once

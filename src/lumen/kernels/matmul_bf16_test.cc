@@ -23,7 +23,9 @@
 #include <hwy/highway.h>
 #include <hwy/targets.h>
 
+#include "lumen/core/buffer.h"
 #include "lumen/kernels/matmul.h"
+#include "lumen/kernels/matmul_bf16_amx.h"
 #include "lumen/kernels/matmul_bf16_ref.h"
 #include "lumen/kernels/matmul_q8.h"
 #include "lumen/kernels/matmul_ref.h"
@@ -164,6 +166,141 @@ TEST(MatMulBf16, ToBf16RoundsToNearestEvenAndPads) {
   EXPECT_EQ(dst[1], 0x3f82);
   for (int64_t i = 0; i < n; ++i) EXPECT_EQ(dst[i], F32ToBF16(src[i])) << i;
   for (int64_t i = n; i < padded; ++i) EXPECT_EQ(dst[i], 0) << i;
+}
+
+// The AMX variant (matmul_bf16_amx.h): the same oracle and bound as the
+// AVX512-BF16 kernel (f32 accumulation of exact bf16 products, K in order).
+
+#define SKIP_WITHOUT_AMX()                                          \
+  if (!AmxBf16Usable())                                             \
+  GTEST_SKIP() << "AMX-BF16 not usable here (" << AmxBf16Unusable() \
+               << "): the bf16 route runs on AVX512-BF16, which MatMulBf16.* covers"
+
+std::vector<uint16_t> RandomBf16(int64_t n, std::mt19937& rng) {
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<uint16_t> v(n);
+  for (auto& b : v) b = F32ToBF16(nd(rng));
+  return v;
+}
+
+// An aligned copy of v (the kernels want 64-byte aligned operands).
+AlignedBuffer Aligned(const std::vector<uint16_t>& v) {
+  AlignedBuffer b(v.size() * sizeof(uint16_t));
+  std::memcpy(b.data(), v.data(), v.size() * sizeof(uint16_t));
+  return b;
+}
+
+// The kernel alone, against a double sum of the same bf16 values, for every
+// remainder of the 16-row tiles in M and in the panel's rows; outputs outside
+// [M) x [n0, n0 + rows) keep their sentinel.
+TEST(MatMulBf16Amx, KernelWithinBoundOfDoubleSumEveryRemainder) {
+  SKIP_WITHOUT_AMX();
+  std::mt19937 rng(17);
+  for (int64_t ld : {32, 96, 2048})
+    for (int64_t rows : {1, 15, 16, 17, 33, 48, 70})
+      for (int64_t M : {5, 16, 17, 33, 100}) {
+        const int64_t prows = (rows + 15) / 16 * 16, n0 = 2, ldy = n0 + rows + 3;
+        const std::vector<uint16_t> w = RandomBf16(prows * ld, rng), x = RandomBf16(M * ld, rng);
+        AlignedBuffer wa = Aligned(w), xa = Aligned(x), xp(AmxPackedXBytes(M, ld));
+        AmxPackX(xa.as<uint16_t>(), M, ld, xp.as<uint16_t>());
+        std::vector<float> Y(M * ldy, -7.0f);
+        AmxBf16PanelProduct(wa.as<uint16_t>(), rows, xp.as<uint16_t>(), M, ld, Y.data(), ldy, n0);
+        int bad = 0;
+        for (int64_t m = 0; m < M; ++m)
+          for (int64_t j = 0; j < ldy; ++j) {
+            const float y = Y[m * ldy + j];
+            const int64_t i = j - n0;
+            if (i < 0 || i >= rows) {
+              if (y != -7.0f && bad++ < 3) ADD_FAILURE() << "wrote outside: m=" << m << " j=" << j;
+              continue;
+            }
+            double ref = 0, mag = 0;
+            for (int64_t k = 0; k < ld; ++k) {
+              const double p = double(BF16ToF32(w[i * ld + k])) * BF16ToF32(x[m * ld + k]);
+              ref += p;
+              mag += std::fabs(p);
+            }
+            const double bound = (ld + 2) * kU * mag + 1e-30;
+            if (!(std::fabs(y - ref) <= bound) && bad++ < 3)
+              ADD_FAILURE() << "ld=" << ld << " rows=" << rows << " M=" << M << " m=" << m
+                            << " i=" << i << " got " << y << " want " << ref << " bound " << bound;
+          }
+      }
+}
+
+// MatMul through the AMX variant for every weight storage, M at and around
+// the tile edges, N and K off the tile sizes; threads 1 and 2.
+TEST(MatMulBf16Amx, EveryDtypeAndShapeWithinBound) {
+  SKIP_WITHOUT_AMX();
+  std::mt19937 rng(43);
+  ThreadPool pool(2);
+  for (const Spec& s : AllSpecs()) {
+    std::vector<int64_t> ks = {s.block * 1, s.block * 3};
+    if (s.block == 1) ks = {37, 200};
+    for (int64_t K : ks) {
+      if (s.mlx_bits == 0 && !RowBytes(s.dtype, K)) continue;
+      OwnedMatrix o = Make(s, /*N=*/53, K, rng);  // 53 = 3 tiles of 16 + 5
+      o.m.route = ActRoute::kBf16;
+      for (int64_t M : {5, 16, 17, 33, 100})
+        CheckOne(o.m, M, (M == 17 || M == 100) ? &pool : nullptr, rng, "amx " + s.name);
+    }
+  }
+}
+
+TEST(MatMulBf16Amx, SeveralPanelsAndWideK) {
+  SKIP_WITHOUT_AMX();
+  std::mt19937 rng(6);
+  Spec s;
+  s.dtype = DType::kQ4_0;
+  ThreadPool pool(2);
+  // K = 64: 128-row panels, so 301 rows are three panels; K = 4096: 64-row panels.
+  for (int64_t K : {64, 4096}) {
+    OwnedMatrix o = Make(s, 301, K, rng);
+    o.m.route = ActRoute::kBf16;
+    CheckOne(o.m, 33, nullptr, rng, "q4_0 amx panels");
+    CheckOne(o.m, 40, &pool, rng, "q4_0 amx panels, 2 threads");
+  }
+}
+
+// From kAmxMinRows rows (every product the bf16 route takes) MatMul's bf16
+// route is the AMX kernel, bit for bit, whatever the threads and panels, and
+// so is MatMulBf16 (the training's forward); below 5 rows the exact route
+// runs (MatMulBf16.RouteSelectionAndThreads). bf16 weights decode exactly, so
+// the test builds the same operands directly.
+TEST(MatMulBf16Amx, TakenFromMinRowsBitForBitAnyThreads) {
+  SKIP_WITHOUT_AMX();
+  std::mt19937 rng(8);
+  Spec s;
+  s.dtype = DType::kBF16;
+  const int64_t N = 53, K = 200, ld = 224, Mmax = 40;
+  OwnedMatrix o = Make(s, N, K, rng);
+  o.m.route = ActRoute::kBf16;
+  const std::vector<float> X = RandomActivations(Mmax, K, rng);
+  AlignedBuffer panel(64 * ld * sizeof(uint16_t)), xb(Mmax * ld * sizeof(uint16_t));
+  std::vector<float> row(K);
+  for (int64_t n = 0; n < N; ++n) {
+    DequantizeMatrixRow(o.m, n, row.data());
+    ToBf16Padded(row.data(), K, ld, panel.as<uint16_t>() + n * ld);
+  }
+  for (int64_t m = 0; m < Mmax; ++m)
+    ToBf16Padded(X.data() + m * K, K, ld, xb.as<uint16_t>() + m * ld);
+  ThreadPool pool(2);
+  for (int64_t M : {5, 6, 15, 16, 33, 40}) {
+    std::vector<float> want(M * N), one(M * N), two(M * N), bf16(M * N);
+    if (M >= kAmxMinRows) {
+      AlignedBuffer xp(AmxPackedXBytes(M, ld));
+      AmxPackX(xb.as<uint16_t>(), M, ld, xp.as<uint16_t>());
+      AmxBf16PanelProduct(panel.as<uint16_t>(), N, xp.as<uint16_t>(), M, ld, want.data(), N, 0);
+    } else {
+      Bf16PanelProduct(panel.as<uint16_t>(), N, xb.as<uint16_t>(), M, ld, want.data(), N, 0);
+    }
+    MatMul(o.m, X.data(), M, K, one.data(), N, nullptr);
+    MatMul(o.m, X.data(), M, K, two.data(), N, &pool);
+    MatMulBf16(o.m, X.data(), M, K, bf16.data(), N, &pool);
+    EXPECT_EQ(one, want) << "M=" << M;
+    EXPECT_EQ(two, want) << "M=" << M;
+    EXPECT_EQ(bf16, want) << "M=" << M;
+  }
 }
 
 }  // namespace

@@ -1,0 +1,262 @@
+#include "lumen/kernels/matmul_bf16_amx.h"
+
+#include <cstdlib>
+#include <cstring>
+
+#include "lumen/core/check.h"
+#include "lumen/core/log.h"
+#include "lumen/core/route.h"
+#include "lumen/kernels/matmul_bf16.h"
+
+#if defined(__x86_64__) && defined(__linux__)
+#include <cpuid.h>
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#define LUMEN_AMX_X86 1
+// Only the functions that touch tiles carry the AMX targets; the rest of the
+// binary stays free of them.
+#define LUMEN_AMX \
+  __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
+#define LUMEN_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
+#endif
+
+// Blocking: four C tiles (2 blocks of 16 weight rows x 2 blocks of 16
+// activation rows), two A tiles (weight rows, loaded straight from the bf16
+// panel) and two B tiles (packed activations): per 32 columns of K, 4 tile
+// loads feed 4 `tdpbf16ps`, and all 8 tile registers are in use. Each output
+// sums K in order, 32 columns per instruction, whatever block it falls in,
+// so neither the thread split nor M's remainder changes a result.
+
+namespace lumen::kernels {
+
+LUMEN_ROUTE(matmul_bf16_amx_prefill,
+            {.node = "matmul.prefill",
+             .name = "bf16-amx",
+             .tier = Tier::kL3,
+             .oracle = "MatMulBf16Ref (both operands rounded to bf16, double accumulation); "
+                       "as a replacement of the exact product: no oracle",
+             .bound = "the bf16 route's bound against MatMulBf16Ref (matmul_bf16_test.cc); "
+                      "KL(exact || route) below a quarter of what Q8_0 weights cost",
+             .tests = "MatMulBf16Amx.*;MatMulBf16.RouteSelectionAndThreads;RouteKl."
+                      "Bf16PrefillPassesTheDefaultGate",
+             .measure = "docs/reference/performance.md#amx-prefill",
+             .when = "act=bf16|int8+bf16 cpu=amx",
+             .priority = 30});
+
+#if defined(LUMEN_AMX_X86)
+
+// GCC 12's AVX-512 intrinsics pass _mm512_undefined_* as the unused merge
+// source, which -Wmaybe-uninitialized reports at every inlined use.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+
+namespace {
+
+constexpr int kArchReqXcompPerm = 0x1023;  // arch_prctl: request an XSAVE feature
+constexpr int kXfeatureXtiledata = 18;
+
+// CPUID leaf 7: EDX bit 22 AMX-BF16, bit 24 AMX-TILE; XCR0 bits 17 and 18
+// (XTILECFG, XTILEDATA) say the OS manages the tile state.
+bool CpuidHasAmxBf16() {
+  unsigned a, b, c, d;
+  if (!__get_cpuid_count(1, 0, &a, &b, &c, &d) || !(c & (1u << 27))) return false;  // OSXSAVE
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+  if (!(d & (1u << 22)) || !(d & (1u << 24))) return false;
+  unsigned lo, hi;
+  __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+  return (lo & (3u << 17)) == (3u << 17);
+}
+
+// Decided once per process: "" when usable, else the reason.
+const char* Decide() {
+  if (const char* e = std::getenv("LUMEN_NO_AMX"); e && *e && std::strcmp(e, "0") != 0)
+    return "LUMEN_NO_AMX is set";
+  if (!CpuidHasAmxBf16()) return "this CPU has no AMX-BF16 tiles (or the OS does not enable them)";
+  if (!CpuHasBf16()) return "this CPU has no AVX512-BF16 (needed to round the operands)";
+  if (syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) != 0) {
+    LUMEN_LOG_WARN(
+        "AMX: the kernel refused the tile state (arch_prctl ARCH_REQ_XCOMP_PERM): the bf16 "
+        "prefill uses AVX512-BF16");
+    return "the kernel refused the AMX tile state (arch_prctl ARCH_REQ_XCOMP_PERM)";
+  }
+  return "";
+}
+
+const char* Reason() {
+  static const char* const reason = Decide();  // fixed for the process; thread-safe init
+  return reason;
+}
+
+// The tile configuration (palette 1): every tile 16 rows of 64 bytes.
+struct alignas(64) TileConfig {
+  uint8_t palette = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+static_assert(sizeof(TileConfig) == 64);
+
+TileConfig FullTiles() {
+  TileConfig c;
+  for (int t = 0; t < 8; ++t) {
+    c.colsb[t] = 64;
+    c.rows[t] = 16;
+  }
+  return c;
+}
+
+// out[j] = column j of the 16 x 16 32-bit matrix r[0..15] (rows).
+LUMEN_AVX512 inline void Transpose16(__m512i r[16]) {
+  __m512i t[16], u[16];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+  }
+  // u[4g + j]: per 128-bit lane L, column 4L + j of rows 4g..4g+3.
+  for (int g = 0; g < 4; ++g) {
+    u[4 * g + 0] = _mm512_unpacklo_epi64(t[4 * g + 0], t[4 * g + 2]);
+    u[4 * g + 1] = _mm512_unpackhi_epi64(t[4 * g + 0], t[4 * g + 2]);
+    u[4 * g + 2] = _mm512_unpacklo_epi64(t[4 * g + 1], t[4 * g + 3]);
+    u[4 * g + 3] = _mm512_unpackhi_epi64(t[4 * g + 1], t[4 * g + 3]);
+  }
+  for (int j = 0; j < 4; ++j) {
+    const __m512i v = _mm512_shuffle_i32x4(u[j], u[4 + j], 0x88);
+    const __m512i w = _mm512_shuffle_i32x4(u[j], u[4 + j], 0xdd);
+    const __m512i v2 = _mm512_shuffle_i32x4(u[8 + j], u[12 + j], 0x88);
+    const __m512i w2 = _mm512_shuffle_i32x4(u[8 + j], u[12 + j], 0xdd);
+    r[j] = _mm512_shuffle_i32x4(v, v2, 0x88);
+    r[8 + j] = _mm512_shuffle_i32x4(v, v2, 0xdd);
+    r[4 + j] = _mm512_shuffle_i32x4(w, w2, 0x88);
+    r[12 + j] = _mm512_shuffle_i32x4(w, w2, 0xdd);
+  }
+}
+
+// A C tile stored at c ([16 weight rows][16 activation rows], f32) into Y,
+// transposed: Y[(m0 + j) * ldy + n + i] = c[i][j] for j < mv, i < nv.
+LUMEN_AVX512 inline void StoreTransposed(const float* c, float* Y, int64_t ldy, int64_t m0,
+                                         int64_t n, int mv, int nv) {
+  __m512i r[16];
+  for (int i = 0; i < 16; ++i) r[i] = _mm512_load_si512(c + 16 * i);
+  Transpose16(r);
+  const __mmask16 keep = static_cast<__mmask16>((1u << nv) - 1);
+  for (int j = 0; j < mv; ++j)
+    _mm512_mask_storeu_ps(Y + (m0 + j) * ldy + n, keep, _mm512_castsi512_ps(r[j]));
+}
+
+// NA weight-row blocks (at panel row i) x NB activation blocks (from block mb).
+template <int NA, int NB>
+LUMEN_AMX void Block(const uint16_t* panel, int64_t ld, const uint16_t* xpacked, int64_t kc,
+                     int64_t i, int64_t mb, int64_t rows, int64_t M, float* Y, int64_t ldy,
+                     int64_t n0) {
+  _tile_zero(0);
+  if constexpr (NB == 2) _tile_zero(1);
+  if constexpr (NA == 2) _tile_zero(2);
+  if constexpr (NA == 2 && NB == 2) _tile_zero(3);
+  const uint16_t* a0 = panel + i * ld;
+  const uint16_t* a1 = a0 + kAmxRows * ld;
+  const uint16_t* b0 = xpacked + mb * kc * 512;
+  const uint16_t* b1 = b0 + kc * 512;
+  const int64_t stride = ld * 2;
+  for (int64_t c = 0; c < kc; ++c) {
+    _tile_loadd(4, a0 + c * 32, stride);
+    _tile_loadd(6, b0 + c * 512, 64);
+    _tile_dpbf16ps(0, 4, 6);
+    if constexpr (NB == 2) {
+      _tile_loadd(7, b1 + c * 512, 64);
+      _tile_dpbf16ps(1, 4, 7);
+    }
+    if constexpr (NA == 2) {
+      _tile_loadd(5, a1 + c * 32, stride);
+      _tile_dpbf16ps(2, 5, 6);
+      if constexpr (NB == 2) _tile_dpbf16ps(3, 5, 7);
+    }
+  }
+  // The tile number of _tile_stored is pasted into the instruction's text,
+  // so each store names its tile literally.
+  alignas(64) float c[4][16 * 16];
+  _tile_stored(0, c[0], 64);
+  if constexpr (NB == 2) _tile_stored(1, c[1], 64);
+  if constexpr (NA == 2) _tile_stored(2, c[2], 64);
+  if constexpr (NA == 2 && NB == 2) _tile_stored(3, c[3], 64);
+  auto count = [](int64_t left) { return static_cast<int>(left < 16 ? left : 16); };
+  const int64_t m0 = mb * kAmxRows, m1 = m0 + kAmxRows;
+  const int nv0 = count(rows - i), mv0 = count(M - m0);
+  StoreTransposed(c[0], Y, ldy, m0, n0 + i, mv0, nv0);
+  if constexpr (NB == 2) StoreTransposed(c[1], Y, ldy, m1, n0 + i, count(M - m1), nv0);
+  if constexpr (NA == 2) {
+    const int nv1 = count(rows - i - kAmxRows);
+    StoreTransposed(c[2], Y, ldy, m0, n0 + i + kAmxRows, mv0, nv1);
+    if constexpr (NB == 2) StoreTransposed(c[3], Y, ldy, m1, n0 + i + kAmxRows, count(M - m1), nv1);
+  }
+}
+
+}  // namespace
+
+bool AmxBf16Usable() { return *Reason() == '\0'; }
+const char* AmxBf16Unusable() { return Reason(); }
+
+int64_t AmxPackedXBytes(int64_t M, int64_t ld) {
+  return (M + kAmxRows - 1) / kAmxRows * kAmxRows * ld * 2;
+}
+
+LUMEN_AVX512 void AmxPackX(const uint16_t* xb, int64_t M, int64_t ld, uint16_t* packed) {
+  LUMEN_CHECK(ld % kBf16RowAlign == 0);
+  const int64_t kc = ld / 32, blocks = (M + kAmxRows - 1) / kAmxRows;
+  for (int64_t b = 0; b < blocks; ++b)
+    for (int64_t c = 0; c < kc; ++c) {
+      // Rows m of 16 pairs (32-bit) each; their transpose is the B tile.
+      __m512i r[16];
+      for (int64_t m = 0; m < 16; ++m) {
+        const int64_t row = b * kAmxRows + m;
+        r[m] = row < M ? _mm512_load_si512(xb + row * ld + c * 32) : _mm512_setzero_si512();
+      }
+      Transpose16(r);
+      uint16_t* tile = packed + (b * kc + c) * 512;
+      for (int p = 0; p < 16; ++p) _mm512_store_si512(tile + p * 32, r[p]);
+    }
+}
+
+LUMEN_AMX void AmxBf16PanelProduct(const uint16_t* panel, int64_t rows, const uint16_t* xpacked,
+                                   int64_t M, int64_t ld, float* Y, int64_t ldy, int64_t n0) {
+  LUMEN_CHECK(ld % kBf16RowAlign == 0);
+  if (rows <= 0 || M <= 0) return;
+  static const TileConfig kConfig = FullTiles();
+  _tile_loadconfig(&kConfig);
+  const int64_t kc = ld / 32;
+  const int64_t nblocks = (rows + kAmxRows - 1) / kAmxRows;
+  const int64_t mblocks = (M + kAmxRows - 1) / kAmxRows;
+  int64_t a = 0;
+  for (; a + 2 <= nblocks; a += 2) {
+    int64_t b = 0;
+    for (; b + 2 <= mblocks; b += 2)
+      Block<2, 2>(panel, ld, xpacked, kc, a * kAmxRows, b, rows, M, Y, ldy, n0);
+    if (b < mblocks) Block<2, 1>(panel, ld, xpacked, kc, a * kAmxRows, b, rows, M, Y, ldy, n0);
+  }
+  if (a < nblocks) {
+    int64_t b = 0;
+    for (; b + 2 <= mblocks; b += 2)
+      Block<1, 2>(panel, ld, xpacked, kc, a * kAmxRows, b, rows, M, Y, ldy, n0);
+    if (b < mblocks) Block<1, 1>(panel, ld, xpacked, kc, a * kAmxRows, b, rows, M, Y, ldy, n0);
+  }
+  _tile_release();  // smaller context switches while no tile work runs
+}
+
+#pragma GCC diagnostic pop
+
+#else  // no x86 Linux: the variant is never taken, so these are never called
+
+bool AmxBf16Usable() { return false; }
+const char* AmxBf16Unusable() { return "AMX needs x86-64 Linux"; }
+int64_t AmxPackedXBytes(int64_t M, int64_t ld) { return (M + 15) / 16 * 16 * ld * 2; }
+void AmxPackX(const uint16_t*, int64_t, int64_t, uint16_t*) { LUMEN_CHECK(false); }
+void AmxBf16PanelProduct(const uint16_t*, int64_t, const uint16_t*, int64_t, int64_t, float*,
+                         int64_t, int64_t) {
+  LUMEN_CHECK(false);
+}
+
+#endif
+
+}  // namespace lumen::kernels

@@ -157,7 +157,8 @@ TEST(RoutesCli, TableExactAndDot) {
 
 // `--compute bf16` shows the train graph as `lumen train --compute bf16`
 // runs it: the four product nodes take their L3 bf16 routes where the CPU
-// has AVX512-BF16; the default (f32) keeps them at L2.
+// has AVX512-BF16; the default (f32) keeps them at L2 (LoRA's as the
+// epilogue of the frozen products).
 TEST(RoutesCli, TrainComputeShowsTheBf16Routes) {
   const char* nodes[] = {"train.product", "train.product_t", "head.chunk", "train.lora"};
   for (const char* compute : {"f32", "bf16"}) {
@@ -171,7 +172,9 @@ TEST(RoutesCli, TrainComputeShowsTheBf16Routes) {
       for (const char* node : nodes)
         if (n["node"] == node) {
           ++seen;
-          EXPECT_EQ(n["route"], bf16 ? "bf16" : "f32") << compute << " " << node;
+          // f32 LoRA products run fused into the frozen products' tiles.
+          const std::string f32 = std::string(node) == "train.lora" ? "f32-epilogue" : "f32";
+          EXPECT_EQ(n["route"], bf16 ? "bf16" : f32) << compute << " " << node;
           EXPECT_EQ(n["tier"], bf16 ? "L3" : "L2") << compute << " " << node;
         }
     EXPECT_EQ(seen, 4) << r.out;

@@ -251,8 +251,10 @@ check('curve: a decreasing curve says why and cannot be sent', async ({ page, re
 });
 
 check('training: the watch plots a live run over server-sent events', async ({ page, base, runs }) => {
+  // 1500 steps of ~12 ms on the embedded model: long enough to watch it grow
+  // (40 steps finished in 0.5 s once LoRA's products were vectorized).
   const live = spawn(bin, ['train', '--data', join(root, 'tests/data/train/uppercase'), '--method', 'orpo',
-    '--out', join(runs, 'live'), '--iters', '40', '--steps-per-report', '1', '--lr', '3e-3', '-q', '-t', '1'], { stdio: 'ignore' });
+    '--out', join(runs, 'live'), '--iters', '1500', '--steps-per-report', '1', '--lr', '3e-3', '-q', '-t', '1'], { stdio: 'ignore' });
   try {
     await until(() => existsSync(join(runs, 'live', 'metrics.jsonl')), 'the live run to start', 60000);
     await page.goto(`${base}/#train`);
@@ -264,7 +266,7 @@ check('training: the watch plots a live run over server-sent events', async ({ p
     assert.equal(await page.locator('#run-charts figure.chart').count(), 9);
     assert.equal(await page.locator('#run-charts canvas').count(), 9);
     await new Promise((r) => live.on('exit', r));
-    await until(async () => Number(await page.getAttribute('#run-charts', 'data-points')) === 40, 'all 40 reports', 30000);
+    await until(async () => Number(await page.getAttribute('#run-charts', 'data-points')) === 1500, 'all 1500 reports', 30000);
     await page.screenshot({ path: join(outDir, 'web-train.png'), fullPage: true });
   } finally {
     live.kill('SIGKILL');

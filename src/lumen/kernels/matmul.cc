@@ -713,10 +713,6 @@ void MatMulRowsBf16(const Matrix& W, const uint16_t* xb, int64_t ld, int64_t M, 
   Bf16PanelsFor(dec, xb, ld, M, Y, ldy, n0, n1);
 }
 
-// dX[M, K] for columns [k0, k1), accumulated into dX (caller zeroes).
-// The transposed product's register tile: R rows of dX by V vectors of
-// columns stay in registers across a panel of decoded weight rows; each term
-// is one FMA, added in ascending n (the order an AXPY per weight row has).
 // The backward epilogue's operands at one tile's first row and column: U
 // rows (stride r), V = A's columns (row stride ldv), mask (stride K) or null.
 struct TransposedEpi {
@@ -727,6 +723,10 @@ struct TransposedEpi {
   const float* mask;
 };
 
+// dX[M, K] for columns [k0, k1), accumulated into dX (caller zeroes).
+// The transposed product's register tile: R rows of dX by V vectors of
+// columns stay in registers across a panel of decoded weight rows; each term
+// is one FMA, added in ascending n (the order an AXPY per weight row has).
 // E: 0 no epilogue, 1 without a mask, 2 with one (compile-time, as Tile's).
 template <int R, int V, int E>
 HWY_INLINE void TransposedTile(const float* HWY_RESTRICT panel, int64_t ldp, int64_t nb,
@@ -754,8 +754,8 @@ HWY_INLINE void TransposedTile(const float* HWY_RESTRICT panel, int64_t ldp, int
         for (int v = 0; v < V; ++v) acc[r][v] = hn::MulAdd(a, w[v], acc[r][v]);
       }
     }
-  } else if constexpr (E ==
-                       2) {  // dropout: the rank-r term is summed apart, then scaled by the mask
+  } else if constexpr (E == 2) {
+    // Dropout: the rank-r term is summed apart, then scaled by the mask.
     for (int r = 0; r < R; ++r) {
       VF t[V];
       for (int v = 0; v < V; ++v) t[v] = hn::Zero(d);
@@ -953,20 +953,41 @@ HWY_EXPORT(MatMulTRows);
 HWY_EXPORT(AddLowRankCols);
 HWY_EXPORT(FusedPath);
 
+namespace {
+
+// fn over [0, n): split across the pool in multiples of grain when there is
+// one and n reaches min_n, else inline on the caller's thread.
+void Split(ThreadPool* pool, int64_t n, int64_t min_n, int64_t grain, const ThreadPool::Fn& fn) {
+  if (pool && n >= min_n) return pool->ParallelFor(n, fn, grain);
+  fn(0, n, 0);
+}
+
+// W's rows against X (lr null: the plain product), contiguous row ranges
+// per thread (each thread streams its own part of W); grain 16 keeps the
+// prefill panels (4 rows) and cache lines whole.
+void RowsOnPool(const Matrix& W, const float* X, int64_t M, int64_t ldx, float* Y, int64_t ldy,
+                const LowRank* lr, ThreadPool* pool) {
+  Split(pool, W.n, 32, 16, [&](int64_t b, int64_t e, int) {
+    HWY_DYNAMIC_DISPATCH(MatMulRows)(W, X, M, ldx, Y, ldy, b, e, lr);
+  });
+}
+
+// dX += dY W (+ the epilogue), K split across threads: each thread
+// dequantizes every row but writes only its own column range, so no
+// reduction between threads is needed.
+void TransposedOnPool(const Matrix& W, const float* dY, int64_t M, float* dX, const LowRank* lr,
+                      ThreadPool* pool) {
+  Split(pool, W.k, 1, 64, [&](int64_t b, int64_t e, int) {
+    HWY_DYNAMIC_DISPATCH(MatMulTRows)(W, dY, M, dX, b, e, lr);
+  });
+}
+
+}  // namespace
+
 void MatMul(const Matrix& W, const float* X, int64_t M, int64_t ldx, float* Y, int64_t ldy,
             ThreadPool* pool) {
   if (UsesInt8Route(W, M)) return MatMulInt8(W, X, M, ldx, Y, ldy, pool);
-  const int64_t N = W.n;
-  auto fn = [&](int64_t b, int64_t e, int) {
-    HWY_DYNAMIC_DISPATCH(MatMulRows)(W, X, M, ldx, Y, ldy, b, e, nullptr);
-  };
-  // Contiguous row ranges per thread (each thread streams its own part of W);
-  // grain 16 keeps the prefill panels (4 rows) and cache lines whole.
-  if (pool && N >= 32) {
-    pool->ParallelFor(N, fn, 16);
-  } else {
-    fn(0, N, 0);
-  }
+  RowsOnPool(W, X, M, ldx, Y, ldy, nullptr, pool);
 }
 
 void MatMulMany(std::span<const MatMulOut> outs, const float* X, int64_t M, int64_t ldx,
@@ -982,19 +1003,14 @@ void MatMulMany(std::span<const MatMulOut> outs, const float* X, int64_t M, int6
   }
   int64_t total = 0;
   for (const MatMulOut& o : outs) total += o.w->n;
-  auto fn = [&](int64_t b, int64_t e, int) {
+  Split(pool, total, 32, 16, [&](int64_t b, int64_t e, int) {
     int64_t off = 0;
     for (const MatMulOut& o : outs) {
       const int64_t lo = std::max<int64_t>(b - off, 0), hi = std::min<int64_t>(e - off, o.w->n);
       if (lo < hi) HWY_DYNAMIC_DISPATCH(MatMulRows)(*o.w, X, M, ldx, o.y, o.ldy, lo, hi, nullptr);
       off += o.w->n;
     }
-  };
-  if (pool && total >= 32) {
-    pool->ParallelFor(total, fn, 16);
-  } else {
-    fn(0, total, 0);
-  }
+  });
 }
 
 bool MatMulIsFused(const Matrix& W) { return HWY_DYNAMIC_DISPATCH(FusedPath)(W) != 0; }
@@ -1006,37 +1022,17 @@ void MatMulBf16(const Matrix& W, const float* X, int64_t M, int64_t ldx, float* 
   const int64_t ld = (W.k + kBf16RowAlign - 1) / kBf16RowAlign * kBf16RowAlign;
   AlignedBuffer xb_buf(size_t(M) * ld * sizeof(uint16_t));
   uint16_t* xb = xb_buf.as<uint16_t>();
-  auto prepare = [&](int64_t b, int64_t e, int) {
+  Split(pool, M, 8, 4, [&](int64_t b, int64_t e, int) {
     HWY_DYNAMIC_DISPATCH(PrepareBf16Rows)(W, X, ldx, b, e, xb, ld);
-  };
-  auto rows = [&](int64_t b, int64_t e, int) {
+  });
+  Split(pool, W.n, 32, 16, [&](int64_t b, int64_t e, int) {
     HWY_DYNAMIC_DISPATCH(MatMulRowsBf16)(W, xb, ld, M, Y, ldy, b, e);
-  };
-  if (pool && M >= 8) {
-    pool->ParallelFor(M, prepare, 4);
-  } else {
-    prepare(0, M, 0);
-  }
-  if (pool && W.n >= 32) {
-    pool->ParallelFor(W.n, rows, 16);
-  } else {
-    rows(0, W.n, 0);
-  }
+  });
 }
 
 void MatMulT(const Matrix& W, const float* dY, int64_t M, float* dX, ThreadPool* pool) {
-  const int64_t K = W.k;
-  for (int64_t i = 0; i < M * K; ++i) dX[i] = 0.0f;
-  // Split K across threads: each thread dequantizes every row but writes only
-  // its own column range, so no reduction between threads is needed.
-  auto fn = [&](int64_t b, int64_t e, int) {
-    HWY_DYNAMIC_DISPATCH(MatMulTRows)(W, dY, M, dX, b, e, nullptr);
-  };
-  if (pool) {
-    pool->ParallelFor(K, fn, 64);
-  } else {
-    fn(0, K, 0);
-  }
+  std::fill(dX, dX + M * W.k, 0.0f);
+  TransposedOnPool(W, dY, M, dX, nullptr, pool);
 }
 
 void MatMulLowRank(const Matrix& W, const float* X, int64_t M, int64_t ldx, const LowRank& lr,
@@ -1046,39 +1042,20 @@ void MatMulLowRank(const Matrix& W, const float* X, int64_t M, int64_t ldx, cons
     MatMulInt8(W, X, M, ldx, Y, ldy, pool);
     return AddLowRank(Y, ldy, M, W.n, lr, pool);
   }
-  auto fn = [&](int64_t b, int64_t e, int) {
-    HWY_DYNAMIC_DISPATCH(MatMulRows)(W, X, M, ldx, Y, ldy, b, e, &lr);
-  };
-  if (pool && W.n >= 32) {
-    pool->ParallelFor(W.n, fn, 16);
-  } else {
-    fn(0, W.n, 0);
-  }
+  RowsOnPool(W, X, M, ldx, Y, ldy, &lr, pool);
 }
 
 void AddLowRank(float* Y, int64_t ldy, int64_t M, int64_t N, const LowRank& lr, ThreadPool* pool) {
   LUMEN_CHECK(lr.u && lr.v && lr.r >= 1 && lr.mask == nullptr);
-  auto fn = [&](int64_t b, int64_t e, int) {
+  Split(pool, N, 32, 16, [&](int64_t b, int64_t e, int) {
     HWY_DYNAMIC_DISPATCH(AddLowRankCols)(lr, M, Y, ldy, b, e);
-  };
-  if (pool && N >= 32) {
-    pool->ParallelFor(N, fn, 16);
-  } else {
-    fn(0, N, 0);
-  }
+  });
 }
 
 void MatMulTLowRank(const Matrix& W, const float* dY, int64_t M, const LowRank& lr, float* dX,
                     ThreadPool* pool) {
   LUMEN_CHECK(lr.u && lr.v && lr.r >= 1);
-  auto fn = [&](int64_t b, int64_t e, int) {
-    HWY_DYNAMIC_DISPATCH(MatMulTRows)(W, dY, M, dX, b, e, &lr);
-  };
-  if (pool) {
-    pool->ParallelFor(W.k, fn, 64);
-  } else {
-    fn(0, W.k, 0);
-  }
+  TransposedOnPool(W, dY, M, dX, &lr, pool);
 }
 
 }  // namespace lumen::kernels

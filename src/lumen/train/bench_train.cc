@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <optional>
 
 #include <fmt/format.h>
@@ -29,19 +30,50 @@ struct Row {
   std::string error;
 };
 
+// Runs fn in a forked child and returns the JSON object it produced, or
+// {"error": ...}. Each configuration and the synth model run this way, so a
+// configuration's peak RSS (VmHWM) holds only what it allocated: a forked
+// child starts with its parent's resident pages, and the synth model's
+// writer leaves tens of MB of heap behind in the process that ran it.
+nlohmann::json InChild(const std::function<void(nlohmann::json&)>& fn) {
+  int fds[2];
+  if (::pipe(fds) != 0) return {{"error", "pipe failed"}};
+  const pid_t pid = ::fork();
+  if (pid < 0) {
+    ::close(fds[0]);
+    ::close(fds[1]);
+    return {{"error", "fork failed"}};
+  }
+  if (pid == 0) {
+    ::close(fds[0]);
+    nlohmann::json out = nlohmann::json::object();
+    fn(out);
+    const std::string text = out.dump();
+    for (size_t done = 0; done < text.size();) {
+      const ssize_t n = ::write(fds[1], text.data() + done, text.size() - done);
+      if (n <= 0) break;
+      done += size_t(n);
+    }
+    ::_exit(0);
+  }
+  ::close(fds[1]);
+  std::string text;
+  char buf[4096];
+  ssize_t n;
+  while ((n = ::read(fds[0], buf, sizeof buf)) > 0) text.append(buf, size_t(n));
+  ::close(fds[0]);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  auto j = nlohmann::json::parse(text, nullptr, false);
+  if (j.is_discarded() || !j.is_object())
+    return {{"error", fmt::format("child exited with status {}", status)}};
+  return j;
+}
+
 // One configuration in a child process: its peak RSS is its own.
 Row RunChild(const std::string& model_path, const TrainBenchOptions& o, int64_t seq,
              const std::string& config, const fs::path& tmp) {
-  int fds[2];
-  if (::pipe(fds) != 0) {
-    Row r;
-    r.error = "pipe failed";
-    return r;
-  }
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    ::close(fds[0]);
-    nlohmann::json out;
+  const nlohmann::json j = InChild([&](nlohmann::json& out) {
     auto run = [&]() -> Status {
       engine::LoadOptions lo;
       lo.threads = o.threads;
@@ -92,25 +124,8 @@ Row RunChild(const std::string& model_path, const TrainBenchOptions& o, int64_t 
     Status s = run();
     if (!s.ok()) out["error"] = s.message();
     out["peak_mb"] = PeakRssMb();
-    const std::string text = out.dump();
-    const ssize_t n = ::write(fds[1], text.data(), text.size());
-    (void)n;
-    ::_exit(0);
-  }
-  ::close(fds[1]);
-  std::string text;
-  char buf[4096];
-  ssize_t n;
-  while ((n = ::read(fds[0], buf, sizeof buf)) > 0) text.append(buf, size_t(n));
-  ::close(fds[0]);
-  int status = 0;
-  ::waitpid(pid, &status, 0);
+  });
   Row row;
-  auto j = nlohmann::json::parse(text, nullptr, false);
-  if (j.is_discarded() || !j.is_object()) {
-    row.error = fmt::format("child exited with status {}", status);
-    return row;
-  }
   row.step_s = j.value("step_s", 0.0);
   row.peak_mb = j.value("peak_mb", 0.0);
   row.predicted_mb = j.value("predicted_mb", 0.0);
@@ -146,7 +161,15 @@ Result<std::string> RunTrainBench(const TrainBenchOptions& o) {
     so.name = "llama-3.2-1b";
     so.layers = o.layers;
     so.out = (tmp / "model.gguf").string();
-    LUMEN_RETURN_IF_ERROR(engine::Synthesize(so));
+    const nlohmann::json j = InChild([&](nlohmann::json& out) {
+      const Status s = engine::Synthesize(so);
+      if (!s.ok()) out["error"] = s.message();
+    });
+    if (j.contains("error")) {
+      std::error_code ec;
+      fs::remove_all(tmp, ec);  // leaves nothing behind
+      return Errorf("synth model: {}", j.value("error", ""));
+    }
     model = so.out;
   }
   std::string table = fmt::format(

@@ -128,7 +128,7 @@ size_t Graph<Real>::saved_bytes() const {
   for (const auto& v : boundaries_) n += v.size();
   for (const auto& s : saved_) {
     for (const auto* v : {&s.x_in, &s.xn1, &s.q_pre, &s.k_pre, &s.q, &s.k, &s.v, &s.att, &s.lse,
-                          &s.o_pre, &s.x_mid, &s.xn2, &s.g, &s.u, &s.h, &s.d_pre})
+                          &s.o_pre, &s.x_mid, &s.g, &s.u, &s.h, &s.d_pre})
       n += v->size();
     for (const auto& u : s.lora_u) n += u.size();
   }
@@ -460,6 +460,16 @@ const Real* Graph<Real>::BlockOutputBackward(const float* post_norm, const std::
 }
 
 template <class Real>
+void Graph<Real>::FfnNorm(int l, const Real* x_mid, int64_t n, std::vector<Real>& xn) {
+  const int64_t D = c_.dim;
+  const float* w = w_.layers[l].ffn_norm;
+  xn.resize(n * D);
+  NormRows(n, [&](int64_t i) {
+    kernels::RmsNormRow(x_mid + i * D, w, c_.norm_offset, c_.norm_eps, D, xn.data() + i * D);
+  });
+}
+
+template <class Real>
 void Graph<Real>::FfnRows(int l, const Real* xn2, int64_t n, std::vector<Real>& g,
                           std::vector<Real>& u, std::vector<Real>& h, std::vector<Real>* lu,
                           Real* d) {
@@ -529,10 +539,15 @@ void Graph<Real>::FfnBackwardRows(int l, const Real* xn2, int64_t n, const std::
 }
 
 template <class Real>
-void Graph<Real>::Layer(int l, const PackedBatch& b, Real* x, LayerSaved& s, bool keep_saved) {
+void Graph<Real>::Layer(int l, const PackedBatch& b, std::vector<Real>& xv, LayerSaved& s,
+                        bool keep_saved, bool output) {
   const int64_t M = b.size(), D = c_.dim, Q = c_.q_dim(), KV = c_.kv_dim();
   const int64_t Dh = c_.head_dim;
   const LayerWeights& L = w_.layers[l];
+  LUMEN_CHECK(int64_t(xv.size()) == M * D);
+  Real* x = xv.data();
+  // Without a post-FFN norm the backward reads nothing past the FFN's inputs.
+  const bool partial = !output && keep_saved && !L.post_ffn_norm;
   const float off = c_.norm_offset, eps = c_.norm_eps;
   if (keep_saved) s.x_in.assign(x, x + M * D);
   s.xn1.resize(M * D);
@@ -618,21 +633,30 @@ void Graph<Real>::Layer(int l, const PackedBatch& b, Real* x, LayerSaved& s, boo
   add_bias(o, L.bo, D);
   if (!keep_saved) Release(s.att, s.q, s.k, s.v, s.lse, s.q_pre, s.k_pre);
   AddBlockOutput(L.post_attn_norm, o, s.o_pre, x);
-  if (keep_saved) s.x_mid.assign(x, x + M * D);
-  s.xn2.resize(M * D);
-  NormRows(M, [&](int64_t i) {
-    kernels::RmsNormRow(x + i * D, L.ffn_norm, off, eps, D, s.xn2.data() + i * D);
-  });
-  std::vector<Real>& d = o;  // reuse [M, D]
   const std::vector<int64_t> chunks = MlpChunks(M);
+  std::vector<Real> xn2;
+  if (partial) {  // x_mid is x; the FFN is saved (unchunked) or recomputed (chunked)
+    Release(o);
+    s.x_mid = std::move(xv);
+    xv.clear();
+    if (chunks.size() == 2) {
+      FfnNorm(l, s.x_mid.data(), M, xn2);
+      FfnRows(l, xn2.data(), M, s.g, s.u, s.h, s.lora_u, nullptr);
+    }
+    return;
+  }
+  if (keep_saved) s.x_mid.assign(x, x + M * D);
+  std::vector<Real>& d = o;  // reuse [M, D]
   if (chunks.size() == 2) {
-    FfnRows(l, s.xn2.data(), M, s.g, s.u, s.h, s.lora_u, d.data());
-  } else {  // --mlp-chunk: [T, F] intermediates only; the backward recomputes them
+    FfnNorm(l, x, M, xn2);
+    FfnRows(l, xn2.data(), M, s.g, s.u, s.h, s.lora_u, d.data());
+  } else {  // --mlp-chunk: [T, D] and [T, F] intermediates only; the backward recomputes them
     std::vector<Real> g, u, h, lu[kNumTargets];
     for (size_t c = 0; c + 1 < chunks.size(); ++c) {
-      const int64_t t0 = chunks[c];
+      const int64_t t0 = chunks[c], n = chunks[c + 1] - t0;
       row0_ = t0;
-      FfnRows(l, s.xn2.data() + t0 * D, chunks[c + 1] - t0, g, u, h, lu, d.data() + t0 * D);
+      FfnNorm(l, x + t0 * D, n, xn2);
+      FfnRows(l, xn2.data(), n, g, u, h, lu, d.data() + t0 * D);
     }
     row0_ = 0;
     s.g.clear();
@@ -640,7 +664,8 @@ void Graph<Real>::Layer(int l, const PackedBatch& b, Real* x, LayerSaved& s, boo
     s.h.clear();
     for (Target t : {Target::kGate, Target::kUp, Target::kDown}) s.lora_u[int(t)].clear();
   }
-  if (!keep_saved) Release(s.xn2, s.g, s.u, s.h, s.o_pre);
+  Release(xn2);
+  if (!keep_saved) Release(s.g, s.u, s.h, s.o_pre);
   AddBlockOutput(L.post_ffn_norm, d, s.d_pre, x);
   if (!keep_saved) Release(s.d_pre);
 }
@@ -674,7 +699,7 @@ const std::vector<Real>& Graph<Real>::Forward(const PackedBatch& b, const LoraPa
   for (int l = 0; l < c_.n_layers; ++l) {
     if (segmented && l > 0 && l % segment_ == 0)  // the first is the embedding, recomputed
       boundaries_[l / segment_].assign(hidden_.begin(), hidden_.end());
-    Layer(l, b, hidden_.data(), keep && !segmented ? saved_[l] : scratch_, keep && !segmented);
+    Layer(l, b, hidden_, keep && !segmented ? saved_[l] : scratch_, keep && !segmented);
   }
   if (segmented) scratch_ = LayerSaved();  // the backward recomputes into saved_
   return hidden_;
@@ -700,28 +725,30 @@ void Graph<Real>::LayerBackward(int l, const PackedBatch& b, LayerSaved& s, Real
                                   dxn_rows + i * D, dx + (t0 + i) * D);
     });
   };
-  std::vector<Real> dxn;
+  std::vector<Real> dxn, xn2;
   const std::vector<int64_t> chunks = MlpChunks(M);
   if (chunks.size() == 2) {
+    FfnNorm(l, s.x_mid.data(), M, xn2);
     dxn.assign(M * D, Real(0));
-    FfnBackwardRows(l, s.xn2.data(), M, s.g, s.u, s.h, s.lora_u, ddp, dxn.data(), grad);
-    Release(s.g, s.u, s.h);
+    FfnBackwardRows(l, xn2.data(), M, s.g, s.u, s.h, s.lora_u, ddp, dxn.data(), grad);
+    Release(s.g, s.u, s.h, xn2);
     ffn_norm_backward(0, M, dxn.data());
-  } else {  // recompute each chunk's intermediates, then backpropagate through it
+  } else {  // recompute each chunk's norm and intermediates, then backpropagate through it
     std::vector<Real> g, u, h, lu[kNumTargets];
     for (size_t c = 0; c + 1 < chunks.size(); ++c) {
       const int64_t t0 = chunks[c], n = chunks[c + 1] - t0;
       row0_ = t0;
-      FfnRows(l, s.xn2.data() + t0 * D, n, g, u, h, lu, nullptr);
-      dxn.assign(n * D, Real(0));  // one chunk's rows, not [M, D]
-      FfnBackwardRows(l, s.xn2.data() + t0 * D, n, g, u, h, lu, ddp + t0 * D, dxn.data(), grad);
+      FfnNorm(l, s.x_mid.data() + t0 * D, n, xn2);  // one chunk's rows, not [M, D]
+      FfnRows(l, xn2.data(), n, g, u, h, lu, nullptr);
+      dxn.assign(n * D, Real(0));
+      FfnBackwardRows(l, xn2.data(), n, g, u, h, lu, ddp + t0 * D, dxn.data(), grad);
       ffn_norm_backward(t0, n, dxn.data());
     }
     row0_ = 0;
   }
   // Each saved tensor is released once the backward has passed its last use,
   // so the layer's working set shrinks as the backward moves down it.
-  Release(dxn, s.xn2, s.d_pre, s.x_mid, s.lora_u[int(Target::kGate)], s.lora_u[int(Target::kUp)],
+  Release(dxn, xn2, s.d_pre, s.x_mid, s.lora_u[int(Target::kGate)], s.lora_u[int(Target::kUp)],
           s.lora_u[int(Target::kDown)]);
 
   // Attention: x_mid = x_in + rs * post_norm(o(attn(rope(q), rope(k), v)))
@@ -827,7 +854,8 @@ void Graph<Real>::Backward(const PackedBatch& b, const LoraParams<Real>& params,
     {  // the boundary is spent once its segment is recomputed
       std::vector<Real> x = std::move(boundaries_[sg]);
       if (sg == 0) Embed(b, x);
-      for (int l = l0; l < l1; ++l) Layer(l, b, x.data(), saved_[l - l0], /*keep_saved=*/true);
+      for (int l = l0; l < l1; ++l)
+        Layer(l, b, x, saved_[l - l0], /*keep_saved=*/true, /*output=*/l + 1 < l1);
     }
     for (int l = l1 - 1; l >= std::max(l0, layout_->first_layer); --l) {
       LayerBackward(l, b, saved_[l - l0], dx.data(), grad);

@@ -102,7 +102,7 @@ class Graph {
 
  private:
   struct LayerSaved {
-    std::vector<Real> x_in, xn1, q_pre, k_pre, q, k, v, att, lse, o_pre, x_mid, xn2, g, u, h, d_pre;
+    std::vector<Real> x_in, xn1, q_pre, k_pre, q, k, v, att, lse, o_pre, x_mid, g, u, h, d_pre;
     std::vector<Real> lora_u[kNumTargets];  // A x per target [M, r]
   };
   // x [M, D] = the scaled token embeddings of b.
@@ -110,7 +110,16 @@ class Graph {
   // keep_saved = false: a forward whose backward will not read s (no
   // gradient, or segmented: the backward recomputes the layer), so s holds
   // only the working buffers, each freed after its last use.
-  void Layer(int l, const PackedBatch& b, Real* x, LayerSaved& s, bool keep_saved);
+  // Updates x [M, D] in place to the layer's output. With output = false
+  // (a segment's top layer recomputed for its backward, keep_saved) no one
+  // reads that output: the layer stops where the backward's needs end (the
+  // FFN's saved set; with --mlp-chunk, which recomputes the FFN in the
+  // backward, right after attention) and x's buffer becomes s.x_mid (x is
+  // left empty). Families with a post-FFN norm need the down product and run
+  // whole. Neither norm's output is kept: the backward recomputes xn1 from
+  // x_in and xn2 from x_mid (per MLP chunk), bit-identical.
+  void Layer(int l, const PackedBatch& b, std::vector<Real>& x, LayerSaved& s, bool keep_saved,
+             bool output = true);
   void LayerBackward(int l, const PackedBatch& b, LayerSaved& s, Real* dx, LoraParams<Real>& grad);
   void AddBlockOutput(const float* post_norm, std::vector<Real>& out, std::vector<Real>& pre,
                       Real* x);
@@ -137,6 +146,8 @@ class Graph {
     return std::is_same_v<Real, float> && lora_epilogue_ && has_product && !frozen_bf16 &&
            layout_ && !LoraBf16(layout_->cfg.rank);
   }
+  // xn [n, D] = the FFN norm of x_mid's rows [n, D] (resized).
+  void FfnNorm(int l, const Real* x_mid, int64_t n, std::vector<Real>& xn);
   // The FFN of n rows: g, u, h [n, F] (resized), A x per target in lu[], d [n, D]
   // (d null: skip the down product, as the backward's recompute does).
   void FfnRows(int l, const Real* xn2, int64_t n, std::vector<Real>& g, std::vector<Real>& u,

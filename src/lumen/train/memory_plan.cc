@@ -42,9 +42,9 @@ MemoryPlan PlanMemory(const model::ModelConfig& c, const LoraLayout& layout, con
                V = c.vocab_size;
   p.lora = size_t(layout.size) * kF * 4;
   // graph.cc LayerSaved, per token.
-  // xn1 is recomputed in the backward, not kept.
+  // xn1 and xn2 are recomputed in the backward, not kept.
   size_t per_tok = D /*x_in*/ + Q + 2 * KV /*q, k, v*/ + Q /*att*/ + H /*lse*/ + D /*x_mid*/ +
-                   D /*xn2*/ + (in.mlp_chunk > 0 ? 0 : 3 * F) /*g, u, h*/;
+                   (in.mlp_chunk > 0 ? 0 : 3 * F) /*g, u, h*/;
   if (c.qk_norm) per_tok += Q + KV;
   if (c.post_norms) per_tok += 2 * D;
   size_t lora_u = 0;
@@ -83,7 +83,7 @@ MemoryPlan PlanMemory(const model::ModelConfig& c, const LoraLayout& layout, con
     if (in.bf16) head_bwd += kernels::MatMulTBf16TransientBytes(R, V, in.threads);
   }
   p.head = head_kept + head_bwd;
-  // Backward temporaries of one layer (dd, pre, dh, dg, du, dxn, datt, dq, dk,
+  // Backward temporaries of one layer (dd, pre, xn2, dh, dg, du, dxn, datt, dq, dk,
   // dv and FrozenProductT's scratch of at most kTransposedRowChunk rows). The peak is the larger of
   // two moments: the head's backward (kept layers + head + hidden and dhidden) and a layer's
   // backward (kept layers + the head's kept buffers + temporaries + dx: the graph's backward frees
@@ -97,7 +97,8 @@ MemoryPlan PlanMemory(const model::ModelConfig& c, const LoraLayout& layout, con
   const size_t dd = c.post_norms || c.residual_scale != 1.0f ? D : 0;
   const size_t layer_tmp =
       M * kF * (2 * D + dd + 2 * Q + 2 * KV) + (in.bf16 ? M : std::min(M, chunk)) * kF * D +
-      MF * kF * (3 * F /*g or pre, dh = du, dg*/ + (in.mlp_chunk > 0 ? 3 * F : 0)) + matmul_t;
+      MF * kF * (D /*xn2*/ + 3 * F /*g or pre, dh = du, dg*/ + (in.mlp_chunk > 0 ? 3 * F : 0)) +
+      matmul_t;
   p.transient = layer_tmp + boundary;
   const size_t head_phase = p.head + 2 * boundary;
   p.peak = in.baseline + in.weight_bytes + p.lora + p.layers +

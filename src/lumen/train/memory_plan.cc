@@ -1,6 +1,8 @@
 #include "lumen/train/memory_plan.h"
 
 #include <algorithm>
+#include <cctype>
+#include <filesystem>
 #include <fstream>
 
 #include <fmt/format.h>
@@ -25,6 +27,27 @@ size_t StatusField(const char* key) {
 }  // namespace
 
 double PeakRssMb() { return double(StatusField("VmHWM")) / (1024.0 * 1024.0); }
+
+size_t CodeRss() {
+  std::error_code ec;
+  const std::string exe = std::filesystem::read_symlink("/proc/self/exe", ec).string();
+  std::ifstream f("/proc/self/smaps");
+  std::string line;
+  bool code = false;
+  size_t kb = 0;
+  while (std::getline(f, line)) {
+    // A mapping's header starts with its address range ("7f12-7f34 r-xp ...").
+    const size_t dash = line.find('-');
+    if (dash > 0 && dash <= 16 && std::isxdigit(static_cast<unsigned char>(line[0]))) {
+      const size_t slash = line.find('/');
+      const std::string path = slash == std::string::npos ? "" : line.substr(slash);
+      code = !path.empty() && (path == exe || path.find(".so") != std::string::npos);
+    } else if (code && line.rfind("Rss:", 0) == 0) {
+      kb += size_t(std::stoull(line.substr(4)));
+    }
+  }
+  return kb * 1024;
+}
 
 size_t AnonymousRss() {
   const size_t rss = StatusField("VmRSS"), file = StatusField("RssFile");
@@ -83,22 +106,32 @@ MemoryPlan PlanMemory(const model::ModelConfig& c, const LoraLayout& layout, con
     if (in.bf16) head_bwd += kernels::MatMulTBf16TransientBytes(R, V, in.threads);
   }
   p.head = head_kept + head_bwd;
-  // Backward temporaries of one layer (dd, pre, xn2, dh, dg, du, dxn, datt, dq, dk,
-  // dv and FrozenProductT's scratch of at most kTransposedRowChunk rows). The peak is the larger of
-  // two moments: the head's backward (kept layers + head + hidden and dhidden) and a layer's
-  // backward (kept layers + the head's kept buffers + temporaries + dx: the graph's backward frees
-  // hidden and takes dhidden's storage as dx). f32: FrozenProductT's scratch, at most
-  // kTransposedRowChunk rows of [., D] (attention) or [., F] (down's dX). bf16 adds into dX
-  // directly; its largest transient is gate/up's backward: dY [M, F] in bf16 plus the panels.
+  // Backward temporaries of the layer under backward, at the larger of its
+  // two moments. The FFN's backward: dd, and per MLP chunk (MF rows) xn2 and
+  // dxn, the recomputed g, u, h (chunked), dh = du, dg and FrozenProductT's
+  // scratch. The attention's backward: dd, datt, dq, dk, dv, xn1, dxn and the
+  // scratch, once the FFN's saved part (x_mid; g, u, h unchunked) is freed.
+  // f32: FrozenProductT's scratch, at most kTransposedRowChunk rows of [., D]
+  // (attention) or [., F] (down's dX). bf16 adds into dX directly; its largest
+  // transient is gate/up's backward: dY [M, F] in bf16 plus the panels. The
+  // peak is the larger of the head's backward (kept layers + head + hidden
+  // and dhidden) and a layer's backward (kept layers + the head's kept buffers
+  // + temporaries + dx: the graph's backward frees hidden and takes dhidden's
+  // storage as dx).
   const size_t chunk = size_t(kTransposedRowChunk);
   const size_t matmul_t = in.bf16 ? kernels::MatMulTBf16TransientBytes(MF, F, in.threads)
                                   : std::min(MF, chunk) * kF * F;
   // dd is dx itself without post norms and residual scale (BlockOutputBackward).
   const size_t dd = c.post_norms || c.residual_scale != 1.0f ? D : 0;
-  const size_t layer_tmp =
-      M * kF * (2 * D + dd + 2 * Q + 2 * KV) + (in.bf16 ? M : std::min(M, chunk)) * kF * D +
-      MF * kF * (D /*xn2*/ + 3 * F /*g or pre, dh = du, dg*/ + (in.mlp_chunk > 0 ? 3 * F : 0)) +
+  const bool chunked = in.mlp_chunk > 0;
+  const size_t ffn_tmp =
+      M * kF * dd +
+      MF * kF * (2 * D /*xn2, dxn*/ + 2 * F /*dh = du, dg*/ + (chunked ? 3 * F : 0) /*g, u, h*/) +
       matmul_t;
+  const size_t attn_tmp = M * kF * (dd + 2 * Q + 2 * KV + 2 * D /*xn1, dxn*/) +
+                          (in.bf16 ? M : std::min(M, chunk)) * kF * D;
+  const size_t ffn_freed = M * kF * (D /*x_mid*/ + (chunked ? 0 : 3 * F));
+  const size_t layer_tmp = std::max(ffn_tmp, attn_tmp > ffn_freed ? attn_tmp - ffn_freed : 0);
   p.transient = layer_tmp + boundary;
   const size_t head_phase = p.head + 2 * boundary;
   p.peak = in.baseline + in.weight_bytes + p.lora + p.layers +

@@ -55,6 +55,9 @@ Result<PlanChoice> ChooseSegment(const model::ModelConfig& c, const LoraLayout& 
 
 // Anonymous resident bytes of this process now (VmRSS - RssFile).
 size_t AnonymousRss();
+// Resident bytes of the executable's and shared libraries' mappings: part of
+// the process's baseline (about 12 MB for lumen), not of its weights.
+size_t CodeRss();
 // This process's peak resident set so far (VmHWM), in MB.
 double PeakRssMb();
 

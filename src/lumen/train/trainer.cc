@@ -343,9 +343,10 @@ Result<TrainResult> Train(const engine::Model& model, const TrainOptions& opts) 
   // peak then follows the live bytes that the memory plan counts.
   ::mallopt(M_MMAP_THRESHOLD, 1 << 20);
   // The model's files may sit in anonymous memory (a huge-page copy): they
-  // are weights, which the plan counts separately, not process baseline.
+  // are weights, which the plan counts separately, not process baseline. The
+  // code's mapped pages are baseline (the weights' mapped pages are not).
   const size_t anon = AnonymousRss(), copied = model.copied_bytes();
-  const size_t baseline = anon > copied ? anon - copied : 0;
+  const size_t baseline = (anon > copied ? anon - copied : 0) + CodeRss();
   if (o.batch_size < 1) return Errorf("--batch-size {}: must be at least 1", o.batch_size);
   if (o.grad_accum < 1) return Errorf("--grad-accum {}: must be at least 1", o.grad_accum);
   if (!(o.lr > 0)) return Errorf("--lr {}: must be positive", o.lr);

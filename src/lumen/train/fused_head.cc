@@ -6,6 +6,7 @@
 
 #include "lumen/core/route.h"
 #include "lumen/kernels/train_ops.h"
+#include "lumen/train/ce_rows.h"
 #include "lumen/train/frozen.h"
 
 namespace lumen::train {
@@ -71,17 +72,12 @@ void FusedHead<Real>::Forward(const Real* hidden, const PackedBatch& b, std::vec
     for (int64_t v0 = 0; v0 < V; v0 += VC) {
       const int64_t vn = std::min(VC, V - v0);
       ChunkLogits(xn.data(), n, v0, vn, z.data());
-      for (int64_t r = 0; r < n; ++r) {
+      RowsOnPool(pool_, n, [&](int64_t r, int) {
         const Real* zr = z.data() + r * vn;
-        const Real cmax = *std::max_element(zr, zr + vn);
-        const Real m = std::max(mx[r], cmax);
-        Real s = sum[r] * std::exp(mx[r] - m);
-        for (int64_t v = 0; v < vn; ++v) s += std::exp(zr[v] - m);
-        mx[r] = m;
-        sum[r] = s;
+        LseUpdate(zr, vn, mx[r], sum[r]);
         const int32_t t = targets_[r0 + r];
         if (t >= v0 && t < v0 + vn) tgt[r] = zr[t - v0];
-      }
+      });
     }
     for (int64_t r = 0; r < n; ++r) {
       lse_[r0 + r] = mx[r] + std::log(sum[r]);
@@ -98,6 +94,9 @@ void FusedHead<Real>::Backward(const Real* dlogp, std::vector<Real>& dhidden) {
   const int64_t RB = o_.row_block, VC = o_.vocab_chunk;
   std::vector<Real> xn(std::min(RB, R) * D), dxn(std::min(RB, R) * D);
   std::vector<Real> z(std::min(RB, R) * std::min(VC, V));
+  const int threads = pool_ ? pool_->size() : 1;
+  const int64_t ce = std::min(VC, V);  // one chunk's row of exps per thread
+  std::vector<Real> e(threads * ce), cmax(threads);
   for (int64_t r0 = 0; r0 < R; r0 += RB) {
     const int64_t n = std::min(RB, R - r0);
     NormRows(r0, n, xn.data());
@@ -105,27 +104,17 @@ void FusedHead<Real>::Backward(const Real* dlogp, std::vector<Real>& dhidden) {
     for (int64_t v0 = 0; v0 < V; v0 += VC) {
       const int64_t vn = std::min(VC, V - v0);
       ChunkLogits(xn.data(), n, v0, vn, z.data());
-      Real cmax = 0;
-      for (int64_t r = 0; r < n; ++r) {
-        const Real g = dlogp[rows_[r0 + r]];
-        const Real l = lse_[r0 + r];
+      std::fill(cmax.begin(), cmax.end(), Real(0));
+      RowsOnPool(pool_, n, [&](int64_t r, int tid) {
+        // coeff overwrites the logits in place (the soft-cap's backward reads
+        // each capped logit before its coefficient replaces it).
         Real* zr = z.data() + r * vn;
-        // coeff overwrites the logits in place; the soft-cap's backward needs
-        // the capped logit, so it is applied per element before overwriting.
-        const int32_t t = targets_[r0 + r];
-        for (int64_t v = 0; v < vn; ++v) {
-          Real co = -g * std::exp(zr[v] - l);
-          if (v0 + v == t) co += g;
-          if (c_.final_softcap > 0) {
-            const Real tc = zr[v] / Real(c_.final_softcap);
-            co *= Real(1) - tc * tc;
-          }
-          zr[v] = co;
-          cmax = std::max(cmax, std::abs(co));
-        }
-      }
+        cmax[tid] = std::max(cmax[tid], CeCoefficients(zr, vn, dlogp[rows_[r0 + r]], lse_[r0 + r],
+                                                       targets_[r0 + r] - v0, c_.final_softcap, zr,
+                                                       e.data() + tid * ce));
+      });
       ++visited_;
-      if (o_.skip_eps > 0 && cmax < Real(o_.skip_eps)) {
+      if (o_.skip_eps > 0 && *std::max_element(cmax.begin(), cmax.end()) < Real(o_.skip_eps)) {
         ++skipped_;
         continue;
       }

@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "lumen/core/route.h"
 #include "lumen/kernels/train_ops.h"
+#include "lumen/train/ce_rows.h"
 #include "lumen/train/frozen.h"
 
 namespace lumen::train {
@@ -40,14 +42,13 @@ void PlainHead<Real>::Forward(const Real* hidden, const PackedBatch& b, std::vec
   this->Probe(ProbeSite::kHeadXn, xn_.data(), R * D);
   FrozenProduct(w_.output, xn_.data(), R, logits_.data(), pool_, this->bf16_);
   if (c_.final_softcap > 0) kernels::SoftCapForward(logits_.data(), R * V, c_.final_softcap);
-  for (int64_t r = 0; r < R; ++r) {
+  RowsOnPool(pool_, R, [&](int64_t r, int) {
     const Real* z = logits_.data() + r * V;
-    const Real mx = *std::max_element(z, z + V);
-    Real sum = 0;
-    for (int64_t v = 0; v < V; ++v) sum += std::exp(z[v] - mx);
+    Real mx = -std::numeric_limits<Real>::infinity(), sum = 0;
+    LseUpdate(z, V, mx, sum);
     lse_[r] = mx + std::log(sum);
     logp[rows_[r]] = z[targets_[r]] - lse_[r];
-  }
+  });
 }
 
 template <class Real>
@@ -55,17 +56,14 @@ void PlainHead<Real>::Backward(const Real* dlogp, std::vector<Real>& dhidden) {
   const int64_t D = c_.dim, V = c_.vocab_size, R = int64_t(rows_.size());
   dhidden.assign(M_ * D, Real(0));
   if (R == 0) return;
-  // d logp / d z_v = onehot - softmax
+  // d logp / d z_v = onehot - softmax, through the soft-cap's backward
   std::vector<Real> dz(R * V);
-  for (int64_t r = 0; r < R; ++r) {
-    const Real g = dlogp[rows_[r]];
-    const Real* z = logits_.data() + r * V;
-    Real* d = dz.data() + r * V;
-    for (int64_t v = 0; v < V; ++v) d[v] = -g * std::exp(z[v] - lse_[r]);
-    d[targets_[r]] += g;
-  }
-  if (c_.final_softcap > 0)
-    kernels::SoftCapBackward(logits_.data(), dz.data(), R * V, c_.final_softcap, dz.data());
+  const int threads = pool_ ? pool_->size() : 1;
+  std::vector<Real> e(threads * V);
+  RowsOnPool(pool_, R, [&](int64_t r, int tid) {
+    CeCoefficients(logits_.data() + r * V, V, dlogp[rows_[r]], lse_[r], targets_[r],
+                   c_.final_softcap, dz.data() + r * V, e.data() + tid * V);
+  });
   std::vector<Real> dxn(R * D, Real(0));
   this->Probe(ProbeSite::kHeadCoeff, dz.data(), R * V);
   FrozenProductT(w_.output, dz.data(), R, dxn.data(), pool_, this->bf16_);

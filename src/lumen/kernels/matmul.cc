@@ -288,6 +288,42 @@ Path PathFor(const Matrix& W) {
   }
 }
 
+// Columns [k0, k0 + KW) of W's row r into dst by the fused decoders, over
+// whole pairs of vectors and (block types) whole blocks, for the storage types
+// whose vector decode has the bits of DequantizeMatrixColumns (one rounding
+// each: f32, f16, bf16, d * q, fma(q, d, -8d) = (q - 8) d), so the choice
+// never depends on how threads split K. The K-quants round twice in the
+// scalar code and MLX 4-bit decodes in permuted order: false, the caller
+// decodes.
+bool DecodeColumns(Path path, const Matrix& W, int64_t r, int64_t k0, int64_t KW, float* dst) {
+  const DF d;
+  const int64_t N = hn::Lanes(d);
+  if (k0 % (2 * N) != 0 || KW % (2 * N) != 0) return false;
+  const std::optional<size_t> skip = RowBytes(W.w.dtype, k0);
+  if (!skip) return false;
+  const uint8_t* row = W.w.row<const uint8_t>(r) + *skip;
+  auto store = [&](int64_t k, VF w, auto) HWY_ATTR { hn::StoreU(w, d, dst + k); };
+  switch (path) {
+    case Path::kF32:
+      DecodeF32(row, KW, store);
+      return true;
+    case Path::kF16:
+      DecodeF16(row, KW, store);
+      return true;
+    case Path::kBF16:
+      DecodeBF16(row, KW, store);
+      return true;
+    case Path::kQ8_0:
+      DecodeQ8_0(row, KW, store);
+      return true;
+    case Path::kQ4_0:
+      DecodeQ4_0(row, KW, store);
+      return true;
+    default:
+      return false;
+  }
+}
+
 // Per-thread state for decoding rows of one matrix.
 struct RowDecoder {
   const Matrix& W;
@@ -815,12 +851,14 @@ void MatMulTRows(const Matrix& W, const float* dY, int64_t M, float* dX, int64_t
   const int64_t align = MatrixColumnAlign(W);
   const bool columns = k0 % align == 0 && (k1 % align == 0 || k1 == K);
   std::vector<float> row(columns ? 0 : K), panel(kTn * KW);
+  const Path path = PathFor(W);
   for (int64_t n0 = 0; n0 < N; n0 += kTn) {
     const int64_t nb = std::min(kTn, N - n0);
     const bool last = n0 + nb == N;
     for (int64_t i = 0; i < nb; ++i) {
       if (columns) {
-        DequantizeMatrixColumns(W, n0 + i, k0, k1, panel.data() + i * KW);
+        if (!DecodeColumns(path, W, n0 + i, k0, KW, panel.data() + i * KW))
+          DequantizeMatrixColumns(W, n0 + i, k0, k1, panel.data() + i * KW);
         continue;
       }
       DequantizeMatrixRow(W, n0 + i, row.data());

@@ -624,6 +624,146 @@ void LargeM(RowDecoder& dec, const PreparedX& X, int64_t M, float* Y, int64_t ld
   }
 }
 
+// From this many rows the product runs as an outer-product GEMM (GemmRows):
+// its k-major panel costs a transpose per panel that fewer rows do not repay.
+constexpr int64_t kGemmMinRows = 256;
+#if HWY_TARGET <= HWY_AVX3
+constexpr int kGemmMR = 8;  // 8 rows x 2 vectors: 16 accumulators of 32 registers
+#else
+constexpr int kGemmMR = 4;  // 8 of 16
+#endif
+constexpr int kGemmNV = 2;  // GemmTile's loop is written for 2
+
+// y[r][0, nr) (+)= x[r][k0, k1) . panel[k0, k1) (k-major, NR columns) for R
+// rows: one accumulator per output, FMAs in k order. first: start from zero
+// (else from y); epi: after the last k-block, the rank-r term as r more
+// terms of the same sums (u pre-scaled, B's panel [rp, NR]).
+template <int R, bool E>
+HWY_INLINE void GemmTile(const float* panel, const float* const* x, int64_t k0, int64_t k1,
+                         bool first, float* const* y, int64_t nr, const float* bpanel,
+                         const float* const* u, int64_t r) {
+  const DF d;
+  const int64_t L = hn::Lanes(d), NR = kGemmNV * L;
+  VF acc[R][kGemmNV];
+  HWY_ALIGN float tmp[R][kGemmNV * hn::MaxLanes(d)];
+  if (first) {
+#pragma GCC unroll 16
+    for (int i = 0; i < R; ++i)
+#pragma GCC unroll 16
+      for (int v = 0; v < kGemmNV; ++v) acc[i][v] = hn::Zero(d);
+  } else if (nr == NR) {
+#pragma GCC unroll 16
+    for (int i = 0; i < R; ++i)
+#pragma GCC unroll 16
+      for (int v = 0; v < kGemmNV; ++v) acc[i][v] = hn::LoadU(d, y[i] + v * L);
+  } else {
+#pragma GCC unroll 16
+    for (int i = 0; i < R; ++i) {
+      std::memcpy(tmp[i], y[i], nr * sizeof(float));
+#pragma GCC unroll 16
+      for (int v = 0; v < kGemmNV; ++v) acc[i][v] = hn::Load(d, tmp[i] + v * L);
+    }
+  }
+  for (int64_t k = k0; k < k1; ++k) {
+    const float* w = panel + k * NR;
+    const VF w0 = hn::Load(d, w), w1 = hn::Load(d, w + L);
+#pragma GCC unroll 16
+    for (int i = 0; i < R; ++i) {
+      const VF xb = hn::Set(d, x[i][k]);
+      acc[i][0] = hn::MulAdd(xb, w0, acc[i][0]);
+      acc[i][1] = hn::MulAdd(xb, w1, acc[i][1]);
+    }
+  }
+  if constexpr (E) {
+    for (int64_t j = 0; j < r; ++j) {
+      VF wv[kGemmNV];
+#pragma GCC unroll 16
+      for (int v = 0; v < kGemmNV; ++v) wv[v] = hn::LoadU(d, bpanel + j * NR + v * L);
+#pragma GCC unroll 16
+      for (int i = 0; i < R; ++i) {
+        const VF ub = hn::Set(d, u[i][j]);
+#pragma GCC unroll 16
+        for (int v = 0; v < kGemmNV; ++v) acc[i][v] = hn::MulAdd(ub, wv[v], acc[i][v]);
+      }
+    }
+  }
+  if (nr == NR) {
+#pragma GCC unroll 16
+    for (int i = 0; i < R; ++i)
+#pragma GCC unroll 16
+      for (int v = 0; v < kGemmNV; ++v) hn::StoreU(acc[i][v], d, y[i] + v * L);
+    return;
+  }
+#pragma GCC unroll 16
+  for (int i = 0; i < R; ++i) {
+#pragma GCC unroll 16
+    for (int v = 0; v < kGemmNV; ++v) hn::Store(acc[i][v], d, tmp[i] + v * L);
+    std::memcpy(y[i], tmp[i], nr * sizeof(float));
+  }
+}
+
+// Rows [n0, n1) of W against all M rows of X as an outer-product GEMM: W
+// decoded NR = 2 vectors of rows at a time and transposed to k-major panels
+// [K, NR], as many as fill about 1 MB (L2); then every kGemmMR-row block of X
+// runs over each panel, broadcasting its elements against the panel's vectors
+// into an MR x NR register tile over all of K. Each output is one f32 FMA
+// chain in k order, then (epi) its r LoRA terms: the same on every thread
+// count.
+template <bool E>
+void GemmRows(RowDecoder& dec, const PreparedX& X, int64_t M, float* Y, int64_t ldy, int64_t n0,
+              int64_t n1, const LowRankTile* epi) {
+  const DF d;
+  const int64_t L = hn::Lanes(d), NR = kGemmNV * L;
+  const int64_t K = dec.W.k, ldp = (K + L - 1) / L * L;
+  const int64_t NP = std::clamp<int64_t>((1 << 20) / (K * NR * 4), 1, 16);  // panels per group
+  AlignedBuffer rows_buf(NR * ldp * sizeof(float)), panel_buf(NP * K * NR * sizeof(float));
+  float* rows = rows_buf.as<float>();
+  const int64_t rp = epi ? epi->rp : 0;
+  std::vector<float> bpanel(NP * rp * NR);
+  for (int64_t g = n0; g < n1; g += NP * NR) {
+    const int64_t np = std::min(NP, (n1 - g + NR - 1) / NR);
+    for (int64_t p = 0; p < np; ++p) {
+      const int64_t n = g + p * NR, nr = std::min(NR, n1 - n);
+      float* panel = panel_buf.as<float>() + p * K * NR;
+      for (int64_t i = 0; i < nr; ++i) {
+        float* dst = rows + i * ldp;
+        auto store = [&](int64_t k, VF w, auto) HWY_ATTR { hn::Store(w, d, dst + k); };
+        dec.Decode(n + i, store);
+      }
+      for (int64_t k0 = 0; k0 < K; k0 += 16) {  // 16 k at a time: the rows' lines stay in L1
+        const int64_t k1 = std::min(K, k0 + 16);
+        for (int64_t i = 0; i < NR; ++i)
+          for (int64_t k = k0; k < k1; ++k) panel[k * NR + i] = i < nr ? rows[i * ldp + k] : 0.0f;
+      }
+      if constexpr (E) {
+        float* bp = bpanel.data() + p * rp * NR;
+        std::fill(bp, bp + rp * NR, 0.0f);
+        for (int64_t i = 0; i < nr; ++i)
+          for (int64_t j = 0; j < rp; ++j) bp[j * NR + i] = epi->brow(n + i)[j];
+      }
+    }
+    auto block = [&](auto height, int64_t m) HWY_ATTR {
+      constexpr int R = decltype(height)::value;
+      const float* x[R];
+      float* y[R];
+      const float* u[R] = {};
+      for (int i = 0; i < R; ++i) {
+        x[i] = X.row(m + i);
+        if constexpr (E) u[i] = epi->urow(m + i);
+      }
+      for (int64_t p = 0; p < np; ++p) {
+        const int64_t n = g + p * NR, nr = std::min(NR, n1 - n);
+        for (int i = 0; i < R; ++i) y[i] = Y + (m + i) * ldy + n;
+        GemmTile<R, E>(panel_buf.as<float>() + p * K * NR, x, 0, K, true, y, nr,
+                       bpanel.data() + p * rp * NR, u, rp);
+      }
+    };
+    int64_t m = 0;
+    for (; m + kGemmMR <= M; m += kGemmMR) block(Par<kGemmMR>{}, m);
+    for (; m < M; ++m) block(Par<1>{}, m);
+  }
+}
+
 // The bf16 route's panels (matmul_bf16.h): rows [n0, n1) of W decoded P at a
 // time, rounded to bf16, and dotted with the bf16 activation rows xb [M, ld]
 // by the AVX512-BF16 kernel, or, given xpacked (AmxPackX of xb), by the AMX
@@ -717,6 +857,9 @@ void MatMulRows(const Matrix& W, const float* X, int64_t M, int64_t ldx, float* 
     if (epi) AddLowRankRows(*epi, M, Y, ldy, n0, n1);  // the bf16 panels are not our tiles
     return;
   }
+  if (M >= kGemmMinRows)  // reads X only up to K
+    return epi ? GemmRows<true>(dec, x, M, Y, ldy, n0, n1, epi)
+               : GemmRows<false>(dec, x, M, Y, ldy, n0, n1, nullptr);
   if (M > 4) {
     // Tile reads X up to the padded K: only safe when X is padded or K % N == 0.
     const int64_t N = hn::Lanes(DF());

@@ -995,55 +995,62 @@ void MatMulTRows(const Matrix& W, const float* dY, int64_t M, float* dX, int64_t
   const bool columns = k0 % align == 0 && (k1 % align == 0 || k1 == K);
   std::vector<float> row(columns ? 0 : K), panel(kTn * KW);
   const Path path = PathFor(W);
-  for (int64_t n0 = 0; n0 < N; n0 += kTn) {
-    const int64_t nb = std::min(kTn, N - n0);
-    const bool last = n0 + nb == N;
-    for (int64_t i = 0; i < nb; ++i) {
-      if (columns) {
-        if (!DecodeColumns(path, W, n0 + i, k0, KW, panel.data() + i * KW))
-          DequantizeMatrixColumns(W, n0 + i, k0, k1, panel.data() + i * KW);
-        continue;
-      }
-      DequantizeMatrixRow(W, n0 + i, row.data());
-      std::memcpy(panel.data() + i * KW, row.data() + k0, KW * sizeof(float));
-    }
-    const float* dy0 = dY + n0;
-    for (int64_t k = 0; k < kv; k += kTV * L) {
-      const int vecs = int(std::min<int64_t>(kTV, (kv - k) / L));
-      const float* pk = panel.data() + k;
-      auto epi = [&](int64_t m) {
-        return TransposedEpi{lr->u + m * lr->r, lr->r, lr->v + k0 + k, K,
-                             lr->mask ? lr->mask + m * K + k0 + k : nullptr};
-      };
-      const int mode = !(lr && last) ? 0 : lr->mask ? 2 : 1;
-      auto rows = [&](auto height, int64_t m) HWY_ATTR {
-        constexpr int R = decltype(height)::value;
-        const float* dym = dy0 + m * N;
-        float* dxm = dX + m * K + k0 + k;
-        if (mode == 0) return TransposedTileCols<R, 0>(vecs, pk, KW, nb, dym, N, dxm, K, nullptr);
-        const TransposedEpi e = epi(m);
-        if (mode == 1) return TransposedTileCols<R, 1>(vecs, pk, KW, nb, dym, N, dxm, K, &e);
-        TransposedTileCols<R, 2>(vecs, pk, KW, nb, dym, N, dxm, K, &e);
-      };
-      int64_t m = 0;
-      for (; m + 4 <= M; m += 4) rows(Par<4>{}, m);
-      for (; m < M; ++m) rows(Par<1>{}, m);
-    }
-    for (int64_t m = 0; m < M; ++m)
-      for (int64_t c = kv; c < KW; ++c) {
-        float y = dX[m * K + k0 + c];
-        for (int64_t i = 0; i < nb; ++i) {
-          const float t = dy0[m * N + i] * panel[i * KW + c];
-          y += t;
+  // Rows of dX in blocks whose [rows, KW] slice stays in L2 across all the
+  // panels (each panel adds into it); the panels are decoded again per block.
+  // Per element the panels still add in n order: the same bits for any block.
+  const int64_t kTm = std::clamp<int64_t>((1 << 20) / (KW * 4) / 4 * 4, 32, 1 << 20);
+  for (int64_t mb = 0; mb < M; mb += kTm) {
+    const int64_t me = std::min(M, mb + kTm);
+    for (int64_t n0 = 0; n0 < N; n0 += kTn) {
+      const int64_t nb = std::min(kTn, N - n0);
+      const bool last = n0 + nb == N;
+      for (int64_t i = 0; i < nb; ++i) {
+        if (columns) {
+          if (!DecodeColumns(path, W, n0 + i, k0, KW, panel.data() + i * KW))
+            DequantizeMatrixColumns(W, n0 + i, k0, k1, panel.data() + i * KW);
+          continue;
         }
-        if (lr && last) {
-          float low = 0;
-          for (int64_t j = 0; j < lr->r; ++j) low += lr->u[m * lr->r + j] * lr->v[j * K + k0 + c];
-          if (lr->mask) low *= lr->mask[m * K + k0 + c];
-          y += low;
-        }
-        dX[m * K + k0 + c] = y;
+        DequantizeMatrixRow(W, n0 + i, row.data());
+        std::memcpy(panel.data() + i * KW, row.data() + k0, KW * sizeof(float));
       }
+      const float* dy0 = dY + n0;
+      for (int64_t k = 0; k < kv; k += kTV * L) {
+        const int vecs = int(std::min<int64_t>(kTV, (kv - k) / L));
+        const float* pk = panel.data() + k;
+        auto epi = [&](int64_t m) {
+          return TransposedEpi{lr->u + m * lr->r, lr->r, lr->v + k0 + k, K,
+                               lr->mask ? lr->mask + m * K + k0 + k : nullptr};
+        };
+        const int mode = !(lr && last) ? 0 : lr->mask ? 2 : 1;
+        auto rows = [&](auto height, int64_t m) HWY_ATTR {
+          constexpr int R = decltype(height)::value;
+          const float* dym = dy0 + m * N;
+          float* dxm = dX + m * K + k0 + k;
+          if (mode == 0) return TransposedTileCols<R, 0>(vecs, pk, KW, nb, dym, N, dxm, K, nullptr);
+          const TransposedEpi e = epi(m);
+          if (mode == 1) return TransposedTileCols<R, 1>(vecs, pk, KW, nb, dym, N, dxm, K, &e);
+          TransposedTileCols<R, 2>(vecs, pk, KW, nb, dym, N, dxm, K, &e);
+        };
+        int64_t m = mb;
+        for (; m + 4 <= me; m += 4) rows(Par<4>{}, m);
+        for (; m < me; ++m) rows(Par<1>{}, m);
+      }
+      for (int64_t m = mb; m < me; ++m)
+        for (int64_t c = kv; c < KW; ++c) {
+          float y = dX[m * K + k0 + c];
+          for (int64_t i = 0; i < nb; ++i) {
+            const float t = dy0[m * N + i] * panel[i * KW + c];
+            y += t;
+          }
+          if (lr && last) {
+            float low = 0;
+            for (int64_t j = 0; j < lr->r; ++j) low += lr->u[m * lr->r + j] * lr->v[j * K + k0 + c];
+            if (lr->mask) low *= lr->mask[m * K + k0 + c];
+            y += low;
+          }
+          dX[m * K + k0 + c] = y;
+        }
+    }
   }
 }
 

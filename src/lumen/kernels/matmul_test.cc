@@ -211,5 +211,38 @@ TEST(MatMulTest, TransposedTilesWithinBoundOnEveryTarget) {
   hwy::SetSupportedTargetsForTest(0);
 }
 
+// A wide K makes MatMulT walk dX in several row blocks (its [rows, K] slice
+// is kept to about 1 MiB): still within the bound, and the same bits on any
+// thread count (threads split K, which changes the blocks).
+TEST(MatMulTest, TransposedRowBlocksWithinBound) {
+  std::mt19937 rng(17);
+  for (const Spec& s : AllSpecs()) {
+    if (s.dtype != DType::kF16 && s.dtype != DType::kQ4_0 && s.dtype != DType::kQ4_K &&
+        s.mlx_bits != 4)
+      continue;
+    const int64_t K = 8192, N = 40, M = 100;
+    OwnedMatrix o = Make(s, N, K, rng);
+    std::vector<float> w(N * K);
+    for (int64_t n = 0; n < N; ++n) DequantizeMatrixRow(o.m, n, w.data() + n * K);
+    std::vector<float> dY(M * N), dX(M * K, 5.0f), ref(M * K);
+    for (auto& v : dY) v = std::uniform_real_distribution<float>(-1, 1)(rng);
+    MatMulT(o.m, dY.data(), M, dX.data(), nullptr);
+    MatMulTRef(o.m, dY.data(), M, ref.data());
+    int bad = 0;
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t k = 0; k < K; ++k) {
+        double abs_dot = 0;
+        for (int64_t n = 0; n < N; ++n) abs_dot += std::fabs(double(w[n * K + k]) * dY[m * N + n]);
+        if (!(std::fabs(dX[m * K + k] - ref[m * K + k]) <= MatMulBound(N, abs_dot)) && bad++ < 3)
+          ADD_FAILURE() << s.name << " m=" << m << " k=" << k << " got " << dX[m * K + k]
+                        << " want " << ref[m * K + k];
+      }
+    ThreadPool pool(2);
+    std::vector<float> t(M * K, -1.0f);
+    MatMulT(o.m, dY.data(), M, t.data(), &pool);
+    EXPECT_EQ(0, std::memcmp(t.data(), dX.data(), t.size() * sizeof(float))) << s.name;
+  }
+}
+
 }  // namespace
 }  // namespace lumen::kernels

@@ -72,8 +72,16 @@ void AddPiece(const Matrix& W, const Blocking& b, const Piece& p, const uint16_t
     const int64_t groups = (p.kn + kAmxTGroup - 1) / kAmxTGroup;
     float* r0 = s.rowf.data();
     float* r1 = r0 + b.kb;
+    const bool f16 = W.mlx_bits == 0 && W.w.dtype == DType::kF16;
+    auto f16_row = [&](int64_t i) {  // row i of the piece in storage, or null past len
+      return i < p.len ? W.w.row<const uint16_t>(p.n0 + i) + p.k0 : nullptr;
+    };
     for (int64_t pair = 0; 2 * pair < p.w; ++pair) {
       const int64_t n = 2 * pair;
+      if (f16) {  // straight from storage: vcvtph2ps is exact, as the decoder is
+        AmxPackTPairF16(f16_row(n), f16_row(n + 1), p.kn, groups, p.w, pair, panel);
+        continue;
+      }
       if (n < p.len) DequantizeMatrixColumns(W, p.n0 + n, p.k0, k1, r0);
       if (n + 1 < p.len) DequantizeMatrixColumns(W, p.n0 + n + 1, p.k0, k1, r1);
       AmxPackTPair(n < p.len ? r0 : nullptr, n + 1 < p.len ? r1 : nullptr, p.kn, groups, p.w, pair,

@@ -87,25 +87,46 @@ LUMEN_AMX void Block(const uint16_t* dyb, int64_t ld, const uint16_t* panel, int
   }
 }
 
+// The lanes of columns [k, k + 16) still inside [0, kn).
+inline __mmask16 Live(int64_t kn, int64_t k) {
+  const int64_t left = kn - k;
+  return left >= 16 ? __mmask16(0xffff) : static_cast<__mmask16>(left > 0 ? (1u << left) - 1 : 0);
+}
+
+// Stores 16 columns of a row pair as bf16 pairs: lane 2j takes element j of
+// a, lane 2j + 1 element j of b (after the conversion a's 16 values are the
+// low half, b's the high).
+LUMEN_AMX inline void StorePair(__m512 a, __m512 b, uint16_t* dst) {
+  alignas(64) static constexpr uint16_t kInterleave[32] = {
+      0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,  21, 6,  22, 7,  23,
+      8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+  const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(b, a);
+  _mm512_storeu_si512(dst, _mm512_permutexvar_epi16(_mm512_load_si512(kInterleave), both));
+}
+
 }  // namespace
 
 LUMEN_AMX void AmxPackTPair(const float* r0, const float* r1, int64_t kn, int64_t groups,
                             int64_t rows, int64_t p, uint16_t* panel) {
-  // Lane 2j of the result takes element j of r0, lane 2j + 1 element j of r1
-  // (after the conversion, r0's 16 values are the low half, r1's the high).
-  alignas(64) static constexpr uint16_t kInterleave[32] = {
-      0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,  21, 6,  22, 7,  23,
-      8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
-  const __m512i idx = _mm512_load_si512(kInterleave);
   for (int64_t g = 0; g < groups; ++g) {
-    const int64_t k = g * kAmxTGroup, left = kn - k;
-    const __mmask16 live =
-        left >= 16 ? __mmask16(0xffff) : static_cast<__mmask16>(left > 0 ? (1u << left) - 1 : 0);
+    const int64_t k = g * kAmxTGroup;
+    const __mmask16 live = Live(kn, k);
     const __m512 a = r0 ? _mm512_maskz_loadu_ps(live, r0 + k) : _mm512_setzero_ps();
     const __m512 b = r1 ? _mm512_maskz_loadu_ps(live, r1 + k) : _mm512_setzero_ps();
-    const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(b, a);  // low half a, high half b
-    _mm512_storeu_si512(panel + g * kAmxTGroup * rows + p * 32,
-                        _mm512_permutexvar_epi16(idx, both));
+    StorePair(a, b, panel + g * kAmxTGroup * rows + p * 32);
+  }
+}
+
+LUMEN_AMX void AmxPackTPairF16(const uint16_t* h0, const uint16_t* h1, int64_t kn, int64_t groups,
+                               int64_t rows, int64_t p, uint16_t* panel) {
+  for (int64_t g = 0; g < groups; ++g) {
+    const int64_t k = g * kAmxTGroup;
+    const __mmask16 live = Live(kn, k);
+    const __m512 a =
+        h0 ? _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(live, h0 + k)) : _mm512_setzero_ps();
+    const __m512 b =
+        h1 ? _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(live, h1 + k)) : _mm512_setzero_ps();
+    StorePair(a, b, panel + g * kAmxTGroup * rows + p * 32);
   }
 }
 
@@ -138,6 +159,10 @@ LUMEN_AMX void AmxBf16TPanelProduct(const uint16_t* dyb, int64_t M, int64_t ld,
 #else  // no x86 Linux: the kernel is never taken, so these are never called
 
 void AmxPackTPair(const float*, const float*, int64_t, int64_t, int64_t, int64_t, uint16_t*) {
+  LUMEN_CHECK(false);
+}
+void AmxPackTPairF16(const uint16_t*, const uint16_t*, int64_t, int64_t, int64_t, int64_t,
+                     uint16_t*) {
   LUMEN_CHECK(false);
 }
 void AmxBf16TPanelProduct(const uint16_t*, int64_t, int64_t, const uint16_t*, int64_t, float*,

@@ -45,6 +45,12 @@ inline int64_t AmxTPanelElems(int64_t groups, int64_t rows) { return groups * kA
 void AmxPackTPair(const float* r0, const float* r1, int64_t kn, int64_t groups, int64_t rows,
                   int64_t p, uint16_t* panel);
 
+// The same from two rows stored as f16 (any alignment): converted exactly
+// to f32 by `vcvtph2ps`, then rounded as above. The driver's path for f16
+// weights, whose scalar decode would otherwise cost as much as the tiles.
+void AmxPackTPairF16(const uint16_t* h0, const uint16_t* h1, int64_t kn, int64_t groups,
+                     int64_t rows, int64_t p, uint16_t* panel);
+
 // dX[m * ldx + k0 + j] = sum_{n < ld} dyb[m * ld + n] * W(n, j) for m < M,
 // j < kn (W(n, j) as packed in `panel`, rows = ld), summed in f32 by the tile
 // unit, 32 n per instruction in increasing n; accumulate: dX += that sum (one

@@ -223,9 +223,9 @@ TEST(MatMulBf16Every, AnyRowCountMatchesOracleAndTheRoute) {
   GTEST_SKIP() << "AMX-BF16 not usable here (" << AmxBf16Unusable() \
                << "): the transposed product runs on AVX512-BF16, which MatMulTBf16.* covers"
 
-// The VNNI panel: pair p of group g holds (w[2p][16g + j], w[2p + 1][16g + j])
-// as bf16 nearest even at 32 p + 2 j (+ 1) of the group; columns past kn and
-// a null row are zero.
+// The VNNI panel (AmxPackTPair, and AmxPackTPairF16 from f16 storage): pair p of group g holds
+// (w[2p][16g + j], w[2p + 1][16g + j]) as bf16 nearest even at 32 p + 2 j (+ 1) of the group;
+// columns past kn and a null row are zero.
 TEST(MatMulTBf16Amx, PackTPairIsTheVnniLayout) {
   SKIP_WITHOUT_AMX();
   std::mt19937 rng(21);
@@ -246,6 +246,26 @@ TEST(MatMulTBf16Amx, PackTPairIsTheVnniLayout) {
       // Pairs not written keep their contents.
       EXPECT_EQ(panel[g * 16 * rows + 4 * 32 + 2 * j], 0xffff);
     }
+  // From f16 storage (unaligned rows): the same panel as from the rows
+  // decoded to f32.
+  std::vector<uint16_t> h(2 * kn + 1);
+  for (int64_t k = 0; k < kn; ++k) {
+    h[1 + k] = F32ToF16(a[k]);
+    h[1 + kn + k] = F32ToF16(b[k]);
+  }
+  std::vector<float> fa(kn), fb(kn);
+  for (int64_t k = 0; k < kn; ++k) {
+    fa[k] = F16ToF32(h[1 + k]);
+    fb[k] = F16ToF32(h[1 + kn + k]);
+  }
+  std::vector<uint16_t> from_f16(panel.size(), 0xffff), from_f32(panel.size(), 0xffff);
+  for (int64_t p : {0, 7}) {
+    AmxPackTPairF16(h.data() + 1, h.data() + 1 + kn, kn, groups, rows, p, from_f16.data());
+    AmxPackTPair(fa.data(), fb.data(), kn, groups, rows, p, from_f32.data());
+  }
+  AmxPackTPairF16(nullptr, h.data() + 1, kn, groups, rows, 9, from_f16.data());
+  AmxPackTPair(nullptr, fa.data(), kn, groups, rows, 9, from_f32.data());
+  EXPECT_EQ(from_f16, from_f32);
 }
 
 // The kernel alone, against a double sum of the same bf16 values, for every

@@ -2,8 +2,8 @@
 // transposed product, the training's backward under --compute bf16) at the
 // shapes of a llama-3.2-1b-shaped step, f16 weights, over M, on the tiles
 // and (with LUMEN_NO_AMX=1, read once per process) on AVX512-BF16. Behind
-// kAmxTMinRows and the table "AMX in the backward" of
-// docs/experiments/compute-precision.md.
+// kAmxTMinRows and the kernel table of "With AMX tiles in the backward and
+// the head" in docs/experiments/compute-precision.md.
 //
 //   B=build/dev; g++ -O2 -std=c++20 -Isrc tools/experiments/matmul_t_amx.cc \
 //     -o /tmp/matmul_t_amx $B/liblumen_kernels.a $B/liblumen_core.a -lfmt -lhwy -lpthread

@@ -26,7 +26,7 @@ namespace lumen::kernels {
 // Transposed products with at least this many rows of dY take the tiles.
 // Measured (docs/experiments/compute-precision.md, "With AMX tiles in the
 // backward and the head"): even at M = 5 (dY padded to 16 rows) the tiles
-// win by 14-27x, because building the VNNI panel is vectorized where the
+// win by 13x or more, because building the VNNI panel is vectorized where the
 // AVX512-BF16 path transposes W element by element, a cost that does not
 // shrink with M.
 inline constexpr int64_t kAmxTMinRows = 5;

@@ -14,6 +14,7 @@
 #include "lumen/engine/model.h"
 #include "lumen/engine/session.h"
 #include "lumen/kernels/matmul_bf16.h"
+#include "lumen/kernels/matmul_bf16_amx.h"
 #include "lumen/sample/sampler.h"
 #include "lumen_cli.h"
 
@@ -157,8 +158,9 @@ TEST(RoutesCli, TableExactAndDot) {
 
 // `--compute bf16` shows the train graph as `lumen train --compute bf16`
 // runs it: the four product nodes take their L3 bf16 routes where the CPU
-// has AVX512-BF16; the default (f32) keeps them at L2 (LoRA's as the
-// epilogue of the frozen products).
+// has AVX512-BF16 (train.product_t's bf16-amx where it has usable AMX
+// tiles); the default (f32) keeps them at L2 (LoRA's as the epilogue of the
+// frozen products).
 TEST(RoutesCli, TrainComputeShowsTheBf16Routes) {
   const char* nodes[] = {"train.product", "train.product_t", "head.chunk", "train.lora"};
   for (const char* compute : {"f32", "bf16"}) {
@@ -174,7 +176,11 @@ TEST(RoutesCli, TrainComputeShowsTheBf16Routes) {
           ++seen;
           // f32 LoRA products run fused into the frozen products' tiles.
           const std::string f32 = std::string(node) == "train.lora" ? "f32-epilogue" : "f32";
-          EXPECT_EQ(n["route"], bf16 ? "bf16" : f32) << compute << " " << node;
+          // The transposed product has its own route on the AMX tiles.
+          const std::string bf16_route =
+              std::string(node) == "train.product_t" && kernels::AmxBf16Usable() ? "bf16-amx"
+                                                                                 : "bf16";
+          EXPECT_EQ(n["route"], bf16 ? bf16_route : f32) << compute << " " << node;
           EXPECT_EQ(n["tier"], bf16 ? "L3" : "L2") << compute << " " << node;
         }
     EXPECT_EQ(seen, 4) << r.out;

@@ -8,17 +8,12 @@
 #include "lumen/core/route.h"
 #include "lumen/kernels/matmul_bf16.h"
 
-#if defined(__x86_64__) && defined(__linux__)
+#include "lumen/kernels/amx_target.h"
+
+#if defined(LUMEN_AMX_X86)
 #include <cpuid.h>
-#include <immintrin.h>
 #include <sys/syscall.h>
 #include <unistd.h>
-#define LUMEN_AMX_X86 1
-// Only the functions that touch tiles carry the AMX targets; the rest of the
-// binary stays free of them.
-#define LUMEN_AMX \
-  __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
-#define LUMEN_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
 #endif
 
 // Blocking: four C tiles (2 blocks of 16 weight rows x 2 blocks of 16
@@ -223,8 +218,7 @@ LUMEN_AMX void AmxBf16PanelProduct(const uint16_t* panel, int64_t rows, const ui
                                    int64_t M, int64_t ld, float* Y, int64_t ldy, int64_t n0) {
   LUMEN_CHECK(ld % kBf16RowAlign == 0);
   if (rows <= 0 || M <= 0) return;
-  static const TileConfig kConfig = FullTiles();
-  _tile_loadconfig(&kConfig);
+  AmxConfigureTiles();
   const int64_t kc = ld / 32;
   const int64_t nblocks = (rows + kAmxRows - 1) / kAmxRows;
   const int64_t mblocks = (M + kAmxRows - 1) / kAmxRows;
@@ -241,8 +235,16 @@ LUMEN_AMX void AmxBf16PanelProduct(const uint16_t* panel, int64_t rows, const ui
       Block<1, 2>(panel, ld, xpacked, kc, a * kAmxRows, b, rows, M, Y, ldy, n0);
     if (b < mblocks) Block<1, 1>(panel, ld, xpacked, kc, a * kAmxRows, b, rows, M, Y, ldy, n0);
   }
-  _tile_release();  // smaller context switches while no tile work runs
+  AmxReleaseTiles();
 }
+
+LUMEN_AMX void AmxConfigureTiles() {
+  static const TileConfig kConfig = FullTiles();
+  _tile_loadconfig(&kConfig);
+}
+
+// Smaller context switches while no tile work runs.
+LUMEN_AMX void AmxReleaseTiles() { _tile_release(); }
 
 #pragma GCC diagnostic pop
 
@@ -256,6 +258,8 @@ void AmxBf16PanelProduct(const uint16_t*, int64_t, const uint16_t*, int64_t, int
                          int64_t, int64_t) {
   LUMEN_CHECK(false);
 }
+void AmxConfigureTiles() { LUMEN_CHECK(false); }
+void AmxReleaseTiles() { LUMEN_CHECK(false); }
 
 #endif
 

@@ -12,9 +12,10 @@
 // C = W X^T, and each 16 x 16 C tile is transposed into Y on the way out.
 //
 // Used by MatMul's bf16 route (kernels/matmul.cc) when AmxBf16Usable() and
-// M >= kAmxMinRows; otherwise the AVX512-BF16 kernel runs (and the training's
-// transposed bf16 product, matmul_bf16_t.h, stays on AVX512-BF16). MatMulBf16Ref
-// (matmul_bf16_ref.h) is the oracle of both.
+// M >= kAmxMinRows; otherwise the AVX512-BF16 kernel runs. The training's
+// transposed bf16 product has its own tile kernel (matmul_bf16_t_amx.h) on
+// the same permission and configuration. MatMulBf16Ref (matmul_bf16_ref.h) is
+// the oracle of both prefill kernels.
 //
 // Linux hands out the tile state only on request (arch_prctl
 // ARCH_REQ_XCOMP_PERM for XTILEDATA); AmxBf16Usable() asks once per process.
@@ -43,6 +44,13 @@ bool AmxBf16Usable();
 
 // The reason AmxBf16Usable() is false ("" when true): for test skips and logs.
 const char* AmxBf16Unusable();
+
+// Loads this thread's tile configuration: palette 1, the 8 tiles each 16
+// rows of 64 bytes (every AMX kernel of lumen uses full tiles and pads its
+// operands instead). AmxReleaseTiles() hands the tile state back; call it
+// when the tile work of a call is done. Both require AmxBf16Usable().
+void AmxConfigureTiles();
+void AmxReleaseTiles();
 
 // Bytes of the packed activations for M rows of ld bf16 (M rounded up to 16).
 int64_t AmxPackedXBytes(int64_t M, int64_t ld);

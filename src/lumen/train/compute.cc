@@ -52,6 +52,22 @@ LUMEN_ROUTE(
      .measure = "docs/experiments/compute-precision.md",
      .when = "train.compute=bf16 cpu=avx512bf16",
      .priority = 20});
+// The same product on the AMX tiles (kernels/matmul_bf16_t_amx.h) where the
+// CPU has them: the same rounding, f32 sums in the same n order per chunk.
+LUMEN_ROUTE(
+    train_product_t_bf16_amx,
+    {.node = "train.product_t",
+     .name = "bf16-amx",
+     .tier = Tier::kL3,
+     .oracle = "MatMulTBf16Ref (bf16 operands, double sums); against the f32 route: none",
+     .bound = "(N + 2) 2^-24 sum |dy w| of the oracle, as the AVX512-BF16 kernel "
+              "(matmul_bf16_t_test.cc); against f32: the teacher-forced gradient cosine and "
+              "relative error (compute_test.cc)",
+     .tests = "MatMulTBf16Amx.*;MatMulTBf16.*;MatMulTBf16.WithoutAmx;ComputeQuality.*;Methods/"
+              "Bf16Efficacy.*;Bf16SftEfficacy.*",
+     .measure = "docs/experiments/compute-precision.md",
+     .when = "train.compute=bf16 cpu=amx",
+     .priority = 30});
 LUMEN_ROUTE(head_chunk_f32,
             {.node = "head.chunk",
              .name = "f32",
@@ -64,8 +80,9 @@ LUMEN_ROUTE(head_chunk_bf16,
             {.node = "head.chunk",
              .name = "bf16",
              .tier = Tier::kL3,
-             .oracle = "none: the head's logits and dh products with bf16 operands; measured "
-                       "against the f32 head",
+             .oracle = "none: the head's logits and dh products with bf16 operands "
+                       "(kernels::MatMulBf16 / MatMulTBf16, on the AMX tiles where the CPU has "
+                       "them); measured against the f32 head",
              .bound = "dh and LoRA-gradient cosine and relative error, teacher-forced "
                       "(compute_test.cc)",
              .tests = "ComputeQuality.*;Methods/Bf16Efficacy.*;Bf16SftEfficacy.*",

@@ -2,7 +2,9 @@
 // --compute f32|bf16`, issue 16). f32 (the default) is the exact route: every
 // product through kernels::MatMul / MatMulT in f32 (tier L2). bf16 (tier L3)
 // rounds the operands of the large products to bf16 and multiplies them with
-// AVX512-BF16 `vdpbf16ps`, summing in f32 (kernels/matmul_bf16.h):
+// AVX512-BF16 `vdpbf16ps`, or on the AMX-BF16 tiles where the CPU has them
+// (kernels/matmul_bf16_amx.h, matmul_bf16_t_amx.h; LUMEN_NO_AMX=1 keeps
+// AVX512-BF16), summing in f32 (kernels/matmul_bf16.h):
 //
 //   frozen forward   y = x W^T            kernels::MatMulBf16 (every row count)
 //   frozen backward  dx += dy W           kernels::MatMulTBf16

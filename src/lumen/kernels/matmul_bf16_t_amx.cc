@@ -1,0 +1,175 @@
+#include "lumen/kernels/matmul_bf16_t_amx.h"
+
+#include "lumen/core/check.h"
+#include "lumen/kernels/amx_target.h"
+#include "lumen/kernels/matmul_bf16.h"
+#include "lumen/kernels/matmul_bf16_amx.h"
+
+// Blocking: four C tiles (2 blocks of 16 dY rows x 2 groups of 16 columns),
+// two A tiles (dY rows, loaded straight from the bf16 rows) and two B tiles
+// (the VNNI panel): per 32 rows of W, 4 tile loads feed 4 `tdpbf16ps`, all
+// 8 tile registers in use. The driver (matmul_bf16_t.cc) keeps one panel of
+// at most 512 KiB per thread, so both the panel and the 32 dY rows of a
+// block pair stay in L2 while the groups sweep. Every output sums n in
+// order, 32 per instruction, whatever block it falls in: neither the thread
+// split nor M's remainder changes a result.
+
+namespace lumen::kernels {
+
+#if defined(LUMEN_AMX_X86)
+
+// GCC 12's AVX-512 intrinsics pass _mm512_undefined_* as the unused merge
+// source, which -Wmaybe-uninitialized reports at every inlined use.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+
+namespace {
+
+// A 16 x 16 C tile c ([16 rows of dX][16 columns], f32) into dX rows m0.. of
+// its columns col..: the first mv rows and nv columns, added when accumulate.
+LUMEN_AVX512 inline void StoreRows(const float* c, float* dX, int64_t ldx, int64_t m0, int64_t col,
+                                   int mv, int nv, bool accumulate) {
+  const __mmask16 keep = static_cast<__mmask16>((1u << nv) - 1);
+  for (int j = 0; j < mv; ++j) {
+    float* out = dX + (m0 + j) * ldx + col;
+    __m512 v = _mm512_load_ps(c + 16 * j);
+    if (accumulate) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(keep, out));
+    _mm512_mask_storeu_ps(out, keep, v);
+  }
+}
+
+// NM blocks of 16 dY rows (from block mb) x NG groups of 16 columns (from g).
+template <int NM, int NG>
+LUMEN_AMX void Block(const uint16_t* dyb, int64_t ld, const uint16_t* panel, int64_t mb, int64_t g,
+                     int64_t M, int64_t kn, float* dX, int64_t ldx, int64_t k0, bool accumulate) {
+  _tile_zero(0);
+  if constexpr (NG == 2) _tile_zero(1);
+  if constexpr (NM == 2) _tile_zero(2);
+  if constexpr (NM == 2 && NG == 2) _tile_zero(3);
+  const int64_t steps = ld / 32;
+  const uint16_t* a0 = dyb + mb * kAmxRows * ld;
+  const uint16_t* a1 = a0 + kAmxRows * ld;
+  const uint16_t* b0 = panel + g * kAmxTGroup * ld;
+  const uint16_t* b1 = b0 + kAmxTGroup * ld;
+  const int64_t stride = ld * 2;
+  for (int64_t c = 0; c < steps; ++c) {
+    _tile_loadd(4, a0 + c * 32, stride);
+    _tile_loadd(6, b0 + c * 512, 64);
+    _tile_dpbf16ps(0, 4, 6);
+    if constexpr (NG == 2) {
+      _tile_loadd(7, b1 + c * 512, 64);
+      _tile_dpbf16ps(1, 4, 7);
+    }
+    if constexpr (NM == 2) {
+      _tile_loadd(5, a1 + c * 32, stride);
+      _tile_dpbf16ps(2, 5, 6);
+      if constexpr (NG == 2) _tile_dpbf16ps(3, 5, 7);
+    }
+  }
+  // The tile number of _tile_stored is pasted into the instruction's text,
+  // so each store names its tile literally.
+  alignas(64) float c[4][16 * 16];
+  _tile_stored(0, c[0], 64);
+  if constexpr (NG == 2) _tile_stored(1, c[1], 64);
+  if constexpr (NM == 2) _tile_stored(2, c[2], 64);
+  if constexpr (NM == 2 && NG == 2) _tile_stored(3, c[3], 64);
+  auto count = [](int64_t left) { return static_cast<int>(left < 16 ? left : 16); };
+  const int64_t m0 = mb * kAmxRows, m1 = m0 + kAmxRows;
+  const int64_t j0 = g * kAmxTGroup, j1 = j0 + kAmxTGroup;
+  const int mv0 = count(M - m0), nv0 = count(kn - j0);
+  StoreRows(c[0], dX, ldx, m0, k0 + j0, mv0, nv0, accumulate);
+  if constexpr (NG == 2) StoreRows(c[1], dX, ldx, m0, k0 + j1, mv0, count(kn - j1), accumulate);
+  if constexpr (NM == 2) {
+    const int mv1 = count(M - m1);
+    StoreRows(c[2], dX, ldx, m1, k0 + j0, mv1, nv0, accumulate);
+    if constexpr (NG == 2) StoreRows(c[3], dX, ldx, m1, k0 + j1, mv1, count(kn - j1), accumulate);
+  }
+}
+
+// The lanes of columns [k, k + 16) still inside [0, kn).
+inline __mmask16 Live(int64_t kn, int64_t k) {
+  const int64_t left = kn - k;
+  return left >= 16 ? __mmask16(0xffff) : static_cast<__mmask16>(left > 0 ? (1u << left) - 1 : 0);
+}
+
+// Stores 16 columns of a row pair as bf16 pairs: lane 2j takes element j of
+// a, lane 2j + 1 element j of b (after the conversion a's 16 values are the
+// low half, b's the high).
+LUMEN_AMX inline void StorePair(__m512 a, __m512 b, uint16_t* dst) {
+  alignas(64) static constexpr uint16_t kInterleave[32] = {
+      0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,  21, 6,  22, 7,  23,
+      8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+  const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(b, a);
+  _mm512_storeu_si512(dst, _mm512_permutexvar_epi16(_mm512_load_si512(kInterleave), both));
+}
+
+}  // namespace
+
+LUMEN_AMX void AmxPackTPair(const float* r0, const float* r1, int64_t kn, int64_t groups,
+                            int64_t rows, int64_t p, uint16_t* panel) {
+  for (int64_t g = 0; g < groups; ++g) {
+    const int64_t k = g * kAmxTGroup;
+    const __mmask16 live = Live(kn, k);
+    const __m512 a = r0 ? _mm512_maskz_loadu_ps(live, r0 + k) : _mm512_setzero_ps();
+    const __m512 b = r1 ? _mm512_maskz_loadu_ps(live, r1 + k) : _mm512_setzero_ps();
+    StorePair(a, b, panel + g * kAmxTGroup * rows + p * 32);
+  }
+}
+
+LUMEN_AMX void AmxPackTPairF16(const uint16_t* h0, const uint16_t* h1, int64_t kn, int64_t groups,
+                               int64_t rows, int64_t p, uint16_t* panel) {
+  for (int64_t g = 0; g < groups; ++g) {
+    const int64_t k = g * kAmxTGroup;
+    const __mmask16 live = Live(kn, k);
+    const __m512 a =
+        h0 ? _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(live, h0 + k)) : _mm512_setzero_ps();
+    const __m512 b =
+        h1 ? _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(live, h1 + k)) : _mm512_setzero_ps();
+    StorePair(a, b, panel + g * kAmxTGroup * rows + p * 32);
+  }
+}
+
+LUMEN_AMX void AmxBf16TPanelProduct(const uint16_t* dyb, int64_t M, int64_t ld,
+                                    const uint16_t* panel, int64_t kn, float* dX, int64_t ldx,
+                                    int64_t k0, bool accumulate) {
+  LUMEN_CHECK(ld % kBf16RowAlign == 0);
+  if (M <= 0 || kn <= 0) return;
+  AmxConfigureTiles();
+  const int64_t groups = (kn + kAmxTGroup - 1) / kAmxTGroup;
+  const int64_t mblocks = (M + kAmxRows - 1) / kAmxRows;
+  int64_t b = 0;
+  for (; b + 2 <= mblocks; b += 2) {
+    int64_t g = 0;
+    for (; g + 2 <= groups; g += 2)
+      Block<2, 2>(dyb, ld, panel, b, g, M, kn, dX, ldx, k0, accumulate);
+    if (g < groups) Block<2, 1>(dyb, ld, panel, b, g, M, kn, dX, ldx, k0, accumulate);
+  }
+  if (b < mblocks) {
+    int64_t g = 0;
+    for (; g + 2 <= groups; g += 2)
+      Block<1, 2>(dyb, ld, panel, b, g, M, kn, dX, ldx, k0, accumulate);
+    if (g < groups) Block<1, 1>(dyb, ld, panel, b, g, M, kn, dX, ldx, k0, accumulate);
+  }
+  AmxReleaseTiles();
+}
+
+#pragma GCC diagnostic pop
+
+#else  // no x86 Linux: the kernel is never taken, so these are never called
+
+void AmxPackTPair(const float*, const float*, int64_t, int64_t, int64_t, int64_t, uint16_t*) {
+  LUMEN_CHECK(false);
+}
+void AmxPackTPairF16(const uint16_t*, const uint16_t*, int64_t, int64_t, int64_t, int64_t,
+                     uint16_t*) {
+  LUMEN_CHECK(false);
+}
+void AmxBf16TPanelProduct(const uint16_t*, int64_t, int64_t, const uint16_t*, int64_t, float*,
+                          int64_t, int64_t, bool) {
+  LUMEN_CHECK(false);
+}
+
+#endif
+
+}  // namespace lumen::kernels

@@ -48,7 +48,7 @@ std::vector<float> Rows(const Matrix& W) {
 // odd K no vector divides for the plain types.
 int64_t KFor(const Spec& s) { return s.block == 1 ? 100 : s.block * (s.block >= 256 ? 1 : 3); }
 
-constexpr int64_t kMs[] = {1, 3, 5, 37, 300};  // 300: the GEMM (kGemmMinRows)
+constexpr int64_t kMs[] = {1, 3, 5, 37};
 constexpr int64_t kRanks[] = {1, 8, 16};
 
 TEST(MatMulLowRank, EpilogueWithinBoundOnEveryTargetAndStorage) {

@@ -14,6 +14,7 @@
 #include "lumen/kernels/matmul_bf16.h"
 #include "lumen/kernels/matmul_bf16_amx.h"
 #include "lumen/kernels/matmul_q8.h"
+#include "lumen/train/compute.h"
 
 namespace lumen::cli {
 namespace {
@@ -113,7 +114,11 @@ RouteContext MakeContext(std::string_view graph, const ModelArgs& args, const Ro
   if (graph == "train") {  // TrainOptions' defaults (docs/reference/training.md)
     ctx.Set("train.fused_ce", "on");
     ctx.Set("train.prefix_share", "on");
-    ctx.Set("train.compute", args.train_compute.empty() ? "f32" : args.train_compute);
+    // `lumen train`'s default, --compute auto (train/compute.h).
+    const bool low_tier = args.exact || args.tier == "l1" || args.tier == "l2";
+    ctx.Set("train.compute", args.train_compute.empty() || args.train_compute == "auto"
+                                 ? std::string(train::ComputeName(train::AutoCompute(low_tier)))
+                                 : args.train_compute);
   }
   return ctx;
 }
@@ -487,9 +492,9 @@ void RegisterRoutes(CLI::App& app) {
   cmd->add_option("--for", a->graph, "only this graph: generate, serve or train")
       ->check(CLI::IsMember({"generate", "serve", "train"}));
   cmd->add_option("--compute", a->model.train_compute,
-                  "the train graph's product precision: f32 (default) or bf16 (lumen train "
-                  "--compute)")
-      ->check(CLI::IsMember({"f32", "bf16"}));
+                  "the train graph's product precision: auto (default, as lumen train), f32 "
+                  "or bf16 (lumen train --compute)")
+      ->check(CLI::IsMember({"auto", "f32", "bf16"}));
   cmd->add_flag("--json", a->json, "JSON: one object per node");
   cmd->add_flag("--dot", a->dot, "Graphviz DOT of the graphs (docs/design/routes.svg)");
   cmd->add_option("--check", a->check,

@@ -22,7 +22,7 @@ struct TrainArgs {
   bool no_mask_prompt = false, mask_prompt = false;
   bool fused_ce = false, no_fused_ce = false, prefix_share = false, no_prefix_share = false;
   std::string sft_scope = "response", lambda_schedule = "static", controller = "aimd",
-              controlled = "lambda", compute = "f32";
+              controlled = "lambda", compute = "auto";
 };
 }  // namespace
 
@@ -91,9 +91,9 @@ void RegisterTrain(CLI::App& app) {
   cmd->add_flag("--plan", a->o.plan_only,
                 "print the memory plan (estimate, choice, predicted peak) and exit");
   cmd->add_option("--compute", a->compute,
-                  "product precision: f32 (default, exact) or bf16 (AVX512-BF16 operands, f32 "
-                  "sums; L3)")
-      ->check(CLI::IsMember({"f32", "bf16"}));
+                  "product precision: auto (default: bf16 where AMX tiles run it, else f32), "
+                  "f32 (exact) or bf16 (bf16 operands, f32 sums; L3)")
+      ->check(CLI::IsMember({"auto", "f32", "bf16"}));
   cmd->add_flag("--probe-ranges", a->o.probe_ranges,
                 "record operand ranges per product and report whether f16 would under/overflow");
   cmd->add_option("--sft-scope", a->sft_scope, "ORPO's NLL over the response (default) or full")
@@ -126,8 +126,11 @@ void RegisterTrain(CLI::App& app) {
       return;
     }
     if (a->o.data_dir.empty()) return ReportError(Error("--data DIR is required"));
-    auto compute = train::ParseCompute(a->compute);
-    if (!compute) return ReportError(Errorf("--compute: '{}' is not f32 or bf16", a->compute));
+    const bool low_tier = a->model.exact || a->model.tier == "l1" || a->model.tier == "l2";
+    auto compute =
+        a->compute == "auto" ? train::AutoCompute(low_tier) : train::ParseCompute(a->compute);
+    if (!compute)
+      return ReportError(Errorf("--compute: '{}' is not auto, f32 or bf16", a->compute));
     a->o.compute = *compute;
     if (*compute == train::Compute::kBf16 &&
         (a->model.exact || a->model.tier == "l1" || a->model.tier == "l2"))

@@ -2,6 +2,7 @@
 
 #include "lumen/core/route.h"
 #include "lumen/kernels/matmul_bf16.h"
+#include "lumen/kernels/matmul_bf16_amx.h"
 
 namespace lumen::train {
 
@@ -130,6 +131,10 @@ std::optional<Compute> ParseCompute(std::string_view s) {
   if (s == "f32") return Compute::kF32;
   if (s == "bf16") return Compute::kBf16;
   return std::nullopt;
+}
+
+Compute AutoCompute(bool low_tier) {
+  return !low_tier && kernels::AmxBf16Usable() ? Compute::kBf16 : Compute::kF32;
 }
 
 Status ValidateCompute(Compute c) {

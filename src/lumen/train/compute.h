@@ -1,5 +1,6 @@
 // The compute precision of a training step's large products (`lumen train
-// --compute f32|bf16`, issue 16). f32 (the default) is the exact route: every
+// --compute auto|f32|bf16`, issue 16; auto, the CLI's default, is AutoCompute).
+// f32 (TrainOptions' default) is the exact route: every
 // product through kernels::MatMul / MatMulT in f32 (tier L2). bf16 (tier L3)
 // rounds the operands of the large products to bf16 and multiplies them with
 // AVX512-BF16 `vdpbf16ps`, or on the AMX-BF16 tiles where the CPU has them
@@ -52,5 +53,11 @@ inline uint32_t Bf16Kinds(Compute c) { return c == Compute::kBf16 ? kAllProductK
 
 // An error when this CPU cannot run `c` (bf16 without AVX512-BF16).
 Status ValidateCompute(Compute c);
+
+// `--compute auto`: bf16 where the AMX-BF16 tiles run its products (there
+// a step measured several times faster than f32 with the same efficacy,
+// docs/experiments/compute-precision.md), else f32 (AVX512-BF16 alone was not
+// faster), and f32 whenever the run keeps to tiers L1/L2 (--exact, --tier).
+Compute AutoCompute(bool low_tier);
 
 }  // namespace lumen::train

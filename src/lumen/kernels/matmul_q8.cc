@@ -80,7 +80,7 @@ LUMEN_ROUTE(
      .bound = "|y - y_exact| <= sum over blocks of (dx / 256) sum |w| (+ f32 slack); "
               "KL(exact || route) below a quarter of what Q8_0 weights cost",
      .tests = "QuantizeBlocksQ8x2.*;MatMulInt8x2.*;RouteKl.Int8x2DecodePassesTheDefaultGate",
-     .measure = "docs/reference/performance.md#routes",
+     .measure = "docs/reference/performance.md#the-int8x2-decode-route-the-default",
      .when = "act=int8x2|int8x2+bf16 cpu=avx512vnni dtype=q8_0|q4_0|q4_k|q6_k|mlx4",
      .priority = 20});
 namespace {

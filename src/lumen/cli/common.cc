@@ -34,7 +34,7 @@ void AddTierOptions(CLI::App* app, ModelArgs& args) {
                 "the reference path; same as --tier l1");
   app->add_option("--tier", args.tier,
                   "route preset: l1 (= --exact), l2 (no L3 route: exact products, f16 KV), l3 "
-                  "(every L3 route: int8 decode + bf16 prefill); default: bf16 prefill, exact "
+                  "(every L3 route: int8 decode + bf16 prefill); default: bf16 prefill, int8x2 "
                   "decode, f16 KV. --act-route / --kv-type override it")
       ->check(CLI::IsMember({"l1", "l2", "l3"}));
   app->add_flag("--show-routes", args.show_routes,
@@ -51,10 +51,12 @@ void AddKvTypeOption(CLI::App* app, std::string& kv_type) {
 void AddActRouteOption(CLI::App* app, std::string& act_route) {
   app->add_option("--act-route", act_route,
                   "matmul activations: exact (f32); int8 (decode: Q8_0/Q4_0/Q4_K/Q6_K/"
-                  "MLX-4-bit weights against int8 activations, VNNI dot products); bf16 (prefill: "
-                  "bf16 weights and activations, AVX512-BF16 dot products); int8+bf16 (both). "
-                  "int8 and bf16 are tier L3, docs/reference/performance.md. Default: the "
-                  "--tier preset's (bf16 where the CPU has AVX512-BF16)")
+                  "MLX-4-bit weights against int8 activations, VNNI dot products); int8x2 (the "
+                  "same with two int8 levels per block, about 16-bit activations); bf16 "
+                  "(prefill: bf16 weights and activations, AVX512-BF16 dot products); int8+bf16, "
+                  "int8x2+bf16 (both). int8 and bf16 are tier L3, int8x2 L2, "
+                  "docs/reference/performance.md. Default: the --tier preset's (int8x2+bf16 "
+                  "where the CPU has them)")
       ->check(CLI::IsMember(std::vector<std::string>(kernels::kActRouteNames.begin(),
                                                      kernels::kActRouteNames.end())));
 }

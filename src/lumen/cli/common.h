@@ -23,10 +23,11 @@ struct ModelArgs {
   int threads = 0;
   int64_t ctx = 0;
   // Route choices (cli/routes.h): empty means the preset's. The default preset
-  // takes default_act_route (bf16 prefill; training verbs set "exact").
+  // takes default_act_route (int8x2 decode + bf16 prefill; training and
+  // measuring verbs, and serve, set "exact").
   std::string kv_type;
   std::string act_route;
-  std::string default_act_route = "bf16";
+  std::string default_act_route = "int8x2+bf16";
   bool exact = false;  // --exact: every node at its lowest tier
   std::string tier;    // --tier l1|l2|l3
   bool show_routes = false;

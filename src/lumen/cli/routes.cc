@@ -219,6 +219,9 @@ std::string RouteSummary(const RouteChoice& c, const engine::Model& model) {
     if (t.shape.size() == 2 && kernels::Int8RouteSupports(t.matrix)) int8 = true;
   const bool bf16 = kernels::RouteHasBf16(act) && kernels::CpuHasBf16();
   int8 = int8 && kernels::RouteHasInt8(act) && kernels::CpuHasVnni();
+  const char* decode = !int8                           ? "exact (L2)"
+                       : kernels::Int8Levels(act) == 2 ? "int8x2 (L2; exact for other weight types)"
+                                                       : "int8 (L3)";
   return fmt::format(
       "routes ({}): prefill products {}, decode products {}, KV {} ({}); "
       "`lumen routes` lists every node, --exact restores the reference path",
@@ -226,7 +229,7 @@ std::string RouteSummary(const RouteChoice& c, const engine::Model& model) {
       !bf16                      ? "exact (L2)"
       : kernels::AmxBf16Usable() ? "bf16 (L3, AMX tiles)"
                                  : "bf16 (L3)",
-      int8 ? "int8 (L3)" : "exact (L2)", c.kv_type, c.kv_type == "f32" ? "L1" : "L2");
+      decode, c.kv_type, c.kv_type == "f32" ? "L1" : "L2");
 }
 
 void AnnounceRoutes(const ModelArgs& args, const engine::Model& model, std::string_view graph) {

@@ -5,9 +5,13 @@
 // Presets (route choices; a per-route flag given explicitly overrides them):
 //   default   the fastest routes that pass the default gate (DESIGN.md 4:
 //             KL to exact below a quarter of what Q8_0 weights cost):
-//             bf16 prefill products, exact decode, f16 KV
+//             bf16 prefill products, int8x2 decode products (two int8
+//             activation levels, L2; exact where the weight type or CPU has
+//             no int8 kernel), f16 KV (serve keeps exact products, see
+//             cli/serve.cc)
 //   --tier l3 every L3 route: int8 decode + bf16 prefill, f16 KV
-//   --tier l2 no L3 route: exact products, f16 KV
+//   --tier l2 no L3 route: exact products, f16 KV (the L2 int8x2 decode
+//             route only with --act-route int8x2)
 //   --tier l1 / --exact: every node at its lowest tier: exact products, f32 KV;
 //             bit-identical to the reference path (LoadOptions{kExact} with an
 //             f32 KvCache), and lumen says so at start.

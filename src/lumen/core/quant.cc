@@ -243,6 +243,21 @@ void QuantizeQ8_1(const float* x, uint8_t* dst, int64_t nb) {
 
 float QuantizeBlockQ8(const float* x, int8_t* qs) { return QuantizeQ8Symmetric(x, qs); }
 
+float QuantizeBlockQ8x2(const float* x, int8_t* q1, int8_t* q2) {
+  const float d = QuantizeQ8Symmetric(x, q1);
+  const float id2 = d != 0 ? 256.0f * (1.0f / d) : 0.0f;
+  const bool usable = std::isfinite(d) && std::isfinite(id2);
+  for (int j = 0; j < kQK; ++j) {
+    // |r| <= d / 2 (up to the rounding of x / d), so |r * id2| <= 128 (+ tiny):
+    // the clamp acts only where |r| > 127.5 d2 and leaves an error of at most d2
+    // there (d2 / 2 elsewhere).
+    const float r = std::fma(-d, static_cast<float>(q1[j]), x[j]);
+    const float v = usable && !std::isnan(r) ? std::round(r * id2) : 0.0f;
+    q2[j] = static_cast<int8_t>(std::min(std::max(v, -127.0f), 127.0f));
+  }
+  return d / 256;
+}
+
 bool CanQuantize(DType t) {
   switch (t) {
     case DType::kF32:

@@ -135,6 +135,15 @@ void QuantizeRow(DType t, const float* src, void* dst, int64_t n);
 // how the int8 matmul route quantizes activations (kernels/matmul_q8.h).
 float QuantizeBlockQ8(const float* x, int8_t* qs);
 
+// The same block at two int8 levels, how the int8x2 matmul route quantizes
+// activations (kernels/matmul_q8.h). Level 1 is QuantizeBlockQ8 (q1, d); the
+// residual r = x - d q1 (one rounding: fma) is quantized 256 times finer,
+// q2 = round(r * 256 / d) (ties away from zero; 256 / d computed as 256 * (1 / d))
+// clamped to [-127, 127], so the block reads back as d2 * (256 q1 + q2) with
+// d2 = d / 256, which is returned. q2 = 0 where the residual is NaN (a NaN
+// input) and for the whole block when d or 256 / d is not finite.
+float QuantizeBlockQ8x2(const float* x, int8_t* q1, int8_t* q2);
+
 // MLX affine quantization: weights packed little-endian into u32 words, `bits`
 // (4 or 8) per value, element j of a word in bits [bits*j, bits*(j+1)), groups of `group_size`
 // along the row, each with a scale and bias (stored as f16/bf16/f32 by the caller; passed here as

@@ -159,9 +159,11 @@ Result<BenchReport> RunBench(const Model& model, const BenchOptions& o) {
     const std::string name =
         m.mlx_bits ? "mlx" + std::to_string(m.mlx_bits) + "_g" + std::to_string(m.mlx_group)
                    : std::string(Name(m.w.dtype));
-    std::string route = kernels::UsesInt8Route(m, 1) ? ": decode int8 activations, VNNI (L3)"
-                        : kernels::MatMulIsFused(m)  ? ": fused decode"
-                                                     : ": scalar dequant";
+    std::string route = !kernels::UsesInt8Route(m, 1)
+                            ? (kernels::MatMulIsFused(m) ? ": fused decode" : ": scalar dequant")
+                        : kernels::Int8Levels(m.route) == 2
+                            ? ": decode int8x2 activations (two levels), VNNI (L2)"
+                            : ": decode int8 activations, VNNI (L3)";
     if (kernels::RouteHasBf16(m.route) && kernels::CpuHasBf16())
       route += kernels::AmxBf16Usable() ? ", prefill bf16, AMX tiles (L3)"
                                         : ", prefill bf16, AVX512-BF16 (L3)";

@@ -4,7 +4,8 @@
 // sequence) on Q8_0 and Q4_0 weights each cost at most about what Q8_0 weight
 // quantization costs (int8 per 32-block is the same precision on the other
 // operand; bf16 rounds both operands to 8 significant bits); a wrong kernel
-// gives KL of order 1.
+// gives KL of order 1. The two-level int8x2 decode route costs orders of
+// magnitude less and passes the default gate.
 #include "lumen/eval/route_eval.h"
 
 #include <gtest/gtest.h>
@@ -17,6 +18,7 @@
 #include "lumen/engine/convert.h"
 #include "lumen/engine/default_model.h"
 #include "lumen/kernels/matmul_bf16.h"
+#include "lumen/kernels/matmul_q8.h"
 
 namespace lumen::eval {
 namespace {
@@ -129,6 +131,65 @@ TEST(RouteKl, Bf16PrefillPassesTheDefaultGate) {
                 b->kl_mean, w->kl_mean, b->kl_mean / w->kl_mean);
     EXPECT_GT(b->kl_mean, 0.0) << path;  // the route ran
     EXPECT_LT(b->kl_mean, 0.25 * w->kl_mean) << path;
+  }
+  fs::remove_all(dir);
+}
+
+// The same gate for the int8x2 decode route, the default decode route
+// (cli/routes.h), measured where it runs: token by token. On the embedded
+// model's f32 weights it does not apply (the exact route runs: KL 0); on the
+// Q8_0 and Q4_0 conversions it must stay below a quarter of what Q8_0 weights
+// cost, and far below the one-level int8 route.
+TEST(RouteKl, Int8x2DecodePassesTheDefaultGate) {
+  if (!kernels::CpuHasVnni()) GTEST_SKIP() << "no AVX512-VNNI on this CPU: the route never runs";
+  auto f32 = engine::LoadDefaultModel();
+  ASSERT_TRUE(f32.ok());
+  const fs::path dir = fs::temp_directory_path() / ("lumen_gate8_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  auto prompts = EncodePrompts(
+      **f32, std::vector<std::string>{"Once upon a time", "Lily saw a big dog", "The sun was",
+                                      "Tom had a red ball", "One day, a little bird"});
+  ASSERT_TRUE(prompts.ok());
+  EvalOptions o;
+  o.samples = 2;
+  o.max_tokens = 32;
+  std::vector<std::string> paths = {std::string()};  // "": the embedded f32 model
+  for (DType t : {DType::kQ8_0, DType::kQ4_0}) {
+    paths.push_back((dir / (std::string(Name(t)) + ".gguf")).string());
+    ASSERT_TRUE(engine::ConvertModel(**f32, engine::OutputFormat::kGguf, paths.back(), t).ok());
+  }
+  auto q8 = Load(paths[1], kernels::ActRoute::kExact);
+  ASSERT_TRUE(q8);
+  auto w = RouteKl(**f32, *q8, *prompts, o);  // f32 -> Q8_0 weights, both exact, token by token
+  ASSERT_TRUE(w.ok());
+  std::printf("q8_0 weights vs f32 (decode): mean KL %.3g\n", w->kl_mean);
+  for (const std::string& path : paths) {
+    auto load = [&](kernels::ActRoute route) {
+      engine::LoadOptions lo;
+      lo.act_route = route;
+      return engine::LoadModelOrDefault(path, lo);
+    };
+    auto exact = load(kernels::ActRoute::kExact);
+    auto x2 = load(kernels::ActRoute::kInt8x2);
+    auto int8 = load(kernels::ActRoute::kInt8);
+    ASSERT_TRUE(exact.ok() && x2.ok() && int8.ok());
+    auto r = RouteKl(**exact, **x2, *prompts, o);
+    auto r1 = RouteKl(**exact, **int8, *prompts, o);
+    ASSERT_TRUE(r.ok() && r1.ok());
+    const std::string name = path.empty() ? "embedded f32" : fs::path(path).stem().string();
+    std::printf(
+        "%s: int8x2 decode KL %.3g (max %.3g, top-1 %.3f over %lld) vs Q8_0 weights %.3g "
+        "(ratio %.2g); one-level int8 KL %.3g\n",
+        name.c_str(), r->kl_mean, r->kl_max, r->top1, static_cast<long long>(r->positions),
+        w->kl_mean, r->kl_mean / w->kl_mean, r1->kl_mean);
+    if (path.empty()) {
+      EXPECT_EQ(r->kl_mean, 0.0);  // f32 weights: the exact route, the same bits
+      continue;
+    }
+    EXPECT_GT(r->kl_mean, 0.0) << name;  // the route ran
+    EXPECT_LT(r->kl_mean, 0.25 * w->kl_mean) << name;
+    EXPECT_LT(r->kl_mean, 0.1 * r1->kl_mean) << name;
+    EXPECT_GE(r->top1, 0.99) << name;
   }
   fs::remove_all(dir);
 }

@@ -32,6 +32,15 @@
 //   Q8_0 pair: [blk0 e0..31 | blk1 e0..31]
 // An odd last block is a 32-byte half vector in natural order.
 //
+// Two levels (int8x2): every activation block carries a second int8 code
+// vector q2 for the first level's residual at scale d2 = d / 256
+// (QuantizeBlockQ8x2 in core/quant.h), stored right after q1 in the same
+// order. Both levels meet the same weight vector, so per weight vector and row
+// it is one more vpdpbusd, a shift and an add: i = (dot(w, q1) << 8) +
+// dot(w, q2) is the block's sum of w (256 q1 + q2) exactly (|i| < 2^24, so
+// also exact as f32), scaled once by d2. The weight unpacking, scales and
+// offsets are shared, and the code below is the one-level code templated on L.
+//
 // MLX affine 4-bit (w = s q + b per group of 64 or 128) is handled like the
 // K-quants with o = -b; byte j of a row holds elements 2j (low nibble) and
 // 2j + 1, so a 64-element vector is [even elements | odd elements] and the
@@ -60,6 +69,19 @@ LUMEN_ROUTE(
               "QuantTypes.Int8RouteTracksExact;RouteKl.Int8AndBf16RoutesCostAboutWhatQ8WeightsCost",
      .measure = "docs/reference/performance.md#exactness",
      .when = "act=int8|int8+bf16 cpu=avx512vnni dtype=q8_0|q4_0|q4_k|q6_k|mlx4",
+     .priority = 20});
+LUMEN_ROUTE(
+    matmul_int8x2_decode,
+    {.node = "matmul.decode",
+     .name = "int8x2-vnni",
+     .tier = Tier::kL2,
+     .oracle = "MatMulInt8x2Ref (same two-level activation quantization, double accumulation); "
+               "against the exact product: the activation rounding bound",
+     .bound = "|y - y_exact| <= sum over blocks of (dx / 256) sum |w| (+ f32 slack); "
+              "KL(exact || route) below a quarter of what Q8_0 weights cost",
+     .tests = "QuantizeBlocksQ8x2.*;MatMulInt8x2.*;RouteKl.Int8x2DecodePassesTheDefaultGate",
+     .measure = "docs/reference/performance.md#the-int8x2-decode-route-the-default",
+     .when = "act=int8x2|int8x2+bf16 cpu=avx512vnni dtype=q8_0|q4_0|q4_k|q6_k|mlx4",
      .priority = 20});
 namespace {
 
@@ -100,17 +122,22 @@ int64_t SourceIndex(Fmt fmt, int64_t nb, int64_t pos) {
   return blk * kQK + e;
 }
 
-// Activation rows quantized and laid out for one weight format. Each row is
-// a run of records, one per 64 elements: [codes, 64 B | lane scales,
-// 16 x f32], then for an odd last block a half record [32 B | 8 x f32]; for
-// K-quants then the offset sums dx * sum(q) per sum_group elements (f32). One
-// pointer per row and sequential reads (with separate arrays the 4-row kernel
-// ran out of registers).
+// Activation rows quantized and laid out for one weight format and level
+// count L. Each row is a run of records, one per 64 elements: [L code vectors
+// (level 1, then level 2), 64 B each | lane scales, 16 x f32], then for an
+// odd last block a half record [L x 32 B | 8 x f32]; for K-quants then the
+// offset sums (the group's sum of the activations as the codes read back,
+// f32). One pointer per row and sequential reads (with separate arrays the
+// 4-row kernel ran out of registers). The lane scale is d (L = 1) or d2 =
+// d / 256 (L = 2).
 struct Int8Rows {
   int64_t M = 0, K = 0, stride = 0;  // stride: bytes per row (a multiple of 64)
+  int levels = 1;
   AlignedBuffer buf;
   const uint8_t* row(int64_t m) const { return buf.as<const uint8_t>() + m * stride; }
-  const float* sums(int64_t m) const { return reinterpret_cast<const float*>(row(m) + 2 * K); }
+  const float* sums(int64_t m) const {
+    return reinterpret_cast<const float*>(row(m) + (levels + 1) * K);
+  }
 };
 
 // Activation rows m0 .. m0 + MB - 1 of X: records and offset sums.
@@ -126,45 +153,61 @@ struct RowPtrs {
   }
 };
 
-constexpr int64_t kRecord = 128;
+// Bytes of a full record (64 elements) at L levels; its lane scales start at 64 L.
+template <int L>
+constexpr int64_t kRecord = 64 * L + 64;
 
-void Prepare(const Geometry& g, const float* X, int64_t M, int64_t ldx, int64_t K, Int8Rows* out) {
+void Prepare(const Geometry& g, const float* X, int64_t M, int64_t ldx, int64_t K, int levels,
+             Int8Rows* out) {
   const int64_t nb = K / kQK, nsum = g.sum_group ? K / g.sum_group : 0;
   out->M = M;
   out->K = K;
-  out->stride = (2 * K + 4 * nsum + 63) / 64 * 64;  // a byte and 1/4 f32 scale per element
+  out->levels = levels;
+  // L bytes and 1/4 f32 scale per element, then the sums.
+  out->stride = ((levels + 1) * K + 4 * nsum + 63) / 64 * 64;
   out->buf = AlignedBuffer(M * out->stride);
-  std::vector<int8_t> qn(K);
+  std::vector<int8_t> q1(K), q2(levels == 2 ? K : 0);
   std::vector<float> dn(nb);
   const int bias = g.unsigned_acts ? 128 : 0;
   // Q8_0 and the K-quants keep natural order: no per-byte index mapping on
   // this per-call path.
   const bool natural = g.fmt != Fmt::kQ4_0 && g.fmt != Fmt::kMlx4;
   for (int64_t m = 0; m < M; ++m) {
-    QuantizeBlocksQ8(X + m * ldx, nb, qn.data(), dn.data());
+    if (levels == 1) {
+      QuantizeBlocksQ8(X + m * ldx, nb, q1.data(), dn.data());
+    } else {
+      QuantizeBlocksQ8x2(X + m * ldx, nb, q1.data(), q2.data(), dn.data());
+    }
+    const int8_t* const q[2] = {q1.data(), q2.data()};
     uint8_t* rec = out->buf.as<uint8_t>() + m * out->stride;
     for (int64_t pos = 0; pos < K;) {
       const int64_t n = std::min<int64_t>(64, K - pos);  // 64, or 32 for the half record
-      float* dx = reinterpret_cast<float*>(rec + n);
-      if (natural) {
-        for (int64_t i = 0; i < n; ++i) rec[i] = static_cast<uint8_t>(qn[pos + i] + bias);
-        for (int64_t l = 0; l < n / 4; ++l) dx[l] = dn[(pos + 4 * l) / kQK];
-      } else {
-        for (int64_t i = 0; i < n; ++i)
-          rec[i] = static_cast<uint8_t>(qn[SourceIndex(g.fmt, nb, pos + i)] + bias);
-        for (int64_t l = 0; l < n / 4; ++l) dx[l] = dn[SourceIndex(g.fmt, nb, pos + 4 * l) / kQK];
+      float* dx = reinterpret_cast<float*>(rec + levels * n);
+      for (int l = 0; l < levels; ++l) {
+        uint8_t* codes = rec + l * n;
+        if (natural) {
+          for (int64_t i = 0; i < n; ++i) codes[i] = static_cast<uint8_t>(q[l][pos + i] + bias);
+        } else {
+          for (int64_t i = 0; i < n; ++i)
+            codes[i] = static_cast<uint8_t>(q[l][SourceIndex(g.fmt, nb, pos + i)] + bias);
+        }
       }
-      rec += 2 * n;
+      for (int64_t l = 0; l < n / 4; ++l)
+        dx[l] = dn[(natural ? pos + 4 * l : SourceIndex(g.fmt, nb, pos + 4 * l)) / kQK];
+      rec += (levels + 1) * n;
       pos += n;
     }
-    float* sums = reinterpret_cast<float*>(out->buf.as<uint8_t>() + m * out->stride + 2 * K);
-    // sum over the group of dx * q; a group is part of one block or whole blocks.
+    float* sums =
+        reinterpret_cast<float*>(out->buf.as<uint8_t>() + m * out->stride + (levels + 1) * K);
+    // sum over the group of dx * code (code = q1, or 256 q1 + q2); a group is
+    // part of one block or whole blocks.
     const int64_t part = std::min<int64_t>(g.sum_group, kQK);
     for (int64_t s = 0; s < nsum; ++s) {
       float acc = 0;
       for (int64_t j = s * g.sum_group; j < (s + 1) * g.sum_group; j += part) {
         int32_t t = 0;
-        for (int64_t i = 0; i < part; ++i) t += qn[j + i];
+        for (int64_t i = 0; i < part; ++i)
+          t += levels == 1 ? q1[j + i] : 256 * q1[j + i] + q2[j + i];
         acc += dn[j / kQK] * static_cast<float>(t);
       }
       sums[s] = acc;
@@ -200,17 +243,21 @@ LUMEN_VNNI inline uint32_t LoadU16(const uint8_t* p) {
 
 // QuantizeBlockQ8 on 32 floats, 16 lanes at a time: amax, d = amax / 127,
 // round(x / d) half away from zero (trunc, then +-1 where the dropped fraction
-// is at least one half: exact, as v - trunc(v) is exact below 2^23).
-LUMEN_VNNI inline __m128i RoundHalfAway(__m512 v) {
+// is at least one half: exact, as v - trunc(v) is exact below 2^23), clamped
+// to [-127, 127]; as floats, then as bytes.
+LUMEN_VNNI inline __m512 RoundHalfAwayF(__m512 v) {
   const __m512 t = _mm512_roundscale_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
   const __m512 frac = _mm512_abs_ps(_mm512_sub_ps(v, t));
   const __mmask16 up = _mm512_cmp_ps_mask(frac, _mm512_set1_ps(0.5f), _CMP_GE_OQ);
   const __m512 step =
       _mm512_or_ps(_mm512_set1_ps(1.0f), _mm512_and_ps(v, _mm512_set1_ps(-0.0f)));  // +-1, v's sign
-  __m512 r = _mm512_mask_add_ps(t, up, t, step);
-  r = _mm512_min_ps(_mm512_max_ps(r, _mm512_set1_ps(-127.0f)), _mm512_set1_ps(127.0f));
-  return _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(r));
+  const __m512 r = _mm512_mask_add_ps(t, up, t, step);
+  return _mm512_min_ps(_mm512_max_ps(r, _mm512_set1_ps(-127.0f)), _mm512_set1_ps(127.0f));
 }
+
+LUMEN_VNNI inline __m128i ToBytes(__m512 r) { return _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(r)); }
+
+LUMEN_VNNI inline __m128i RoundHalfAway(__m512 v) { return ToBytes(RoundHalfAwayF(v)); }
 
 LUMEN_VNNI void QuantizeBlocksAvx512(const float* x, int64_t nb, int8_t* q, float* d) {
   for (int64_t b = 0; b < nb; ++b, x += kQK, q += kQK) {
@@ -225,6 +272,72 @@ LUMEN_VNNI void QuantizeBlocksAvx512(const float* x, int64_t nb, int8_t* q, floa
     const __m512 vid = _mm512_set1_ps(id);
     _mm_storeu_si128(reinterpret_cast<__m128i*>(q), RoundHalfAway(_mm512_mul_ps(lo, vid)));
     _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16), RoundHalfAway(_mm512_mul_ps(hi, vid)));
+  }
+}
+
+// QuantizeBlockQ8x2 (core/quant.h) likewise: level 1 as above, kept as
+// floats for the residual r = x - d q1 (fnmadd: one rounding, as std::fma),
+// then q2 = round(r * id2). Blocks the fast path does not reproduce bit for
+// bit (a non-finite input or scale) take the scalar definition. Returns d2
+// per block.
+LUMEN_VNNI void QuantizeBlocksX2Avx512(const float* x, int64_t nb, int8_t* q1, int8_t* q2,
+                                       float* d2) {
+  for (int64_t b = 0; b < nb; ++b, x += kQK, q1 += kQK, q2 += kQK) {
+    const __m512 v[2] = {_mm512_loadu_ps(x), _mm512_loadu_ps(x + 16)};
+    const float amax =
+        _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v[0]), _mm512_abs_ps(v[1])));
+    const float d = amax / 127;
+    const float id = d != 0 ? 1.0f / d : 0.0f, id2 = d != 0 ? 256.0f * id : 0.0f;
+    const __mmask16 finite =
+        _mm512_cmp_ps_mask(_mm512_abs_ps(v[0]), _mm512_set1_ps(amax), _CMP_LE_OQ) &
+        _mm512_cmp_ps_mask(_mm512_abs_ps(v[1]), _mm512_set1_ps(amax), _CMP_LE_OQ);
+    if (!(amax <= std::numeric_limits<float>::max()) ||
+        !(id2 <= std::numeric_limits<float>::max()) ||
+        finite != 0xFFFF) {  // inf, NaN, or 256 / d overflows: the scalar rules
+      d2[b] = QuantizeBlockQ8x2(x, q1, q2);
+      continue;
+    }
+    const __m512 vd = _mm512_set1_ps(d), vid = _mm512_set1_ps(id), vid2 = _mm512_set1_ps(id2);
+    for (int h = 0; h < 2; ++h) {
+      const __m512 r1 = RoundHalfAwayF(_mm512_mul_ps(v[h], vid));
+      const __m512 res = _mm512_fnmadd_ps(vd, r1, v[h]);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(q1 + 16 * h), ToBytes(r1));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(q2 + 16 * h),
+                       RoundHalfAway(_mm512_mul_ps(res, vid2)));
+    }
+    d2[b] = d / 256;
+  }
+}
+
+// The record's integer lane sums against weight vector w, started from init
+// at every level: one level, dot(q1); two, (dot(q1) << 8) + dot(q2) (init
+// must then be 0 or a per-level correction, as it is added at both levels).
+// ActsUnsigned: the activations are vpdpbusd's unsigned operand (x + 128
+// against signed weights); otherwise the weights are (unsigned codes against
+// signed activations).
+template <int L, bool ActsUnsigned>
+LUMEN_VNNI inline __m512i LevelDot(__m512i init, __m512i w, const uint8_t* rec) {
+  auto dot = [&](const uint8_t* p) LUMEN_VNNI {
+    const __m512i a = _mm512_load_si512(p);
+    return ActsUnsigned ? _mm512_dpbusd_epi32(init, a, w) : _mm512_dpbusd_epi32(init, w, a);
+  };
+  if constexpr (L == 1) {
+    return dot(rec);
+  } else {
+    return _mm512_add_epi32(_mm512_slli_epi32(dot(rec), 8), dot(rec + 64));
+  }
+}
+
+// The same on a half record (32 elements: L x 32 B), activations unsigned.
+template <int L>
+LUMEN_VNNI inline __m256i LevelDotHalf(__m256i init, __m256i w, const uint8_t* rec) {
+  auto dot = [&](const uint8_t* p) LUMEN_VNNI {
+    return _mm256_dpbusd_epi32(init, _mm256_load_si256(reinterpret_cast<const __m256i*>(p)), w);
+  };
+  if constexpr (L == 1) {
+    return dot(rec);
+  } else {
+    return _mm256_add_epi32(_mm256_slli_epi32(dot(rec), 8), dot(rec + 32));
   }
 }
 
@@ -278,7 +391,7 @@ LUMEN_VNNI inline float F16Scalar(const uint8_t* p) {
 
 // Rows [n0, n1) of W against MB prepared activation rows starting at m0.
 // Two accumulators per row when MB <= 2 so the FMA latency does not bind.
-template <Fmt F, int MB>
+template <Fmt F, int MB, int L>
 LUMEN_VNNI void Rows(const Matrix& W, const Geometry& g, const Int8Rows& X, int64_t m0, float* Y,
                      int64_t ldy, int64_t n0, int64_t n1) {
   constexpr int kAcc = 2;
@@ -301,10 +414,10 @@ LUMEN_VNNI void Rows(const Matrix& W, const Geometry& g, const Int8Rows& X, int6
           _mm512_setzero_si512(),
           _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(char(0x80)), w));
       for (int r = 0; r < MB; ++r) {
-        const uint8_t* rec = x[r] + kRecord * p;
-        const __m512i i = _mm512_dpbusd_epi32(corr, _mm512_load_si512(rec), w);
+        const uint8_t* rec = x[r] + kRecord<L> * p;
+        const __m512i i = LevelDot<L, true>(corr, w, rec);
         const __m512 sd =
-            _mm512_mul_ps(s, _mm512_load_ps(reinterpret_cast<const float*>(rec + 64)));
+            _mm512_mul_ps(s, _mm512_load_ps(reinterpret_cast<const float*>(rec + 64 * L)));
         acc[r][A] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), sd, acc[r][A]);
       }
     };
@@ -323,14 +436,13 @@ LUMEN_VNNI void Rows(const Matrix& W, const Geometry& g, const Int8Rows& X, int6
           _mm256_setzero_si256(),
           _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(char(0x80)), w));
       for (int r = 0; r < MB; ++r) {
-        const uint8_t* rec = x[r] + kRecord * pairs;
-        const __m256i i =
-            _mm256_dpbusd_epi32(corr, _mm256_load_si256(reinterpret_cast<const __m256i*>(rec)), w);
+        const uint8_t* rec = x[r] + kRecord<L> * pairs;
+        const __m256i i = LevelDotHalf<L>(corr, w, rec);
         alignas(32) int32_t v[8];
         _mm256_store_si256(reinterpret_cast<__m256i*>(v), i);
         int32_t sum = 0;
         for (int32_t e : v) sum += e;
-        tail[r] = s * reinterpret_cast<const float*>(rec + 32)[0] * static_cast<float>(sum);
+        tail[r] = s * reinterpret_cast<const float*>(rec + 32 * L)[0] * static_cast<float>(sum);
       }
     }
     for (int r = 0; r < MB; ++r) {
@@ -378,19 +490,19 @@ LUMEN_VNNI inline __m512i LaneIndex(int base, int width) {
 
 // acc += cvt(dot(w, codes)) * lanes * dx for every row; A selects the
 // accumulator (compile time, see Rows).
-template <int MB, int A>
+template <int MB, int A, int L>
 LUMEN_VNNI inline void DotRecords(const uint8_t* const* x, int64_t chunk, __m512i w, __m512 lanes,
                                   __m512 (&acc)[MB][2]) {
   for (int r = 0; r < MB; ++r) {
-    const uint8_t* rec = x[r] + kRecord * chunk;
-    const __m512i i = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, _mm512_load_si512(rec));
+    const uint8_t* rec = x[r] + kRecord<L> * chunk;
+    const __m512i i = LevelDot<L, false>(_mm512_setzero_si512(), w, rec);
     const __m512 sd =
-        _mm512_mul_ps(lanes, _mm512_load_ps(reinterpret_cast<const float*>(rec + 64)));
+        _mm512_mul_ps(lanes, _mm512_load_ps(reinterpret_cast<const float*>(rec + 64 * L)));
     acc[r][A] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), sd, acc[r][A]);
   }
 }
 
-template <int MB>
+template <int MB, int L>
 LUMEN_VNNI void RowsQ4K(const Matrix& W, const Int8Rows& X, int64_t m0, float* Y, int64_t ldy,
                         int64_t n0, int64_t n1) {
   const int64_t nsb = W.k / kQKK;
@@ -411,10 +523,10 @@ LUMEN_VNNI void RowsQ4K(const Matrix& W, const Int8Rows& X, int64_t m0, float* Y
       const __m512 av = sm;  // lanes 0-7: d sc_j (the permutes below read only those)
       const uint8_t* qs = blk + 16;
       const int64_t c = 4 * sb;
-      DotRecords<MB, 0>(x, c, NibblePair(qs), _mm512_permutexvar_ps(idx[0], av), acc);
-      DotRecords<MB, 1>(x, c + 1, NibblePair(qs + 32), _mm512_permutexvar_ps(idx[1], av), acc);
-      DotRecords<MB, 0>(x, c + 2, NibblePair(qs + 64), _mm512_permutexvar_ps(idx[2], av), acc);
-      DotRecords<MB, 1>(x, c + 3, NibblePair(qs + 96), _mm512_permutexvar_ps(idx[3], av), acc);
+      DotRecords<MB, 0, L>(x, c, NibblePair(qs), _mm512_permutexvar_ps(idx[0], av), acc);
+      DotRecords<MB, 1, L>(x, c + 1, NibblePair(qs + 32), _mm512_permutexvar_ps(idx[1], av), acc);
+      DotRecords<MB, 0, L>(x, c + 2, NibblePair(qs + 64), _mm512_permutexvar_ps(idx[2], av), acc);
+      DotRecords<MB, 1, L>(x, c + 3, NibblePair(qs + 96), _mm512_permutexvar_ps(idx[3], av), acc);
       const __m256 ov = _mm512_extractf32x8_ps(sm, 1);  // dmin m_j
       for (int r = 0; r < MB; ++r)
         off[r] = _mm256_fmadd_ps(ov, _mm256_loadu_ps(rows.sums[r] + 8 * sb), off[r]);
@@ -436,7 +548,7 @@ LUMEN_VNNI inline __m256i Six(__m256i low, __m256i high2) {
                          _mm256_slli_epi16(_mm256_and_si256(high2, m3), 4));
 }
 
-template <int MB>
+template <int MB, int L>
 LUMEN_VNNI void RowsQ6K(const Matrix& W, const Int8Rows& X, int64_t m0, float* Y, int64_t ldy,
                         int64_t n0, int64_t n1) {
   const int64_t nsb = W.k / kQKK;
@@ -464,8 +576,8 @@ LUMEN_VNNI void RowsQ6K(const Matrix& W, const Int8Rows& X, int64_t m0, float* Y
         const __m256i q4 = Six(_mm256_srli_epi16(C, 4), _mm256_srli_epi16(H, 6));
         const __m512i w1 = _mm512_inserti64x4(_mm512_zextsi256_si512(q1), q2, 1);
         const __m512i w2 = _mm512_inserti64x4(_mm512_zextsi256_si512(q3), q4, 1);
-        DotRecords<MB, 0>(x, c + 2 * h, w1, _mm512_permutexvar_ps(idx[2 * h], av), acc);
-        DotRecords<MB, 1>(x, c + 2 * h + 1, w2, _mm512_permutexvar_ps(idx[2 * h + 1], av), acc);
+        DotRecords<MB, 0, L>(x, c + 2 * h, w1, _mm512_permutexvar_ps(idx[2 * h], av), acc);
+        DotRecords<MB, 1, L>(x, c + 2 * h + 1, w2, _mm512_permutexvar_ps(idx[2 * h + 1], av), acc);
       }
       for (int r = 0; r < MB; ++r)
         off[r] = _mm512_fmadd_ps(av, _mm512_loadu_ps(rows.sums[r] + 16 * sb), off[r]);
@@ -494,7 +606,7 @@ LUMEN_VNNI inline void ToF32(DType t, const uint8_t* p, float* out, int64_t n) {
   if (i < n) DequantizeRow(t, p + i * Info(t).block_bytes, out + i, n - i);
 }
 
-template <int MB>
+template <int MB, int L>
 LUMEN_VNNI void RowsMlx4(const Matrix& W, const Int8Rows& X, int64_t m0, float* Y, int64_t ldy,
                          int64_t n0, int64_t n1) {
   const int64_t K = W.k, G = W.mlx_group, ng = K / G, cpg = G / 64;
@@ -511,9 +623,9 @@ LUMEN_VNNI void RowsMlx4(const Matrix& W, const Int8Rows& X, int64_t m0, float* 
       const __m512 sc = _mm512_set1_ps(sb[g]);
       for (int64_t c = g * cpg; c < (g + 1) * cpg; ++c) {
         if (c % 2 == 0) {
-          DotRecords<MB, 0>(x, c, NibblePair(codes + 32 * c), sc, acc);
+          DotRecords<MB, 0, L>(x, c, NibblePair(codes + 32 * c), sc, acc);
         } else {
-          DotRecords<MB, 1>(x, c, NibblePair(codes + 32 * c), sc, acc);
+          DotRecords<MB, 1, L>(x, c, NibblePair(codes + 32 * c), sc, acc);
         }
       }
     }
@@ -547,24 +659,31 @@ void ByFours(int64_t M, Run run) {
   }
 }
 
-void MatMulRowsInt8(const Matrix& W, const Int8Rows& X, float* Y, int64_t ldy, int64_t n0,
-                    int64_t n1) {
+template <int L>
+void MatMulRowsLevels(const Matrix& W, const Int8Rows& X, float* Y, int64_t ldy, int64_t n0,
+                      int64_t n1) {
   const Geometry g = GeometryFor(W);
   ByFours(X.M, [&](auto mb, int64_t m) {
     constexpr int MB = decltype(mb)::value;
     switch (g.fmt) {
       case Fmt::kQ4_0:
-        return Rows<Fmt::kQ4_0, MB>(W, g, X, m, Y, ldy, n0, n1);
+        return Rows<Fmt::kQ4_0, MB, L>(W, g, X, m, Y, ldy, n0, n1);
       case Fmt::kQ8_0:
-        return Rows<Fmt::kQ8_0, MB>(W, g, X, m, Y, ldy, n0, n1);
+        return Rows<Fmt::kQ8_0, MB, L>(W, g, X, m, Y, ldy, n0, n1);
       case Fmt::kQ4K:
-        return RowsQ4K<MB>(W, X, m, Y, ldy, n0, n1);
+        return RowsQ4K<MB, L>(W, X, m, Y, ldy, n0, n1);
       case Fmt::kQ6K:
-        return RowsQ6K<MB>(W, X, m, Y, ldy, n0, n1);
+        return RowsQ6K<MB, L>(W, X, m, Y, ldy, n0, n1);
       case Fmt::kMlx4:
-        return RowsMlx4<MB>(W, X, m, Y, ldy, n0, n1);
+        return RowsMlx4<MB, L>(W, X, m, Y, ldy, n0, n1);
     }
   });
+}
+
+void MatMulRowsInt8(const Matrix& W, const Int8Rows& X, float* Y, int64_t ldy, int64_t n0,
+                    int64_t n1) {
+  if (X.levels == 2) return MatMulRowsLevels<2>(W, X, Y, ldy, n0, n1);
+  MatMulRowsLevels<1>(W, X, Y, ldy, n0, n1);
 }
 
 #pragma GCC diagnostic pop
@@ -575,6 +694,7 @@ void MatMulRowsInt8(const Matrix& W, const Int8Rows& X, float* Y, int64_t ldy, i
 bool CpuHasVnni() { return false; }
 namespace {
 void QuantizeBlocksAvx512(const float*, int64_t, int8_t*, float*) { LUMEN_CHECK(false); }
+void QuantizeBlocksX2Avx512(const float*, int64_t, int8_t*, int8_t*, float*) { LUMEN_CHECK(false); }
 void MatMulRowsInt8(const Matrix&, const Int8Rows&, float*, int64_t, int64_t, int64_t) {
   LUMEN_CHECK(false);
 }
@@ -586,6 +706,12 @@ void MatMulRowsInt8(const Matrix&, const Int8Rows&, float*, int64_t, int64_t, in
 void QuantizeBlocksQ8(const float* x, int64_t nb, int8_t* q, float* d) {
   if (CpuHasVnni()) return QuantizeBlocksAvx512(x, nb, q, d);
   for (int64_t b = 0; b < nb; ++b) d[b] = QuantizeBlockQ8(x + b * kQK, q + b * kQK);
+}
+
+void QuantizeBlocksQ8x2(const float* x, int64_t nb, int8_t* q1, int8_t* q2, float* d2) {
+  if (CpuHasVnni()) return QuantizeBlocksX2Avx512(x, nb, q1, q2, d2);
+  for (int64_t b = 0; b < nb; ++b)
+    d2[b] = QuantizeBlockQ8x2(x + b * kQK, q1 + b * kQK, q2 + b * kQK);
 }
 
 bool Int8RouteSupports(const Matrix& W) {
@@ -616,24 +742,27 @@ void MatMulInt8(const Matrix& W, const float* X, int64_t M, int64_t ldx, float* 
 
 void MatMulManyInt8(std::span<const MatMulOut> outs, const float* X, int64_t M, int64_t ldx,
                     ThreadPool* pool) {
-  // One prepared copy of X per weight format present (q/k/v may differ).
-  Int8Rows rows[kNumFmts];
-  bool have[kNumFmts] = {};
+  // One prepared copy of X per weight format and level count present (q/k/v
+  // may differ).
+  Int8Rows rows[kNumFmts][2];
+  bool have[kNumFmts][2] = {};
+  auto slot = [](const Matrix& w) {
+    return std::pair<int, int>(static_cast<int>(GeometryFor(w).fmt), Int8Levels(w.route) - 1);
+  };
   int64_t total = 0;
   for (const MatMulOut& o : outs) {
     LUMEN_CHECK(Int8RouteSupports(*o.w));
-    const Geometry g = GeometryFor(*o.w);
-    const int f = static_cast<int>(g.fmt);
-    if (!have[f]) Prepare(g, X, M, ldx, o.w->k, &rows[f]);
-    have[f] = true;
+    const auto [f, l] = slot(*o.w);
+    if (!have[f][l]) Prepare(GeometryFor(*o.w), X, M, ldx, o.w->k, l + 1, &rows[f][l]);
+    have[f][l] = true;
     total += o.w->n;
   }
   auto fn = [&](int64_t b, int64_t e, int) {
     int64_t off = 0;
     for (const MatMulOut& o : outs) {
       const int64_t lo = std::max<int64_t>(b - off, 0), hi = std::min<int64_t>(e - off, o.w->n);
-      const int f = static_cast<int>(GeometryFor(*o.w).fmt);
-      if (lo < hi) MatMulRowsInt8(*o.w, rows[f], o.y, o.ldy, lo, hi);
+      const auto [f, l] = slot(*o.w);
+      if (lo < hi) MatMulRowsInt8(*o.w, rows[f][l], o.y, o.ldy, lo, hi);
       off += o.w->n;
     }
   };

@@ -11,11 +11,21 @@
 // per-weight work is one byte lane of one instruction, shared by nothing but
 // the block-scale FMA; the weight bytes are decoded once for up to 4 rows.
 //
+// The int8x2 route (W.route kInt8x2 / kInt8x2Bf16, tier L2) quantizes each
+// block twice (QuantizeBlockQ8x2 in core/quant.h): the first level as above,
+// the second the first one's residual at 1/256 of its scale, which makes the
+// activations about 16-bit fixed point per block (error at most d / 256 per
+// element instead of d / 2) for one more vpdpbusd, a shift and an add per
+// weight vector and row; the weight decoding is shared. Its KL to the exact
+// route is below the default gate (DESIGN.md section 4), which the one-level
+// route's is not: it is the default decode route (cli/routes.h).
+//
 // Used by MatMul/MatMulMany when W.route has int8 (matrix.h), the weight type is
 // one of those, the CPU has AVX512-VNNI and M <= kInt8MaxRows (prefill keeps the
 // exact f32 panels or the bf16 route: with a scale per 32-block the integer dot
-// saves nothing per FMA there). Otherwise the exact route runs. MatMulInt8Ref (matmul_q8_ref.h)
-// is the scalar oracle: same activation quantization, double accumulation.
+// saves nothing per FMA there). Otherwise the exact route runs. MatMulInt8Ref and
+// MatMulInt8x2Ref (matmul_q8_ref.h) are the scalar oracles: same activation
+// quantization, double accumulation.
 #pragma once
 
 #include <cstdint>
@@ -44,7 +54,12 @@ inline bool UsesInt8Route(const Matrix& W, int64_t M) {
 // 32-element blocks of x: the same bits, vectorized on AVX-512 CPUs.
 void QuantizeBlocksQ8(const float* x, int64_t nb, int8_t* q, float* d);
 
-// Y[M, N] = X[M, K] * W^T through the int8 route; requires Int8RouteSupports(W).
+// q1[32 b + j], q2[32 b + j], d2[b] = QuantizeBlockQ8x2 (core/quant.h) of each
+// of the nb blocks of x: the same bits, vectorized on AVX-512 CPUs.
+void QuantizeBlocksQ8x2(const float* x, int64_t nb, int8_t* q1, int8_t* q2, float* d2);
+
+// Y[M, N] = X[M, K] * W^T through the int8 route, with Int8Levels(W.route)
+// activation levels; requires Int8RouteSupports(W).
 void MatMulInt8(const Matrix& W, const float* X, int64_t M, int64_t ldx, float* Y, int64_t ldy,
                 ThreadPool* pool);
 

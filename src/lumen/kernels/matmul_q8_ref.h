@@ -1,5 +1,6 @@
-// Scalar oracle for the int8-activation route (matmul_q8.h): the same
-// activation quantization, then y = sum_j w_j * (dx * qx_j) in double with the
+// Scalar oracles for the int8-activation routes (matmul_q8.h): the same
+// activation quantization (one int8 level, or two for int8x2), then
+// y = sum_j w_j * xq_j in double with the
 // weights split as the fast kernels see them, w = a - o: Q4_0/Q8_0 a = d q
 // (signed q), o = 0; Q4_K a = d sc q, o = dmin m; Q6_K a = d sc q, o = 32 d sc
 // (unsigned q); MLX 4-bit a = s q, o = -b. The split matters for the error bound: the kernels sum
@@ -95,18 +96,28 @@ inline void WeightParts(const Matrix& W, int64_t n, double* a, double* o) {
   }
 }
 
-// Y[M, N] (dense, ld N); abs_dot (if non-null) gets sum_j (|a_j| + |o_j|) |xq_j|
-// per output, for the error bound.
-inline void MatMulInt8Ref(const Matrix& W, const float* X, int64_t M, float* Y,
-                          std::vector<double>* abs_dot = nullptr) {
-  const int64_t N = W.n, K = W.k, nb = K / kQK;
-  std::vector<double> xq(M * K), a(K), o(K);
-  int8_t q[kQK];
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t b = 0; b < nb; ++b) {
-      const float d = QuantizeBlockQ8(X + m * K + b * kQK, q);
-      for (int j = 0; j < kQK; ++j) xq[m * K + b * kQK + j] = double(d) * q[j];
+// Row m of X as the int8 route with `levels` levels reads it: xq[0..K).
+inline void Int8ActivationsRef(const float* x, int64_t K, int levels, double* xq) {
+  int8_t q1[kQK], q2[kQK];
+  for (int64_t b = 0; b < K / kQK; ++b) {
+    if (levels == 1) {
+      const float d = QuantizeBlockQ8(x + b * kQK, q1);
+      for (int j = 0; j < kQK; ++j) xq[b * kQK + j] = double(d) * q1[j];
+    } else {
+      const float d2 = QuantizeBlockQ8x2(x + b * kQK, q1, q2);
+      for (int j = 0; j < kQK; ++j) xq[b * kQK + j] = double(d2) * (256 * q1[j] + q2[j]);
     }
+  }
+}
+
+// Y[M, N] (dense, ld N) through the int8 route with `levels` activation
+// levels; abs_dot (if non-null) gets sum_j (|a_j| + |o_j|) |xq_j| per output,
+// for the error bound.
+inline void MatMulInt8LevelsRef(const Matrix& W, const float* X, int64_t M, int levels, float* Y,
+                                std::vector<double>* abs_dot) {
+  const int64_t N = W.n, K = W.k;
+  std::vector<double> xq(M * K), a(K), o(K);
+  for (int64_t m = 0; m < M; ++m) Int8ActivationsRef(X + m * K, K, levels, xq.data() + m * K);
   if (abs_dot) abs_dot->assign(M * N, 0.0);
   for (int64_t n = 0; n < N; ++n) {
     WeightParts(W, n, a.data(), o.data());
@@ -120,6 +131,18 @@ inline void MatMulInt8Ref(const Matrix& W, const float* X, int64_t M, float* Y,
       if (abs_dot) (*abs_dot)[m * N + n] = mag;
     }
   }
+}
+
+// The int8 route (ActRoute::kInt8): one level.
+inline void MatMulInt8Ref(const Matrix& W, const float* X, int64_t M, float* Y,
+                          std::vector<double>* abs_dot = nullptr) {
+  MatMulInt8LevelsRef(W, X, M, 1, Y, abs_dot);
+}
+
+// The int8x2 route (ActRoute::kInt8x2): two levels.
+inline void MatMulInt8x2Ref(const Matrix& W, const float* X, int64_t M, float* Y,
+                            std::vector<double>* abs_dot = nullptr) {
+  MatMulInt8LevelsRef(W, X, M, 2, Y, abs_dot);
 }
 
 }  // namespace lumen::kernels

@@ -18,16 +18,29 @@ namespace lumen::kernels {
 // How a product with this matrix treats its activations. kExact: f32 as given
 // (tier L2). kInt8: products with few rows (decode) quantize the rows to int8
 // per 32-element block and dot them with VNNI integer instructions where the
-// weight type and CPU allow it (tier L3, matmul_q8.h). kBf16: products with
-// many rows (prefill) round activations and decoded weights to bf16 and dot
-// them with AVX512-BF16 (tier L3, matmul_bf16.h). kInt8Bf16: both. Where a
-// route does not apply (row count, weight type, CPU) the exact route runs.
-enum class ActRoute : uint8_t { kExact, kInt8, kBf16, kInt8Bf16 };
-inline bool RouteHasInt8(ActRoute r) { return r == ActRoute::kInt8 || r == ActRoute::kInt8Bf16; }
-inline bool RouteHasBf16(ActRoute r) { return r == ActRoute::kBf16 || r == ActRoute::kInt8Bf16; }
+// weight type and CPU allow it (tier L3, matmul_q8.h). kInt8x2: the same
+// products with each block quantized twice, the second int8 level holding the
+// first one's residual at 1/256 of its scale (about 16-bit activations, tier
+// L2, matmul_q8.h). kBf16: products with many rows (prefill) round activations
+// and decoded weights to bf16 and dot them with AVX512-BF16 (tier L3,
+// matmul_bf16.h). kInt8Bf16, kInt8x2Bf16: an int8 decode route and the bf16
+// prefill route. Where a route does not apply (row count, weight type, CPU)
+// the exact route runs.
+enum class ActRoute : uint8_t { kExact, kInt8, kBf16, kInt8Bf16, kInt8x2, kInt8x2Bf16 };
+inline bool RouteHasInt8(ActRoute r) {
+  return r == ActRoute::kInt8 || r == ActRoute::kInt8Bf16 || r == ActRoute::kInt8x2 ||
+         r == ActRoute::kInt8x2Bf16;
+}
+inline bool RouteHasBf16(ActRoute r) {
+  return r == ActRoute::kBf16 || r == ActRoute::kInt8Bf16 || r == ActRoute::kInt8x2Bf16;
+}
+// int8 levels per activation block of an int8 route: 2 for kInt8x2*, else 1.
+inline int Int8Levels(ActRoute r) {
+  return r == ActRoute::kInt8x2 || r == ActRoute::kInt8x2Bf16 ? 2 : 1;
+}
 // Command-line names, indexed by the enum's value.
-inline constexpr std::array<std::string_view, 4> kActRouteNames = {"exact", "int8", "bf16",
-                                                                   "int8+bf16"};
+inline constexpr std::array<std::string_view, 6> kActRouteNames = {
+    "exact", "int8", "bf16", "int8+bf16", "int8x2", "int8x2+bf16"};
 // nullopt: none of kActRouteNames.
 inline std::optional<ActRoute> ParseActRoute(std::string_view s) {
   for (size_t i = 0; i < kActRouteNames.size(); ++i)

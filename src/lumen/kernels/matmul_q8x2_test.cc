@@ -1,0 +1,241 @@
+// The int8x2 route (matmul_q8.h: two int8 levels per activation block)
+// against its scalar oracle MatMulInt8x2Ref, and its L2 bound against the
+// exact product.
+//
+// Against the oracle: the same error analysis as the one-level route
+// (matmul_q8_test.cc), since each lane's integer sum of w (256 q1 + q2) is
+// exact and below 2^24 (so exact as f32 too): |y - y_ref| <= (K/4 + 8) u mag.
+// Against the exact f32 product: each activation moves by at most d2 = d / 256
+// (d2 / 2 plus roundings of order u d, except where the second level clamps,
+// see QuantizeBlockQ8x2), so
+//   |y - y_exact| <= sum_b 1.001 d2_b sum_j |w_j|   (+ the f32 slack of both),
+// which the one-level route (bound d / 2 per element, 128 times larger) would
+// break: the test fails if the second level is lost.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "lumen/core/quant.h"
+#include "lumen/core/thread_pool.h"
+#include "lumen/kernels/matmul_q8.h"
+#include "lumen/kernels/matmul_q8_ref.h"
+#include "lumen/kernels/matmul_ref.h"
+#include "lumen/kernels/test_matrix.h"
+
+namespace lumen::kernels {
+namespace {
+
+constexpr double kU = 1.0 / (1 << 24);
+
+struct Case {
+  DType t;
+  int group = 0;  // MLX (t == kU32): group size
+  DType scale_type = DType::kBF16;
+};
+constexpr Case kCases[] = {{DType::kQ4_0},
+                           {DType::kQ8_0},
+                           {DType::kQ4_K},
+                           {DType::kQ6_K},
+                           {DType::kU32, 64},
+                           {DType::kU32, 128, DType::kF16},
+                           {DType::kU32, 64, DType::kF32}};
+
+std::string CaseName(const Case& c) {
+  return c.t == DType::kU32 ? "mlx4_g" + std::to_string(c.group) : std::string(Name(c.t));
+}
+
+int64_t BlockOf(const Case& c) { return c.t == DType::kU32 ? c.group : Info(c.t).block_elems; }
+
+OwnedMatrix MakeX2(const Case& c, int64_t N, int64_t K, std::mt19937& rng) {
+  Spec s;
+  if (c.t == DType::kU32) {
+    s.mlx_bits = 4;
+    s.mlx_group = c.group;
+    s.mlx_scale_type = c.scale_type;
+  } else {
+    s.dtype = c.t;
+  }
+  OwnedMatrix o = Make(s, N, K, rng);
+  o.m.route = ActRoute::kInt8x2;
+  return o;
+}
+
+#define SKIP_WITHOUT_VNNI(W)                         \
+  if (!Int8RouteSupports(W))                         \
+  GTEST_SKIP() << "no AVX512-VNNI on this CPU: the " \
+                  "int8x2 route falls back to exact"
+
+TEST(QuantizeBlockQ8x2, KnownValues) {
+  float x[kQK] = {};
+  x[0] = 63.5f;           // amax: d = 0.5, d2 = 1/512; q1 127, no residual
+  x[1] = 0.3f;            // q1 = round(0.6) = 1, r = 0.3 - 0.5 = -0.2: q2 = round(-102.4) = -102
+  x[2] = 0.2490234375f;   // 0.498 steps: q1 0, r * 512 = 127.5 -> 128, clamped to 127
+  x[3] = -0.0009765625f;  // q1 0, r * 512 = -0.5: ties away from zero, -1
+  int8_t q1[kQK], q2[kQK];
+  const float d2 = QuantizeBlockQ8x2(x, q1, q2);
+  EXPECT_EQ(d2, 0.5f / 256);
+  EXPECT_EQ(q1[0], 127);
+  EXPECT_EQ(q2[0], 0);
+  EXPECT_EQ(q1[1], 1);
+  EXPECT_EQ(q2[1], -102);
+  EXPECT_EQ(q1[2], 0);
+  EXPECT_EQ(q2[2], 127);
+  EXPECT_EQ(q1[3], 0);
+  EXPECT_EQ(q2[3], -1);
+  for (int i = 4; i < kQK; ++i) EXPECT_EQ(q1[i] | q2[i], 0) << i;
+  // Level 1 is exactly QuantizeBlockQ8.
+  int8_t q[kQK];
+  EXPECT_EQ(QuantizeBlockQ8(x, q) / 256, d2);
+  EXPECT_EQ(0, std::memcmp(q, q1, kQK));
+}
+
+TEST(QuantizeBlocksQ8x2, SameBitsAsTheScalarBlockQuantizerAndWithinHalfAStep) {
+  std::mt19937 rng(19);
+  constexpr int64_t nb = 48;
+  std::vector<float> x = RandomActivations(1, nb * kQK, rng);
+  // Block 0: ties of level 1 at every half step; block 1: zeros (d = 0);
+  // block 2: a NaN; block 3: an inf; block 4: tiny values; block 5: so small
+  // that 256 / d overflows (q2 = 0); block 6: level-2 ties (r * 512 = k + 1/2).
+  for (int j = 0; j < kQK; ++j) x[j] = 0.25f * (static_cast<float>(j) - 16.0f + 0.5f);
+  x[31] = 31.75f;
+  for (int j = 0; j < kQK; ++j) x[kQK + j] = 0.0f;
+  x[2 * kQK + 5] = std::nanf("");
+  x[3 * kQK + 9] = -std::numeric_limits<float>::infinity();
+  for (int j = 0; j < kQK; ++j) x[4 * kQK + j] = 1e-30f * static_cast<float>(j - 16);
+  for (int j = 0; j < kQK; ++j) x[5 * kQK + j] = 1e-42f * static_cast<float>(j - 16);
+  x[6 * kQK] = 63.5f;  // d = 0.5
+  for (int j = 1; j < kQK; ++j) x[6 * kQK + j] = (static_cast<float>(j) + 0.5f) / 512 - 0.03125f;
+  std::vector<int8_t> q1(nb * kQK), q2(nb * kQK), w1(nb * kQK), w2(nb * kQK);
+  std::vector<float> d2(nb), want_d2(nb);
+  QuantizeBlocksQ8x2(x.data(), nb, q1.data(), q2.data(), d2.data());
+  for (int64_t b = 0; b < nb; ++b)
+    want_d2[b] = QuantizeBlockQ8x2(x.data() + b * kQK, w1.data() + b * kQK, w2.data() + b * kQK);
+  EXPECT_EQ(q1, w1);
+  EXPECT_EQ(q2, w2);
+  for (int64_t b = 0; b < nb; ++b)
+    EXPECT_EQ(0, std::memcmp(&d2[b], &want_d2[b], sizeof(float))) << "block " << b;
+  EXPECT_EQ(d2[1], 0.0f);
+  for (int j = 0; j < kQK; ++j) EXPECT_EQ(q2[5 * kQK + j], 0) << j;  // 256 / d overflows
+  EXPECT_EQ(q2[2 * kQK + 5], 0);                                     // the NaN's residual
+  // Finite blocks read back within d2 (d2 / 2 but where the clamp acts), and
+  // level 2 is used: the mean error is far below level 1's alone.
+  double err2 = 0, err1 = 0;
+  int n = 0;
+  for (int64_t b : {0, 4, 6, 7, 8, 20, 47})
+    for (int j = 0; j < kQK; ++j) {
+      const int64_t i = b * kQK + j;
+      const double back = double(d2[b]) * (256 * q1[i] + q2[i]);
+      const double e = std::fabs(back - x[i]);
+      EXPECT_LE(e, 1.001 * d2[b]) << "block " << b << " element " << j;
+      err2 += e;
+      err1 += std::fabs(double(d2[b]) * 256 * q1[i] - x[i]);
+      ++n;
+    }
+  EXPECT_LT(err2, err1 / 50) << "mean errors " << err2 / n << " vs level 1 " << err1 / n;
+}
+
+TEST(MatMulInt8x2, MatchesOracleAndExactBound) {
+  std::mt19937 rng(23);
+  for (const Case& c : kCases)
+    for (int64_t K : {32, 96, 160, 256, 1152, 2048})
+      for (int64_t M = 1; M <= kInt8MaxRows; ++M) {
+        if (K % BlockOf(c) != 0) continue;
+        const int64_t N = 21;
+        OwnedMatrix W = MakeX2(c, N, K, rng);
+        SKIP_WITHOUT_VNNI(W.m);
+        ASSERT_TRUE(UsesInt8Route(W.m, M));
+        const std::vector<float> X = RandomActivations(M, K, rng);
+        std::vector<float> Y(M * N, -7.0f), Yq(M * N), Ye(M * N);
+        MatMul(W.m, X.data(), M, K, Y.data(), N, nullptr);
+        std::vector<double> mag;
+        MatMulInt8x2Ref(W.m, X.data(), M, Yq.data(), &mag);
+        MatMulRef(W.m, X.data(), M, Ye.data());
+        std::vector<float> w(K);
+        int bad = 0;
+        for (int64_t n = 0; n < N; ++n) {
+          DequantizeMatrixRow(W.m, n, w.data());
+          for (int64_t m = 0; m < M; ++m) {
+            const double e_ref = std::fabs(double(Y[m * N + n]) - Yq[m * N + n]);
+            const double b_ref = (K / 4 + 8) * kU * mag[m * N + n] + 1e-30;
+            double b_exact = 0, abs_wx = 0;
+            for (int64_t b = 0; b < K / kQK; ++b) {
+              int8_t q1[kQK], q2[kQK];
+              const float d2 = QuantizeBlockQ8x2(&X[m * K + b * kQK], q1, q2);
+              for (int j = 0; j < kQK; ++j) {
+                b_exact += 1.001 * d2 * std::fabs(w[b * kQK + j]);
+                abs_wx += std::fabs(double(w[b * kQK + j]) * X[m * K + b * kQK + j]);
+              }
+            }
+            b_exact += b_ref + (K + 2) * kU * abs_wx;
+            const double e_exact = std::fabs(double(Y[m * N + n]) - Ye[m * N + n]);
+            if (e_ref > b_ref || e_exact > b_exact) {
+              if (++bad < 5)
+                ADD_FAILURE() << CaseName(c) << " K=" << K << " M=" << M << " n=" << n << " m=" << m
+                              << ": y=" << Y[m * N + n] << " oracle=" << Yq[m * N + n] << " (err "
+                              << e_ref << " > " << b_ref << "?) exact=" << Ye[m * N + n] << " (err "
+                              << e_exact << " > " << b_exact << "?)";
+            }
+          }
+        }
+      }
+}
+
+// One thread or two, one product or several at once (mixed formats, and a
+// one-level int8 matrix beside the two-level ones): the same bits. Also the
+// route's selection: above kInt8MaxRows it is the exact route, with bf16
+// prefill (kInt8x2Bf16) it is the same decode products, and it differs from
+// the one-level route.
+TEST(MatMulInt8x2, ThreadsManyAndSelectionAreBitIdentical) {
+  std::mt19937 rng(29);
+  ThreadPool pool(2);
+  for (const Case& c : kCases)
+    for (int64_t M : {1, 2, 5, 8}) {
+      const int64_t K = BlockOf(c) == kQK ? 352 : 512, N = 67;  // 352: an odd block count
+      OwnedMatrix W = MakeX2(c, N, K, rng);
+      SKIP_WITHOUT_VNNI(W.m);
+      const std::vector<float> X = RandomActivations(M, K, rng);
+      std::vector<float> one(M * N), two(M * N), many(M * N), bf(M * N), i8(M * N);
+      MatMul(W.m, X.data(), M, K, one.data(), N, nullptr);
+      MatMul(W.m, X.data(), M, K, two.data(), N, &pool);
+      EXPECT_EQ(one, two) << CaseName(c) << " M=" << M;
+
+      OwnedMatrix Q8 = MakeX2({DType::kQ8_0}, 40, K, rng);
+      Matrix i8_route = W.m;  // the same weights, one level
+      i8_route.route = ActRoute::kInt8;
+      std::vector<float> y8(M * 40), z8(M * 40);
+      MatMul(Q8.m, X.data(), M, K, y8.data(), 40, nullptr);
+      const MatMulOut outs[] = {
+          {&W.m, many.data(), N}, {&i8_route, i8.data(), N}, {&Q8.m, z8.data(), 40}};
+      MatMulMany(outs, X.data(), M, K, &pool);
+      EXPECT_EQ(one, many) << CaseName(c) << " M=" << M;
+      EXPECT_EQ(y8, z8) << CaseName(c) << " M=" << M;
+      std::vector<float> i8_alone(M * N);
+      MatMul(i8_route, X.data(), M, K, i8_alone.data(), N, nullptr);
+      EXPECT_EQ(i8, i8_alone) << CaseName(c) << " M=" << M;
+      EXPECT_NE(one, i8_alone) << CaseName(c) << " M=" << M;  // the second level ran
+
+      Matrix with_bf16 = W.m;
+      with_bf16.route = ActRoute::kInt8x2Bf16;
+      MatMul(with_bf16, X.data(), M, K, bf.data(), N, nullptr);
+      EXPECT_EQ(one, bf) << CaseName(c) << " M=" << M;
+    }
+  // Above kInt8MaxRows the exact route runs: bit-identical to kExact.
+  OwnedMatrix W = MakeX2({DType::kQ4_0}, 40, 256, rng);
+  const int64_t M = kInt8MaxRows + 1;
+  EXPECT_FALSE(UsesInt8Route(W.m, M));
+  const std::vector<float> X = RandomActivations(M, 256, rng);
+  std::vector<float> a(M * 40), b(M * 40);
+  MatMul(W.m, X.data(), M, 256, a.data(), 40, nullptr);
+  Matrix exact = W.m;
+  exact.route = ActRoute::kExact;
+  MatMul(exact, X.data(), M, 256, b.data(), 40, nullptr);
+  EXPECT_EQ(a, b);
+}
+
+}  // namespace
+}  // namespace lumen::kernels

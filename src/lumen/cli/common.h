@@ -32,7 +32,7 @@ struct ModelArgs {
   std::string tier;    // --tier l1|l2|l3
   bool show_routes = false;
   std::string adapter;                // LoRA adapter directory (PEFT layout), applied unmerged
-  std::string train_compute = "f32";  // the train graph's --compute (train/compute.h)
+  std::string train_compute = "auto";  // the train graph's --compute (train/compute.h)
 };
 
 void AddModelArgs(CLI::App* app, ModelArgs& args, bool positional = true);

@@ -31,7 +31,7 @@ struct ModelArgs {
   bool exact = false;  // --exact: every node at its lowest tier
   std::string tier;    // --tier l1|l2|l3
   bool show_routes = false;
-  std::string adapter;                // LoRA adapter directory (PEFT layout), applied unmerged
+  std::string adapter;                 // LoRA adapter directory (PEFT layout), applied unmerged
   std::string train_compute = "auto";  // the train graph's --compute (train/compute.h)
 };
 

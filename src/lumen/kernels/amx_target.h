@@ -12,4 +12,46 @@
 #define LUMEN_AMX \
   __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
 #define LUMEN_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
+
+#include <cstdint>
+
+namespace lumen::kernels {
+
+// The tile loop both kernels share: C tiles 0..3 = (A block 0, 1) x (B block
+// 0, 1), NA and NB of each, over `steps` k steps of 32. A blocks are 16 rows
+// of bf16 with a row stride of lda elements (tiles 4, 5), stepping 32
+// elements; B blocks are packed 1 KiB tiles stepping 512 elements (tiles 6,
+// 7). The used C tiles are stored to c[0..3] (16 rows of 16 f32 each).
+template <int NA, int NB>
+LUMEN_AMX inline void AmxTileBlock(const uint16_t* a0, const uint16_t* a1, int64_t lda,
+                                   const uint16_t* b0, const uint16_t* b1, int64_t steps,
+                                   float (*c)[16 * 16]) {
+  _tile_zero(0);
+  if constexpr (NB == 2) _tile_zero(1);
+  if constexpr (NA == 2) _tile_zero(2);
+  if constexpr (NA == 2 && NB == 2) _tile_zero(3);
+  const int64_t stride = lda * 2;
+  for (int64_t k = 0; k < steps; ++k) {
+    _tile_loadd(4, a0 + k * 32, stride);
+    _tile_loadd(6, b0 + k * 512, 64);
+    _tile_dpbf16ps(0, 4, 6);
+    if constexpr (NB == 2) {
+      _tile_loadd(7, b1 + k * 512, 64);
+      _tile_dpbf16ps(1, 4, 7);
+    }
+    if constexpr (NA == 2) {
+      _tile_loadd(5, a1 + k * 32, stride);
+      _tile_dpbf16ps(2, 5, 6);
+      if constexpr (NB == 2) _tile_dpbf16ps(3, 5, 7);
+    }
+  }
+  // The tile number of _tile_stored is pasted into the instruction's text,
+  // so each store names its tile literally.
+  _tile_stored(0, c[0], 64);
+  if constexpr (NB == 2) _tile_stored(1, c[1], 64);
+  if constexpr (NA == 2) _tile_stored(2, c[2], 64);
+  if constexpr (NA == 2 && NB == 2) _tile_stored(3, c[3], 64);
+}
+
+}  // namespace lumen::kernels
 #endif

@@ -146,36 +146,10 @@ template <int NA, int NB>
 LUMEN_AMX void Block(const uint16_t* panel, int64_t ld, const uint16_t* xpacked, int64_t kc,
                      int64_t i, int64_t mb, int64_t rows, int64_t M, float* Y, int64_t ldy,
                      int64_t n0) {
-  _tile_zero(0);
-  if constexpr (NB == 2) _tile_zero(1);
-  if constexpr (NA == 2) _tile_zero(2);
-  if constexpr (NA == 2 && NB == 2) _tile_zero(3);
   const uint16_t* a0 = panel + i * ld;
-  const uint16_t* a1 = a0 + kAmxRows * ld;
   const uint16_t* b0 = xpacked + mb * kc * 512;
-  const uint16_t* b1 = b0 + kc * 512;
-  const int64_t stride = ld * 2;
-  for (int64_t c = 0; c < kc; ++c) {
-    _tile_loadd(4, a0 + c * 32, stride);
-    _tile_loadd(6, b0 + c * 512, 64);
-    _tile_dpbf16ps(0, 4, 6);
-    if constexpr (NB == 2) {
-      _tile_loadd(7, b1 + c * 512, 64);
-      _tile_dpbf16ps(1, 4, 7);
-    }
-    if constexpr (NA == 2) {
-      _tile_loadd(5, a1 + c * 32, stride);
-      _tile_dpbf16ps(2, 5, 6);
-      if constexpr (NB == 2) _tile_dpbf16ps(3, 5, 7);
-    }
-  }
-  // The tile number of _tile_stored is pasted into the instruction's text,
-  // so each store names its tile literally.
   alignas(64) float c[4][16 * 16];
-  _tile_stored(0, c[0], 64);
-  if constexpr (NB == 2) _tile_stored(1, c[1], 64);
-  if constexpr (NA == 2) _tile_stored(2, c[2], 64);
-  if constexpr (NA == 2 && NB == 2) _tile_stored(3, c[3], 64);
+  AmxTileBlock<NA, NB>(a0, a0 + kAmxRows * ld, ld, b0, b0 + kc * 512, kc, c);
   auto count = [](int64_t left) { return static_cast<int>(left < 16 ? left : 16); };
   const int64_t m0 = mb * kAmxRows, m1 = m0 + kAmxRows;
   const int nv0 = count(rows - i), mv0 = count(M - m0);

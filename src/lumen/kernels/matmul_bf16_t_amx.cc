@@ -43,37 +43,10 @@ LUMEN_AVX512 inline void StoreRows(const float* c, float* dX, int64_t ldx, int64
 template <int NM, int NG>
 LUMEN_AMX void Block(const uint16_t* dyb, int64_t ld, const uint16_t* panel, int64_t mb, int64_t g,
                      int64_t M, int64_t kn, float* dX, int64_t ldx, int64_t k0, bool accumulate) {
-  _tile_zero(0);
-  if constexpr (NG == 2) _tile_zero(1);
-  if constexpr (NM == 2) _tile_zero(2);
-  if constexpr (NM == 2 && NG == 2) _tile_zero(3);
-  const int64_t steps = ld / 32;
   const uint16_t* a0 = dyb + mb * kAmxRows * ld;
-  const uint16_t* a1 = a0 + kAmxRows * ld;
   const uint16_t* b0 = panel + g * kAmxTGroup * ld;
-  const uint16_t* b1 = b0 + kAmxTGroup * ld;
-  const int64_t stride = ld * 2;
-  for (int64_t c = 0; c < steps; ++c) {
-    _tile_loadd(4, a0 + c * 32, stride);
-    _tile_loadd(6, b0 + c * 512, 64);
-    _tile_dpbf16ps(0, 4, 6);
-    if constexpr (NG == 2) {
-      _tile_loadd(7, b1 + c * 512, 64);
-      _tile_dpbf16ps(1, 4, 7);
-    }
-    if constexpr (NM == 2) {
-      _tile_loadd(5, a1 + c * 32, stride);
-      _tile_dpbf16ps(2, 5, 6);
-      if constexpr (NG == 2) _tile_dpbf16ps(3, 5, 7);
-    }
-  }
-  // The tile number of _tile_stored is pasted into the instruction's text,
-  // so each store names its tile literally.
   alignas(64) float c[4][16 * 16];
-  _tile_stored(0, c[0], 64);
-  if constexpr (NG == 2) _tile_stored(1, c[1], 64);
-  if constexpr (NM == 2) _tile_stored(2, c[2], 64);
-  if constexpr (NM == 2 && NG == 2) _tile_stored(3, c[3], 64);
+  AmxTileBlock<NM, NG>(a0, a0 + kAmxRows * ld, ld, b0, b0 + kAmxTGroup * ld, ld / 32, c);
   auto count = [](int64_t left) { return static_cast<int>(left < 16 ? left : 16); };
   const int64_t m0 = mb * kAmxRows, m1 = m0 + kAmxRows;
   const int64_t j0 = g * kAmxTGroup, j1 = j0 + kAmxTGroup;

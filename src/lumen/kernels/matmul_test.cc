@@ -170,6 +170,35 @@ TEST(MatMulTest, TransposedWithinBound) {
 // scalar tail (K = 100 is no multiple of any vector), on every target and
 // storage; within the bound of the double oracle, and the same bits on 1, 2
 // and 3 threads (each thread owns whole 64-column ranges).
+// MatMulT of M random rows through o against MatMulTRef within the bound,
+// and bit-identical on each of `threads`.
+void CheckTransposed(const OwnedMatrix& o, int64_t M, std::mt19937& rng, const std::string& what,
+                     std::initializer_list<int> threads) {
+  const int64_t N = o.m.n, K = o.m.k;
+  std::vector<float> w(N * K);
+  for (int64_t n = 0; n < N; ++n) DequantizeMatrixRow(o.m, n, w.data() + n * K);
+  std::vector<float> dY(M * N), dX(M * K, 5.0f), ref(M * K);
+  for (auto& v : dY) v = std::uniform_real_distribution<float>(-1, 1)(rng);
+  MatMulT(o.m, dY.data(), M, dX.data(), nullptr);
+  MatMulTRef(o.m, dY.data(), M, ref.data());
+  int bad = 0;
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t k = 0; k < K; ++k) {
+      double abs_dot = 0;
+      for (int64_t n = 0; n < N; ++n) abs_dot += std::fabs(double(w[n * K + k]) * dY[m * N + n]);
+      if (!(std::fabs(dX[m * K + k] - ref[m * K + k]) <= MatMulBound(N, abs_dot)) && bad++ < 3)
+        ADD_FAILURE() << what << " M=" << M << " m=" << m << " k=" << k << " got " << dX[m * K + k]
+                      << " want " << ref[m * K + k];
+    }
+  for (int t : threads) {
+    ThreadPool pool(t);
+    std::vector<float> p(M * K, -1.0f);
+    MatMulT(o.m, dY.data(), M, p.data(), &pool);
+    EXPECT_EQ(0, std::memcmp(p.data(), dX.data(), p.size() * sizeof(float)))
+        << what << " M=" << M << " threads=" << t;
+  }
+}
+
 TEST(MatMulTest, TransposedTilesWithinBoundOnEveryTarget) {
   std::mt19937 rng(13);
   for (int64_t target : Targets()) {
@@ -179,32 +208,7 @@ TEST(MatMulTest, TransposedTilesWithinBoundOnEveryTarget) {
       const int64_t K = s.block == 1 ? 100 : s.block * 3, N = 300;
       if (s.mlx_bits == 0 && !RowBytes(s.dtype, K)) continue;
       OwnedMatrix o = Make(s, N, K, rng);
-      std::vector<float> w(N * K);
-      for (int64_t n = 0; n < N; ++n) DequantizeMatrixRow(o.m, n, w.data() + n * K);
-      for (int64_t M : {1, 6, 9}) {
-        std::vector<float> dY(M * N), dX(M * K, 5.0f), ref(M * K);
-        for (auto& v : dY) v = std::uniform_real_distribution<float>(-1, 1)(rng);
-        MatMulT(o.m, dY.data(), M, dX.data(), nullptr);
-        MatMulTRef(o.m, dY.data(), M, ref.data());
-        int bad = 0;
-        for (int64_t m = 0; m < M; ++m)
-          for (int64_t k = 0; k < K; ++k) {
-            double abs_dot = 0;
-            for (int64_t n = 0; n < N; ++n)
-              abs_dot += std::fabs(double(w[n * K + k]) * dY[m * N + n]);
-            if (!(std::fabs(dX[m * K + k] - ref[m * K + k]) <= MatMulBound(N, abs_dot)) &&
-                bad++ < 3)
-              ADD_FAILURE() << tname << " " << s.name << " M=" << M << " m=" << m << " k=" << k
-                            << " got " << dX[m * K + k] << " want " << ref[m * K + k];
-          }
-        for (int threads : {2, 3}) {
-          ThreadPool pool(threads);
-          std::vector<float> t(M * K, -1.0f);
-          MatMulT(o.m, dY.data(), M, t.data(), &pool);
-          EXPECT_EQ(0, std::memcmp(t.data(), dX.data(), t.size() * sizeof(float)))
-              << tname << " " << s.name << " M=" << M << " threads=" << threads;
-        }
-      }
+      for (int64_t M : {1, 6, 9}) CheckTransposed(o, M, rng, tname + " " + s.name, {2, 3});
     }
   }
   hwy::SetSupportedTargetsForTest(0);
@@ -219,27 +223,7 @@ TEST(MatMulTest, TransposedRowBlocksWithinBound) {
     if (s.dtype != DType::kF16 && s.dtype != DType::kQ4_0 && s.dtype != DType::kQ4_K &&
         s.mlx_bits != 4)
       continue;
-    const int64_t K = 8192, N = 40, M = 100;
-    OwnedMatrix o = Make(s, N, K, rng);
-    std::vector<float> w(N * K);
-    for (int64_t n = 0; n < N; ++n) DequantizeMatrixRow(o.m, n, w.data() + n * K);
-    std::vector<float> dY(M * N), dX(M * K, 5.0f), ref(M * K);
-    for (auto& v : dY) v = std::uniform_real_distribution<float>(-1, 1)(rng);
-    MatMulT(o.m, dY.data(), M, dX.data(), nullptr);
-    MatMulTRef(o.m, dY.data(), M, ref.data());
-    int bad = 0;
-    for (int64_t m = 0; m < M; ++m)
-      for (int64_t k = 0; k < K; ++k) {
-        double abs_dot = 0;
-        for (int64_t n = 0; n < N; ++n) abs_dot += std::fabs(double(w[n * K + k]) * dY[m * N + n]);
-        if (!(std::fabs(dX[m * K + k] - ref[m * K + k]) <= MatMulBound(N, abs_dot)) && bad++ < 3)
-          ADD_FAILURE() << s.name << " m=" << m << " k=" << k << " got " << dX[m * K + k]
-                        << " want " << ref[m * K + k];
-      }
-    ThreadPool pool(2);
-    std::vector<float> t(M * K, -1.0f);
-    MatMulT(o.m, dY.data(), M, t.data(), &pool);
-    EXPECT_EQ(0, std::memcmp(t.data(), dX.data(), t.size() * sizeof(float))) << s.name;
+    CheckTransposed(Make(s, /*N=*/40, /*K=*/8192, rng), /*M=*/100, rng, s.name, {2});
   }
 }
 

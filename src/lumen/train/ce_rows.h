@@ -4,7 +4,6 @@
 // kernels/vecmath.h (every vocabulary element passes through here twice per
 // step, so a scalar std::exp per element was a visible share of the head);
 // double rows (the finite-difference oracle) keep std::exp in a plain loop.
-// RowsOnPool spreads a head's rows over the pool: every row is independent.
 #pragma once
 
 #include <algorithm>
@@ -14,7 +13,6 @@
 #include <type_traits>
 #include <vector>
 
-#include "lumen/core/thread_pool.h"
 #include "lumen/kernels/vecmath.h"
 
 namespace lumen::train {
@@ -62,18 +60,6 @@ Real CeCoefficients(const Real* z, int64_t n, Real g, Real lse, int64_t t, float
     cmax = std::max(cmax, std::abs(c));
   }
   return cmax;
-}
-
-// fn(r, thread) for r in [0, n) on the pool's threads (inline without one).
-template <class Fn>
-void RowsOnPool(ThreadPool* pool, int64_t n, Fn&& fn) {
-  if (!pool || pool->size() == 1 || n < 2) {
-    for (int64_t r = 0; r < n; ++r) fn(r, 0);
-    return;
-  }
-  pool->ParallelFor(n, [&](int64_t r0, int64_t r1, int tid) {
-    for (int64_t r = r0; r < r1; ++r) fn(r, tid);
-  });
 }
 
 }  // namespace lumen::train

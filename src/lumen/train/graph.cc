@@ -13,6 +13,7 @@
 #include "lumen/model/forward.h"
 #include "lumen/train/frozen.h"
 #include "lumen/train/lora_products.h"
+#include "lumen/train/pool_rows.h"
 
 namespace lumen::train {
 
@@ -106,13 +107,7 @@ const kernels::RopeTable& Graph<Real>::Rope(int l) const {
 template <class Real>
 template <class Fn>
 void Graph<Real>::ForRows(int64_t M, Fn&& fn) {
-  if (pool_ && M > 1) {
-    pool_->ParallelFor(M, [&](int64_t b, int64_t e, int) {
-      for (int64_t i = b; i < e; ++i) fn(i);
-    });
-  } else {
-    for (int64_t i = 0; i < M; ++i) fn(i);
-  }
+  RowsOnPool(pool_, M, [&](int64_t i, int) { fn(i); });
 }
 
 template <class Real>

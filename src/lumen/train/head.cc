@@ -8,6 +8,7 @@
 #include "lumen/kernels/train_ops.h"
 #include "lumen/train/ce_rows.h"
 #include "lumen/train/frozen.h"
+#include "lumen/train/pool_rows.h"
 
 namespace lumen::train {
 

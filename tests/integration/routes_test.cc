@@ -161,6 +161,26 @@ TEST(RoutesCli, TableExactAndDot) {
 // has AVX512-BF16 (train.product_t's bf16-amx where it has usable AMX
 // tiles); the default (f32) keeps them at L2 (LoRA's as the epilogue of the
 // frozen products).
+// --compute auto (the default of lumen train and of routes --for train):
+// bf16 where the AMX tiles are usable, else f32; f32 under --exact and
+// --tier l2 whatever the CPU.
+TEST(RoutesCli, TrainComputeAutoFollowsTheTiles) {
+  auto product_route = [](const std::string& flags) {
+    CliRun r = RunLumen("routes --for train --json" + flags);
+    EXPECT_EQ(r.code, 0) << r.err;
+    auto j = nlohmann::json::parse(r.out, nullptr, false);
+    if (j.is_array())
+      for (const auto& n : j)
+        if (n["node"] == "train.product") return n["route"].get<std::string>();
+    return std::string("(missing)");
+  };
+  const std::string want = kernels::AmxBf16Usable() ? "bf16" : "f32";
+  EXPECT_EQ(product_route(""), want);
+  EXPECT_EQ(product_route(" --compute auto"), want);
+  EXPECT_EQ(product_route(" --exact"), "f32");
+  EXPECT_EQ(product_route(" --tier l2"), "f32");
+}
+
 TEST(RoutesCli, TrainComputeShowsTheBf16Routes) {
   const char* nodes[] = {"train.product", "train.product_t", "head.chunk", "train.lora"};
   for (const char* compute : {"f32", "bf16"}) {

@@ -20,6 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "lumen/kernels/matmul_bf16.h"
+#include "lumen/kernels/matmul_bf16_amx.h"
 #include "lumen_cli.h"
 
 namespace lumen {
@@ -248,6 +249,12 @@ TEST(TrainCli, ComputeFlagErrorsAndRangeProbeReport) {
   EXPECT_NE(run.err.find("operand ranges per product"), std::string::npos) << run.err;
   EXPECT_NE(run.err.find("head.coeff"), std::string::npos) << run.err;
   EXPECT_EQ(nlohmann::json::parse(Slurp(out / "config.json"))["compute"], "bf16");
+  // The default, --compute auto: bf16 where the AMX tiles run it, else f32.
+  const fs::path dflt = Tmp() / "cmp_auto";
+  CliResult automatic = Lumen(common + dflt.string());
+  ASSERT_EQ(automatic.code, 0) << automatic.err;
+  EXPECT_EQ(nlohmann::json::parse(Slurp(dflt / "config.json"))["compute"],
+            kernels::AmxBf16Usable() ? "bf16" : "f32");
 }
 
 TEST(TrainCli, InspectReportsKindAndLengths) {

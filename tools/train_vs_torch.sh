@@ -5,10 +5,12 @@
 #
 #   LUMEN=build/release/lumen tools/train_vs_torch.sh [--layers 2] [--threads N]
 #       [--steps 1] [--seqs "512 2048"] [--methods "sft orpo"] [--keep DIR]
-#       [--torch-blas DIR]
+#       [--torch-blas DIR] [--computes "f32 auto"]
 #
 # For each seq and method it runs, one after another:
 #   lumen bench train --layers L --seq S --method M --configs plain --configs all -t T --steps K
+#       --compute C, for each C of --computes (lumen's product precision: f32,
+#       bf16, or auto = what `lumen train` runs by default on this CPU)
 #     (each configuration in its own child process; step time = mean of the
 #      K steps, no warm-up; peak RSS of that child)
 #   torch_lora_train.py ... in f32 and with --autocast bf16, each in its own
@@ -38,6 +40,7 @@ seqs="512 2048"
 methods="sft orpo"
 keep=""
 torch_blas=""
+computes="f32 auto"
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --layers) layers=${2:-}; shift 2 || die "--layers needs a value" ;;
@@ -47,6 +50,7 @@ while [[ $# -gt 0 ]]; do
     --methods) methods=${2:-}; shift 2 || die "--methods needs a value" ;;
     --keep) keep=${2:-}; shift 2 || die "--keep needs a directory" ;;
     --torch-blas) torch_blas=${2:-}; shift 2 || die "--torch-blas needs a directory" ;;
+    --computes) computes=${2:-}; shift 2 || die "--computes needs a value" ;;
     -h|--help) usage; exit 0 ;;
     *) die "unknown argument '$1' (see --help)" ;;
   esac
@@ -56,6 +60,10 @@ posint --layers "$layers"
 posint --threads "$threads"
 posint --steps "$steps"
 for s in $seqs; do posint "--seqs entry" "$s"; [[ $s -ge 4 ]] || die "--seqs $s: at least 4"; done
+for c in $computes; do
+  [[ $c == f32 || $c == bf16 || $c == auto ]] || die "--computes '$c': f32, bf16 or auto"
+done
+[[ -n "$computes" ]] || die "--computes: at least one of f32, bf16, auto"
 for m in $methods; do
   [[ $m == sft || $m == orpo ]] || die "--methods '$m': sft or orpo (the torch loop has these two)"
 done
@@ -92,11 +100,13 @@ cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
 for seq in $seqs; do
   for method in $methods; do
     tag="$seq-$method"
-    echo "[$(date +%T)] seq $seq $method: lumen bench train (load $(loadavg))" >&2
-    "$LUMEN" bench train --layers "$layers" --seq "$seq" --method "$method" \
-      --configs plain --configs all -t "$threads" --steps "$steps" \
-      > "$work/lumen-$tag.md" 2> "$work/lumen-$tag.err"
-    echo $? > "$work/lumen-$tag.rc"
+    for c in $computes; do
+      echo "[$(date +%T)] seq $seq $method: lumen bench train --compute $c (load $(loadavg))" >&2
+      "$LUMEN" bench train --layers "$layers" --seq "$seq" --method "$method" \
+        --configs plain --configs all -t "$threads" --steps "$steps" --compute "$c" \
+        > "$work/lumen-$tag-$c.md" 2> "$work/lumen-$tag-$c.err"
+      echo $? > "$work/lumen-$tag-$c.rc"
+    done
     for compute in f32 bf16; do
       echo "[$(date +%T)] seq $seq $method: torch $compute (load $(loadavg))" >&2
       extra=()
@@ -113,10 +123,11 @@ for seq in $seqs; do
 done
 echo "load_end=$(loadavg)" >> "$work/session.txt"
 
-"$PY" - "$work" "$seqs" "$methods" <<'EOF'
+"$PY" - "$work" "$seqs" "$methods" "$computes" <<'EOF'
 import json, os, sys
 
 work, seqs, methods = sys.argv[1], sys.argv[2].split(), sys.argv[3].split()
+computes = sys.argv[4].split()
 session = dict(l.rstrip("\n").split("=", 1) for l in open(os.path.join(work, "session.txt")))
 
 
@@ -125,9 +136,12 @@ def lumen_rows(tag):
     first table (the one whose header has 'step s' and 'peak RSS MB')."""
     path = os.path.join(work, f"lumen-{tag}.md")
     rc = open(os.path.join(work, f"lumen-{tag}.rc")).read().strip()
+    resolved = None
     text = open(path).read() if os.path.exists(path) else ""
     out, cols = {}, None
     for line in text.splitlines():
+        if resolved is None and "--compute " in line:
+            resolved = line.split("--compute ", 1)[1].split(")")[0].strip()
         if not line.startswith("|"):
             if cols is not None and out:
                 break  # the table ended
@@ -151,7 +165,7 @@ def lumen_rows(tag):
         err = open(os.path.join(work, f"lumen-{tag}.err")).read().strip().splitlines()
         msg = f"lumen exited {rc}" + (f": {err[-1]}" if err else "")
         out = {"plain": msg, "all": msg}
-    return out
+    return out, resolved
 
 
 def torch_row(tag, compute):
@@ -181,14 +195,18 @@ rows, notes, blas = [], [], set()
 for seq in seqs:
     for m in methods:
         tag = f"{seq}-{m}"
-        lum = lumen_rows(tag)
-        lp, la = lum.get("plain", "missing"), lum.get("all", "missing")
         tf, tb = torch_row(tag, "f32"), torch_row(tag, "bf16")
-        for name, v in (("lumen plain", lp), ("lumen all levers", la), ("torch f32", tf),
-                        ("torch bf16 autocast", tb)):
+        for name, v in (("torch f32", tf), ("torch bf16 autocast", tb)):
             if not isinstance(v, tuple):
                 notes.append(f"seq {seq} {m}, {name}: {v}")
-        rows.append((seq, m, lp, la, tf, tb))
+        for c in computes:
+            lum, resolved = lumen_rows(f"{tag}-{c}")
+            lp, la = lum.get("plain", "missing"), lum.get("all", "missing")
+            label = c if not resolved or resolved == c else f"{c} ({resolved})"
+            for name, v in (("lumen plain", lp), ("lumen all levers", la)):
+                if not isinstance(v, tuple):
+                    notes.append(f"seq {seq} {m}, {name} --compute {c}: {v}")
+            rows.append((seq, m, label, lp, la, tf, tb))
 
 print(f"{session['cpu']}, {session['cores']} cores; lumen {session['lumen']}, "
       f"torch {session['torch']}; synth llama-3.2-1b widths, {session['layers']} layers, "
@@ -199,13 +217,13 @@ print(f"load average (1, 5, 15 min): {session['load_start']} at the start, "
       f"{session.get('load_end', '?')} at the end\n")
 for title, i, fmt in (("Step time (s)", 0, "{:.2f}"), ("Peak RSS (MB)", 1, "{:.0f}")):
     print(f"{title}; ratio = torch / lumen (> 1: lumen is better)\n")
-    print("| seq | method | lumen plain | lumen all levers | torch f32 | torch bf16 autocast "
-          "| f32 / plain | f32 / all | bf16 / plain | bf16 / all |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    for seq, m, lp, la, tf, tb in rows:
-        print(f"| {seq} | {m} | {cell(lp, i, fmt)} | {cell(la, i, fmt)} | {cell(tf, i, fmt)} "
-              f"| {cell(tb, i, fmt)} | {ratio(tf, lp, i)} | {ratio(tf, la, i)} "
-              f"| {ratio(tb, lp, i)} | {ratio(tb, la, i)} |")
+    print("| seq | method | lumen --compute | lumen plain | lumen all levers | torch f32 "
+          "| torch bf16 autocast | f32 / plain | f32 / all | bf16 / plain | bf16 / all |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for seq, m, c, lp, la, tf, tb in rows:
+        print(f"| {seq} | {m} | {c} | {cell(lp, i, fmt)} | {cell(la, i, fmt)} "
+              f"| {cell(tf, i, fmt)} | {cell(tb, i, fmt)} | {ratio(tf, lp, i)} "
+              f"| {ratio(tf, la, i)} | {ratio(tb, lp, i)} | {ratio(tb, la, i)} |")
     print()
 for n in notes:
     print(f"- {n}")

@@ -227,6 +227,27 @@ TEST(TrainCli, BenchTrainRunsSftAndPreferenceMethods) {
   }
 }
 
+// bench train --compute auto resolves as lumen train's default does and names
+// the result; the products' rate is reported against the peak of the
+// instructions they ran on (the AMX tiles where bf16 runs on them).
+TEST(TrainCli, BenchTrainComputeAutoNamesTheResolvedRoute) {
+  const fs::path model = Tmp() / "bench_auto.gguf";
+  ASSERT_EQ(Lumen("synth tiny-llama -o " + model.string()).code, 0);
+  const auto r = Lumen("bench train " + model.string() +
+                       " --seq 16 --method sft --configs plain -t 1 "
+                       "--compute auto");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const bool amx = kernels::AmxBf16Usable();
+  EXPECT_NE(r.out.find(amx ? "--compute auto = bf16" : "--compute auto = f32"), std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find(amx ? "AMX-BF16 tdpbf16ps peak" : "f32 FMA peak"), std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("| products GFLOP/s | products of peak |"), std::string::npos) << r.out;
+  const auto bad = Lumen("bench train " + model.string() + " --seq 16 --compute fp16");
+  EXPECT_NE(bad.code, 0);
+  EXPECT_NE(bad.err.find("--compute"), std::string::npos) << bad.err;
+}
+
 TEST(TrainCli, ComputeFlagErrorsAndRangeProbeReport) {
   const std::string common =
       "train --data " + Src("tests/data/train/uppercase") + " --method orpo --iters 2 -t 2 --out ";

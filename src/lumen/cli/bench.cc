@@ -164,8 +164,9 @@ void RegisterBench(CLI::App& app) {
   tc->add_option("--steps", t->steps, "measured steps per configuration (1)");
   tc->add_option("-t,--threads", t->threads, "threads");
   tc->add_flag("--plan", t->plan_only, "only the memory plan's predicted peaks (no training)");
-  tc->add_option("--compute", t->compute, "product precision: f32 (default) or bf16")
-      ->check(CLI::IsMember({"f32", "bf16"}));
+  tc->add_option("--compute", t->compute,
+                 "product precision: f32 (default), bf16, or auto (lumen train's default)")
+      ->check(CLI::IsMember({"f32", "bf16", "auto"}));
   tc->callback([t] {
     auto r = train::RunTrainBench(*t);
     if (!r.ok()) return ReportError(r.status());

@@ -122,11 +122,10 @@ ComputePeak MeasureComputePeak(int cores) {
   p.has_amx = flags.find(" amx_tile ") != std::string::npos;
   p.bf16_dot_per_core = kernels::MeasureBf16DotFlops(0.2);
   p.int8_dot_per_core = kernels::MeasureInt8DotOps(0.2);
-  if (p.has_amx) {
-    // No measured AMX loop in lumen yet: nominal 1024 bf16 FLOP/cycle/core
-    // relative to 64 for AVX-512 f32 FMA (Intel SPR), i.e. 16x the f32 peak.
-    p.best_isa = "AMX-BF16 (nominal 16x f32 FMA)";
-    p.best_peak = 16 * p.f32_peak;
+  p.amx_bf16_per_core = kernels::MeasureAmxBf16Flops(0.2);
+  if (p.amx_bf16_per_core > 0) {
+    p.best_isa = "AMX-BF16 tdpbf16ps (measured)";
+    p.best_peak = p.amx_bf16_per_core * p.cores;
   } else if (p.bf16_dot_per_core > 0) {
     p.best_isa = "AVX512-BF16 vdpbf16ps (measured)";
     p.best_peak = p.bf16_dot_per_core * p.cores;

@@ -47,8 +47,9 @@ struct ComputePeak {
   bool has_avx512_bf16 = false, has_avx512_vnni = false, has_amx = false;
   double bf16_dot_per_core = 0;  // measured vdpbf16ps FLOP/s, one thread (0: absent)
   double int8_dot_per_core = 0;  // measured vpdpbusd OP/s, one thread (0: absent)
-  // Peak of the best floating-point matrix instruction set present: AMX tiles
-  // (nominal: no AMX loop is measured) > AVX512-BF16 (measured) > f32 FMA.
+  double amx_bf16_per_core = 0;  // measured tdpbf16ps FLOP/s, one thread (0: tiles unusable)
+  // Peak of the best floating-point matrix instruction set usable: AMX tiles
+  // > AVX512-BF16 > f32 FMA, each measured.
   // Names which in best_isa. The int8 peak is reported beside it.
   std::string best_isa;
   double best_peak = 0;

@@ -29,6 +29,7 @@
 #include "lumen/kernels/matmul_bf16_ref.h"
 #include "lumen/kernels/matmul_q8.h"
 #include "lumen/kernels/matmul_ref.h"
+#include "lumen/kernels/roofline.h"
 #include "lumen/kernels/test_matrix.h"
 
 namespace lumen::kernels {
@@ -152,6 +153,16 @@ TEST(MatMulBf16, RouteSelectionAndThreads) {
   MatMulMany(outs, X.data(), 16, 256, &pool);
   EXPECT_EQ(a, ma);
   EXPECT_EQ(b, mb);
+}
+
+// The tiles' peak loop (`lumen bench`, `bench train`) runs exactly where the
+// kernels take the tiles, and reports nothing (0) under LUMEN_NO_AMX=1 (the
+// MatMulBf16.WithoutAmx variant) or without AMX; where it runs, the tiles
+// really executed (a positive rate came back from tdpbf16ps sums).
+TEST(MatMulBf16, AmxPeakLoopRunsExactlyWhereTheTilesDo) {
+  const double flops = MeasureAmxBf16Flops(0.01);
+  EXPECT_EQ(flops > 0, AmxBf16Usable()) << AmxBf16Unusable();
+  EXPECT_TRUE(std::isfinite(flops));
 }
 
 TEST(MatMulBf16, ToBf16RoundsToNearestEvenAndPads) {

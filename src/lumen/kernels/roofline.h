@@ -24,6 +24,12 @@ double MeasureFmaFlops(double seconds);
 double MeasureBf16DotFlops(double seconds);
 double MeasureInt8DotOps(double seconds);
 
+// The AMX-BF16 tiles' peak, measured the same way: four independent C tiles
+// each accumulating `tdpbf16ps` of two fixed A and two fixed B tiles (16 x 16
+// x 32 products, 16384 FLOP per instruction), one thread. 0 when
+// AmxBf16Usable() is false (matmul_bf16_amx.h: no tiles, or LUMEN_NO_AMX).
+double MeasureAmxBf16Flops(double seconds);
+
 // Name of the Highway target the kernels dispatch to on this CPU ("AVX3", "AVX2"...)
 // and its f32 lanes per vector.
 const char* KernelTargetName();

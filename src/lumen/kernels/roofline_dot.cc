@@ -4,7 +4,9 @@
 
 #include "lumen/kernels/roofline.h"
 
+#include "lumen/kernels/amx_target.h"
 #include "lumen/kernels/matmul_bf16.h"
+#include "lumen/kernels/matmul_bf16_amx.h"
 #include "lumen/kernels/matmul_q8.h"
 
 #if defined(__x86_64__)
@@ -74,11 +76,53 @@ LUMEN_VNNI_PEAK double Int8Loop(double seconds) {
 }
 #endif
 
+#if defined(LUMEN_AMX_X86)
+LUMEN_AMX double AmxLoop(double seconds) {
+  // bf16 1.0 in A, 2^-23 in B: the sums grow slowly and stay finite.
+  alignas(64) uint16_t a[16 * 32], b[16 * 32];
+  for (int i = 0; i < 16 * 32; ++i) a[i] = 0x3f80, b[i] = 0x3400;
+  AmxConfigureTiles();
+  _tile_loadd(4, a, 64);
+  _tile_loadd(5, a, 64);
+  _tile_loadd(6, b, 64);
+  _tile_loadd(7, b, 64);
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  constexpr long kTileIters = 1 << 12;
+  const auto t0 = std::chrono::steady_clock::now();
+  double flops = 0, elapsed = 0;
+  do {
+    for (long i = 0; i < kTileIters; ++i) {
+      _tile_dpbf16ps(0, 4, 6);
+      _tile_dpbf16ps(1, 4, 7);
+      _tile_dpbf16ps(2, 5, 6);
+      _tile_dpbf16ps(3, 5, 7);
+    }
+    flops += 4.0 * kTileIters * 16 * 16 * 32 * 2;
+    elapsed = Seconds(t0);
+  } while (elapsed < seconds);
+  alignas(64) float c[16 * 16];
+  _tile_stored(0, c, 64);
+  AmxReleaseTiles();
+  return c[0] < 0 ? 0 : flops / elapsed;  // never negative: consumes the tiles
+}
+#endif
+
 }  // namespace
 
 double MeasureBf16DotFlops(double seconds) {
 #if defined(__x86_64__)
   if (CpuHasBf16()) return Bf16Loop(seconds);
+#endif
+  (void)seconds;
+  return 0;
+}
+
+double MeasureAmxBf16Flops(double seconds) {
+#if defined(LUMEN_AMX_X86)
+  if (AmxBf16Usable()) return AmxLoop(seconds);
 #endif
   (void)seconds;
   return 0;

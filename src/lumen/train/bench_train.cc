@@ -148,10 +148,13 @@ Row RunChild(const std::string& model_path, const TrainBenchOptions& o, int64_t 
 }
 }  // namespace
 
-Result<std::string> RunTrainBench(const TrainBenchOptions& o) {
-  const std::optional<Compute> compute = ParseCompute(o.compute);
-  if (!compute) return Errorf("--compute: '{}' is not f32 or bf16", o.compute);
+Result<std::string> RunTrainBench(const TrainBenchOptions& given) {
+  const std::optional<Compute> compute =
+      given.compute == "auto" ? AutoCompute(false) : ParseCompute(given.compute);
+  if (!compute) return Errorf("--compute: '{}' is not auto, f32 or bf16", given.compute);
   LUMEN_RETURN_IF_ERROR(ValidateCompute(*compute));
+  TrainBenchOptions o = given;  // the children get the resolved precision
+  o.compute = std::string(ComputeName(*compute));
   const bool bf16 = *compute == Compute::kBf16;
   const fs::path tmp = fs::temp_directory_path() / fmt::format("lumen_bench_train_{}", ::getpid());
   fs::create_directories(tmp);
@@ -177,24 +180,37 @@ Result<std::string> RunTrainBench(const TrainBenchOptions& o) {
       "| seq | configuration | step s | peak RSS MB | plan MB | step vs plain | peak vs plain |\n"
       "|---|---|---|---|---|---|---|\n",
       o.method, o.model.empty() ? fmt::format("synth llama-3.2-1b, {} layers", o.layers) : o.model,
-      "f16 weights", o.compute,
+      "f16 weights",
+      given.compute == o.compute ? o.compute : fmt::format("{} = {}", given.compute, o.compute),
       o.plan_only ? std::string("memory plan only (no step run)")
                   : fmt::format("{} measured step(s) per row", o.steps));
-  // The f32 FMA peak (bf16: the vdpbf16ps peak) of the threads the steps run
-  // on (one core's measured loop, as `lumen bench` reports it, times the
-  // thread count).
+  // The peak of the instructions the products run on, for the threads the
+  // steps run on (one core's measured loop, as `lumen bench` reports it,
+  // times the thread count): f32 FMA; bf16: the AMX tiles' tdpbf16ps where
+  // they are usable, else AVX512-BF16 vdpbf16ps (named beside it anyway).
   const int threads = o.threads > 0 ? o.threads : ThreadPool::DefaultThreads();
-  const double peak =
-      o.plan_only
-          ? 0.0
-          : (bf16 ? kernels::MeasureBf16DotFlops(0.5) : kernels::MeasureFmaFlops(0.5)) * threads;
-  const char* peak_name = bf16 ? "bf16" : "f32";
+  double peak = 0, dot_peak = 0;
+  std::string peak_name = bf16 ? "AMX-BF16 tdpbf16ps" : "f32 FMA";
+  if (!o.plan_only) {
+    if (bf16) {
+      dot_peak = kernels::MeasureBf16DotFlops(0.5) * threads;
+      peak = kernels::MeasureAmxBf16Flops(0.5) * threads;
+      if (peak <= 0) peak = dot_peak, peak_name = "AVX512-BF16 vdpbf16ps";
+    } else {
+      peak = kernels::MeasureFmaFlops(0.5) * threads;
+    }
+  }
   std::string shares = fmt::format(
-      "\nShare of the step time per phase (train/step_profile.h) and useful training FLOP/s "
-      "against the measured {} peak ({:.1f} GFLOP/s on {} threads, {})\n\n"
+      "\nShare of the step time per phase (train/step_profile.h) and useful training FLOP/s, "
+      "of the whole step and of the products phase alone, against the measured {} peak "
+      "({:.1f} GFLOP/s on {} threads, {}{})\n\n"
       "| seq | configuration | head | attention | products | norms | optimizer | other | "
-      "GFLOP/s | of {} peak |\n|---|---|---|---|---|---|---|---|---|---|\n",
-      peak_name, peak / 1e9, threads, kernels::KernelTargetName(), peak_name);
+      "GFLOP/s | of peak | products GFLOP/s | products of peak |\n"
+      "|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+      peak_name, peak / 1e9, threads, kernels::KernelTargetName(),
+      dot_peak > 0 && dot_peak != peak
+          ? fmt::format("; AVX512-BF16 vdpbf16ps: {:.1f} GFLOP/s", dot_peak / 1e9)
+          : "");
   for (int64_t seq : o.seqs) {
     Row plain;
     for (const std::string& config : o.configs) {
@@ -217,10 +233,13 @@ Result<std::string> RunTrainBench(const TrainBenchOptions& o) {
         const double other =
             p.total_s - p.head_s - p.attention_s - p.products_s - p.norms_s - p.optimizer_s;
         const double flops = (p.head_flops + p.attention_flops + p.product_flops) / p.total_s;
-        shares += fmt::format("| {} | {} | {} | {} | {} | {} | {} | {} | {:.1f} | {:.0f}% |\n", seq,
-                              config, pct(p.head_s), pct(p.attention_s), pct(p.products_s),
-                              pct(p.norms_s), pct(p.optimizer_s), pct(other), flops / 1e9,
-                              peak > 0 ? 100.0 * flops / peak : 0.0);
+        const double products = p.products_s > 0 ? p.product_flops / p.products_s : 0.0;
+        auto of_peak = [&](double x) { return peak > 0 ? 100.0 * x / peak : 0.0; };
+        shares += fmt::format(
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {:.1f} | {:.0f}% | {:.1f} | {:.0f}% |\n",
+            seq, config, pct(p.head_s), pct(p.attention_s), pct(p.products_s), pct(p.norms_s),
+            pct(p.optimizer_s), pct(other), flops / 1e9, of_peak(flops), products / 1e9,
+            of_peak(products));
       }
       const bool ratio = plain.step_s > 0 && plain.error.empty();
       table += fmt::format("| {} | {} | {:.2f} | {:.0f} | {:.0f} | {} | {} |\n", seq, config,

@@ -22,8 +22,10 @@ struct TrainBenchOptions {
                                       "segment", "mlp-chunk", "all"};
   int steps = 1;  // measured steps per configuration (after none warm)
   int threads = 0;
-  bool plan_only = false;       // predicted peaks from the memory plan, no training
-  std::string compute = "f32";  // --compute: the products' precision (compute.h)
+  bool plan_only = false;  // predicted peaks from the memory plan, no training
+  // --compute: the products' precision (compute.h): f32, bf16, or auto
+  // (AutoCompute: what `lumen train` runs by default on this CPU).
+  std::string compute = "f32";
 };
 
 // Runs the benchmark and returns the printed table (markdown).

@@ -14,22 +14,56 @@
 #define LUMEN_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
 
 #include <cstdint>
+#include <cstdlib>
+
+#include "lumen/core/check.h"
 
 namespace lumen::kernels {
+
+// Scratch C tiles (16 x 16 f32 each, 64-byte aligned) that hold a chunk's
+// sums between K blocks. Left uninitialized: every tile is stored before it
+// is loaded, and the smallest products (M = 16) would otherwise pay for
+// zeroing it on every panel.
+class TileScratch {
+ public:
+  explicit TileScratch(int64_t tiles)
+      : p_(tiles > 0 ? static_cast<float (*)[16 * 16]>(
+                           std::aligned_alloc(64, size_t(tiles) * 16 * 16 * sizeof(float)))
+                     : nullptr) {
+    LUMEN_CHECK(tiles <= 0 || p_ != nullptr);
+  }
+  ~TileScratch() { std::free(p_); }
+  TileScratch(const TileScratch&) = delete;
+  TileScratch& operator=(const TileScratch&) = delete;
+  float (*tiles() const)[16 * 16] { return p_; }
+
+ private:
+  float (*p_)[16 * 16];
+};
 
 // The tile loop both kernels share: C tiles 0..3 = (A block 0, 1) x (B block
 // 0, 1), NA and NB of each, over `steps` k steps of 32. A blocks are 16 rows
 // of bf16 with a row stride of lda elements (tiles 4, 5), stepping 32
 // elements; B blocks are packed 1 KiB tiles stepping 512 elements (tiles 6,
-// 7). The used C tiles are stored to c[0..3] (16 rows of 16 f32 each).
+// 7). The C tiles start from zero, or from c_in[0..3] when c_in is not null
+// (a K block continuing the sums of the previous ones: a tile load and store
+// of f32 are exact, so splitting K changes no bit of a result). The used C
+// tiles are stored to c[0..3] (16 rows of 16 f32 each; c may be c_in).
 template <int NA, int NB>
 LUMEN_AMX inline void AmxTileBlock(const uint16_t* a0, const uint16_t* a1, int64_t lda,
                                    const uint16_t* b0, const uint16_t* b1, int64_t steps,
-                                   float (*c)[16 * 16]) {
-  _tile_zero(0);
-  if constexpr (NB == 2) _tile_zero(1);
-  if constexpr (NA == 2) _tile_zero(2);
-  if constexpr (NA == 2 && NB == 2) _tile_zero(3);
+                                   const float (*c_in)[16 * 16], float (*c)[16 * 16]) {
+  if (c_in) {
+    _tile_loadd(0, c_in[0], 64);
+    if constexpr (NB == 2) _tile_loadd(1, c_in[1], 64);
+    if constexpr (NA == 2) _tile_loadd(2, c_in[2], 64);
+    if constexpr (NA == 2 && NB == 2) _tile_loadd(3, c_in[3], 64);
+  } else {
+    _tile_zero(0);
+    if constexpr (NB == 2) _tile_zero(1);
+    if constexpr (NA == 2) _tile_zero(2);
+    if constexpr (NA == 2 && NB == 2) _tile_zero(3);
+  }
   const int64_t stride = lda * 2;
   for (int64_t k = 0; k < steps; ++k) {
     _tile_loadd(4, a0 + k * 32, stride);

@@ -1,5 +1,6 @@
 #include "lumen/kernels/matmul_bf16_amx.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
@@ -141,15 +142,35 @@ LUMEN_AVX512 inline void StoreTransposed(const float* c, float* Y, int64_t ldy, 
     _mm512_mask_storeu_ps(Y + (m0 + j) * ldy + n, keep, _mm512_castsi512_ps(r[j]));
 }
 
-// NA weight-row blocks (at panel row i) x NB activation blocks (from block mb).
+// The cache blocking, chosen by measurement (docs/experiments/
+// compute-precision.md, "AMX kernels blocked for the cache"): K in blocks of
+// 8 steps (256 columns), the activations 8 blocks (128 rows) and the weight
+// rows 8 blocks at a time. Within a K block, a pair of activation blocks (2 B
+// tiles x 8 steps, 16 KiB) stays in L1 while the chunk's weight-row pairs
+// stream past it from the panel in L2, and the chunk's activations (64 KiB
+// per K block) stay in L2 across the row pairs; the chunk's C tiles (at most
+// 4 x 4 pairs of pairs, 64 KiB) wait in scratch between K blocks. Unblocked,
+// each block streamed both operands' full K: at K = 2048, M = 512 the packed
+// activations (2 MiB) were read from beyond L2 once per weight-row pair.
+constexpr int64_t kKSteps = 8;
+constexpr int64_t kRowBlocks = 8;
+constexpr int64_t kMBlocks = 8;
+
+// NA weight-row blocks (at panel row i) x NB activation blocks (from block
+// mb), over the K steps [k, k + steps) of kc: the C tiles continue from acc
+// unless k = 0, and go back to acc unless the steps end K, where they are
+// transposed into Y.
 template <int NA, int NB>
 LUMEN_AMX void Block(const uint16_t* panel, int64_t ld, const uint16_t* xpacked, int64_t kc,
-                     int64_t i, int64_t mb, int64_t rows, int64_t M, float* Y, int64_t ldy,
-                     int64_t n0) {
-  const uint16_t* a0 = panel + i * ld;
-  const uint16_t* b0 = xpacked + mb * kc * 512;
+                     int64_t k, int64_t steps, float (*acc)[16 * 16], int64_t i, int64_t mb,
+                     int64_t rows, int64_t M, float* Y, int64_t ldy, int64_t n0) {
+  const uint16_t* a0 = panel + i * ld + k * 32;
+  const uint16_t* b0 = xpacked + (mb * kc + k) * 512;
+  const bool last = k + steps == kc;
   alignas(64) float c[4][16 * 16];
-  AmxTileBlock<NA, NB>(a0, a0 + kAmxRows * ld, ld, b0, b0 + kc * 512, kc, c);
+  AmxTileBlock<NA, NB>(a0, a0 + kAmxRows * ld, ld, b0, b0 + kc * 512, steps, k == 0 ? nullptr : acc,
+                       last ? c : acc);
+  if (!last) return;
   auto count = [](int64_t left) { return static_cast<int>(left < 16 ? left : 16); };
   const int64_t m0 = mb * kAmxRows, m1 = m0 + kAmxRows;
   const int nv0 = count(rows - i), mv0 = count(M - m0);
@@ -160,6 +181,23 @@ LUMEN_AMX void Block(const uint16_t* panel, int64_t ld, const uint16_t* xpacked,
     StoreTransposed(c[2], Y, ldy, m0, n0 + i + kAmxRows, mv0, nv1);
     if constexpr (NB == 2) StoreTransposed(c[3], Y, ldy, m1, n0 + i + kAmxRows, count(M - m1), nv1);
   }
+}
+
+// Block for the weight-row blocks a (and a + 1 when two_a) and the
+// activation blocks b (and b + 1 when two_b).
+LUMEN_AMX inline void BlockAt(bool two_a, bool two_b, const uint16_t* panel, int64_t ld,
+                              const uint16_t* xpacked, int64_t kc, int64_t k, int64_t steps,
+                              float (*acc)[16 * 16], int64_t a, int64_t b, int64_t rows, int64_t M,
+                              float* Y, int64_t ldy, int64_t n0) {
+  const int64_t i = a * kAmxRows;
+  if (two_a && two_b)
+    Block<2, 2>(panel, ld, xpacked, kc, k, steps, acc, i, b, rows, M, Y, ldy, n0);
+  else if (two_a)
+    Block<2, 1>(panel, ld, xpacked, kc, k, steps, acc, i, b, rows, M, Y, ldy, n0);
+  else if (two_b)
+    Block<1, 2>(panel, ld, xpacked, kc, k, steps, acc, i, b, rows, M, Y, ldy, n0);
+  else
+    Block<1, 1>(panel, ld, xpacked, kc, k, steps, acc, i, b, rows, M, Y, ldy, n0);
 }
 
 }  // namespace
@@ -192,22 +230,32 @@ LUMEN_AMX void AmxBf16PanelProduct(const uint16_t* panel, int64_t rows, const ui
                                    int64_t M, int64_t ld, float* Y, int64_t ldy, int64_t n0) {
   LUMEN_CHECK(ld % kBf16RowAlign == 0);
   if (rows <= 0 || M <= 0) return;
-  AmxConfigureTiles();
   const int64_t kc = ld / 32;
   const int64_t nblocks = (rows + kAmxRows - 1) / kAmxRows;
   const int64_t mblocks = (M + kAmxRows - 1) / kAmxRows;
-  int64_t a = 0;
-  for (; a + 2 <= nblocks; a += 2) {
-    int64_t b = 0;
-    for (; b + 2 <= mblocks; b += 2)
-      Block<2, 2>(panel, ld, xpacked, kc, a * kAmxRows, b, rows, M, Y, ldy, n0);
-    if (b < mblocks) Block<2, 1>(panel, ld, xpacked, kc, a * kAmxRows, b, rows, M, Y, ldy, n0);
-  }
-  if (a < nblocks) {
-    int64_t b = 0;
-    for (; b + 2 <= mblocks; b += 2)
-      Block<1, 2>(panel, ld, xpacked, kc, a * kAmxRows, b, rows, M, Y, ldy, n0);
-    if (b < mblocks) Block<1, 1>(panel, ld, xpacked, kc, a * kAmxRows, b, rows, M, Y, ldy, n0);
+  // K is split only where a chunk has more than one weight-row pair to reuse
+  // the activations' K slice: otherwise splitting buys nothing and costs the
+  // C tiles' trips through scratch.
+  const int64_t rpairs = (std::min(nblocks, kRowBlocks) + 1) / 2;
+  const int64_t mpairs = (std::min(mblocks, kMBlocks) + 1) / 2;
+  TileScratch acc(kc > kKSteps && nblocks > 2 ? rpairs * mpairs * 4 : 0);
+  AmxConfigureTiles();
+  for (int64_t r0 = 0; r0 < nblocks; r0 += kRowBlocks) {
+    const int64_t r1 = std::min(nblocks, r0 + kRowBlocks);
+    const int64_t kb = r1 - r0 > 2 ? kKSteps : kc;
+    for (int64_t m0 = 0; m0 < mblocks; m0 += kMBlocks) {
+      const int64_t m1 = std::min(mblocks, m0 + kMBlocks);
+      for (int64_t k = 0; k < kc; k += kb) {
+        const int64_t steps = std::min(kb, kc - k);
+        for (int64_t b = m0; b < m1; b += 2)
+          for (int64_t a = r0; a < r1; a += 2) {
+            float(*tiles)[16 * 16] =
+                acc.tiles() ? acc.tiles() + ((a - r0) / 2 * mpairs + (b - m0) / 2) * 4 : nullptr;
+            BlockAt(a + 1 < r1, b + 1 < m1, panel, ld, xpacked, kc, k, steps, tiles, a, b, rows, M,
+                    Y, ldy, n0);
+          }
+      }
+    }
   }
   AmxReleaseTiles();
 }

@@ -1,5 +1,7 @@
 #include "lumen/kernels/matmul_bf16_t_amx.h"
 
+#include <algorithm>
+
 #include "lumen/core/check.h"
 #include "lumen/kernels/amx_target.h"
 #include "lumen/kernels/matmul_bf16.h"
@@ -39,14 +41,33 @@ LUMEN_AVX512 inline void StoreRows(const float* c, float* dX, int64_t ldx, int64
   }
 }
 
-// NM blocks of 16 dY rows (from block mb) x NG groups of 16 columns (from g).
+// The cache blocking, chosen by measurement (docs/experiments/
+// compute-precision.md, "AMX kernels blocked for the cache"): the
+// reduction in blocks of 8 steps (256 rows of W), dY 8 blocks (128 rows) and
+// the panel 16 groups (256 columns, the driver's whole block) at a time.
+// Within a reduction block, a pair of groups (2 B tiles x 8 steps, 16 KiB)
+// stays in L1 while the chunk's dY pairs stream past it from L2, and the
+// panel's slice (128 KiB) stays in L2 across them; the chunk's C tiles (at
+// most 4 x 8 pairs of pairs, 128 KiB) wait in scratch between blocks.
+constexpr int64_t kKSteps = 8;
+constexpr int64_t kMBlocks = 8;
+constexpr int64_t kGBlocks = 16;
+
+// NM blocks of 16 dY rows (from block mb) x NG groups of 16 columns (from
+// g), over the steps [k, k + steps) of the ld / 32: the C tiles continue
+// from acc unless k = 0, and go back to acc unless the steps end the
+// reduction, where they are stored (or added) into dX.
 template <int NM, int NG>
-LUMEN_AMX void Block(const uint16_t* dyb, int64_t ld, const uint16_t* panel, int64_t mb, int64_t g,
-                     int64_t M, int64_t kn, float* dX, int64_t ldx, int64_t k0, bool accumulate) {
-  const uint16_t* a0 = dyb + mb * kAmxRows * ld;
-  const uint16_t* b0 = panel + g * kAmxTGroup * ld;
+LUMEN_AMX void Block(const uint16_t* dyb, int64_t ld, const uint16_t* panel, int64_t k,
+                     int64_t steps, float (*acc)[16 * 16], int64_t mb, int64_t g, int64_t M,
+                     int64_t kn, float* dX, int64_t ldx, int64_t k0, bool accumulate) {
+  const uint16_t* a0 = dyb + mb * kAmxRows * ld + k * 32;
+  const uint16_t* b0 = panel + g * kAmxTGroup * ld + k * 512;
+  const bool last = k + steps == ld / 32;
   alignas(64) float c[4][16 * 16];
-  AmxTileBlock<NM, NG>(a0, a0 + kAmxRows * ld, ld, b0, b0 + kAmxTGroup * ld, ld / 32, c);
+  AmxTileBlock<NM, NG>(a0, a0 + kAmxRows * ld, ld, b0, b0 + kAmxTGroup * ld, steps,
+                       k == 0 ? nullptr : acc, last ? c : acc);
+  if (!last) return;
   auto count = [](int64_t left) { return static_cast<int>(left < 16 ? left : 16); };
   const int64_t m0 = mb * kAmxRows, m1 = m0 + kAmxRows;
   const int64_t j0 = g * kAmxTGroup, j1 = j0 + kAmxTGroup;
@@ -58,6 +79,22 @@ LUMEN_AMX void Block(const uint16_t* dyb, int64_t ld, const uint16_t* panel, int
     StoreRows(c[2], dX, ldx, m1, k0 + j0, mv1, nv0, accumulate);
     if constexpr (NG == 2) StoreRows(c[3], dX, ldx, m1, k0 + j1, mv1, count(kn - j1), accumulate);
   }
+}
+
+// Block for the dY blocks b (and b + 1 when two_m) and the groups g (and
+// g + 1 when two_g).
+LUMEN_AMX inline void BlockAt(bool two_m, bool two_g, const uint16_t* dyb, int64_t ld,
+                              const uint16_t* panel, int64_t k, int64_t steps,
+                              float (*acc)[16 * 16], int64_t b, int64_t g, int64_t M, int64_t kn,
+                              float* dX, int64_t ldx, int64_t k0, bool accumulate) {
+  if (two_m && two_g)
+    Block<2, 2>(dyb, ld, panel, k, steps, acc, b, g, M, kn, dX, ldx, k0, accumulate);
+  else if (two_m)
+    Block<2, 1>(dyb, ld, panel, k, steps, acc, b, g, M, kn, dX, ldx, k0, accumulate);
+  else if (two_g)
+    Block<1, 2>(dyb, ld, panel, k, steps, acc, b, g, M, kn, dX, ldx, k0, accumulate);
+  else
+    Block<1, 1>(dyb, ld, panel, k, steps, acc, b, g, M, kn, dX, ldx, k0, accumulate);
 }
 
 // The lanes of columns [k, k + 16) still inside [0, kn).
@@ -108,21 +145,32 @@ LUMEN_AMX void AmxBf16TPanelProduct(const uint16_t* dyb, int64_t M, int64_t ld,
                                     int64_t k0, bool accumulate) {
   LUMEN_CHECK(ld % kBf16RowAlign == 0);
   if (M <= 0 || kn <= 0) return;
-  AmxConfigureTiles();
+  const int64_t steps_all = ld / 32;
   const int64_t groups = (kn + kAmxTGroup - 1) / kAmxTGroup;
   const int64_t mblocks = (M + kAmxRows - 1) / kAmxRows;
-  int64_t b = 0;
-  for (; b + 2 <= mblocks; b += 2) {
-    int64_t g = 0;
-    for (; g + 2 <= groups; g += 2)
-      Block<2, 2>(dyb, ld, panel, b, g, M, kn, dX, ldx, k0, accumulate);
-    if (g < groups) Block<2, 1>(dyb, ld, panel, b, g, M, kn, dX, ldx, k0, accumulate);
-  }
-  if (b < mblocks) {
-    int64_t g = 0;
-    for (; g + 2 <= groups; g += 2)
-      Block<1, 2>(dyb, ld, panel, b, g, M, kn, dX, ldx, k0, accumulate);
-    if (g < groups) Block<1, 1>(dyb, ld, panel, b, g, M, kn, dX, ldx, k0, accumulate);
+  // The reduction is split only where a chunk has more than one dY pair to
+  // reuse the groups' slice: otherwise splitting buys nothing and costs the
+  // C tiles' trips through scratch.
+  const int64_t mpairs = (std::min(mblocks, kMBlocks) + 1) / 2;
+  const int64_t gpairs = (std::min(groups, kGBlocks) + 1) / 2;
+  TileScratch acc(steps_all > kKSteps && mblocks > 2 ? mpairs * gpairs * 4 : 0);
+  AmxConfigureTiles();
+  for (int64_t m0 = 0; m0 < mblocks; m0 += kMBlocks) {
+    const int64_t m1 = std::min(mblocks, m0 + kMBlocks);
+    const int64_t kb = m1 - m0 > 2 ? kKSteps : steps_all;
+    for (int64_t g0 = 0; g0 < groups; g0 += kGBlocks) {
+      const int64_t g1 = std::min(groups, g0 + kGBlocks);
+      for (int64_t k = 0; k < steps_all; k += kb) {
+        const int64_t steps = std::min(kb, steps_all - k);
+        for (int64_t g = g0; g < g1; g += 2)
+          for (int64_t b = m0; b < m1; b += 2) {
+            float(*tiles)[16 * 16] =
+                acc.tiles() ? acc.tiles() + ((b - m0) / 2 * gpairs + (g - g0) / 2) * 4 : nullptr;
+            BlockAt(b + 1 < m1, g + 1 < g1, dyb, ld, panel, k, steps, tiles, b, g, M, kn, dX, ldx,
+                    k0, accumulate);
+          }
+      }
+    }
   }
   AmxReleaseTiles();
 }

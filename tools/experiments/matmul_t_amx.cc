@@ -7,7 +7,8 @@
 //     rows; MatMulTBf16: 16 groups x 1024 rows), so neither decoding nor
 //     packing is timed: GFLOP/s and the share of the tiles' peak
 //     (MeasureAmxBf16Flops, one thread).
-//   calls: MatMulBf16 and MatMulTBf16 whole (decode, packing, 2 threads) and,
+//   calls [threads]: MatMulBf16 and MatMulTBf16 whole (decode, packing; 2
+//     threads unless given) and,
 //     with LUMEN_NO_AMX=1 (read once per process), on AVX512-BF16.
 //
 // Behind kAmxTMinRows, "With AMX tiles in the backward and the head" and "AMX
@@ -15,12 +16,13 @@
 //
 //   B=build/dev; g++ -O2 -std=c++20 -Isrc tools/experiments/matmul_t_amx.cc \
 //     -o /tmp/matmul_t_amx $B/liblumen_kernels.a $B/liblumen_core.a -lfmt -lhwy -lpthread
-//   /tmp/matmul_t_amx [kernels|calls]; LUMEN_NO_AMX=1 /tmp/matmul_t_amx calls
+//   /tmp/matmul_t_amx [kernels|calls [threads]]; LUMEN_NO_AMX=1 /tmp/matmul_t_amx calls
 //
 // Not part of the build: the best of 3 runs after a warm-up.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -120,10 +122,10 @@ void Kernels() {
   }
 }
 
-// Whole calls, 2 threads, f16 weights.
-void Calls() {
+// Whole calls on `threads` threads, f16 weights.
+void Calls(int threads) {
   std::mt19937 rng(1);
-  ThreadPool pool(2);
+  ThreadPool pool(threads);
   std::printf("tiles: %s\n", AmxBf16Usable() ? "AMX" : AmxBf16Unusable());
   Spec spec;
   spec.dtype = DType::kF16;
@@ -156,5 +158,5 @@ int main(int argc, char** argv) {
     }
     Kernels();
   }
-  if (std::strcmp(what, "kernels") != 0) Calls();
+  if (std::strcmp(what, "kernels") != 0) Calls(argc > 2 ? std::atoi(argv[2]) : 2);
 }

@@ -21,8 +21,10 @@
 // activation rows), two A tiles (weight rows, loaded straight from the bf16
 // panel) and two B tiles (packed activations): per 32 columns of K, 4 tile
 // loads feed 4 `tdpbf16ps`, and all 8 tile registers are in use. Each output
-// sums K in order, 32 columns per instruction, whatever block it falls in,
-// so neither the thread split nor M's remainder changes a result.
+// sums K in order, 32 columns per instruction, whatever block it falls in
+// (a K block continues the C tiles of the previous one exactly), so neither
+// the thread split, M's remainder nor the cache blocking below changes a
+// result (MatMulBf16AmxBlocking.*).
 
 namespace lumen::kernels {
 
@@ -145,12 +147,12 @@ LUMEN_AVX512 inline void StoreTransposed(const float* c, float* Y, int64_t ldy, 
 // The cache blocking, chosen by measurement (docs/experiments/
 // compute-precision.md, "AMX kernels blocked for the cache"): K in blocks of
 // 8 steps (256 columns), the activations 8 blocks (128 rows) and the weight
-// rows 8 blocks at a time. Within a K block, a pair of activation blocks (2 B
-// tiles x 8 steps, 16 KiB) stays in L1 while the chunk's weight-row pairs
-// stream past it from the panel in L2, and the chunk's activations (64 KiB
-// per K block) stay in L2 across the row pairs; the chunk's C tiles (at most
-// 4 x 4 pairs of pairs, 64 KiB) wait in scratch between K blocks. Unblocked,
-// each block streamed both operands' full K: at K = 2048, M = 512 the packed
+// rows 8 blocks at a time. Within a K block, one pair of activation blocks
+// (2 B tiles x 8 steps, 16 KiB) stays in L1 while the chunk's weight-row
+// pairs stream past it from L2, where their K slice (64 KiB) is reused by
+// every activation pair of the chunk; the chunk's C tiles (at most 4 x 4
+// pairs of pairs, 64 KiB) wait in scratch between K blocks. Unblocked, each
+// block streamed both operands' full K: at K = 2048, M = 512 the packed
 // activations (2 MiB) were read from beyond L2 once per weight-row pair.
 constexpr int64_t kKSteps = 8;
 constexpr int64_t kRowBlocks = 8;

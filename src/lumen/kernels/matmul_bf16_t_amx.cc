@@ -11,10 +11,11 @@
 // two A tiles (dY rows, loaded straight from the bf16 rows) and two B tiles
 // (the VNNI panel): per 32 rows of W, 4 tile loads feed 4 `tdpbf16ps`, all
 // 8 tile registers in use. The driver (matmul_bf16_t.cc) keeps one panel of
-// at most 512 KiB per thread, so both the panel and the 32 dY rows of a
-// block pair stay in L2 while the groups sweep. Every output sums n in
-// order, 32 per instruction, whatever block it falls in: neither the thread
-// split nor M's remainder changes a result.
+// at most 512 KiB per thread in L2; the cache blocking below keeps a slice
+// of it in L1. Every output sums n in order, 32 per instruction, whatever
+// block it falls in (a reduction block continues the C tiles of the previous
+// one exactly): neither the thread split, M's remainder nor the cache
+// blocking changes a result (MatMulBf16AmxBlocking.*).
 
 namespace lumen::kernels {
 
@@ -45,10 +46,12 @@ LUMEN_AVX512 inline void StoreRows(const float* c, float* dX, int64_t ldx, int64
 // compute-precision.md, "AMX kernels blocked for the cache"): the
 // reduction in blocks of 8 steps (256 rows of W), dY 8 blocks (128 rows) and
 // the panel 16 groups (256 columns, the driver's whole block) at a time.
-// Within a reduction block, a pair of groups (2 B tiles x 8 steps, 16 KiB)
-// stays in L1 while the chunk's dY pairs stream past it from L2, and the
-// panel's slice (128 KiB) stays in L2 across them; the chunk's C tiles (at
-// most 4 x 8 pairs of pairs, 128 KiB) wait in scratch between blocks.
+// Within a reduction block, one pair of groups (2 B tiles x 8 steps, 16
+// KiB) stays in L1 while the chunk's dY pairs stream past it from L2, where
+// their slice (64 KiB) is reused by every pair of groups; the chunk's C
+// tiles (at most 4 x 8 pairs of pairs, 128 KiB) wait in scratch between
+// blocks. Unblocked, each block streamed its full reduction of both
+// operands from L2 (64 KiB of dY and 64 KiB of panel per 2 x 2 block).
 constexpr int64_t kKSteps = 8;
 constexpr int64_t kMBlocks = 8;
 constexpr int64_t kGBlocks = 16;

@@ -56,7 +56,9 @@ void AmxPackTPairF16(const uint16_t* h0, const uint16_t* h1, int64_t kn, int64_t
 // j < kn (W(n, j) as packed in `panel`, rows = ld), summed in f32 by the tile
 // unit, 32 n per instruction in increasing n; accumulate: dX += that sum (one
 // f32 add per output). dyb: bf16 rows of stride ld (a multiple of 32), with M
-// rounded up to 16 rows readable (rows past M: zero). Configures this
+// rounded up to 16 rows readable (rows past M: zero). Blocked for the cache
+// (n in 256-row blocks, with up to 128 KiB of f32 scratch per call holding
+// the C tiles between them) without changing a bit. Configures this
 // thread's tiles and releases them before returning. Requires AmxBf16Usable().
 void AmxBf16TPanelProduct(const uint16_t* dyb, int64_t M, int64_t ld, const uint16_t* panel,
                           int64_t kn, float* dX, int64_t ldx, int64_t k0, bool accumulate);

@@ -22,15 +22,19 @@
 #include <hwy/highway.h>
 
 #include "lumen/kernels/dot-inl.h"
+#include "lumen/kernels/gemm-inl.h"
 
 // Design: one "row decoder" per storage type turns a weight row into f32
 // vectors of N consecutive elements and hands each to a sink, so the weight
 // bytes go from memory straight into registers. Decode (M <= 4) sinks FMA the
-// vector into one accumulator per activation row; prefill (M > 4) sinks store
-// a few decoded rows into an L1/L2-resident panel that a register-blocked
-// microkernel then reuses across all M rows. Every dequantized value equals
-// the scalar reference's (or differs by one rounding where we use an FMA for
-// scale * q + offset), so the only other error is f32 summation order.
+// vector into one accumulator per activation row (the dot form); prefill
+// (M > 4) sinks store decoded rows that are transposed in registers into
+// k-major panels, over which an outer-product GEMM (gemm-inl.h) runs all M
+// rows with one FMA chain per output in k order, so a row's bits do not
+// depend on M, on its place in the call or on the thread split. Every
+// dequantized value equals the scalar reference's (or differs by one rounding
+// where we use an FMA for scale * q + offset), so the only other error is f32
+// summation order.
 //
 // MLX 4-bit rows decode even and odd elements of each 2N-element chunk as two
 // separate vectors (no in-register interleave); X is permuted to match once
@@ -418,9 +422,9 @@ struct PreparedX {
 // tile's accumulators: the dot product extended from K to K + r terms.
 struct LowRankTile {
   std::vector<float> u, b;  // [M, rp], [n1 - n0, rp]
-  int64_t rp = 0, n0 = 0;
+  int64_t r = 0, rp = 0, n0 = 0;
 
-  LowRankTile(const LowRank& lr, int64_t M, int64_t n0_, int64_t n1) : n0(n0_) {
+  LowRankTile(const LowRank& lr, int64_t M, int64_t n0_, int64_t n1) : r(lr.r), n0(n0_) {
     const int64_t L = hn::Lanes(DF());
     rp = (lr.r + L - 1) / L * L;
     u.assign(M * rp, 0.0f);
@@ -538,88 +542,97 @@ void SmallM(RowDecoder& dec, const PreparedX& X, int64_t m0, float* Y, int64_t l
   }
 }
 
-// Prefill microkernel: NB decoded weight rows (panel, stride ldp) times MB
-// activation rows, NB * MB accumulators held in registers across K.
-// epi (may be null): the epilogue's operands; u: the MB rows' U rows.
-template <int NB, int MB, bool E>
-HWY_INLINE void Tile(const float* panel, int64_t ldp, const float* const* x, int64_t K,
-                     float* const* y, int64_t n, const LowRankTile* epi, const float* const* u) {
-  const DF d;
-  const int64_t N = hn::Lanes(d);
-  VF acc[NB][MB];
-  for (int i = 0; i < NB; ++i)
-    for (int j = 0; j < MB; ++j) acc[i][j] = hn::Zero(d);
-  for (int64_t k = 0; k < K; k += N) {
-    VF xv[MB];
-    for (int j = 0; j < MB; ++j) xv[j] = hn::LoadU(d, x[j] + k);
-    for (int i = 0; i < NB; ++i) {
-      const VF w = hn::Load(d, panel + i * ldp + k);
-      for (int j = 0; j < MB; ++j) acc[i][j] = hn::MulAdd(w, xv[j], acc[i][j]);
-    }
-  }
-  if constexpr (E)
-    for (int i = 0; i < NB; ++i)
-      for (int j = 0; j < MB; ++j)
-        acc[i][j] = LowRankDot(epi->brow(n + i), u[j], epi->rp, acc[i][j]);
-  for (int i = 0; i < NB; ++i)
-    for (int j = 0; j < MB; ++j) y[j][n + i] = hn::GetLane(hn::SumOfLanes(d, acc[i][j]));
-}
-
-template <int MB, bool E>
-HWY_INLINE void TileRows(const float* panel, int64_t ldp, int nb, const float* const* x, int64_t K,
-                         float* const* y, int64_t n, const LowRankTile* epi,
-                         const float* const* u) {
-  switch (nb) {
-    case 4:
-      return Tile<4, MB, E>(panel, ldp, x, K, y, n, epi, u);
-    case 3:
-      return Tile<3, MB, E>(panel, ldp, x, K, y, n, epi, u);
-    case 2:
-      return Tile<2, MB, E>(panel, ldp, x, K, y, n, epi, u);
-    default:
-      return Tile<1, MB, E>(panel, ldp, x, K, y, n, epi, u);
+// block(Par<rem>{}, m) for 0 < rem <= R: the rows after the last whole tile
+// as one tile of their own height (the same chains, so the same bits).
+template <int R, class Block>
+HWY_INLINE void GemmRemainder(int rem, int64_t m, Block& block) {
+  if constexpr (R >= 1) {
+    if (rem == R) return block(Par<R>{}, m);
+    GemmRemainder<R - 1>(rem, m, block);
   }
 }
 
-// Decodes P weight rows (P * K floats, about half of L2) once, then sweeps all
-// M activation rows over them three at a time: the three X rows stay in L1
-// across the panel's 4-row tiles and the panel streams from L2, so neither
-// X nor W is re-read from memory per tile.
-template <bool E>
-void LargeM(RowDecoder& dec, const PreparedX& X, int64_t M, float* Y, int64_t ldy, int64_t n0,
-            int64_t n1, const LowRankTile* epi) {
+// Rows [n0, n1) of W against all M rows of X as an outer-product GEMM
+// (gemm-inl.h). W's rows are decoded a vector's worth at a time and
+// transposed in registers into k-major panels [K, NR], NR = NV vectors of
+// rows; f32 rows are transposed straight from W. Then for each block of KC
+// columns of K (a panel's slice, KC NR floats, stays in L1) every panel runs
+// all M rows, kGemmMR at a time and the remainder as one shorter tile,
+// broadcasting each x against the panel's vectors. X's [M, KC] slice is
+// re-read per panel: where all of X exceeds 512 KiB, panels are decoded in
+// groups of about 1 MiB (half of L2) that share one pass over X.
+//
+// Every output is one FMA chain in k order (then its r epilogue terms), so
+// the tile height, the k blocks and the thread split change no bit: rows of
+// a call of any M > 4 are bit-identical to the same rows in any other call.
+template <int NV, bool E>
+void GemmRows(RowDecoder& dec, const PreparedX& X, int64_t M, float* Y, int64_t ldy, int64_t n0,
+              int64_t n1, const LowRankTile* epi) {
   const DF d;
-  const int64_t N = hn::Lanes(d);
-  const int64_t K = dec.W.k, ldp = (K + N - 1) / N * N;
-  const int64_t P = std::clamp<int64_t>((512 * 1024 / (ldp * 4)) / 4 * 4, 4, 64);
-  AlignedBuffer panel_buf(P * ldp * sizeof(float));  // zero-filled: padding stays 0
-  float* panel = panel_buf.as<float>();
-  constexpr int kMB = 4;  // 4 x 4 accumulators + 4 x + 1 w: 21 of AVX-512's 32 registers
-  for (int64_t n = n0; n < n1; n += P) {
-    const int64_t np = std::min(P, n1 - n);
-    for (int64_t i = 0; i < np; ++i) {
-      float* dst = panel + i * ldp;
-      auto store = [&](int64_t k, VF w, auto) HWY_ATTR { hn::Store(w, d, dst + k); };
-      dec.Decode(n + i, store);
+  const int64_t L = hn::Lanes(d), NR = NV * L;
+  const Matrix& W = dec.W;
+  const int64_t K = W.k, kp = (K + L - 1) / L * L;  // panel rows: K padded to whole blocks
+  const int64_t panels = (n1 - n0 + NR - 1) / NR;
+  const int64_t group = M * K * 4 <= (512 << 10) ? 1 : (1 << 20) / (kp * NR * 4);
+  const int64_t NP = std::min(panels, std::clamp<int64_t>(group, 1, 16));
+  const int64_t KC = std::max<int64_t>(L, (24 << 10) / (NR * 4) / L * L);  // 24 KiB of panel
+  const int64_t kblocks = std::max<int64_t>(1, (K + KC - 1) / KC);         // K = 0: Y = 0
+  const bool direct = dec.path == Path::kF32;  // f32 rows are the strips' source as they are
+  AlignedBuffer panel_buf(NP * kp * NR * sizeof(float));
+  AlignedBuffer rows_buf(direct ? 0 : L * kp * sizeof(float));  // one strip's decoded rows
+  AlignedBuffer zero_buf(kp * sizeof(float));                   // rows past n1
+  const int64_t r = epi ? epi->r : 0;
+  std::vector<float> bpanel(NP * r * NR);
+  for (int64_t g = n0; g < n1; g += NP * NR) {
+    const int64_t np = std::min(NP, (n1 - g + NR - 1) / NR);
+    for (int64_t p = 0; p < np; ++p) {
+      const int64_t n = g + p * NR, nr = std::min(NR, n1 - n);
+      float* panel = panel_buf.as<float>() + p * kp * NR;
+      for (int v = 0; v < NV; ++v) {
+        const float* src[hn::MaxLanes(d)];
+        for (int64_t i = 0; i < L; ++i) {
+          const int64_t row = v * L + i;
+          if (row >= nr) {
+            src[i] = zero_buf.as<float>();
+          } else if (direct) {
+            src[i] = W.w.row<const float>(n + row);
+          } else {
+            float* dst = rows_buf.as<float>() + i * kp;
+            auto store = [&](int64_t k, VF w, auto) HWY_ATTR { hn::StoreU(w, d, dst + k); };
+            dec.Decode(n + row, store);
+            src[i] = dst;
+          }
+        }
+        PackStrip(src, kp, NR, panel + v * L);
+      }
+      if constexpr (E) {
+        float* bp = bpanel.data() + p * r * NR;
+        for (int64_t j = 0; j < r; ++j)
+          for (int64_t i = 0; i < NR; ++i) bp[j * NR + i] = i < nr ? epi->brow(n + i)[j] : 0.0f;
+      }
     }
-    int64_t m = 0;
-    for (; m + kMB <= M; m += kMB) {
-      const float* x[kMB] = {X.row(m), X.row(m + 1), X.row(m + 2), X.row(m + 3)};
-      float* y[kMB] = {Y + m * ldy, Y + (m + 1) * ldy, Y + (m + 2) * ldy, Y + (m + 3) * ldy};
-      const float* u[kMB] = {};
-      if (epi)
-        for (int j = 0; j < kMB; ++j) u[j] = epi->urow(m + j);
-      for (int64_t i = 0; i < np; i += 4)
-        TileRows<kMB, E>(panel + i * ldp, ldp, int(std::min<int64_t>(4, np - i)), x, ldp, y, n + i,
-                         epi, u);
-    }
-    for (; m < M; ++m) {
-      const float* x[1] = {X.row(m)};
-      float* y[1] = {Y + m * ldy};
-      const float* u[1] = {epi ? epi->urow(m) : nullptr};
-      for (int64_t i = 0; i < np; i += 4)
-        TileRows<1, E>(panel + i * ldp, ldp, int(std::min<int64_t>(4, np - i)), x, ldp, y, n + i,
-                       epi, u);
+    for (int64_t b = 0; b < kblocks; ++b) {
+      const int64_t k0 = b * KC, k1 = std::min(K, k0 + KC);
+      for (int64_t p = 0; p < np; ++p) {
+        const int64_t n = g + p * NR, nr = std::min(NR, n1 - n);
+        const float* panel = panel_buf.as<float>() + p * kp * NR;
+        const float* bp = bpanel.data() + p * r * NR;
+        auto block = [&](auto height, int64_t m) HWY_ATTR {
+          constexpr int R = decltype(height)::value;
+          const float* x[R];
+          float* y[R];
+          const float* u[R] = {};
+          for (int i = 0; i < R; ++i) {
+            x[i] = X.row(m + i);
+            y[i] = Y + (m + i) * ldy + n;
+            if constexpr (E) u[i] = epi->urow(m + i);
+          }
+          GemmTile<R, NV, E>(panel, x, k0, k1, b == 0, b == kblocks - 1, y, nr, bp, u, r);
+        };
+        int64_t m = 0;
+        for (; m + kGemmMR <= M; m += kGemmMR) block(Par<kGemmMR>{}, m);
+        GemmRemainder<kGemmMR - 1>(int(M - m), m, block);
+      }
     }
   }
 }
@@ -635,7 +648,7 @@ void Bf16Panels(RowDecoder& dec, const uint16_t* xb, const uint16_t* xpacked, in
   const int64_t K = dec.W.k, ldp = (K + N - 1) / N * N;
   AlignedBuffer row_buf(ldp * sizeof(float));
   float* row = row_buf.as<float>();
-  // Half of L2 for the panel, as LargeM; a multiple of the tile height (4 rows
+  // Half of L2 for the panel; a multiple of the tile height (4 rows
   // for AVX-512, two 16-row A tiles for AMX).
   const int64_t tile = xpacked ? 2 * kAmxRows : 4;
   const int64_t P = std::clamp<int64_t>((512 * 1024 / (ld * 2)) / tile * tile, tile, 128);
@@ -669,10 +682,10 @@ void Bf16PanelsFor(RowDecoder& dec, const uint16_t* xb, int64_t ld, int64_t M, f
   Bf16Panels(dec, xb, xp.as<uint16_t>(), ld, M, Y, ldy, n0, n1);
 }
 
-// The bf16 route of MatMul (M > 4): as LargeM, but the panel rows and the X
-// rows are rounded to bf16 so each dot instruction does 32 products. Every
-// thread converts all M rows of X: M K conversions against M K (n1 - n0)
-// products (MatMulBf16 converts them once per call instead).
+// The bf16 route of MatMul (M > 4): W's rows decoded into row-major panels,
+// rounded to bf16 with the X rows so each dot instruction does 32 products.
+// Every thread converts all M rows of X: M K conversions against M K
+// (n1 - n0) products (MatMulBf16 converts them once per call instead).
 void LargeMBf16(RowDecoder& dec, const PreparedX& X, int64_t M, float* Y, int64_t ldy, int64_t n0,
                 int64_t n1) {
   const int64_t K = dec.W.k;
@@ -717,12 +730,14 @@ void MatMulRows(const Matrix& W, const float* X, int64_t M, int64_t ldx, float* 
     if (epi) AddLowRankRows(*epi, M, Y, ldy, n0, n1);  // the bf16 panels are not our tiles
     return;
   }
-  if (M > 4) {
-    // Tile reads X up to the padded K: only safe when X is padded or K % N == 0.
-    const int64_t N = hn::Lanes(DF());
-    if (W.k % N == 0 || x.base != X)
-      return epi ? LargeM<true>(dec, x, M, Y, ldy, n0, n1, epi)
-                 : LargeM<false>(dec, x, M, Y, ldy, n0, n1, nullptr);
+  if (M > 4) {  // reads X only up to K
+    // One vector of W's rows (LoRA's rank-r factors): one-vector panels, the
+    // same chains with no columns of zeros.
+    if (n1 - n0 <= int64_t(hn::Lanes(DF())))
+      return epi ? GemmRows<1, true>(dec, x, M, Y, ldy, n0, n1, epi)
+                 : GemmRows<1, false>(dec, x, M, Y, ldy, n0, n1, nullptr);
+    return epi ? GemmRows<kGemmNV, true>(dec, x, M, Y, ldy, n0, n1, epi)
+               : GemmRows<kGemmNV, false>(dec, x, M, Y, ldy, n0, n1, nullptr);
   }
   if (epi) return SmallRows<true>(dec, x, M, Y, ldy, n0, n1, epi);
   SmallRows<false>(dec, x, M, Y, ldy, n0, n1, nullptr);
@@ -949,7 +964,8 @@ LUMEN_ROUTE(matmul_prefill_fused,
              .oracle = "MatMulRef (matmul_ref.h)",
              .bound = "relative error per output within the bound of matmul_test.cc",
              .tests = "MatMulTest.EveryTargetDtypeAndShapeWithinBound;MatMulTest."
-                      "ManyEqualsOneByOneBitForBit;MatMulTest.FusedRoutesOnTheBestTarget",
+                      "ManyEqualsOneByOneBitForBit;MatMulTest.FusedRoutesOnTheBestTarget;"
+                      "MatMulTest.RowsBitIdenticalWhateverTheCallsRowCount",
              .when = "dtype=f32|f16|bf16|q8_0|q4_0|q4_k|q6_k|mlx4|mlx8",
              .priority = 10});
 LUMEN_ROUTE(matmul_prefill_scratch,
@@ -979,7 +995,8 @@ LUMEN_ROUTE(matmul_lora_epilogue,
              .bound = "per output (K + r + 3) 2^-24 (sum |w x| + sum |s u b|) (matmul.h); not "
                       "bit-identical to the unfused order",
              .tests = "MatMulLowRank.EpilogueWithinBoundOnEveryTargetAndStorage;MatMulLowRank."
-                      "OtherRoutesAddTheTermInASecondPass",
+                      "OtherRoutesAddTheTermInASecondPass;MatMulLowRank."
+                      "RowsBitIdenticalWhateverTheCallsRowCount",
              .priority = 10});
 LUMEN_ROUTE(matmul_lora_epilogue_t,
             {.node = "matmul.lora_t",

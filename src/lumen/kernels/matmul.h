@@ -5,9 +5,17 @@
 // all M rows. F32/F16/BF16, Q8_0, Q4_0, Q4_K, Q6_K and MLX 4/8-bit rows are
 // decoded straight into SIMD registers (runtime-dispatched Highway targets);
 // other types are dequantized one row at a time into per-thread scratch.
-// Nothing dequantizes a whole tensor. M <= 4 FMAs each decoded weight vector
-// into all M rows; M > 4 decodes 4 rows into a small panel and runs a
-// register-blocked microkernel over all M rows. Threads split N contiguously.
+// Nothing dequantizes a whole tensor. Threads split N contiguously.
+//
+// M <= 4 FMAs each decoded weight vector into all M rows (the dot form). M > 4
+// is an outer-product GEMM: W's rows are decoded and transposed in registers
+// into k-major panels, and every output y[m, n] is ONE f32 FMA chain over
+// k = 0 .. K-1 in order (plus MatMulLowRank's r terms after it). So for
+// M > 4 a row's bits do not depend on M, on the row's place in the call, on
+// the thread count or on the N split (MatMulMany included): training relies
+// on a sequence's rows coming out the same in any batch (DPO's step-0
+// reference equals the policy; prefix sharing). M <= 4 rows sum in another
+// order: the same bound, other last bits.
 // MatMulT is the transposed product dX[M, K] = dY[M, N] * W[N, K] that a
 // backward through a frozen (possibly quantized) weight needs.
 //

@@ -1,9 +1,9 @@
 // The fused LoRA epilogue (matmul.h: MatMulLowRank, MatMulTLowRank) and the
 // unfused order's second pass (AddLowRank) against their double oracles
 // (matmul_ref.h) on every compiled SIMD target and every weight storage, for
-// M in {1, 3, 5, 37} (the matvec, small-M and panel paths, with row-tile
-// remainders) and rank r in {1, 8, 16} (less than, equal to and a multiple of
-// a vector on some target). The bounds are matmul.h's:
+// M in {1, 3, 5, 9, 37, 300} (the matvec and small-M dot forms, the GEMM
+// with row-tile remainders) and rank r in {1, 8, 16} (less than, equal to and
+// a multiple of a vector on some target). The bounds are matmul.h's:
 //   forward   (K + r + 3) u (sum |w x| + sum |s u b|)
 //   backward  (N + r + 3) u (|dx0| + sum |dy w| + |mask| sum |u a|)
 // with u = 2^-24; and the thread split changes no bit.
@@ -48,7 +48,7 @@ std::vector<float> Rows(const Matrix& W) {
 // odd K no vector divides for the plain types.
 int64_t KFor(const Spec& s) { return s.block == 1 ? 100 : s.block * (s.block >= 256 ? 1 : 3); }
 
-constexpr int64_t kMs[] = {1, 3, 5, 37};
+constexpr int64_t kMs[] = {1, 3, 5, 9, 37, 300};
 constexpr int64_t kRanks[] = {1, 8, 16};
 
 TEST(MatMulLowRank, EpilogueWithinBoundOnEveryTargetAndStorage) {
@@ -65,6 +65,7 @@ TEST(MatMulLowRank, EpilogueWithinBoundOnEveryTargetAndStorage) {
       const std::vector<float> w = Rows(o.m);
       for (int64_t M : kMs)
         for (int64_t r : kRanks) {
+          if (M == 300 && r != 8) continue;  // the tall GEMM once per storage
           const std::vector<float> X = Random(M * K, rng, -2, 2), U = Random(M * r, rng),
                                    B = Random(N * r, rng);
           const LowRank lr{.u = U.data(), .v = B.data(), .r = r, .scale = scale};
@@ -97,6 +98,45 @@ TEST(MatMulLowRank, EpilogueWithinBoundOnEveryTargetAndStorage) {
           MatMulLowRank(o.m, X.data(), M, K, lr, Yp.data(), ldy, &pool);
           EXPECT_EQ(0, std::memcmp(Yp.data(), Y.data(), Y.size() * sizeof(float)))
               << tname << " " << s.name << " M=" << M << " r=" << r << ": threads change bits";
+        }
+    }
+  }
+  hwy::SetSupportedTargetsForTest(0);
+}
+
+// The forward epilogue's r terms continue each output's FMA chain (matmul.h),
+// so for M > 4 the rows of a call are bit-identical to the same rows in calls
+// of other heights, at other places, on 1 and 2 threads: every target and
+// storage, K over several k blocks of the GEMM, N over whole and partial
+// panels.
+TEST(MatMulLowRank, RowsBitIdenticalWhateverTheCallsRowCount) {
+  std::mt19937 rng(41);
+  ThreadPool pool(2);
+  constexpr int64_t kRows = 40, N = 37, r = 8;
+  struct Part {
+    int64_t off, m;
+  };
+  constexpr Part kParts[] = {{0, 5}, {2, 7}, {5, 8}, {11, 9}, {3, 17}, {1, 39}};
+  for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    hwy::SetSupportedTargetsForTest(target);
+    const std::string tname = hwy::TargetName(target);
+    for (const Spec& s : AllSpecs()) {
+      const int64_t K = s.block == 1 ? 448 : s.block * (s.block >= 256 ? 1 : 12);
+      if (s.mlx_bits == 0 && !RowBytes(s.dtype, K)) continue;
+      OwnedMatrix o = Make(s, N, K, rng);
+      const std::vector<float> X = Random(kRows * K, rng, -2, 2), U = Random(kRows * r, rng),
+                               B = Random(N * r, rng);
+      std::vector<float> all(kRows * N);
+      const LowRank lr{.u = U.data(), .v = B.data(), .r = r, .scale = 0.5f};
+      MatMulLowRank(o.m, X.data(), kRows, K, lr, all.data(), N, nullptr);
+      for (const Part& p : kParts)
+        for (ThreadPool* tp : {(ThreadPool*)nullptr, &pool}) {
+          const LowRank lp{.u = U.data() + p.off * r, .v = B.data(), .r = r, .scale = 0.5f};
+          std::vector<float> part(p.m * N, -1.0f);
+          MatMulLowRank(o.m, X.data() + p.off * K, p.m, K, lp, part.data(), N, tp);
+          EXPECT_EQ(0, std::memcmp(part.data(), all.data() + p.off * N, part.size() * 4))
+              << tname << " " << s.name << " rows [" << p.off << ", " << p.off + p.m << ") of "
+              << kRows << (tp ? " 2 threads" : " 1 thread");
         }
     }
   }

@@ -85,6 +85,11 @@ TEST(MatMulTest, EveryTargetDtypeAndShapeWithinBound) {
         OwnedMatrix o = Make(s, /*N=*/37, K, rng);
         for (int64_t M : {1, 2, 3, 7, 16})
           CheckOne(o.m, M, M == 3 ? &pool : nullptr, rng, tname + " " + s.name);
+        // The GEMM (M > 4) at tile heights with every remainder (8 rows a
+        // tile on AVX-512, 6 on AVX2, 4 elsewhere), at the smallest K only.
+        if (K == ks[0])
+          for (int64_t M : {5, 8, 9, 17, 64, 300})
+            CheckOne(o.m, M, M == 9 || M == 300 ? &pool : nullptr, rng, tname + " " + s.name);
       }
     }
   }
@@ -97,10 +102,10 @@ TEST(MatMulTest, ThreadSplitMatchesSingleThreadBitForBit) {
   s.name = "q4_k";
   s.dtype = DType::kQ4_K;
   OwnedMatrix o = Make(s, 301, 512, rng);
-  std::vector<float> X(5 * 512);
+  std::vector<float> X(300 * 512);
   for (auto& v : X) v = std::uniform_real_distribution<float>(-1, 1)(rng);
   ThreadPool pool(2);
-  for (int64_t M : {1, 5}) {
+  for (int64_t M : {1, 5, 300}) {
     std::vector<float> a(M * 301), b(M * 301);
     MatMul(o.m, X.data(), M, 512, a.data(), 301, nullptr);
     MatMul(o.m, X.data(), M, 512, b.data(), 301, &pool);
@@ -115,7 +120,7 @@ TEST(MatMulTest, ManyEqualsOneByOneBitForBit) {
   b.dtype = DType::kQ8_0;
   OwnedMatrix wa = Make(a, 70, 256, rng), wb = Make(b, 21, 256, rng);
   ThreadPool pool(2);
-  for (int64_t M : {1, 6}) {
+  for (int64_t M : {1, 6, 37}) {
     std::vector<float> X(M * 256);
     for (auto& v : X) v = std::uniform_real_distribution<float>(-1, 1)(rng);
     std::vector<float> ya(M * 70), yb(M * 21), ma(M * 70), mb(M * 21);
@@ -126,6 +131,53 @@ TEST(MatMulTest, ManyEqualsOneByOneBitForBit) {
     EXPECT_EQ(0, std::memcmp(ya.data(), ma.data(), ya.size() * 4)) << "M=" << M;
     EXPECT_EQ(0, std::memcmp(yb.data(), mb.data(), yb.size() * 4)) << "M=" << M;
   }
+}
+
+// For M > 4 every output is one f32 FMA chain in k order (matmul.h), so the
+// rows of a call are bit-identical to the same rows computed in calls of
+// other heights (every tile remainder), at other places in the call, on 1,
+// 2 and 3 threads (other N splits) and through MatMulMany: on every target
+// and storage, with N spanning whole and partial panels and K spanning
+// several k blocks (and K = 100, which no vector divides).
+TEST(MatMulTest, RowsBitIdenticalWhateverTheCallsRowCount) {
+  std::mt19937 rng(19);
+  ThreadPool pool2(2), pool3(3);
+  constexpr int64_t kRows = 70, N = 40;
+  struct Part {
+    int64_t off, m;
+  };
+  constexpr Part kParts[] = {{0, 5}, {3, 6}, {8, 7}, {9, 8}, {1, 9}, {20, 17}, {6, 64}, {1, 69}};
+  for (int64_t target : Targets()) {
+    hwy::SetSupportedTargetsForTest(target);
+    const std::string tname = hwy::TargetName(target);
+    for (const Spec& s : AllSpecs()) {
+      std::vector<int64_t> ks = {s.block * (s.block >= 256 ? 1 : 12)};
+      if (s.block == 1) ks = {100, 448};
+      for (int64_t K : ks) {
+        if (s.mlx_bits == 0 && !RowBytes(s.dtype, K)) continue;
+        OwnedMatrix o = Make(s, N, K, rng);
+        const std::vector<float> X = RandomActivations(kRows, K, rng);
+        std::vector<float> all(kRows * N);
+        MatMul(o.m, X.data(), kRows, K, all.data(), N, nullptr);
+        for (const Part& p : kParts)
+          for (ThreadPool* pool : {(ThreadPool*)nullptr, &pool2, &pool3}) {
+            std::vector<float> part(p.m * N, -1.0f);
+            MatMul(o.m, X.data() + p.off * K, p.m, K, part.data(), N, pool);
+            EXPECT_EQ(0, std::memcmp(part.data(), all.data() + p.off * N, part.size() * 4))
+                << tname << " " << s.name << " K=" << K << " rows [" << p.off << ", " << p.off + p.m
+                << ") of " << kRows << " threads=" << (pool ? pool->size() : 1);
+          }
+        // MatMulMany splits the rows of both matrices across the threads together.
+        std::vector<float> y1(9 * N), y2(9 * N);
+        const MatMulOut outs[] = {{&o.m, y1.data(), N}, {&o.m, y2.data(), N}};
+        MatMulMany(outs, X.data() + 40 * K, 9, K, &pool3);
+        EXPECT_EQ(0, std::memcmp(y1.data(), all.data() + 40 * N, y1.size() * 4))
+            << tname << " " << s.name << " K=" << K << " MatMulMany";
+        EXPECT_EQ(y1, y2) << tname << " " << s.name;
+      }
+    }
+  }
+  hwy::SetSupportedTargetsForTest(0);
 }
 
 TEST(MatMulTest, FusedRoutesOnTheBestTarget) {

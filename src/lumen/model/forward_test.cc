@@ -105,11 +105,13 @@ TEST_F(Stories260K, LogitsMatchRunC) {
       for (int v = 0; v < 512; ++v)
         worst_inc = std::max(worst_inc, double(std::abs(one[v] - all[t * 512 + v])));
     }
-    // f32 cache: only the matmul's summation order differs (M = 8 vs M = 1
-    // kernels). f16 cache: an ulp-level difference in a key can round to the
-    // neighbouring f16 value (2^-11 relative), which moves logits near 20 by
-    // up to ~1e-2, like the bound above.
-    EXPECT_LE(worst_inc, kv == DType::kF32 ? 1e-5 : 1e-2) << "prefill vs decode, kv " << Name(kv);
+    // f32 cache: only the matmul's summation order differs (M = 8 is the
+    // GEMM, one f32 chain of K terms per output; M = 1 the dot form, 4 x 16
+    // partial sums): measured 1.05e-5 on logits near 20 (about 5 ulp), bound
+    // 3e-5 (16 ulp). f16 cache: an ulp-level difference in a key can round to
+    // the neighbouring f16 value (2^-11 relative), which moves logits near 20
+    // by up to ~1e-2, like the bound above.
+    EXPECT_LE(worst_inc, kv == DType::kF32 ? 3e-5 : 1e-2) << "prefill vs decode, kv " << Name(kv);
   }
 }
 

@@ -552,19 +552,58 @@ HWY_INLINE void GemmRemainder(int rem, int64_t m, Block& block) {
   }
 }
 
+// Rows [m0, m1) of X over columns [k0, k1) of one k-major panel that holds
+// W's columns from kx on (the panel row of column k is k - kx): kGemmMR rows
+// a tile, then the remainder as one shorter tile. n, nr: the panel's first W
+// row and its count; bp: B's panel (E).
+template <int NV, bool E>
+HWY_INLINE void GemmPanel(const float* panel, int64_t kx, int64_t k0, int64_t k1, bool first,
+                          bool last, const PreparedX& X, int64_t m0, int64_t m1, float* Y,
+                          int64_t ldy, int64_t n, int64_t nr, const float* bp,
+                          const LowRankTile* epi) {
+  const int64_t r = epi ? epi->r : 0;
+  auto block = [&](auto height, int64_t m) HWY_ATTR {
+    constexpr int R = decltype(height)::value;
+    const float* x[R];
+    float* y[R];
+    const float* u[R] = {};
+    for (int i = 0; i < R; ++i) {
+      x[i] = X.row(m + i) + kx;
+      y[i] = Y + (m + i) * ldy + n;
+      if constexpr (E) u[i] = epi->urow(m + i);
+    }
+    GemmTile<R, NV, E>(panel, x, k0 - kx, k1 - kx, first, last, y, nr, bp, u, r);
+  };
+  int64_t m = m0;
+  for (; m + kGemmMR <= m1; m += kGemmMR) block(Par<kGemmMR>{}, m);
+  GemmRemainder<kGemmMR - 1>(int(m1 - m), m, block);
+}
+
+// B's rows [n, n + nr) as a k-major panel bp [r, NR] (zeros past nr).
+void PackLowRank(const LowRankTile& epi, int64_t n, int64_t nr, int64_t NR, float* bp) {
+  for (int64_t j = 0; j < epi.r; ++j)
+    for (int64_t i = 0; i < NR; ++i) bp[j * NR + i] = i < nr ? epi.brow(n + i)[j] : 0.0f;
+}
+
 // Rows [n0, n1) of W against all M rows of X as an outer-product GEMM
 // (gemm-inl.h). W's rows are decoded a vector's worth at a time and
 // transposed in registers into k-major panels [K, NR], NR = NV vectors of
-// rows; f32 rows are transposed straight from W. Then for each block of KC
-// columns of K (a panel's slice, KC NR floats, stays in L1) every panel runs
-// all M rows, kGemmMR at a time and the remainder as one shorter tile,
-// broadcasting each x against the panel's vectors. X's [M, KC] slice is
-// re-read per panel: where all of X exceeds 512 KiB, panels are decoded in
-// groups of about 1 MiB (half of L2) that share one pass over X.
+// rows; f32 rows are transposed straight from W.
+//
+// Where the storage decodes column ranges (f32, f16, bf16, Q8_0, Q4_0:
+// DecodeColumns), each panel is built KC columns at a time (KC NR floats, in
+// L1) and a block of X's rows runs over that slice at once: the decoded
+// weights never leave L1. The row blocks are as many rows as fill half of L2
+// (all M when X fits), so X is read from L2; W is decoded once per block.
+// Other storage decodes whole panels, in groups of about 1 MiB (half of L2)
+// where X is larger than 512 KiB, and for each block of KC columns every
+// panel of the group runs all M rows: the group's X slice [M, KC] is read
+// once per panel from L2.
 //
 // Every output is one FMA chain in k order (then its r epilogue terms), so
-// the tile height, the k blocks and the thread split change no bit: rows of
-// a call of any M > 4 are bit-identical to the same rows in any other call.
+// the tile height, the k blocks, the panel layout and the thread split
+// change no bit: rows of a call of any M > 4 are bit-identical to the same
+// rows in any other call.
 template <int NV, bool E>
 void GemmRows(RowDecoder& dec, const PreparedX& X, int64_t M, float* Y, int64_t ldy, int64_t n0,
               int64_t n1, const LowRankTile* epi) {
@@ -572,16 +611,56 @@ void GemmRows(RowDecoder& dec, const PreparedX& X, int64_t M, float* Y, int64_t 
   const int64_t L = hn::Lanes(d), NR = NV * L;
   const Matrix& W = dec.W;
   const int64_t K = W.k, kp = (K + L - 1) / L * L;  // panel rows: K padded to whole blocks
+  const bool direct = dec.path == Path::kF32;       // f32 rows are the strips' source as they are
+  const bool columns = direct || dec.path == Path::kF16 || dec.path == Path::kBF16 ||
+                       dec.path == Path::kQ8_0 || dec.path == Path::kQ4_0;
+  const int64_t r = epi ? epi->r : 0;
+  std::vector<float> bp(r * NR);
+  AlignedBuffer zero_buf(kp * sizeof(float));  // rows past n1
+  if (columns) {
+    // KC: 16 KiB of panel, a multiple of DecodeColumns' 2 vectors (K is too).
+    const int64_t KC = std::max<int64_t>(2 * L, (16 << 10) / (NR * 4) / (2 * L) * (2 * L));
+    const int64_t kblocks = std::max<int64_t>(1, (K + KC - 1) / KC);  // K = 0: Y = 0
+    AlignedBuffer slice_buf(KC * NR * sizeof(float)), rows_buf(L * KC * sizeof(float));
+    float* slice = slice_buf.as<float>();
+    const int64_t mc = std::max<int64_t>(kGemmMR, (1 << 20) / (std::max<int64_t>(K, 1) * 4));
+    for (int64_t m0 = 0; m0 < M; m0 += mc)
+      for (int64_t n = n0; n < n1; n += NR) {
+        const int64_t nr = std::min(NR, n1 - n);
+        if constexpr (E) PackLowRank(*epi, n, nr, NR, bp.data());
+        for (int64_t b = 0; b < kblocks; ++b) {
+          const int64_t k0 = b * KC, k1 = std::min(K, k0 + KC);
+          for (int v = 0; v < NV; ++v) {
+            const float* src[hn::MaxLanes(d)];
+            for (int64_t i = 0; i < L; ++i) {
+              const int64_t row = v * L + i;
+              if (row >= nr) {
+                src[i] = zero_buf.as<float>();
+              } else if (direct) {
+                src[i] = W.w.row<const float>(n + row) + k0;
+              } else {
+                float* dst = rows_buf.as<float>() + i * KC;
+                const bool ok = DecodeColumns(dec.path, W, n + row, k0, k1 - k0, dst);
+                LUMEN_DCHECK(ok);
+                (void)ok;
+                src[i] = dst;
+              }
+            }
+            PackStrip(src, k1 - k0, NR, slice + v * L);
+          }
+          GemmPanel<NV, E>(slice, k0, k0, k1, b == 0, b == kblocks - 1, X, m0, std::min(M, m0 + mc),
+                           Y, ldy, n, nr, bp.data(), epi);
+        }
+      }
+    return;
+  }
   const int64_t panels = (n1 - n0 + NR - 1) / NR;
   const int64_t group = M * K * 4 <= (512 << 10) ? 1 : (1 << 20) / (kp * NR * 4);
   const int64_t NP = std::min(panels, std::clamp<int64_t>(group, 1, 16));
   const int64_t KC = std::max<int64_t>(L, (24 << 10) / (NR * 4) / L * L);  // 24 KiB of panel
   const int64_t kblocks = std::max<int64_t>(1, (K + KC - 1) / KC);         // K = 0: Y = 0
-  const bool direct = dec.path == Path::kF32;  // f32 rows are the strips' source as they are
   AlignedBuffer panel_buf(NP * kp * NR * sizeof(float));
   AlignedBuffer rows_buf(direct ? 0 : L * kp * sizeof(float));  // one strip's decoded rows
-  AlignedBuffer zero_buf(kp * sizeof(float));                   // rows past n1
-  const int64_t r = epi ? epi->r : 0;
   std::vector<float> bpanel(NP * r * NR);
   for (int64_t g = n0; g < n1; g += NP * NR) {
     const int64_t np = std::min(NP, (n1 - g + NR - 1) / NR);
@@ -605,33 +684,14 @@ void GemmRows(RowDecoder& dec, const PreparedX& X, int64_t M, float* Y, int64_t 
         }
         PackStrip(src, kp, NR, panel + v * L);
       }
-      if constexpr (E) {
-        float* bp = bpanel.data() + p * r * NR;
-        for (int64_t j = 0; j < r; ++j)
-          for (int64_t i = 0; i < NR; ++i) bp[j * NR + i] = i < nr ? epi->brow(n + i)[j] : 0.0f;
-      }
+      if constexpr (E) PackLowRank(*epi, n, nr, NR, bpanel.data() + p * r * NR);
     }
     for (int64_t b = 0; b < kblocks; ++b) {
       const int64_t k0 = b * KC, k1 = std::min(K, k0 + KC);
       for (int64_t p = 0; p < np; ++p) {
         const int64_t n = g + p * NR, nr = std::min(NR, n1 - n);
-        const float* panel = panel_buf.as<float>() + p * kp * NR;
-        const float* bp = bpanel.data() + p * r * NR;
-        auto block = [&](auto height, int64_t m) HWY_ATTR {
-          constexpr int R = decltype(height)::value;
-          const float* x[R];
-          float* y[R];
-          const float* u[R] = {};
-          for (int i = 0; i < R; ++i) {
-            x[i] = X.row(m + i);
-            y[i] = Y + (m + i) * ldy + n;
-            if constexpr (E) u[i] = epi->urow(m + i);
-          }
-          GemmTile<R, NV, E>(panel, x, k0, k1, b == 0, b == kblocks - 1, y, nr, bp, u, r);
-        };
-        int64_t m = 0;
-        for (; m + kGemmMR <= M; m += kGemmMR) block(Par<kGemmMR>{}, m);
-        GemmRemainder<kGemmMR - 1>(int(M - m), m, block);
+        GemmPanel<NV, E>(panel_buf.as<float>() + p * kp * NR, 0, k0, k1, b == 0, b == kblocks - 1,
+                         X, 0, M, Y, ldy, n, nr, bpanel.data() + p * r * NR, epi);
       }
     }
   }
@@ -865,7 +925,11 @@ void MatMulTRows(const Matrix& W, const float* dY, int64_t M, float* dX, int64_t
   constexpr int64_t kTn = 128;
   const int64_t align = MatrixColumnAlign(W);
   const bool columns = k0 % align == 0 && (k1 % align == 0 || k1 == K);
-  std::vector<float> row(columns ? 0 : K), panel(kTn * KW);
+  // Panel rows one cache line longer than whole lines: at a stride of a
+  // multiple of 4 KiB (KW = 1024, 2048) a column tile's 128 rows all fall in
+  // the same few L1 sets and the tile is re-read from L2 on every row block.
+  const int64_t ldp = (KW + 15) / 16 * 16 + 16;
+  std::vector<float> row(columns ? 0 : K), panel(kTn * ldp);
   const Path path = PathFor(W);
   // Rows of dX in blocks whose [rows, KW] slice stays in L2 across all the
   // panels (each panel adds into it); the panels are decoded again per block.
@@ -878,12 +942,12 @@ void MatMulTRows(const Matrix& W, const float* dY, int64_t M, float* dX, int64_t
       const bool last = n0 + nb == N;
       for (int64_t i = 0; i < nb; ++i) {
         if (columns) {
-          if (!DecodeColumns(path, W, n0 + i, k0, KW, panel.data() + i * KW))
-            DequantizeMatrixColumns(W, n0 + i, k0, k1, panel.data() + i * KW);
+          if (!DecodeColumns(path, W, n0 + i, k0, KW, panel.data() + i * ldp))
+            DequantizeMatrixColumns(W, n0 + i, k0, k1, panel.data() + i * ldp);
           continue;
         }
         DequantizeMatrixRow(W, n0 + i, row.data());
-        std::memcpy(panel.data() + i * KW, row.data() + k0, KW * sizeof(float));
+        std::memcpy(panel.data() + i * ldp, row.data() + k0, KW * sizeof(float));
       }
       const float* dy0 = dY + n0;
       for (int64_t k = 0; k < kv; k += kTV * L) {
@@ -898,10 +962,11 @@ void MatMulTRows(const Matrix& W, const float* dY, int64_t M, float* dX, int64_t
           constexpr int R = decltype(height)::value;
           const float* dym = dy0 + m * N;
           float* dxm = dX + m * K + k0 + k;
-          if (mode == 0) return TransposedTileCols<R, 0>(vecs, pk, KW, nb, dym, N, dxm, K, nullptr);
+          if (mode == 0)
+            return TransposedTileCols<R, 0>(vecs, pk, ldp, nb, dym, N, dxm, K, nullptr);
           const TransposedEpi e = epi(m);
-          if (mode == 1) return TransposedTileCols<R, 1>(vecs, pk, KW, nb, dym, N, dxm, K, &e);
-          TransposedTileCols<R, 2>(vecs, pk, KW, nb, dym, N, dxm, K, &e);
+          if (mode == 1) return TransposedTileCols<R, 1>(vecs, pk, ldp, nb, dym, N, dxm, K, &e);
+          TransposedTileCols<R, 2>(vecs, pk, ldp, nb, dym, N, dxm, K, &e);
         };
         int64_t m = mb;
         for (; m + 4 <= me; m += 4) rows(Par<4>{}, m);
@@ -911,7 +976,7 @@ void MatMulTRows(const Matrix& W, const float* dY, int64_t M, float* dX, int64_t
         for (int64_t c = kv; c < KW; ++c) {
           float y = dX[m * K + k0 + c];
           for (int64_t i = 0; i < nb; ++i) {
-            const float t = dy0[m * N + i] * panel[i * KW + c];
+            const float t = dy0[m * N + i] * panel[i * ldp + c];
             y += t;
           }
           if (lr && last) {

@@ -908,7 +908,8 @@ HWY_INLINE void TransposedTileCols(int vecs, const float* panel, int64_t ldp, in
 
 // dX[:, k0:k1) (already holding the sum so far) += dY * W[:, k0:k1). W rows
 // are decoded kTn at a time into a panel; for each column tile (an L1-sized
-// slice of the panel) every 4-row tile of dX accumulates the panel's rows.
+// slice of the panel) every 6-row (AVX-512), 4-, 2- or 1-row tile of dX accumulates the
+// panel's rows.
 // Columns past the last whole vector of [k0, k1) are summed in scalar code
 // as mul then add, as the AXPY this replaces did, so the result is the same
 // bit for bit.
@@ -917,8 +918,8 @@ HWY_INLINE void TransposedTileCols(int vecs, const float* panel, int64_t ldp, in
 // to each tile after the last panel; the scalar tail adds it the same way.
 // The panel takes only the range's columns where the storage's blocks allow
 // it (DequantizeMatrixColumns gives the same values as the row's slice).
-void MatMulTRows(const Matrix& W, const float* dY, int64_t M, float* dX, int64_t k0, int64_t k1,
-                 const LowRank* lr) {
+void MatMulTRange(const Matrix& W, const float* dY, int64_t M, float* dX, int64_t k0, int64_t k1,
+                  const LowRank* lr) {
   const DF d;
   const int64_t L = hn::Lanes(d), N = W.n, K = W.k, KW = k1 - k0;
   const int64_t kv = KW / L * L;  // whole vectors of the range
@@ -969,7 +970,11 @@ void MatMulTRows(const Matrix& W, const float* dY, int64_t M, float* dX, int64_t
           TransposedTileCols<R, 2>(vecs, pk, ldp, nb, dym, N, dxm, K, &e);
         };
         int64_t m = mb;
+#if HWY_TARGET <= HWY_AVX3
+        for (; m + 6 <= me; m += 6) rows(Par<6>{}, m);  // 24 accumulators of 32 registers
+#endif
         for (; m + 4 <= me; m += 4) rows(Par<4>{}, m);
+        for (; m + 2 <= me; m += 2) rows(Par<2>{}, m);
         for (; m < me; ++m) rows(Par<1>{}, m);
       }
       for (int64_t m = mb; m < me; ++m)
@@ -988,6 +993,21 @@ void MatMulTRows(const Matrix& W, const float* dY, int64_t M, float* dX, int64_t
           dX[m * K + k0 + c] = y;
         }
     }
+  }
+}
+
+// MatMulTRange over [k0, k1) in column blocks of at most 2048, so a panel
+// of 128 decoded rows stays within 1 MiB (half of L2) whatever K is. Block
+// edges are multiples of 2048 (whole vectors and storage blocks): every
+// column keeps its place in the vector part or the scalar tail, so the
+// blocks change no bit.
+void MatMulTRows(const Matrix& W, const float* dY, int64_t M, float* dX, int64_t k0, int64_t k1,
+                 const LowRank* lr) {
+  constexpr int64_t kCols = 2048;
+  for (int64_t c0 = k0; c0 < k1;) {
+    const int64_t c1 = std::min(k1, (c0 / kCols + 1) * kCols);
+    MatMulTRange(W, dY, M, dX, c0, c1, lr);
+    c0 = c1;
   }
 }
 

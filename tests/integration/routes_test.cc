@@ -15,6 +15,7 @@
 #include "lumen/engine/session.h"
 #include "lumen/kernels/matmul_bf16.h"
 #include "lumen/kernels/matmul_bf16_amx.h"
+#include "lumen/kernels/matmul_q8.h"
 #include "lumen/sample/sampler.h"
 #include "lumen_cli.h"
 
@@ -207,6 +208,45 @@ TEST(RoutesCli, TrainComputeShowsTheBf16Routes) {
   }
   CliRun bad = RunLumen("routes --for train --compute f16");
   EXPECT_NE(bad.code, 0);
+}
+
+// The table names the decode route each weight type actually takes: the
+// int8x2 route (the default) for every quantized type with an int8 kernel
+// where the CPU has VNNI, and the exact route for float weights and under
+// --exact. `lumen bench` says the same per storage.
+TEST(RoutesCli, DecodeRoutePerWeightType) {
+  const std::string dir = TempDir("routes_types");
+  struct Want {
+    std::string quant, node;
+    bool int8;
+  };
+  const bool vnni = kernels::CpuHasVnni();
+  const Want wants[] = {{"q5_k", "matmul.q5_k.decode", vnni},
+                        {"q4_1", "matmul.q4_1.decode", vnni},
+                        {"mlx8-g32", "matmul.mlx8.decode", vnni},
+                        {"f16", "matmul.f16.decode", false}};
+  for (const Want& w : wants) {
+    const std::string path = dir + "/" + w.quant + (w.quant.starts_with("mlx") ? "" : ".gguf");
+    CliRun s = RunLumen("synth tiny-llama --dim 256 --ffn 512 --quant " + w.quant + " -o " + path);
+    ASSERT_EQ(s.code, 0) << s.err;
+    for (const std::string flags : {"", " --exact"}) {
+      CliRun r = RunLumen("routes -m " + path + " --for generate --json" + flags);
+      ASSERT_EQ(r.code, 0) << r.err;
+      auto j = nlohmann::json::parse(r.out, nullptr, false);
+      ASSERT_TRUE(j.is_array()) << r.out;
+      int seen = 0;
+      for (const auto& n : j) {
+        if (n["node"] != w.node) continue;
+        ++seen;
+        const bool int8 = w.int8 && flags.empty();
+        EXPECT_EQ(n["route"] == "int8x2-vnni", int8) << w.quant << flags << ": " << n.dump();
+      }
+      EXPECT_EQ(seen, 1) << w.quant << flags << ": " << r.out;
+    }
+    CliRun b = RunLumen("bench " + path + " --prompt 2 --gen 2 --repeat 1 --no-membw");
+    ASSERT_EQ(b.code, 0) << b.err;
+    EXPECT_EQ(b.out.find("int8x2 activations") != std::string::npos, w.int8) << w.quant << b.out;
+  }
 }
 
 // The gate itself: a results file where a named test failed, or is missing,

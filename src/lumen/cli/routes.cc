@@ -87,6 +87,20 @@ std::string StorageName(const kernels::Matrix& m) {
   return std::string(Name(m.w.dtype));
 }
 
+// True when every product matrix stored as `storage` has an int8 decode
+// kernel on this CPU (kernels::Int8RouteSupports): the condition int8=kernel
+// of the int8 decode routes, so the table shows the route that runs.
+bool HasInt8Kernel(const engine::Model* model, const std::string& storage) {
+  if (!model) return false;
+  bool any = false;
+  for (const auto& t : model->tensors()) {
+    if (t.shape.size() != 2 || StorageName(t.matrix) != storage) continue;
+    if (!kernels::Int8RouteSupports(t.matrix)) return false;
+    any = true;
+  }
+  return any;
+}
+
 std::vector<std::string> ProductDtypes(const engine::Model* model) {
   std::set<std::string> s;
   if (model)
@@ -199,6 +213,7 @@ Result<std::vector<ResolvedNode>> ResolveGraph(std::string_view graph, const Mod
       r.node = g.node;
       if (g.per_dtype) {
         local.Set("dtype", dt);
+        if (HasInt8Kernel(model, dt)) local.Set("int8", "kernel");
         const size_t dot = r.node.find('.');
         r.node = r.node.substr(0, dot) + "." + dt + r.node.substr(dot);
       }

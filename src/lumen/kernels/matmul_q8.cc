@@ -19,39 +19,50 @@
 #endif
 
 // Layout. A pair of weight blocks (2 x 32 elements) becomes one 64-byte vector
-// of signed weights (Q4_0: q - 8; Q8_0: q); vpdpbusd sums 4 adjacent byte
-// products into each of 16 int32 lanes, so every lane belongs to one block.
-// vpdpbusd multiplies unsigned by signed bytes, so activations are stored as
-// u = x + 128 and sum(w x) = sum(w u) - 128 sum(w): the correction depends on
-// the weights only, so it is computed once per pair (one more vpdpbusd) and
-// shared by every activation row. Activation rows are stored in the weights'
-// byte order with each lane's block scale (f32). Products fit in int16 and the
-// lane sums in int32 exactly.
+// of signed weights (Q4_0: q - 8; Q5_0: q - 16; Q8_0: q); vpdpbusd sums 4
+// adjacent byte products into each of 16 int32 lanes, so every lane belongs to
+// one block. vpdpbusd multiplies unsigned by signed bytes, so activations are
+// stored as u = x + 128 and sum(w x) = sum(w u) - 128 sum(w): the correction
+// depends on the weights only, so it is computed once per pair (one more
+// vpdpbusd) and shared by every activation row. Activation rows are stored in
+// the weights' byte order with each lane's block scale (f32). Products fit in
+// int16 and the lane sums in int32 exactly.
 //   Q4_0 pair: [blk0 e0..15 | blk1 e0..15 | blk0 e16..31 | blk1 e16..31]
-//              (low nibbles of both blocks, then high nibbles)
+//              (low nibbles of both blocks, then high nibbles; the same for
+//              Q4_1, Q5_0, Q5_1, whose 5th bits come from a 64-bit lane mask
+//              built from the two blocks' qh words: one masked byte add)
 //   Q8_0 pair: [blk0 e0..31 | blk1 e0..31]
 // An odd last block is a 32-byte half vector in natural order.
+//
+// Q4_1 / Q5_1 (w = d q + m) keep their codes unsigned (0..15, 0..31) and the
+// activations signed, as the K-quants below: no correction, and the offset m
+// multiplies the block's activation sum (one 2-lane FMA per pair and row).
 //
 // Two levels (int8x2): every activation block carries a second int8 code
 // vector q2 for the first level's residual at scale d2 = d / 256
 // (QuantizeBlockQ8x2 in core/quant.h), stored right after q1 in the same
 // order. Both levels meet the same weight vector, so per weight vector and row
 // it is one more vpdpbusd, a shift and an add: i = (dot(w, q1) << 8) +
-// dot(w, q2) is the block's sum of w (256 q1 + q2) exactly (|i| < 2^24, so
-// also exact as f32), scaled once by d2. The weight unpacking, scales and
+// dot(w, q2) is the block's sum of w (256 q1 + q2) exactly in int32, and
+// exactly as f32 where |w| <= 128 (|i| < 2^24); MLX 8-bit codes (0..255) can
+// reach 2^25, where the conversion rounds once (relative 2^-24, inside the
+// oracle bound). It is scaled once by d2. The weight unpacking, scales and
 // offsets are shared, and the code below is the one-level code templated on L.
 //
-// MLX affine 4-bit (w = s q + b per group of 64 or 128) is handled like the
-// K-quants with o = -b; byte j of a row holds elements 2j (low nibble) and
+// MLX affine 4-bit (w = s q + b per group of 32, 64 or 128) is handled like
+// the K-quants with o = -b; byte j of a row holds elements 2j (low nibble) and
 // 2j + 1, so a 64-element vector is [even elements | odd elements] and the
-// activations are stored in that order.
+// activations are stored in that order (a group of 32 then owns lanes 0-3 and
+// 8-11 or 4-7 and 12-15). MLX 8-bit: byte j is element j, natural order.
 //
-// K-quants (Q4_K, Q6_K) have unsigned codes q and an offset per sub-block:
-// w = a q - o (Q4_K: a = d sc, o = dmin m; Q6_K: a = d sc, o = 32 a). Their
-// activations stay signed (vpdpbusd takes the codes as the unsigned operand,
-// no correction), in natural order, 64 codes per vector (the low and high
-// nibbles of 32 bytes are elements 64j..64j+31 and 64j+32..64j+63). The
-// offset term sum_s o_s dx_s sum(qx over s) is a float dot of the block's
+// K-quants (Q2_K .. Q6_K) have unsigned codes q and an offset per sub-block:
+// w = a q - o (Q2_K: a = d (sc & 15), o = dmin (sc >> 4); Q3_K: a = d (sc -
+// 32), o = 4 a; Q4_K, Q5_K: a = d sc, o = dmin m; Q6_K: a = d sc, o = 32 a).
+// Their activations stay signed (vpdpbusd takes the codes as the unsigned
+// operand, no correction), in natural order, 64 codes per vector (chunk c of
+// a super-block: elements 64c..64c+63, decoded from the packed bit planes
+// with shifts, masks and, for the high bits, vptestmb lane masks). The offset
+// term sum_s o_s dx_s sum(qx over s) is a float dot of the super-block's
 // offsets with per-row sums precomputed once per activation row (one FMA per
 // row per super-block).
 
@@ -68,7 +79,7 @@ LUMEN_ROUTE(
      .tests = "MatMulInt8.MatchesOracleAndExactBound;MatMulInt8.ManyAndThreadsAreBitIdentical;"
               "QuantTypes.Int8RouteTracksExact;RouteKl.Int8AndBf16RoutesCostAboutWhatQ8WeightsCost",
      .measure = "docs/reference/performance.md#exactness",
-     .when = "act=int8|int8+bf16 cpu=avx512vnni dtype=q8_0|q4_0|q4_k|q6_k|mlx4",
+     .when = "act=int8|int8+bf16 cpu=avx512vnni int8=kernel",
      .priority = 20});
 LUMEN_ROUTE(
     matmul_int8x2_decode,
@@ -79,45 +90,65 @@ LUMEN_ROUTE(
                "against the exact product: the activation rounding bound",
      .bound = "|y - y_exact| <= sum over blocks of (dx / 256) sum |w| (+ f32 slack); "
               "KL(exact || route) below a quarter of what Q8_0 weights cost",
-     .tests = "QuantizeBlocksQ8x2.*;MatMulInt8x2.*;RouteKl.Int8x2DecodePassesTheDefaultGate",
+     .tests = "QuantizeBlocksQ8x2.*;MatMulInt8x2.*;RouteKl.Int8x2DecodePassesTheDefaultGate;"
+              "RouteKl.Int8x2DecodeGateOnEveryWeightType",
      .measure = "docs/reference/performance.md#the-int8x2-decode-route-the-default",
-     .when = "act=int8x2|int8x2+bf16 cpu=avx512vnni dtype=q8_0|q4_0|q4_k|q6_k|mlx4",
+     .when = "act=int8x2|int8x2+bf16 cpu=avx512vnni int8=kernel",
      .priority = 20});
 namespace {
 
-enum class Fmt { kQ4_0, kQ8_0, kQ4K, kQ6K, kMlx4 };
-constexpr int kNumFmts = 5;
+enum class Fmt { kQ4_0, kQ4_1, kQ5_0, kQ5_1, kQ8_0, kQ2K, kQ3K, kQ4K, kQ5K, kQ6K, kMlx4, kMlx8 };
+
+// The activations' byte order within a 64-element record (see Layout).
+enum class Order { kNatural, kNibblePairs, kEvenOdd };
 
 struct Geometry {
   Fmt fmt;
-  int64_t block_bytes;  // Q4_0/Q8_0: [f16 scale | codes]
+  int64_t block_bytes;  // GGUF: bytes per (super-)block; MLX: 0
   bool unsigned_acts;   // activations stored as x + 128 (signed weights)
-  int64_t sum_group;    // K-quants: elements per offset group (0: none)
+  int64_t sum_group;    // elements per offset group (0: none)
+  Order order;
 };
 
 Geometry GeometryFor(const Matrix& W) {
-  if (W.mlx_bits == 4) return {Fmt::kMlx4, 0, false, W.mlx_group};
+  if (W.mlx_bits == 4) return {Fmt::kMlx4, 0, false, W.mlx_group, Order::kEvenOdd};
+  if (W.mlx_bits == 8) return {Fmt::kMlx8, 0, false, W.mlx_group, Order::kNatural};
   switch (W.w.dtype) {
     case DType::kQ4_0:
-      return {Fmt::kQ4_0, sizeof(BlockQ4_0), true, 0};
+      return {Fmt::kQ4_0, sizeof(BlockQ4_0), true, 0, Order::kNibblePairs};
+    case DType::kQ4_1:
+      return {Fmt::kQ4_1, sizeof(BlockQ4_1), false, kQK, Order::kNibblePairs};
+    case DType::kQ5_0:
+      return {Fmt::kQ5_0, sizeof(BlockQ5_0), true, 0, Order::kNibblePairs};
+    case DType::kQ5_1:
+      return {Fmt::kQ5_1, sizeof(BlockQ5_1), false, kQK, Order::kNibblePairs};
+    case DType::kQ8_0:
+      return {Fmt::kQ8_0, sizeof(BlockQ8_0), true, 0, Order::kNatural};
+    case DType::kQ2_K:
+      return {Fmt::kQ2K, sizeof(BlockQ2K), false, 16, Order::kNatural};
+    case DType::kQ3_K:
+      return {Fmt::kQ3K, sizeof(BlockQ3K), false, 16, Order::kNatural};
     case DType::kQ4_K:
-      return {Fmt::kQ4K, sizeof(BlockQ4K), false, 32};
+      return {Fmt::kQ4K, sizeof(BlockQ4K), false, 32, Order::kNatural};
+    case DType::kQ5_K:
+      return {Fmt::kQ5K, sizeof(BlockQ5K), false, 32, Order::kNatural};
     case DType::kQ6_K:
-      return {Fmt::kQ6K, sizeof(BlockQ6K), false, 16};
-    default:
-      return {Fmt::kQ8_0, sizeof(BlockQ8_0), true, 0};
+      return {Fmt::kQ6K, sizeof(BlockQ6K), false, 16, Order::kNatural};
+    default:  // callers check Int8RouteSupports first
+      LUMEN_CHECK(false);
+      return {};
   }
 }
 
 // Natural element index (within the row) of byte `pos` of the laid-out row.
-int64_t SourceIndex(Fmt fmt, int64_t nb, int64_t pos) {
+int64_t SourceIndex(Order order, int64_t nb, int64_t pos) {
   const int64_t b = pos / kQK;
-  if (fmt == Fmt::kMlx4) {  // a 64-chunk holds the even elements, then the odd ones
+  if (order == Order::kEvenOdd) {  // a 64-chunk holds the even elements, then the odd ones
     const int64_t base = pos / 64 * 64, o = pos % 64;
     return base + (o < 32 ? 2 * o : 2 * (o - 32) + 1);
   }
-  if (fmt != Fmt::kQ4_0 || (nb % 2 == 1 && b == nb - 1)) return pos;  // natural order
-  const int64_t p = pos / 64, o = pos % 64;                           // Q4_0 pair
+  if (order == Order::kNatural || (nb % 2 == 1 && b == nb - 1)) return pos;
+  const int64_t p = pos / 64, o = pos % 64;  // a pair of nibble blocks
   const int64_t blk = 2 * p + (o / 16) % 2, e = (o % 16) + (o >= 32 ? 16 : 0);
   return blk * kQK + e;
 }
@@ -169,9 +200,9 @@ void Prepare(const Geometry& g, const float* X, int64_t M, int64_t ldx, int64_t 
   std::vector<int8_t> q1(K), q2(levels == 2 ? K : 0);
   std::vector<float> dn(nb);
   const int bias = g.unsigned_acts ? 128 : 0;
-  // Q8_0 and the K-quants keep natural order: no per-byte index mapping on
-  // this per-call path.
-  const bool natural = g.fmt != Fmt::kQ4_0 && g.fmt != Fmt::kMlx4;
+  // Natural order (Q8_0, the K-quants, MLX 8-bit): no per-byte index mapping
+  // on this per-call path.
+  const bool natural = g.order == Order::kNatural;
   for (int64_t m = 0; m < M; ++m) {
     if (levels == 1) {
       QuantizeBlocksQ8(X + m * ldx, nb, q1.data(), dn.data());
@@ -189,11 +220,11 @@ void Prepare(const Geometry& g, const float* X, int64_t M, int64_t ldx, int64_t 
           for (int64_t i = 0; i < n; ++i) codes[i] = static_cast<uint8_t>(q[l][pos + i] + bias);
         } else {
           for (int64_t i = 0; i < n; ++i)
-            codes[i] = static_cast<uint8_t>(q[l][SourceIndex(g.fmt, nb, pos + i)] + bias);
+            codes[i] = static_cast<uint8_t>(q[l][SourceIndex(g.order, nb, pos + i)] + bias);
         }
       }
       for (int64_t l = 0; l < n / 4; ++l)
-        dx[l] = dn[(natural ? pos + 4 * l : SourceIndex(g.fmt, nb, pos + 4 * l)) / kQK];
+        dx[l] = dn[(natural ? pos + 4 * l : SourceIndex(g.order, nb, pos + 4 * l)) / kQK];
       rec += (levels + 1) * n;
       pos += n;
     }
@@ -328,11 +359,12 @@ LUMEN_VNNI inline __m512i LevelDot(__m512i init, __m512i w, const uint8_t* rec) 
   }
 }
 
-// The same on a half record (32 elements: L x 32 B), activations unsigned.
-template <int L>
+// The same on a half record (32 elements: L x 32 B).
+template <int L, bool ActsUnsigned>
 LUMEN_VNNI inline __m256i LevelDotHalf(__m256i init, __m256i w, const uint8_t* rec) {
   auto dot = [&](const uint8_t* p) LUMEN_VNNI {
-    return _mm256_dpbusd_epi32(init, _mm256_load_si256(reinterpret_cast<const __m256i*>(p)), w);
+    const __m256i a = _mm256_load_si256(reinterpret_cast<const __m256i*>(p));
+    return ActsUnsigned ? _mm256_dpbusd_epi32(init, a, w) : _mm256_dpbusd_epi32(init, w, a);
   };
   if constexpr (L == 1) {
     return dot(rec);
@@ -341,47 +373,76 @@ LUMEN_VNNI inline __m256i LevelDotHalf(__m256i init, __m256i w, const uint8_t* r
   }
 }
 
-// Codes of blocks blk and blk + block_bytes as one 64-byte vector.
+// The legacy 32-element formats: where the codes start in a block, where the
+// 5th bits start (Q5_*), whether an offset m follows d, and what is
+// subtracted from the codes to make them signed (types without m).
+constexpr int64_t CodesAt(Fmt f) {
+  return f == Fmt::kQ4_1 ? 4 : f == Fmt::kQ5_0 ? 6 : f == Fmt::kQ5_1 ? 8 : 2;
+}
+constexpr int64_t HighBitsAt(Fmt f) { return f == Fmt::kQ5_0 ? 2 : f == Fmt::kQ5_1 ? 4 : 0; }
+constexpr bool HasMin(Fmt f) { return f == Fmt::kQ4_1 || f == Fmt::kQ5_1; }
+constexpr int CodeShift(Fmt f) { return f == Fmt::kQ4_0 ? 8 : f == Fmt::kQ5_0 ? 16 : 0; }
+
+LUMEN_VNNI inline uint32_t LoadU32(const uint8_t* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+// Codes of blocks blk and blk + bb as one 64-byte vector (the pair layout).
 template <Fmt F>
-LUMEN_VNNI inline __m512i PairCodes(const uint8_t* blk) {
-  if constexpr (F == Fmt::kQ4_0) {
-    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2));
-    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2 + 18));
+LUMEN_VNNI inline __m512i PairCodes(const uint8_t* blk, int64_t bb) {
+  if constexpr (F == Fmt::kQ8_0) {
+    const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
+    const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2 + bb));
+    return _mm512_inserti64x4(_mm512_zextsi256_si512(a), b, 1);
+  } else {
+    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + CodesAt(F)));
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + bb + CodesAt(F)));
     const __m256i y = _mm256_inserti128_si256(_mm256_zextsi128_si256(a), b, 1);
     const __m256i m = _mm256_set1_epi8(0x0F);
     const __m256i lo = _mm256_and_si256(y, m);
     const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(y, 4), m);
-    const __m512i q = _mm512_inserti64x4(_mm512_zextsi256_si512(lo), hi, 1);
-    return _mm512_sub_epi8(q, _mm512_set1_epi8(8));
-  } else {
-    const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
-    const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2 + 34));
-    return _mm512_inserti64x4(_mm512_zextsi256_si512(a), b, 1);
+    __m512i q = _mm512_inserti64x4(_mm512_zextsi256_si512(lo), hi, 1);
+    if constexpr (HighBitsAt(F) != 0) {  // bit j of a block's qh: its element j
+      const uint64_t h0 = LoadU32(blk + HighBitsAt(F)), h1 = LoadU32(blk + bb + HighBitsAt(F));
+      const __mmask64 k = (h0 & 0xFFFF) | (h1 & 0xFFFF) << 16 | (h0 >> 16) << 32 | (h1 >> 16) << 48;
+      q = _mm512_mask_add_epi8(q, k, q, _mm512_set1_epi8(16));
+    }
+    if constexpr (CodeShift(F) != 0) q = _mm512_sub_epi8(q, _mm512_set1_epi8(CodeShift(F)));
+    return q;
   }
+}
+
+// Two f16 values, at p and p + bb, as lanes 0 and 1.
+LUMEN_VNNI inline __m128 TwoHalves(const uint8_t* p, int64_t bb) {
+  const uint32_t h = LoadU16(p) | (LoadU16(p + bb) << 16);
+  return _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(h)));
 }
 
 // The pair's two f16 weight scales spread to the lanes of their blocks.
 template <Fmt F>
-LUMEN_VNNI inline __m512 PairScales(const uint8_t* blk, int64_t block_bytes) {
-  const uint32_t h = LoadU16(blk) | (LoadU16(blk + block_bytes) << 16);
-  const __m128 f = _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(h)));
-  const __m512i idx = F == Fmt::kQ4_0
+LUMEN_VNNI inline __m512 PairScales(const uint8_t* blk, int64_t bb) {
+  const __m512i idx = F != Fmt::kQ8_0
                           ? _mm512_set_epi32(1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0)
                           : _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
-  return _mm512_permutexvar_ps(idx, _mm512_zextps128_ps512(f));
+  return _mm512_permutexvar_ps(idx, _mm512_zextps128_ps512(TwoHalves(blk, bb)));
 }
 
 // Codes of one block, natural order, as 32 bytes.
 template <Fmt F>
 LUMEN_VNNI inline __m256i BlockCodes(const uint8_t* blk) {
-  if constexpr (F == Fmt::kQ4_0) {
-    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2));
+  if constexpr (F == Fmt::kQ8_0) {
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
+  } else {
+    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + CodesAt(F)));
     const __m128i m = _mm_set1_epi8(0x0F);
     const __m128i lo = _mm_and_si128(a, m), hi = _mm_and_si128(_mm_srli_epi16(a, 4), m);
-    const __m256i q = _mm256_inserti128_si256(_mm256_zextsi128_si256(lo), hi, 1);
-    return _mm256_sub_epi8(q, _mm256_set1_epi8(8));
-  } else {
-    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
+    __m256i q = _mm256_inserti128_si256(_mm256_zextsi128_si256(lo), hi, 1);
+    if constexpr (HighBitsAt(F) != 0)
+      q = _mm256_mask_add_epi8(q, LoadU32(blk + HighBitsAt(F)), q, _mm256_set1_epi8(16));
+    if constexpr (CodeShift(F) != 0) q = _mm256_sub_epi8(q, _mm256_set1_epi8(CodeShift(F)));
+    return q;
   }
 }
 
@@ -389,36 +450,55 @@ LUMEN_VNNI inline float F16Scalar(const uint8_t* p) {
   return _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(LoadU16(p)))));
 }
 
-// Rows [n0, n1) of W against MB prepared activation rows starting at m0.
-// Two accumulators per row when MB <= 2 so the FMA latency does not bind.
+// -128 sum(w) per lane: cancels what storing the activations as x + 128 adds
+// to the dot with signed weights w.
+LUMEN_VNNI inline __m512i Correction(__m512i w) {
+  return _mm512_sub_epi32(
+      _mm512_setzero_si512(),
+      _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(char(0x80)), w));
+}
+
+// Rows [n0, n1) of W (a legacy 32-block format) against MB prepared
+// activation rows starting at m0. Two accumulators per row so the FMA
+// latency does not bind.
 template <Fmt F, int MB, int L>
 LUMEN_VNNI void Rows(const Matrix& W, const Geometry& g, const Int8Rows& X, int64_t m0, float* Y,
                      int64_t ldy, int64_t n0, int64_t n1) {
   constexpr int kAcc = 2;
+  constexpr bool kMin = HasMin(F), kSigned = !kMin;  // signed weights: x + 128 activations
   const int64_t K = W.k, nb = K / kQK, pairs = nb / 2, bb = g.block_bytes;
   const RowPtrs<MB> rp(X, m0);
   const auto& x = rp.x;
   for (int64_t n = n0; n < n1; ++n) {
     const uint8_t* row = W.w.row<const uint8_t>(n);
     __m512 acc[MB][kAcc];
-    for (int r = 0; r < MB; ++r)
+    __m128 off[MB];  // Q4_1 / Q5_1: sum of m dx sum(qx), lanes 0 and 1
+    for (int r = 0; r < MB; ++r) {
       for (int a = 0; a < kAcc; ++a) acc[r][a] = _mm512_setzero_ps();
+      off[r] = _mm_setzero_ps();
+    }
     // One pair into accumulator set A (a compile-time index: a runtime one
     // made GCC keep the accumulators on the stack).
     auto pair = [&]<int A>(int64_t p, std::integral_constant<int, A>) LUMEN_VNNI {
       const uint8_t* blk = row + 2 * p * bb;
-      PrefetchAhead(blk, 1);  // a pair is 36 or 68 bytes: about a line per pair
-      const __m512i w = PairCodes<F>(blk);
+      PrefetchAhead(blk, 1);  // a pair is 36 to 68 bytes: about a line per pair
+      const __m512i w = PairCodes<F>(blk, bb);
       const __m512 s = PairScales<F>(blk, bb);
-      const __m512i corr = _mm512_sub_epi32(
-          _mm512_setzero_si512(),
-          _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(char(0x80)), w));
+      const __m512i init = kSigned ? Correction(w) : _mm512_setzero_si512();
       for (int r = 0; r < MB; ++r) {
         const uint8_t* rec = x[r] + kRecord<L> * p;
-        const __m512i i = LevelDot<L, true>(corr, w, rec);
+        const __m512i i = LevelDot<L, kSigned>(init, w, rec);
         const __m512 sd =
             _mm512_mul_ps(s, _mm512_load_ps(reinterpret_cast<const float*>(rec + 64 * L)));
         acc[r][A] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), sd, acc[r][A]);
+      }
+      if constexpr (kMin) {
+        const __m128 m = TwoHalves(blk + 2, bb);
+        for (int r = 0; r < MB; ++r) {
+          const __m128 sums = _mm_castsi128_ps(
+              _mm_loadl_epi64(reinterpret_cast<const __m128i*>(rp.sums[r] + 2 * p)));
+          off[r] = _mm_fmadd_ps(m, sums, off[r]);
+        }
       }
     };
     int64_t p = 0;
@@ -432,23 +512,27 @@ LUMEN_VNNI void Rows(const Matrix& W, const Geometry& g, const Int8Rows& X, int6
       const uint8_t* blk = row + (nb - 1) * bb;
       const __m256i w = BlockCodes<F>(blk);
       const float s = F16Scalar(blk);
-      const __m256i corr = _mm256_sub_epi32(
-          _mm256_setzero_si256(),
-          _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(char(0x80)), w));
+      __m256i init = _mm256_setzero_si256();
+      if constexpr (kSigned)
+        init = _mm256_sub_epi32(
+            init, _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(char(0x80)), w));
       for (int r = 0; r < MB; ++r) {
         const uint8_t* rec = x[r] + kRecord<L> * pairs;
-        const __m256i i = LevelDotHalf<L>(corr, w, rec);
+        const __m256i i = LevelDotHalf<L, kSigned>(init, w, rec);
         alignas(32) int32_t v[8];
         _mm256_store_si256(reinterpret_cast<__m256i*>(v), i);
         int32_t sum = 0;
         for (int32_t e : v) sum += e;
         tail[r] = s * reinterpret_cast<const float*>(rec + 32 * L)[0] * static_cast<float>(sum);
+        if constexpr (kMin) tail[r] += F16Scalar(blk + 2) * rp.sums[r][nb - 1];
       }
     }
     for (int r = 0; r < MB; ++r) {
       __m512 t = acc[r][0];
       if constexpr (kAcc == 2) t = _mm512_add_ps(t, acc[r][1]);
-      Y[(m0 + r) * ldy + n] = _mm512_reduce_add_ps(t) + tail[r];
+      float y = _mm512_reduce_add_ps(t) + tail[r];
+      if constexpr (kMin) y += _mm_cvtss_f32(off[r]) + _mm_cvtss_f32(_mm_movehdup_ps(off[r]));
+      Y[(m0 + r) * ldy + n] = y;
     }
   }
 }
@@ -502,45 +586,6 @@ LUMEN_VNNI inline void DotRecords(const uint8_t* const* x, int64_t chunk, __m512
   }
 }
 
-template <int MB, int L>
-LUMEN_VNNI void RowsQ4K(const Matrix& W, const Int8Rows& X, int64_t m0, float* Y, int64_t ldy,
-                        int64_t n0, int64_t n1) {
-  const int64_t nsb = W.k / kQKK;
-  const RowPtrs<MB> rows(X, m0);
-  const auto& x = rows.x;
-  const __m512i idx[4] = {LaneIndex(0, 8), LaneIndex(2, 8), LaneIndex(4, 8), LaneIndex(6, 8)};
-  for (int64_t n = n0; n < n1; ++n) {
-    const uint8_t* row = W.w.row<const uint8_t>(n);
-    __m512 acc[MB][2];
-    __m256 off[MB];
-    for (int r = 0; r < MB; ++r) {
-      acc[r][0] = acc[r][1] = _mm512_setzero_ps();
-      off[r] = _mm256_setzero_ps();
-    }
-    for (int64_t sb = 0; sb < nsb; ++sb) {
-      const uint8_t* blk = row + sb * sizeof(BlockQ4K);
-      const __m512 sm = ScalesMinsQ4K(blk);
-      const __m512 av = sm;  // lanes 0-7: d sc_j (the permutes below read only those)
-      const uint8_t* qs = blk + 16;
-      const int64_t c = 4 * sb;
-      DotRecords<MB, 0, L>(x, c, NibblePair(qs), _mm512_permutexvar_ps(idx[0], av), acc);
-      DotRecords<MB, 1, L>(x, c + 1, NibblePair(qs + 32), _mm512_permutexvar_ps(idx[1], av), acc);
-      DotRecords<MB, 0, L>(x, c + 2, NibblePair(qs + 64), _mm512_permutexvar_ps(idx[2], av), acc);
-      DotRecords<MB, 1, L>(x, c + 3, NibblePair(qs + 96), _mm512_permutexvar_ps(idx[3], av), acc);
-      const __m256 ov = _mm512_extractf32x8_ps(sm, 1);  // dmin m_j
-      for (int r = 0; r < MB; ++r)
-        off[r] = _mm256_fmadd_ps(ov, _mm256_loadu_ps(rows.sums[r] + 8 * sb), off[r]);
-    }
-    for (int r = 0; r < MB; ++r) {
-      alignas(32) float t[8];
-      _mm256_store_ps(t, off[r]);
-      float o = 0;
-      for (float v : t) o += v;
-      Y[(m0 + r) * ldy + n] = _mm512_reduce_add_ps(_mm512_add_ps(acc[r][0], acc[r][1])) - o;
-    }
-  }
-}
-
 // Q6_K: 6-bit codes from 4 low bits (ql) and 2 high bits (qh).
 LUMEN_VNNI inline __m256i Six(__m256i low, __m256i high2) {
   const __m256i m4 = _mm256_set1_epi8(0x0F), m3 = _mm256_set1_epi8(3);
@@ -548,43 +593,133 @@ LUMEN_VNNI inline __m256i Six(__m256i low, __m256i high2) {
                          _mm256_slli_epi16(_mm256_and_si256(high2, m3), 4));
 }
 
-template <int MB, int L>
-LUMEN_VNNI void RowsQ6K(const Matrix& W, const Int8Rows& X, int64_t m0, float* Y, int64_t ldy,
-                        int64_t n0, int64_t n1) {
+// Q2_K / Q3_K: the 2-bit codes of chunk C from the 64-byte plane qs (element
+// 128 n + 32 j + l is bits 2j of qs[32 n + l]).
+template <int C>
+LUMEN_VNNI inline __m512i TwoBitChunk(const uint8_t* qs) {
+  const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 32 * (C / 2)));
+  const __m256i m = _mm256_set1_epi8(3);
+  const __m256i lo = _mm256_and_si256(_mm256_srli_epi16(q, 4 * (C % 2)), m);
+  const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4 * (C % 2) + 2), m);
+  return _mm512_inserti64x4(_mm512_zextsi256_si512(lo), hi, 1);
+}
+
+// Adds `v` to the codes of chunk C whose high bit is set: element i of the
+// super-block has it in bit i / 32 of bits[i % 32] (Q3_K hmask, Q5_K qh).
+template <int C>
+LUMEN_VNNI inline __m512i AddHighBit(__m512i q, const uint8_t* bits, char v) {
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bits));
+  const __mmask64 k = uint64_t(_mm256_test_epi8_mask(h, _mm256_set1_epi8(char(1 << (2 * C))))) |
+                      uint64_t(_mm256_test_epi8_mask(h, _mm256_set1_epi8(char(1 << (2 * C + 1)))))
+                          << 32;
+  return _mm512_mask_add_epi8(q, k, q, _mm512_set1_epi8(v));
+}
+
+// The unsigned codes of chunk C (elements 64C..64C+63) of a K-quant super-block.
+template <Fmt F, int C>
+LUMEN_VNNI inline __m512i ChunkCodes(const uint8_t* blk) {
+  if constexpr (F == Fmt::kQ2K) {
+    return TwoBitChunk<C>(blk + 16);
+  } else if constexpr (F == Fmt::kQ3K) {
+    return AddHighBit<C>(TwoBitChunk<C>(blk + 32), blk, 4);
+  } else if constexpr (F == Fmt::kQ4K) {
+    return NibblePair(blk + 16 + 32 * C);
+  } else if constexpr (F == Fmt::kQ5K) {
+    return AddHighBit<C>(NibblePair(blk + 48 + 32 * C), blk + 16, 16);
+  } else {  // Q6_K: chunk 2h + t holds parts 2t, 2t + 1 of half h
+    const uint8_t* ql = blk + 64 * (C / 2);
+    const __m256i A = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql));
+    const __m256i B = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql + 32));
+    const __m256i H =
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 128 + 32 * (C / 2)));
+    constexpr int s = 4 * (C % 2);  // low nibbles (parts 0, 1) or high (2, 3)
+    const __m256i lo = Six(_mm256_srli_epi16(A, s), _mm256_srli_epi16(H, s));
+    const __m256i hi = Six(_mm256_srli_epi16(B, s), _mm256_srli_epi16(H, s + 2));
+    return _mm512_inserti64x4(_mm512_zextsi256_si512(lo), hi, 1);
+  }
+}
+
+// Elements per sub-block (a lane scale and an offset each).
+constexpr int SubBlock(Fmt f) { return f == Fmt::kQ4K || f == Fmt::kQ5K ? 32 : 16; }
+
+// A K-quant super-block's sub-block scales a and offsets o (w = a q - o), one
+// per lane (sub-blocks of 32: lanes 0-7).
+template <Fmt F>
+LUMEN_VNNI inline void SubScales(const uint8_t* blk, __m512* a, __m512* o) {
+  if constexpr (F == Fmt::kQ4K || F == Fmt::kQ5K) {
+    const __m512 sm = ScalesMinsQ4K(blk);
+    *a = sm;
+    *o = _mm512_shuffle_f32x4(sm, sm, _MM_SHUFFLE(3, 2, 3, 2));  // lanes 8-15 to 0-7
+  } else if constexpr (F == Fmt::kQ6K) {
+    const __m128i sc = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 192));
+    *a = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(sc)),
+                       _mm512_set1_ps(F16Scalar(blk + 208)));
+    *o = _mm512_mul_ps(*a, _mm512_set1_ps(32.0f));
+  } else if constexpr (F == Fmt::kQ3K) {
+    // Q3KScale's 6-bit fields four at a time: low nibbles from bytes 0-7,
+    // high 2 bits from the pairs of bits of bytes 8-11.
+    uint32_t w[3];
+    std::memcpy(w, blk + 96, 12);
+    constexpr uint32_t k4 = 0x0f0f0f0f, k2 = 0x03030303;
+    const uint32_t u[4] = {(w[0] & k4) | ((w[2] & k2) << 4),
+                           (w[1] & k4) | (((w[2] >> 2) & k2) << 4),
+                           ((w[0] >> 4) & k4) | (((w[2] >> 4) & k2) << 4),
+                           ((w[1] >> 4) & k4) | (((w[2] >> 6) & k2) << 4)};
+    const __m512i sc =
+        _mm512_sub_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(u))),
+                         _mm512_set1_epi32(32));
+    *a = _mm512_mul_ps(_mm512_cvtepi32_ps(sc), _mm512_set1_ps(F16Scalar(blk + 108)));
+    *o = _mm512_mul_ps(*a, _mm512_set1_ps(4.0f));
+  } else {  // Q2_K: byte j = scale j (low nibble) | min j (high nibble)
+    const __m512i sc = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk)));
+    const __m512i k = _mm512_set1_epi32(15);
+    *a = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_and_si512(sc, k)),
+                       _mm512_set1_ps(F16Scalar(blk + 80)));
+    *o = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(sc, 4)),
+                       _mm512_set1_ps(F16Scalar(blk + 82)));
+  }
+}
+
+// Chunk C of a super-block (record 4 sb + C) into accumulator C % 2.
+template <Fmt F, int C, int MB, int L>
+LUMEN_VNNI inline void KChunk(const uint8_t* const* x, int64_t sb, const uint8_t* blk, __m512 a,
+                              __m512i idx, __m512 (&acc)[MB][2]) {
+  DotRecords<MB, C % 2, L>(x, 4 * sb + C, ChunkCodes<F, C>(blk), _mm512_permutexvar_ps(idx, a),
+                           acc);
+}
+
+// Rows [n0, n1) of W (a K-quant) against MB prepared activation rows at m0.
+template <Fmt F, int MB, int L>
+LUMEN_VNNI void RowsK(const Matrix& W, const Geometry& g, const Int8Rows& X, int64_t m0, float* Y,
+                      int64_t ldy, int64_t n0, int64_t n1) {
+  constexpr int kSub = SubBlock(F), kSubs = kQKK / kSub;  // 16 or 8 sub-blocks
   const int64_t nsb = W.k / kQKK;
   const RowPtrs<MB> rows(X, m0);
   const auto& x = rows.x;
-  // Sub-blocks of 16: lane l of chunk k (64 elements) is sub-block 4k + l / 4.
-  const __m512i idx[4] = {LaneIndex(0, 4), LaneIndex(4, 4), LaneIndex(8, 4), LaneIndex(12, 4)};
+  // Lane l of chunk c (64 elements, 16 lanes of 4) is sub-block (64 c + 4 l) / kSub.
+  const int w = kSub / 4;
+  const __m512i idx[4] = {LaneIndex(0, w), LaneIndex(64 / kSub, w), LaneIndex(128 / kSub, w),
+                          LaneIndex(192 / kSub, w)};
+  const __mmask16 sums_mask = kSubs == 16 ? 0xFFFF : 0x00FF;
   for (int64_t n = n0; n < n1; ++n) {
     const uint8_t* row = W.w.row<const uint8_t>(n);
     __m512 acc[MB][2], off[MB];
     for (int r = 0; r < MB; ++r) acc[r][0] = acc[r][1] = off[r] = _mm512_setzero_ps();
     for (int64_t sb = 0; sb < nsb; ++sb) {
-      const uint8_t* blk = row + sb * sizeof(BlockQ6K);
-      const __m128i sc8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 192));
-      const __m512 av = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(sc8)),
-                                      _mm512_set1_ps(F16Scalar(blk + 208)));
-      const int64_t c = 4 * sb;
-      for (int h = 0; h < 2; ++h) {
-        const uint8_t* ql = blk + 64 * h;
-        const __m256i A = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql));
-        const __m256i C = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql + 32));
-        const __m256i H = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 128 + 32 * h));
-        const __m256i q1 = Six(A, H), q2 = Six(C, _mm256_srli_epi16(H, 2));
-        const __m256i q3 = Six(_mm256_srli_epi16(A, 4), _mm256_srli_epi16(H, 4));
-        const __m256i q4 = Six(_mm256_srli_epi16(C, 4), _mm256_srli_epi16(H, 6));
-        const __m512i w1 = _mm512_inserti64x4(_mm512_zextsi256_si512(q1), q2, 1);
-        const __m512i w2 = _mm512_inserti64x4(_mm512_zextsi256_si512(q3), q4, 1);
-        DotRecords<MB, 0, L>(x, c + 2 * h, w1, _mm512_permutexvar_ps(idx[2 * h], av), acc);
-        DotRecords<MB, 1, L>(x, c + 2 * h + 1, w2, _mm512_permutexvar_ps(idx[2 * h + 1], av), acc);
-      }
+      const uint8_t* blk = row + sb * g.block_bytes;
+      __m512 a, o;
+      SubScales<F>(blk, &a, &o);
+      KChunk<F, 0, MB, L>(x, sb, blk, a, idx[0], acc);
+      KChunk<F, 1, MB, L>(x, sb, blk, a, idx[1], acc);
+      KChunk<F, 2, MB, L>(x, sb, blk, a, idx[2], acc);
+      KChunk<F, 3, MB, L>(x, sb, blk, a, idx[3], acc);
       for (int r = 0; r < MB; ++r)
-        off[r] = _mm512_fmadd_ps(av, _mm512_loadu_ps(rows.sums[r] + 16 * sb), off[r]);
+        off[r] =
+            _mm512_fmadd_ps(o, _mm512_maskz_loadu_ps(sums_mask, rows.sums[r] + kSubs * sb), off[r]);
     }
     for (int r = 0; r < MB; ++r)
-      Y[(m0 + r) * ldy + n] = _mm512_reduce_add_ps(_mm512_add_ps(acc[r][0], acc[r][1])) -
-                              32.0f * _mm512_reduce_add_ps(off[r]);
+      Y[(m0 + r) * ldy + n] =
+          _mm512_reduce_add_ps(_mm512_add_ps(acc[r][0], acc[r][1])) - _mm512_reduce_add_ps(off[r]);
   }
 }
 
@@ -606,12 +741,18 @@ LUMEN_VNNI inline void ToF32(DType t, const uint8_t* p, float* out, int64_t n) {
   if (i < n) DequantizeRow(t, p + i * Info(t).block_bytes, out + i, n - i);
 }
 
-template <int MB, int L>
-LUMEN_VNNI void RowsMlx4(const Matrix& W, const Int8Rows& X, int64_t m0, float* Y, int64_t ldy,
-                         int64_t n0, int64_t n1) {
-  const int64_t K = W.k, G = W.mlx_group, ng = K / G, cpg = G / 64;
+// MLX 4-bit (F = kMlx4) or 8-bit (kMlx8), groups of 32, 64 or 128 (K a
+// multiple of 64).
+template <Fmt F, int MB, int L>
+LUMEN_VNNI void RowsMlx(const Matrix& W, const Int8Rows& X, int64_t m0, float* Y, int64_t ldy,
+                        int64_t n0, int64_t n1) {
+  const int64_t K = W.k, G = W.mlx_group, ng = K / G, nc = K / 64;
   const RowPtrs<MB> rows(X, m0);
   const auto& x = rows.x;
+  // Groups of 32: lanes of groups 2c and 2c + 1 (see Layout).
+  const __m512i idx32 = F == Fmt::kMlx4
+                            ? _mm512_set_epi32(1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0)
+                            : _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
   std::vector<float> sb(2 * ng);  // the row's scales, then biases
   for (int64_t n = n0; n < n1; ++n) {
     const uint8_t* codes = W.w.row<const uint8_t>(n);
@@ -619,16 +760,20 @@ LUMEN_VNNI void RowsMlx4(const Matrix& W, const Int8Rows& X, int64_t m0, float* 
     ToF32(W.biases.dtype, W.biases.row<const uint8_t>(n), sb.data() + ng, ng);
     __m512 acc[MB][2], off[MB];
     for (int r = 0; r < MB; ++r) acc[r][0] = acc[r][1] = off[r] = _mm512_setzero_ps();
-    for (int64_t g = 0; g < ng; ++g) {
-      const __m512 sc = _mm512_set1_ps(sb[g]);
-      for (int64_t c = g * cpg; c < (g + 1) * cpg; ++c) {
-        if (c % 2 == 0) {
-          DotRecords<MB, 0, L>(x, c, NibblePair(codes + 32 * c), sc, acc);
-        } else {
-          DotRecords<MB, 1, L>(x, c, NibblePair(codes + 32 * c), sc, acc);
-        }
-      }
+    // Chunk c (64 elements) into accumulator A.
+    auto chunk = [&]<int A>(int64_t c, std::integral_constant<int, A>) LUMEN_VNNI {
+      const __m512i w =
+          F == Fmt::kMlx4 ? NibblePair(codes + 32 * c) : _mm512_loadu_si512(codes + 64 * c);
+      const __m512 sc = G == 32 ? _mm512_permutexvar_ps(idx32, _mm512_maskz_loadu_ps(3, &sb[2 * c]))
+                                : _mm512_set1_ps(sb[c * 64 / G]);
+      DotRecords<MB, A, L>(x, c, w, sc, acc);
+    };
+    int64_t c = 0;
+    for (; c + 2 <= nc; c += 2) {
+      chunk(c, std::integral_constant<int, 0>{});
+      chunk(c + 1, std::integral_constant<int, 1>{});
     }
+    if (c < nc) chunk(c, std::integral_constant<int, 0>{});
     // Bias term: sum_g b_g * (sum of the group's activations), 16 groups at a time.
     for (int64_t g = 0; g < ng; g += 16) {
       const __mmask16 k = ng - g >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (ng - g)) - 1);
@@ -668,14 +813,28 @@ void MatMulRowsLevels(const Matrix& W, const Int8Rows& X, float* Y, int64_t ldy,
     switch (g.fmt) {
       case Fmt::kQ4_0:
         return Rows<Fmt::kQ4_0, MB, L>(W, g, X, m, Y, ldy, n0, n1);
+      case Fmt::kQ4_1:
+        return Rows<Fmt::kQ4_1, MB, L>(W, g, X, m, Y, ldy, n0, n1);
+      case Fmt::kQ5_0:
+        return Rows<Fmt::kQ5_0, MB, L>(W, g, X, m, Y, ldy, n0, n1);
+      case Fmt::kQ5_1:
+        return Rows<Fmt::kQ5_1, MB, L>(W, g, X, m, Y, ldy, n0, n1);
       case Fmt::kQ8_0:
         return Rows<Fmt::kQ8_0, MB, L>(W, g, X, m, Y, ldy, n0, n1);
+      case Fmt::kQ2K:
+        return RowsK<Fmt::kQ2K, MB, L>(W, g, X, m, Y, ldy, n0, n1);
+      case Fmt::kQ3K:
+        return RowsK<Fmt::kQ3K, MB, L>(W, g, X, m, Y, ldy, n0, n1);
       case Fmt::kQ4K:
-        return RowsQ4K<MB, L>(W, X, m, Y, ldy, n0, n1);
+        return RowsK<Fmt::kQ4K, MB, L>(W, g, X, m, Y, ldy, n0, n1);
+      case Fmt::kQ5K:
+        return RowsK<Fmt::kQ5K, MB, L>(W, g, X, m, Y, ldy, n0, n1);
       case Fmt::kQ6K:
-        return RowsQ6K<MB, L>(W, X, m, Y, ldy, n0, n1);
+        return RowsK<Fmt::kQ6K, MB, L>(W, g, X, m, Y, ldy, n0, n1);
       case Fmt::kMlx4:
-        return RowsMlx4<MB, L>(W, X, m, Y, ldy, n0, n1);
+        return RowsMlx<Fmt::kMlx4, MB, L>(W, X, m, Y, ldy, n0, n1);
+      case Fmt::kMlx8:
+        return RowsMlx<Fmt::kMlx8, MB, L>(W, X, m, Y, ldy, n0, n1);
     }
   });
 }
@@ -719,14 +878,21 @@ bool Int8RouteSupports(const Matrix& W) {
   if (W.mlx_bits != 0) {
     const DType st = W.scales.dtype, bt = W.biases.dtype;
     auto flt = [](DType t) { return t == DType::kF16 || t == DType::kBF16 || t == DType::kF32; };
-    return W.mlx_bits == 4 && (W.mlx_group == 64 || W.mlx_group == 128) && W.k % W.mlx_group == 0 &&
-           flt(st) && flt(bt);
+    const int64_t G = W.mlx_group;
+    return (W.mlx_bits == 4 || W.mlx_bits == 8) && (G == 32 || G == 64 || G == 128) &&
+           W.k % G == 0 && W.k % 64 == 0 && flt(st) && flt(bt);
   }
   switch (W.w.dtype) {
     case DType::kQ4_0:
+    case DType::kQ4_1:
+    case DType::kQ5_0:
+    case DType::kQ5_1:
     case DType::kQ8_0:
       return W.k % kQK == 0;
+    case DType::kQ2_K:
+    case DType::kQ3_K:
     case DType::kQ4_K:
+    case DType::kQ5_K:
     case DType::kQ6_K:
       return W.k % kQKK == 0;
     default:
@@ -742,27 +908,43 @@ void MatMulInt8(const Matrix& W, const float* X, int64_t M, int64_t ldx, float* 
 
 void MatMulManyInt8(std::span<const MatMulOut> outs, const float* X, int64_t M, int64_t ldx,
                     ThreadPool* pool) {
-  // One prepared copy of X per weight format and level count present (q/k/v
-  // may differ).
-  Int8Rows rows[kNumFmts][2];
-  bool have[kNumFmts][2] = {};
-  auto slot = [](const Matrix& w) {
-    return std::pair<int, int>(static_cast<int>(GeometryFor(w).fmt), Int8Levels(w.route) - 1);
+  // One prepared copy of X per activation layout present (q/k/v may differ):
+  // byte order, sign, offset group and level count (formats that agree on
+  // all four, e.g. Q4_K and Q5_K, share one).
+  struct Prepared {
+    Geometry g;
+    int levels;
+    Int8Rows rows;
+    bool Fits(const Geometry& o, int l) const {
+      return g.order == o.order && g.unsigned_acts == o.unsigned_acts &&
+             g.sum_group == o.sum_group && levels == l;
+    }
   };
+  std::vector<Prepared> prepared;
+  prepared.reserve(outs.size());  // rows_of keeps pointers into it
+  std::vector<const Int8Rows*> rows_of(outs.size());
   int64_t total = 0;
-  for (const MatMulOut& o : outs) {
-    LUMEN_CHECK(Int8RouteSupports(*o.w));
-    const auto [f, l] = slot(*o.w);
-    if (!have[f][l]) Prepare(GeometryFor(*o.w), X, M, ldx, o.w->k, l + 1, &rows[f][l]);
-    have[f][l] = true;
-    total += o.w->n;
+  for (size_t i = 0; i < outs.size(); ++i) {
+    const Matrix& w = *outs[i].w;
+    LUMEN_CHECK(Int8RouteSupports(w));
+    const Geometry g = GeometryFor(w);
+    const int levels = Int8Levels(w.route);
+    auto it = std::find_if(prepared.begin(), prepared.end(),
+                           [&](const Prepared& p) { return p.Fits(g, levels); });
+    if (it == prepared.end()) {
+      prepared.push_back({g, levels, {}});
+      it = prepared.end() - 1;
+      Prepare(g, X, M, ldx, w.k, levels, &it->rows);
+    }
+    rows_of[i] = &it->rows;
+    total += w.n;
   }
   auto fn = [&](int64_t b, int64_t e, int) {
     int64_t off = 0;
-    for (const MatMulOut& o : outs) {
+    for (size_t i = 0; i < outs.size(); ++i) {
+      const MatMulOut& o = outs[i];
       const int64_t lo = std::max<int64_t>(b - off, 0), hi = std::min<int64_t>(e - off, o.w->n);
-      const auto [f, l] = slot(*o.w);
-      if (lo < hi) MatMulRowsInt8(*o.w, rows[f][l], o.y, o.ldy, lo, hi);
+      if (lo < hi) MatMulRowsInt8(*o.w, *rows_of[i], o.y, o.ldy, lo, hi);
       off += o.w->n;
     }
   };

@@ -1,9 +1,15 @@
 // The int8-activation route of MatMul (tier L3): each activation row is
 // quantized to int8 in 32-element blocks exactly as Q8_0 quantizes weights
-// (QuantizeBlockQ8 in core/quant.h: scale = absmax / 127) and dotted with Q8_0 / Q4_0 / Q4_K / Q6_K
-// / MLX 4-bit (groups 64 and 128) weights by AVX512-VNNI `vpdpbusd` (64 byte products per
-// instruction, exact int32 sums); each block's integer sum is then scaled by
-// weight scale x activation scale in f32.
+// (QuantizeBlockQ8 in core/quant.h: scale = absmax / 127) and dotted with the
+// weights by AVX512-VNNI `vpdpbusd` (64 byte products per instruction, exact
+// int32 sums); each block's integer sum is then scaled by weight scale x
+// activation scale in f32. Weight types: every quantized type the engine
+// loads, i.e. Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 (K % 32 == 0), Q2_K, Q3_K, Q4_K,
+// Q5_K, Q6_K (K % 256 == 0) and MLX affine 4- and 8-bit with groups of 32, 64
+// or 128 (K % 64 == 0). Each block's codes are decoded to bytes in registers
+// (nibble split, 2-bit planes, 5th/3rd bits through lane masks); offsets (Q4_1
+// and Q5_1 m, K-quant mins, MLX biases) multiply the activation block sums,
+// computed once per activation row. F32/F16/BF16 weights keep the exact route.
 //
 // Why: the exact route converts every weight to f32 and spends one FMA per
 // weight per activation row, which makes decode compute-bound on two cores
@@ -21,11 +27,10 @@
 // route's is not: it is the default decode route (cli/routes.h).
 //
 // Used by MatMul/MatMulMany when W.route has int8 (matrix.h), the weight type is
-// one of those, the CPU has AVX512-VNNI and M <= kInt8MaxRows (prefill keeps the
-// exact f32 panels or the bf16 route: with a scale per 32-block the integer dot
-// saves nothing per FMA there). Otherwise the exact route runs. MatMulInt8Ref and
-// MatMulInt8x2Ref (matmul_q8_ref.h) are the scalar oracles: same activation
-// quantization, double accumulation.
+// one of those (Int8RouteSupports), the CPU has AVX512-VNNI and M <= kInt8MaxRows (prefill keeps
+// the exact f32 panels or the bf16 route: with a scale per 32-block the integer dot saves nothing
+// per FMA there). Otherwise the exact route runs. MatMulInt8Ref and MatMulInt8x2Ref
+// (matmul_q8_ref.h) are the scalar oracles: same activation quantization, double accumulation.
 #pragma once
 
 #include <cstdint>

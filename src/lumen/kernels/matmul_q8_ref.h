@@ -1,16 +1,24 @@
 // Scalar oracles for the int8-activation routes (matmul_q8.h): the same
 // activation quantization (one int8 level, or two for int8x2), then
-// y = sum_j w_j * xq_j in double with the
-// weights split as the fast kernels see them, w = a - o: Q4_0/Q8_0 a = d q
-// (signed q), o = 0; Q4_K a = d sc q, o = dmin m; Q6_K a = d sc q, o = 32 d sc
-// (unsigned q); MLX 4-bit a = s q, o = -b. The split matters for the error bound: the kernels sum
-// the a and o parts separately, so their rounding scales with |a| + |o|, not |w|.
+// y = sum_j w_j * xq_j in double with the weights split as the fast kernels
+// see them, w = a - o, from each format's code q (decoded here from the block
+// bytes, independently of the kernels):
+//   Q4_0, Q5_0, Q8_0   a = d (q - 8), d (q - 16), d q (signed), o = 0
+//   Q4_1, Q5_1         a = d q, o = -m (q unsigned)
+//   Q2_K               a = d (sc & 15) q, o = dmin (sc >> 4)   (sub-blocks of 16)
+//   Q3_K               a = d (sc - 32) q, o = 4 d (sc - 32)    (q = 0..7)
+//   Q4_K, Q5_K         a = d sc q, o = dmin m                  (sub-blocks of 32)
+//   Q6_K               a = d sc q, o = 32 d sc                 (q = 0..63)
+//   MLX 4/8-bit        a = s q, o = -b                         (per group)
+// The split matters for the error bound: the kernels sum the a and o parts
+// separately, so their rounding scales with |a| + |o|, not |w|.
 #pragma once
 
 #include <cmath>
 #include <cstring>
 #include <vector>
 
+#include "lumen/core/check.h"
 #include "lumen/core/half.h"
 #include "lumen/core/quant.h"
 #include "lumen/kernels/matmul_q8.h"
@@ -24,34 +32,67 @@ inline float HalfAt(const uint8_t* p) {
   return F16ToF32(h);
 }
 
+// Code j (0..31) of a legacy 32-element block: low nibbles hold elements
+// 0..15, high nibbles 16..31; qh (5-bit types, else null) their 5th bits as a
+// little-endian u32.
+inline int LegacyCode(const uint8_t* qs, const uint8_t* qh, int j) {
+  int q = j < kQK / 2 ? (qs[j] & 15) : (qs[j - kQK / 2] >> 4);
+  if (qh) {
+    uint32_t h;
+    std::memcpy(&h, qh, 4);
+    q |= static_cast<int>((h >> j) & 1) << 4;
+  }
+  return q;
+}
+
+// Code e (0..255) of a Q2_K / Q3_K super-block's 2-bit planes (qs, 64 bytes):
+// element 128 n + 32 j + l is bits 2j of qs[32 n + l].
+inline int TwoBitCode(const uint8_t* qs, int e) {
+  return (qs[32 * (e / 128) + e % 32] >> (2 * ((e % 128) / 32))) & 3;
+}
+
 // a[0..K), o[0..K) of row n (w = a - o).
 inline void WeightParts(const Matrix& W, int64_t n, double* a, double* o) {
   const uint8_t* row = W.w.row<const uint8_t>(n);
   const int64_t K = W.k;
   for (int64_t i = 0; i < K; ++i) o[i] = 0;
-  if (W.mlx_bits == 4) {  // w = s q + b: element i in bits 4(i % 8) of little-endian word i / 8
+  if (W.mlx_bits != 0) {  // w = s q + b; element i in bits `bits` (i % per word) of word i / per
     const int64_t G = W.mlx_group;
     std::vector<float> s(K / G), b(K / G);
     DequantizeRow(W.scales.dtype, W.scales.row(n), s.data(), K / G);
     DequantizeRow(W.biases.dtype, W.biases.row(n), b.data(), K / G);
     for (int64_t i = 0; i < K; ++i) {
-      const int q = (row[i / 2] >> (4 * (i % 2))) & 15;
+      const int q = W.mlx_bits == 8 ? row[i] : (row[i / 2] >> (4 * (i % 2))) & 15;
       a[i] = double(s[i / G]) * q;
       o[i] = -double(b[i / G]);
     }
     return;
   }
+  // Legacy 32-blocks: d, then m (Q4_1/Q5_1), then qh (Q5_*), then the codes.
+  struct Legacy {
+    int64_t bytes, qs, qh;  // qh < 0: 4-bit
+    bool min;
+    int shift;  // signed types: q - shift
+  };
+  auto legacy = [&](const Legacy& f) {
+    for (int64_t b = 0; b < K / kQK; ++b) {
+      const uint8_t* blk = row + b * f.bytes;
+      const double d = HalfAt(blk), m = f.min ? HalfAt(blk + 2) : 0.0;
+      for (int j = 0; j < kQK; ++j) {
+        a[b * kQK + j] = d * (LegacyCode(blk + f.qs, f.qh < 0 ? nullptr : blk + f.qh, j) - f.shift);
+        o[b * kQK + j] = -m;
+      }
+    }
+  };
   switch (W.w.dtype) {
     case DType::kQ4_0:
-      for (int64_t b = 0; b < K / kQK; ++b) {
-        const uint8_t* blk = row + b * sizeof(BlockQ4_0);
-        const double d = HalfAt(blk);
-        for (int j = 0; j < kQK / 2; ++j) {
-          a[b * kQK + j] = d * ((blk[2 + j] & 15) - 8);
-          a[b * kQK + j + kQK / 2] = d * ((blk[2 + j] >> 4) - 8);
-        }
-      }
-      return;
+      return legacy({sizeof(BlockQ4_0), 2, -1, false, 8});
+    case DType::kQ4_1:
+      return legacy({sizeof(BlockQ4_1), 4, -1, true, 0});
+    case DType::kQ5_0:
+      return legacy({sizeof(BlockQ5_0), 6, 2, false, 16});
+    case DType::kQ5_1:
+      return legacy({sizeof(BlockQ5_1), 8, 4, true, 0});
     case DType::kQ8_0:
       for (int64_t b = 0; b < K / kQK; ++b) {
         const uint8_t* blk = row + b * sizeof(BlockQ8_0);
@@ -59,22 +100,50 @@ inline void WeightParts(const Matrix& W, int64_t n, double* a, double* o) {
         for (int j = 0; j < kQK; ++j) a[b * kQK + j] = d * static_cast<int8_t>(blk[2 + j]);
       }
       return;
-    case DType::kQ4_K:
+    case DType::kQ2_K:
       for (int64_t sb = 0; sb < K / kQKK; ++sb) {
-        const uint8_t* blk = row + sb * sizeof(BlockQ4K);
+        const uint8_t* blk = row + sb * sizeof(BlockQ2K);
+        const double d = HalfAt(blk + 80), dmin = HalfAt(blk + 82);
+        for (int e = 0; e < kQKK; ++e) {
+          const uint8_t sc = blk[e / 16];
+          a[sb * kQKK + e] = d * (sc & 15) * TwoBitCode(blk + 16, e);
+          o[sb * kQKK + e] = dmin * (sc >> 4);
+        }
+      }
+      return;
+    case DType::kQ3_K:
+      for (int64_t sb = 0; sb < K / kQKK; ++sb) {
+        const uint8_t* blk = row + sb * sizeof(BlockQ3K);
+        const double d = HalfAt(blk + 108);
+        for (int e = 0; e < kQKK; ++e) {
+          const int q = TwoBitCode(blk + 32, e) | (((blk[e % 32] >> (e / 32)) & 1) << 2);
+          const double as = d * (Q3KScale(blk + 96, e / 16) - 32);
+          a[sb * kQKK + e] = as * q;
+          o[sb * kQKK + e] = 4 * as;
+        }
+      }
+      return;
+    case DType::kQ4_K:
+    case DType::kQ5_K: {
+      const bool five = W.w.dtype == DType::kQ5_K;
+      const int64_t bytes = five ? sizeof(BlockQ5K) : sizeof(BlockQ4K), qs = five ? 48 : 16;
+      for (int64_t sb = 0; sb < K / kQKK; ++sb) {
+        const uint8_t* blk = row + sb * bytes;
         const double d = HalfAt(blk), dmin = HalfAt(blk + 2);
         for (int j = 0; j < 8; ++j) {
           uint8_t sc, m;
           GetScaleMinK4(j, blk + 4, &sc, &m);
           for (int l = 0; l < 32; ++l) {
-            const uint8_t byte = blk[16 + 32 * (j / 2) + l];
-            const int q = j % 2 == 0 ? (byte & 15) : (byte >> 4);
+            const uint8_t byte = blk[qs + 32 * (j / 2) + l];
+            int q = j % 2 == 0 ? (byte & 15) : (byte >> 4);
+            if (five) q |= ((blk[16 + l] >> j) & 1) << 4;
             a[sb * kQKK + 32 * j + l] = d * sc * q;
             o[sb * kQKK + 32 * j + l] = dmin * m;
           }
         }
       }
       return;
+    }
     case DType::kQ6_K:
       for (int64_t sb = 0; sb < K / kQKK; ++sb) {
         const uint8_t* blk = row + sb * sizeof(BlockQ6K);
@@ -91,8 +160,8 @@ inline void WeightParts(const Matrix& W, int64_t n, double* a, double* o) {
         }
       }
       return;
-    default:
-      return;
+    default:  // no int8 kernel: callers check Int8RouteSupports first
+      LUMEN_CHECK(false);
   }
 }
 

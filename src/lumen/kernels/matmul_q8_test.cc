@@ -14,6 +14,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -31,13 +32,13 @@ namespace {
 
 constexpr double kU = 1.0 / (1 << 24);
 
-// A matrix of type t (or MLX 4-bit with group g when t is kU32), marked for
-// the int8 route.
+// A matrix of type t (or MLX `bits`-bit with group g when t is kU32), marked
+// for the int8 route.
 OwnedMatrix MakeInt8(DType t, int64_t N, int64_t K, std::mt19937& rng, int g = 64,
-                     DType scale_type = DType::kBF16) {
+                     DType scale_type = DType::kBF16, int bits = 4) {
   Spec s;
   if (t == DType::kU32) {
-    s.mlx_bits = 4;
+    s.mlx_bits = bits;
     s.mlx_group = g;
     s.mlx_scale_type = scale_type;
   } else {
@@ -107,22 +108,33 @@ TEST(MatMulInt8, MatchesOracleAndExactBound) {
     DType t;
     int group = 0;  // MLX (t == kU32): group size
     DType scale_type = DType::kBF16;
+    int bits = 4;  // MLX: 4 or 8
   };
   const Case cases[] = {{DType::kQ4_0},
+                        {DType::kQ4_1},
+                        {DType::kQ5_0},
+                        {DType::kQ5_1},
                         {DType::kQ8_0},
+                        {DType::kQ2_K},
+                        {DType::kQ3_K},
                         {DType::kQ4_K},
+                        {DType::kQ5_K},
                         {DType::kQ6_K},
+                        {DType::kU32, 32, DType::kF16},
                         {DType::kU32, 64},
                         {DType::kU32, 128, DType::kF16},
-                        {DType::kU32, 64, DType::kF32}};
+                        {DType::kU32, 64, DType::kF32},
+                        {DType::kU32, 32, DType::kBF16, 8},
+                        {DType::kU32, 128, DType::kF16, 8}};
   for (const Case& c : cases)
     for (int64_t K : {32, 64, 96, 160, 256, 768, 1152, 2048})
       for (int64_t M : {1, 2, 3, 4, 5, 7, 8}) {
         const DType t = c.t;
-        const int64_t block = t == DType::kU32 ? c.group : Info(t).block_elems;
+        // MLX: whole groups and whole 64-element vectors.
+        const int64_t block = t == DType::kU32 ? std::max(c.group, 64) : Info(t).block_elems;
         if (K % block != 0) continue;
         const int64_t N = 37;
-        OwnedMatrix W = MakeInt8(t, N, K, rng, c.group, c.scale_type);
+        OwnedMatrix W = MakeInt8(t, N, K, rng, c.group, c.scale_type, c.bits);
         SKIP_WITHOUT_VNNI(W.m);
         const std::vector<float> X = RandomActivations(M, K, rng);
         std::vector<float> Y(M * N, -7.0f), Yq(M * N), Ye(M * N);
@@ -151,7 +163,8 @@ TEST(MatMulInt8, MatchesOracleAndExactBound) {
             const double e_exact = std::fabs(double(Y[m * N + n]) - Ye[m * N + n]);
             if (e_ref > b_ref || e_exact > b_exact) {
               if (++bad < 5)
-                ADD_FAILURE() << (t == DType::kU32 ? "mlx4_g" + std::to_string(c.group)
+                ADD_FAILURE() << (t == DType::kU32 ? "mlx" + std::to_string(c.bits) + "_g" +
+                                                         std::to_string(c.group)
                                                    : std::string(Name(t)))
                               << " K=" << K << " M=" << M << " n=" << n << " m=" << m
                               << ": y=" << Y[m * N + n] << " oracle=" << Yq[m * N + n] << " (err "
@@ -183,12 +196,23 @@ TEST(MatMulInt8, RouteSelection) {
   MatMulInt8(W.m, X.data(), 1, K, e.data(), N, nullptr);
   EXPECT_NE(c, d);
   EXPECT_EQ(c, e);
-  // Types without an int8 kernel ignore the mark.
-  OwnedMatrix F = MakeInt8(DType::kQ5_K, 8, 256, rng);
-  EXPECT_FALSE(Int8RouteSupports(F.m));
-  EXPECT_FALSE(UsesInt8Route(F.m, 1));
-  OwnedMatrix G32 = MakeInt8(DType::kU32, 8, 256, rng, 32);  // MLX group 32: exact route
-  EXPECT_FALSE(Int8RouteSupports(G32.m));
+  // Types without an int8 kernel ignore the mark: float weights, and MLX rows
+  // that are not whole 64-element vectors (groups of 32, K = 96).
+  for (DType t : {DType::kF32, DType::kF16, DType::kBF16}) {
+    OwnedMatrix F = MakeInt8(t, 8, 256, rng);
+    EXPECT_FALSE(Int8RouteSupports(F.m)) << Name(t);
+    EXPECT_FALSE(UsesInt8Route(F.m, 1)) << Name(t);
+  }
+  EXPECT_FALSE(Int8RouteSupports(MakeInt8(DType::kU32, 8, 96, rng, 32).m));
+  EXPECT_FALSE(Int8RouteSupports(MakeInt8(DType::kU32, 8, 96, rng, 32, DType::kF16, 8).m));
+  // Every quantized type the engine loads has one.
+  for (DType t : {DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1, DType::kQ8_0,
+                  DType::kQ2_K, DType::kQ3_K, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K})
+    EXPECT_TRUE(Int8RouteSupports(MakeInt8(t, 8, 256, rng).m)) << Name(t);
+  for (int bits : {4, 8})
+    for (int g : {32, 64, 128})
+      EXPECT_TRUE(Int8RouteSupports(MakeInt8(DType::kU32, 8, 256, rng, g, DType::kF16, bits).m))
+          << "mlx" << bits << "_g" << g;
 }
 
 TEST(MatMulInt8, ManyAndThreadsAreBitIdentical) {

@@ -13,6 +13,7 @@
 // break: the test fails if the second level is lost.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -36,25 +37,42 @@ struct Case {
   DType t;
   int group = 0;  // MLX (t == kU32): group size
   DType scale_type = DType::kBF16;
+  int bits = 4;  // MLX: 4 or 8
 };
+// Every weight type with an int8 kernel (Int8RouteSupports).
 constexpr Case kCases[] = {{DType::kQ4_0},
+                           {DType::kQ4_1},
+                           {DType::kQ5_0},
+                           {DType::kQ5_1},
                            {DType::kQ8_0},
+                           {DType::kQ2_K},
+                           {DType::kQ3_K},
                            {DType::kQ4_K},
+                           {DType::kQ5_K},
                            {DType::kQ6_K},
+                           {DType::kU32, 32, DType::kF16},
                            {DType::kU32, 64},
                            {DType::kU32, 128, DType::kF16},
-                           {DType::kU32, 64, DType::kF32}};
+                           {DType::kU32, 64, DType::kF32},
+                           {DType::kU32, 32, DType::kBF16, 8},
+                           {DType::kU32, 64, DType::kF16, 8},
+                           {DType::kU32, 128, DType::kF32, 8}};
 
 std::string CaseName(const Case& c) {
-  return c.t == DType::kU32 ? "mlx4_g" + std::to_string(c.group) : std::string(Name(c.t));
+  return c.t == DType::kU32 ? "mlx" + std::to_string(c.bits) + "_g" + std::to_string(c.group)
+                            : std::string(Name(c.t));
 }
 
-int64_t BlockOf(const Case& c) { return c.t == DType::kU32 ? c.group : Info(c.t).block_elems; }
+// The K granularity of the route: the block, or for MLX the group and a
+// whole 64-element vector.
+int64_t BlockOf(const Case& c) {
+  return c.t == DType::kU32 ? std::max(c.group, 64) : Info(c.t).block_elems;
+}
 
 OwnedMatrix MakeX2(const Case& c, int64_t N, int64_t K, std::mt19937& rng) {
   Spec s;
   if (c.t == DType::kU32) {
-    s.mlx_bits = 4;
+    s.mlx_bits = c.bits;
     s.mlx_group = c.group;
     s.mlx_scale_type = c.scale_type;
   } else {
@@ -235,6 +253,37 @@ TEST(MatMulInt8x2, ThreadsManyAndSelectionAreBitIdentical) {
   exact.route = ActRoute::kExact;
   MatMul(exact, X.data(), M, 256, b.data(), 40, nullptr);
   EXPECT_EQ(a, b);
+}
+
+// One MatMulMany over matrices whose prepared activations differ only in the
+// offset group (MLX groups of 32, 64 and 128, Q4_1's per-block sums, Q5_K's
+// sub-blocks) gives each product the bits MatMul gives it alone.
+TEST(MatMulInt8x2, ManyWithMixedOffsetGroupsMatchesSeparateProducts) {
+  std::mt19937 rng(31);
+  const int64_t K = 512, M = 3;
+  const Case cases[] = {{DType::kU32, 32, DType::kF16},
+                        {DType::kU32, 64},
+                        {DType::kU32, 128, DType::kF16},
+                        {DType::kU32, 32, DType::kF16, 8},
+                        {DType::kU32, 128, DType::kF16, 8},
+                        {DType::kQ4_1},
+                        {DType::kQ5_K},
+                        {DType::kQ2_K}};
+  std::vector<OwnedMatrix> ws;
+  for (const Case& c : cases) ws.push_back(MakeX2(c, 19, K, rng));
+  SKIP_WITHOUT_VNNI(ws[0].m);
+  const std::vector<float> X = RandomActivations(M, K, rng);
+  std::vector<std::vector<float>> alone, many;
+  std::vector<MatMulOut> outs;
+  for (OwnedMatrix& w : ws) {
+    alone.emplace_back(M * 19);
+    many.emplace_back(M * 19, -1.0f);
+    MatMul(w.m, X.data(), M, K, alone.back().data(), 19, nullptr);
+  }
+  for (size_t i = 0; i < ws.size(); ++i) outs.push_back({&ws[i].m, many[i].data(), 19});
+  ThreadPool pool(2);
+  MatMulMany(outs, X.data(), M, K, &pool);
+  for (size_t i = 0; i < ws.size(); ++i) EXPECT_EQ(alone[i], many[i]) << CaseName(cases[i]);
 }
 
 }  // namespace

@@ -532,7 +532,8 @@ TEST_F(QuantTypes, Int8RouteTracksExact) {
     }
   }
   std::printf("q8_0 weights vs f32 (exact route): mean KL %.3g\n", kl_q8);
-  for (DType t : {DType::kQ8_0, DType::kQ4_0, DType::kQ4_K, DType::kQ6_K}) {
+  for (DType t : {DType::kQ8_0, DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1,
+                  DType::kQ2_K, DType::kQ3_K, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K}) {
     const std::string q = (*dir_ / (std::string(Name(t)) + "-route.gguf")).string();
     ASSERT_TRUE(ConvertModel(*f32, OutputFormat::kGguf, q, t).ok()) << Name(t);
     auto exact = MustLoad(q), int8 = MustLoad(q, kernels::ActRoute::kInt8);

@@ -21,6 +21,7 @@
 #include "lumen/engine/writer.h"
 #include "lumen/kernels/matmul_bf16.h"
 #include "lumen/kernels/matmul_q8.h"
+#include "lumen/model/weights.h"
 
 namespace lumen::eval {
 namespace {
@@ -237,20 +238,30 @@ void ExpectGateOnEachStorage(const engine::Model& f32, const std::vector<Storage
   EvalOptions o;
   o.samples = 2;
   o.max_tokens = 32;
-  auto q8 = Load(WriteAs(f32, {DType::kQ8_0}, dir), kernels::ActRoute::kExact);
+  // One thread: the products are small, and a pool only adds hand-offs (and
+  // waits on a loaded CI machine).
+  auto load = [](const std::string& path, kernels::ActRoute route) {
+    engine::LoadOptions lo;
+    lo.act_route = route;
+    lo.threads = 1;
+    auto m = engine::Model::Load(path, lo);
+    EXPECT_TRUE(m.ok()) << m.status().message();
+    return m.ok() ? std::move(m).value() : nullptr;
+  };
+  auto q8 = load(WriteAs(f32, {DType::kQ8_0}, dir), kernels::ActRoute::kExact);
   ASSERT_TRUE(q8);
   auto w = RouteKl(f32, *q8, *prompts, o);  // f32 -> Q8_0 weights, both exact, token by token
   ASSERT_TRUE(w.ok());
   std::printf("%s: q8_0 weights vs f32 (decode): mean KL %.3g\n", f32.name().c_str(), w->kl_mean);
   for (const Storage& st : storages) {
     const std::string path = WriteAs(f32, st, dir);
-    auto exact = Load(path, kernels::ActRoute::kExact);
-    auto x2 = Load(path, kernels::ActRoute::kInt8x2);
+    auto exact = load(path, kernels::ActRoute::kExact);
+    auto x2 = load(path, kernels::ActRoute::kInt8x2);
     ASSERT_TRUE(exact && x2) << st.name();
     int kernels_used = 0;  // matrices of this storage on the int8x2 route
-    for (const auto& t : x2->tensors())
-      if (t.shape.size() == 2 && st.Holds(t.matrix) && kernels::UsesInt8Route(t.matrix, 1))
-        ++kernels_used;
+    model::ForEachMatrix(x2->weights(), [&](const kernels::Matrix& m) {
+      if (st.Holds(m) && kernels::UsesInt8Route(m, 1)) ++kernels_used;
+    });
     EXPECT_GT(kernels_used, 0) << st.name();
     auto r = RouteKl(*exact, *x2, *prompts, o);
     ASSERT_TRUE(r.ok()) << r.status().message();
@@ -275,7 +286,9 @@ TEST(RouteKl, Int8x2DecodeGateOnEveryWeightType) {
   if (!kernels::CpuHasVnni()) GTEST_SKIP() << "no AVX512-VNNI on this CPU: the route never runs";
   const fs::path dir = fs::temp_directory_path() / ("lumen_gate_all_" + std::to_string(::getpid()));
   fs::create_directories(dir);
-  auto stories = engine::LoadDefaultModel();
+  engine::LoadOptions one;
+  one.threads = 1;
+  auto stories = engine::LoadDefaultModel(one);
   ASSERT_TRUE(stories.ok());
   ExpectGateOnEachStorage(**stories,
                           {{DType::kQ4_1},
@@ -294,9 +307,11 @@ TEST(RouteKl, Int8x2DecodeGateOnEveryWeightType) {
   so.ffn = 512;
   so.out = (dir / "tiny256.gguf").string();
   ASSERT_TRUE(engine::Synthesize(so).ok());
-  auto tiny = Load(so.out, kernels::ActRoute::kExact);
-  ASSERT_TRUE(tiny);
-  ExpectGateOnEachStorage(*tiny,
+  engine::LoadOptions lo;
+  lo.threads = 1;
+  auto tiny = engine::Model::Load(so.out, lo);
+  ASSERT_TRUE(tiny.ok()) << tiny.status().message();
+  ExpectGateOnEachStorage(**tiny,
                           {{DType::kQ2_K}, {DType::kQ3_K}, {DType::kQ5_K}, {DType::kF32, 8, 128}},
                           {"the cat", "a b c d", "hello world", "one two three", "x y z"}, dir);
   fs::remove_all(dir);

@@ -56,7 +56,8 @@ inline void WeightParts(const Matrix& W, int64_t n, double* a, double* o) {
   const uint8_t* row = W.w.row<const uint8_t>(n);
   const int64_t K = W.k;
   for (int64_t i = 0; i < K; ++i) o[i] = 0;
-  if (W.mlx_bits != 0) {  // w = s q + b; element i in bits `bits` (i % per word) of word i / per
+  if (W.mlx_bits != 0) {  // w = s q + b; little-endian words: element i is byte i (8-bit)
+                          // or the low (even i) / high (odd i) nibble of byte i / 2 (4-bit)
     const int64_t G = W.mlx_group;
     std::vector<float> s(K / G), b(K / G);
     DequantizeRow(W.scales.dtype, W.scales.row(n), s.data(), K / G);

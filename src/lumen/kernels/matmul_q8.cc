@@ -605,14 +605,16 @@ LUMEN_VNNI inline __m512i TwoBitChunk(const uint8_t* qs) {
 }
 
 // Adds `v` to the codes of chunk C whose high bit is set: element i of the
-// super-block has it in bit i / 32 of bits[i % 32] (Q3_K hmask, Q5_K qh).
+// super-block has it in bit i / 32 of bits[i % 32] (Q3_K hmask, Q5_K qh). Both
+// halves of one vector see the 32 bytes; the low half tests bit 2C, the high
+// half bit 2C + 1, so one vptestmb gives the 64-lane mask.
 template <int C>
 LUMEN_VNNI inline __m512i AddHighBit(__m512i q, const uint8_t* bits, char v) {
-  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bits));
-  const __mmask64 k = uint64_t(_mm256_test_epi8_mask(h, _mm256_set1_epi8(char(1 << (2 * C))))) |
-                      uint64_t(_mm256_test_epi8_mask(h, _mm256_set1_epi8(char(1 << (2 * C + 1)))))
-                          << 32;
-  return _mm512_mask_add_epi8(q, k, q, _mm512_set1_epi8(v));
+  const __m512i h =
+      _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(bits)));
+  const __m512i sel = _mm512_inserti64x4(_mm512_set1_epi8(char(1 << (2 * C))),
+                                         _mm256_set1_epi8(char(1 << (2 * C + 1))), 1);
+  return _mm512_mask_add_epi8(q, _mm512_test_epi8_mask(h, sel), q, _mm512_set1_epi8(v));
 }
 
 // The unsigned codes of chunk C (elements 64C..64C+63) of a K-quant super-block.

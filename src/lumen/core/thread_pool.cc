@@ -8,10 +8,14 @@
 namespace lumen {
 namespace {
 
-// Polls pred up to kSpinIters times (~25 us on x86) with a CPU pause between
-// polls, yielding every kYieldEvery polls so an oversubscribed pool (more
-// threads than free cores) hands the core to the thread it waits for.
-constexpr int kSpinIters = 1024;
+// Polls pred up to kSpinIters times (a few hundred microseconds on x86) with
+// a CPU pause between polls, yielding every kYieldEvery polls so an
+// oversubscribed pool (more threads than free cores) hands the core to the
+// thread it waits for. 1024 polls (~25 us) let the workers fall asleep
+// between some of a decode step's calls: 16384 made 2-thread Q4_0 decode of a
+// Llama-3.2-1B 11-14% faster on the 2-core Xeon KVM guest (21.0-22.0 against
+// 23.9-24.5 tok/s, interleaved; docs/reference/performance.md, session 7).
+constexpr int kSpinIters = 16384;
 constexpr int kYieldEvery = 64;
 
 template <class Pred>

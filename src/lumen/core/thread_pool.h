@@ -5,7 +5,7 @@
 // size 1 runs inline with no synchronization. Size defaults to LUMEN_THREADS or
 // the number of online CPUs. Not reentrant: fn must not call ParallelFor.
 // A decode step makes ~100 ParallelFor calls a few hundred microseconds apart,
-// so workers and the caller spin briefly (bounded, ~tens of microseconds)
+// so workers and the caller spin briefly (bounded, a few hundred microseconds)
 // before sleeping on a condition variable: a futex wake-up per call was a fixed
 // cost per token.
 #pragma once

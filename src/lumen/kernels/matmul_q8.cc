@@ -19,14 +19,17 @@
 #endif
 
 // Layout. A pair of weight blocks (2 x 32 elements) becomes one 64-byte vector
-// of signed weights (Q4_0: q - 8; Q5_0: q - 16; Q8_0: q); vpdpbusd sums 4
-// adjacent byte products into each of 16 int32 lanes, so every lane belongs to
-// one block. vpdpbusd multiplies unsigned by signed bytes, so activations are
-// stored as u = x + 128 and sum(w x) = sum(w u) - 128 sum(w): the correction
-// depends on the weights only, so it is computed once per pair (one more
-// vpdpbusd) and shared by every activation row. Activation rows are stored in
-// the weights' byte order with each lane's block scale (f32). Products fit in
-// int16 and the lane sums in int32 exactly.
+// of unsigned codes (Q4_0: q, standing for q - 8; Q5_0: q for q - 16; Q8_0:
+// q + 128, flipping the sign bit); vpdpbusd sums 4 adjacent byte products
+// into each of 16 int32 lanes, so every lane belongs to one block. vpdpbusd
+// multiplies unsigned by signed bytes: the activations stay signed and
+// sum(w x) = sum(c x) - offset sum(x), where the correction depends on the
+// activations only, so Prepare stores it per lane once per call and the
+// kernel starts each dot from it (measured: one `vpdpbusd` less per pair than
+// the x + 128 layout this replaced, whose correction, -128 sum(w), was one
+// more `vpdpbusd` per pair). Activation rows are stored in the weights' byte
+// order with each lane's block scale (f32). Products fit in int16 and the
+// lane sums in int32 exactly.
 //   Q4_0 pair: [blk0 e0..15 | blk1 e0..15 | blk0 e16..31 | blk1 e16..31]
 //              (low nibbles of both blocks, then high nibbles; the same for
 //              Q4_1, Q5_0, Q5_1, whose 5th bits come from a 64-bit lane mask
@@ -105,35 +108,35 @@ enum class Order { kNatural, kNibblePairs, kEvenOdd };
 struct Geometry {
   Fmt fmt;
   int64_t block_bytes;  // GGUF: bytes per (super-)block; MLX: 0
-  bool unsigned_acts;   // activations stored as x + 128 (signed weights)
+  int w_offset;         // Q4_0/Q5_0/Q8_0: codes are w + w_offset (unsigned); 0: none
   int64_t sum_group;    // elements per offset group (0: none)
   Order order;
 };
 
 Geometry GeometryFor(const Matrix& W) {
-  if (W.mlx_bits == 4) return {Fmt::kMlx4, 0, false, W.mlx_group, Order::kEvenOdd};
-  if (W.mlx_bits == 8) return {Fmt::kMlx8, 0, false, W.mlx_group, Order::kNatural};
+  if (W.mlx_bits == 4) return {Fmt::kMlx4, 0, 0, W.mlx_group, Order::kEvenOdd};
+  if (W.mlx_bits == 8) return {Fmt::kMlx8, 0, 0, W.mlx_group, Order::kNatural};
   switch (W.w.dtype) {
     case DType::kQ4_0:
-      return {Fmt::kQ4_0, sizeof(BlockQ4_0), true, 0, Order::kNibblePairs};
+      return {Fmt::kQ4_0, sizeof(BlockQ4_0), 8, 0, Order::kNibblePairs};
     case DType::kQ4_1:
-      return {Fmt::kQ4_1, sizeof(BlockQ4_1), false, kQK, Order::kNibblePairs};
+      return {Fmt::kQ4_1, sizeof(BlockQ4_1), 0, kQK, Order::kNibblePairs};
     case DType::kQ5_0:
-      return {Fmt::kQ5_0, sizeof(BlockQ5_0), true, 0, Order::kNibblePairs};
+      return {Fmt::kQ5_0, sizeof(BlockQ5_0), 16, 0, Order::kNibblePairs};
     case DType::kQ5_1:
-      return {Fmt::kQ5_1, sizeof(BlockQ5_1), false, kQK, Order::kNibblePairs};
+      return {Fmt::kQ5_1, sizeof(BlockQ5_1), 0, kQK, Order::kNibblePairs};
     case DType::kQ8_0:
-      return {Fmt::kQ8_0, sizeof(BlockQ8_0), true, 0, Order::kNatural};
+      return {Fmt::kQ8_0, sizeof(BlockQ8_0), 128, 0, Order::kNatural};
     case DType::kQ2_K:
-      return {Fmt::kQ2K, sizeof(BlockQ2K), false, 16, Order::kNatural};
+      return {Fmt::kQ2K, sizeof(BlockQ2K), 0, 16, Order::kNatural};
     case DType::kQ3_K:
-      return {Fmt::kQ3K, sizeof(BlockQ3K), false, 16, Order::kNatural};
+      return {Fmt::kQ3K, sizeof(BlockQ3K), 0, 16, Order::kNatural};
     case DType::kQ4_K:
-      return {Fmt::kQ4K, sizeof(BlockQ4K), false, 32, Order::kNatural};
+      return {Fmt::kQ4K, sizeof(BlockQ4K), 0, 32, Order::kNatural};
     case DType::kQ5_K:
-      return {Fmt::kQ5K, sizeof(BlockQ5K), false, 32, Order::kNatural};
+      return {Fmt::kQ5K, sizeof(BlockQ5K), 0, 32, Order::kNatural};
     case DType::kQ6_K:
-      return {Fmt::kQ6K, sizeof(BlockQ6K), false, 16, Order::kNatural};
+      return {Fmt::kQ6K, sizeof(BlockQ6K), 0, 16, Order::kNatural};
     default:  // callers check Int8RouteSupports first
       LUMEN_CHECK(false);
       return {};
@@ -163,11 +166,17 @@ int64_t SourceIndex(Order order, int64_t nb, int64_t pos) {
 // d / 256 (L = 2).
 struct Int8Rows {
   int64_t M = 0, K = 0, stride = 0;  // stride: bytes per row (a multiple of 64)
+  int64_t nsum = 0;                  // offset sums per row
   int levels = 1;
   AlignedBuffer buf;
   const uint8_t* row(int64_t m) const { return buf.as<const uint8_t>() + m * stride; }
   const float* sums(int64_t m) const {
     return reinterpret_cast<const float*>(row(m) + (levels + 1) * K);
+  }
+  // Q4_0 / Q5_0 / Q8_0: per 4-byte lane of the records, -w_offset times the
+  // lane's activation codes summed (q1, or 256 q1 + q2), one int32 each.
+  const int32_t* corr(int64_t m) const {
+    return reinterpret_cast<const int32_t*>(row(m) + (levels + 1) * K + 4 * nsum);
   }
 };
 
@@ -176,10 +185,12 @@ template <int MB>
 struct RowPtrs {
   const uint8_t* x[MB];
   const float* sums[MB];
+  const int32_t* corr[MB];
   RowPtrs(const Int8Rows& X, int64_t m0) {
     for (int r = 0; r < MB; ++r) {
       x[r] = X.row(m0 + r);
       sums[r] = X.sums(m0 + r);
+      corr[r] = X.corr(m0 + r);
     }
   }
 };
@@ -193,13 +204,14 @@ void Prepare(const Geometry& g, const float* X, int64_t M, int64_t ldx, int64_t 
   const int64_t nb = K / kQK, nsum = g.sum_group ? K / g.sum_group : 0;
   out->M = M;
   out->K = K;
+  out->nsum = nsum;
   out->levels = levels;
-  // L bytes and 1/4 f32 scale per element, then the sums.
-  out->stride = ((levels + 1) * K + 4 * nsum + 63) / 64 * 64;
+  // L bytes and 1/4 f32 scale per element, then the sums, then (offset
+  // weights) 1/4 int32 correction per element.
+  out->stride = ((levels + 1) * K + 4 * nsum + (g.w_offset ? K : 0) + 63) / 64 * 64;
   out->buf = AlignedBuffer(M * out->stride);
   std::vector<int8_t> q1(K), q2(levels == 2 ? K : 0);
   std::vector<float> dn(nb);
-  const int bias = g.unsigned_acts ? 128 : 0;
   // Natural order (Q8_0, the K-quants, MLX 8-bit): no per-byte index mapping
   // on this per-call path.
   const bool natural = g.order == Order::kNatural;
@@ -217,14 +229,27 @@ void Prepare(const Geometry& g, const float* X, int64_t M, int64_t ldx, int64_t 
       for (int l = 0; l < levels; ++l) {
         uint8_t* codes = rec + l * n;
         if (natural) {
-          for (int64_t i = 0; i < n; ++i) codes[i] = static_cast<uint8_t>(q[l][pos + i] + bias);
+          for (int64_t i = 0; i < n; ++i) codes[i] = static_cast<uint8_t>(q[l][pos + i]);
         } else {
           for (int64_t i = 0; i < n; ++i)
-            codes[i] = static_cast<uint8_t>(q[l][SourceIndex(g.order, nb, pos + i)] + bias);
+            codes[i] = static_cast<uint8_t>(q[l][SourceIndex(g.order, nb, pos + i)]);
         }
       }
       for (int64_t l = 0; l < n / 4; ++l)
         dx[l] = dn[(natural ? pos + 4 * l : SourceIndex(g.order, nb, pos + 4 * l)) / kQK];
+      if (g.w_offset) {
+        int32_t* corr = reinterpret_cast<int32_t*>(out->buf.as<uint8_t>() + m * out->stride +
+                                                   (levels + 1) * K + 4 * nsum) +
+                        pos / 4;
+        const auto* c1 = reinterpret_cast<const int8_t*>(rec);
+        const auto* c2 = reinterpret_cast<const int8_t*>(rec + n);
+        for (int64_t l = 0; l < n / 4; ++l) {
+          int32_t t = 0;
+          for (int64_t i = 4 * l; i < 4 * l + 4; ++i)
+            t += levels == 1 ? c1[i] : 256 * c1[i] + c2[i];
+          corr[l] = -g.w_offset * t;
+        }
+      }
       rec += (levels + 1) * n;
       pos += n;
     }
@@ -340,36 +365,32 @@ LUMEN_VNNI void QuantizeBlocksX2Avx512(const float* x, int64_t nb, int8_t* q1, i
   }
 }
 
-// The record's integer lane sums against weight vector w, started from init
-// at every level: one level, dot(q1); two, (dot(q1) << 8) + dot(q2) (init
-// must then be 0 or a per-level correction, as it is added at both levels).
-// ActsUnsigned: the activations are vpdpbusd's unsigned operand (x + 128
-// against signed weights); otherwise the weights are (unsigned codes against
-// signed activations).
-template <int L, bool ActsUnsigned>
+// The record's integer lane sums of unsigned weight codes w against the
+// signed activation codes, plus init (added once): one level, dot(q1); two,
+// (dot(q1) << 8) + dot(q2).
+template <int L>
 LUMEN_VNNI inline __m512i LevelDot(__m512i init, __m512i w, const uint8_t* rec) {
-  auto dot = [&](const uint8_t* p) LUMEN_VNNI {
-    const __m512i a = _mm512_load_si512(p);
-    return ActsUnsigned ? _mm512_dpbusd_epi32(init, a, w) : _mm512_dpbusd_epi32(init, w, a);
-  };
+  auto dot = [&](__m512i acc, const uint8_t* p)
+                 LUMEN_VNNI { return _mm512_dpbusd_epi32(acc, w, _mm512_load_si512(p)); };
   if constexpr (L == 1) {
-    return dot(rec);
+    return dot(init, rec);
   } else {
-    return _mm512_add_epi32(_mm512_slli_epi32(dot(rec), 8), dot(rec + 64));
+    return _mm512_add_epi32(_mm512_slli_epi32(dot(_mm512_setzero_si512(), rec), 8),
+                            dot(init, rec + 64));
   }
 }
 
 // The same on a half record (32 elements: L x 32 B).
-template <int L, bool ActsUnsigned>
+template <int L>
 LUMEN_VNNI inline __m256i LevelDotHalf(__m256i init, __m256i w, const uint8_t* rec) {
-  auto dot = [&](const uint8_t* p) LUMEN_VNNI {
-    const __m256i a = _mm256_load_si256(reinterpret_cast<const __m256i*>(p));
-    return ActsUnsigned ? _mm256_dpbusd_epi32(init, a, w) : _mm256_dpbusd_epi32(init, w, a);
+  auto dot = [&](__m256i acc, const uint8_t* p) LUMEN_VNNI {
+    return _mm256_dpbusd_epi32(acc, w, _mm256_load_si256(reinterpret_cast<const __m256i*>(p)));
   };
   if constexpr (L == 1) {
-    return dot(rec);
+    return dot(init, rec);
   } else {
-    return _mm256_add_epi32(_mm256_slli_epi32(dot(rec), 8), dot(rec + 32));
+    return _mm256_add_epi32(_mm256_slli_epi32(dot(_mm256_setzero_si256(), rec), 8),
+                            dot(init, rec + 32));
   }
 }
 
@@ -381,7 +402,6 @@ constexpr int64_t CodesAt(Fmt f) {
 }
 constexpr int64_t HighBitsAt(Fmt f) { return f == Fmt::kQ5_0 ? 2 : f == Fmt::kQ5_1 ? 4 : 0; }
 constexpr bool HasMin(Fmt f) { return f == Fmt::kQ4_1 || f == Fmt::kQ5_1; }
-constexpr int CodeShift(Fmt f) { return f == Fmt::kQ4_0 ? 8 : f == Fmt::kQ5_0 ? 16 : 0; }
 
 LUMEN_VNNI inline uint32_t LoadU32(const uint8_t* p) {
   uint32_t v;
@@ -395,7 +415,8 @@ LUMEN_VNNI inline __m512i PairCodes(const uint8_t* blk, int64_t bb) {
   if constexpr (F == Fmt::kQ8_0) {
     const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
     const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2 + bb));
-    return _mm512_inserti64x4(_mm512_zextsi256_si512(a), b, 1);
+    return _mm512_xor_si512(_mm512_inserti64x4(_mm512_zextsi256_si512(a), b, 1),
+                            _mm512_set1_epi8(char(0x80)));  // w + 128, unsigned
   } else {
     const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + CodesAt(F)));
     const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + bb + CodesAt(F)));
@@ -409,7 +430,6 @@ LUMEN_VNNI inline __m512i PairCodes(const uint8_t* blk, int64_t bb) {
       const __mmask64 k = (h0 & 0xFFFF) | (h1 & 0xFFFF) << 16 | (h0 >> 16) << 32 | (h1 >> 16) << 48;
       q = _mm512_mask_add_epi8(q, k, q, _mm512_set1_epi8(16));
     }
-    if constexpr (CodeShift(F) != 0) q = _mm512_sub_epi8(q, _mm512_set1_epi8(CodeShift(F)));
     return q;
   }
 }
@@ -433,7 +453,8 @@ LUMEN_VNNI inline __m512 PairScales(const uint8_t* blk, int64_t bb) {
 template <Fmt F>
 LUMEN_VNNI inline __m256i BlockCodes(const uint8_t* blk) {
   if constexpr (F == Fmt::kQ8_0) {
-    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
+    return _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2)),
+                            _mm256_set1_epi8(char(0x80)));
   } else {
     const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + CodesAt(F)));
     const __m128i m = _mm_set1_epi8(0x0F);
@@ -441,21 +462,12 @@ LUMEN_VNNI inline __m256i BlockCodes(const uint8_t* blk) {
     __m256i q = _mm256_inserti128_si256(_mm256_zextsi128_si256(lo), hi, 1);
     if constexpr (HighBitsAt(F) != 0)
       q = _mm256_mask_add_epi8(q, LoadU32(blk + HighBitsAt(F)), q, _mm256_set1_epi8(16));
-    if constexpr (CodeShift(F) != 0) q = _mm256_sub_epi8(q, _mm256_set1_epi8(CodeShift(F)));
     return q;
   }
 }
 
 LUMEN_VNNI inline float F16Scalar(const uint8_t* p) {
   return _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(LoadU16(p)))));
-}
-
-// -128 sum(w) per lane: cancels what storing the activations as x + 128 adds
-// to the dot with signed weights w.
-LUMEN_VNNI inline __m512i Correction(__m512i w) {
-  return _mm512_sub_epi32(
-      _mm512_setzero_si512(),
-      _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(char(0x80)), w));
 }
 
 // Rows [n0, n1) of W (a legacy 32-block format) against MB prepared
@@ -465,7 +477,9 @@ template <Fmt F, int MB, int L>
 LUMEN_VNNI void Rows(const Matrix& W, const Geometry& g, const Int8Rows& X, int64_t m0, float* Y,
                      int64_t ldy, int64_t n0, int64_t n1) {
   constexpr int kAcc = 2;
-  constexpr bool kMin = HasMin(F), kSigned = !kMin;  // signed weights: x + 128 activations
+  // Without m (Q4_0, Q5_0, Q8_0) the codes are w + offset, and each row's
+  // records carry -offset sum(x) per lane (Prepare), the dot's starting value.
+  constexpr bool kMin = HasMin(F), kOffset = !kMin;
   const int64_t K = W.k, nb = K / kQK, pairs = nb / 2, bb = g.block_bytes;
   const RowPtrs<MB> rp(X, m0);
   const auto& x = rp.x;
@@ -484,10 +498,11 @@ LUMEN_VNNI void Rows(const Matrix& W, const Geometry& g, const Int8Rows& X, int6
       PrefetchAhead(blk, 1);  // a pair is 36 to 68 bytes: about a line per pair
       const __m512i w = PairCodes<F>(blk, bb);
       const __m512 s = PairScales<F>(blk, bb);
-      const __m512i init = kSigned ? Correction(w) : _mm512_setzero_si512();
       for (int r = 0; r < MB; ++r) {
         const uint8_t* rec = x[r] + kRecord<L> * p;
-        const __m512i i = LevelDot<L, kSigned>(init, w, rec);
+        const __m512i init =
+            kOffset ? _mm512_loadu_si512(rp.corr[r] + 16 * p) : _mm512_setzero_si512();
+        const __m512i i = LevelDot<L>(init, w, rec);
         const __m512 sd =
             _mm512_mul_ps(s, _mm512_load_ps(reinterpret_cast<const float*>(rec + 64 * L)));
         acc[r][A] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), sd, acc[r][A]);
@@ -512,13 +527,12 @@ LUMEN_VNNI void Rows(const Matrix& W, const Geometry& g, const Int8Rows& X, int6
       const uint8_t* blk = row + (nb - 1) * bb;
       const __m256i w = BlockCodes<F>(blk);
       const float s = F16Scalar(blk);
-      __m256i init = _mm256_setzero_si256();
-      if constexpr (kSigned)
-        init = _mm256_sub_epi32(
-            init, _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(char(0x80)), w));
       for (int r = 0; r < MB; ++r) {
         const uint8_t* rec = x[r] + kRecord<L> * pairs;
-        const __m256i i = LevelDotHalf<L, kSigned>(init, w, rec);
+        const __m256i init =
+            kOffset ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rp.corr[r] + 16 * pairs))
+                    : _mm256_setzero_si256();
+        const __m256i i = LevelDotHalf<L>(init, w, rec);
         alignas(32) int32_t v[8];
         _mm256_store_si256(reinterpret_cast<__m256i*>(v), i);
         int32_t sum = 0;
@@ -579,7 +593,7 @@ LUMEN_VNNI inline void DotRecords(const uint8_t* const* x, int64_t chunk, __m512
                                   __m512 (&acc)[MB][2]) {
   for (int r = 0; r < MB; ++r) {
     const uint8_t* rec = x[r] + kRecord<L> * chunk;
-    const __m512i i = LevelDot<L, false>(_mm512_setzero_si512(), w, rec);
+    const __m512i i = LevelDot<L>(_mm512_setzero_si512(), w, rec);
     const __m512 sd =
         _mm512_mul_ps(lanes, _mm512_load_ps(reinterpret_cast<const float*>(rec + 64 * L)));
     acc[r][A] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), sd, acc[r][A]);
@@ -918,8 +932,8 @@ void MatMulManyInt8(std::span<const MatMulOut> outs, const float* X, int64_t M, 
     int levels;
     Int8Rows rows;
     bool Fits(const Geometry& o, int l) const {
-      return g.order == o.order && g.unsigned_acts == o.unsigned_acts &&
-             g.sum_group == o.sum_group && levels == l;
+      return g.order == o.order && g.w_offset == o.w_offset && g.sum_group == o.sum_group &&
+             levels == l;
     }
   };
   std::vector<Prepared> prepared;

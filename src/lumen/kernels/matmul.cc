@@ -617,6 +617,28 @@ void GemmRows(RowDecoder& dec, const PreparedX& X, int64_t M, float* Y, int64_t 
   const int64_t r = epi ? epi->r : 0;
   std::vector<float> bp(r * NR);
   AlignedBuffer zero_buf(kp * sizeof(float));  // rows past n1
+  // Packs the NV strips of the NR rows from n (nr of them real; the rest read
+  // zeros) over `cols` columns from k0 into out: f32 rows are read in place,
+  // the others decoded by decode(row, dst) into scratch rows ld apart.
+  auto pack = [&](int64_t n, int64_t nr, int64_t k0, int64_t cols, float* scratch, int64_t ld,
+                  float* out, auto&& decode) HWY_ATTR {
+    for (int v = 0; v < NV; ++v) {
+      const float* src[hn::MaxLanes(d)];
+      for (int64_t i = 0; i < L; ++i) {
+        const int64_t row = v * L + i;
+        if (row >= nr) {
+          src[i] = zero_buf.as<float>();
+        } else if (direct) {
+          src[i] = W.w.row<const float>(n + row) + k0;
+        } else {
+          float* dst = scratch + i * ld;
+          decode(n + row, dst);
+          src[i] = dst;
+        }
+      }
+      PackStrip(src, cols, NR, out + v * L);
+    }
+  };
   if (columns) {
     // KC: 16 KiB of panel, a multiple of DecodeColumns' 2 vectors (K is too).
     const int64_t KC = std::max<int64_t>(2 * L, (16 << 10) / (NR * 4) / (2 * L) * (2 * L));
@@ -630,24 +652,11 @@ void GemmRows(RowDecoder& dec, const PreparedX& X, int64_t M, float* Y, int64_t 
         if constexpr (E) PackLowRank(*epi, n, nr, NR, bp.data());
         for (int64_t b = 0; b < kblocks; ++b) {
           const int64_t k0 = b * KC, k1 = std::min(K, k0 + KC);
-          for (int v = 0; v < NV; ++v) {
-            const float* src[hn::MaxLanes(d)];
-            for (int64_t i = 0; i < L; ++i) {
-              const int64_t row = v * L + i;
-              if (row >= nr) {
-                src[i] = zero_buf.as<float>();
-              } else if (direct) {
-                src[i] = W.w.row<const float>(n + row) + k0;
-              } else {
-                float* dst = rows_buf.as<float>() + i * KC;
-                const bool ok = DecodeColumns(dec.path, W, n + row, k0, k1 - k0, dst);
-                LUMEN_DCHECK(ok);
-                (void)ok;
-                src[i] = dst;
-              }
-            }
-            PackStrip(src, k1 - k0, NR, slice + v * L);
-          }
+          pack(n, nr, k0, k1 - k0, rows_buf.as<float>(), KC, slice, [&](int64_t row, float* dst) {
+            const bool ok = DecodeColumns(dec.path, W, row, k0, k1 - k0, dst);
+            LUMEN_DCHECK(ok);
+            (void)ok;
+          });
           GemmPanel<NV, E>(slice, k0, k0, k1, b == 0, b == kblocks - 1, X, m0, std::min(M, m0 + mc),
                            Y, ldy, n, nr, bp.data(), epi);
         }
@@ -667,23 +676,10 @@ void GemmRows(RowDecoder& dec, const PreparedX& X, int64_t M, float* Y, int64_t 
     for (int64_t p = 0; p < np; ++p) {
       const int64_t n = g + p * NR, nr = std::min(NR, n1 - n);
       float* panel = panel_buf.as<float>() + p * kp * NR;
-      for (int v = 0; v < NV; ++v) {
-        const float* src[hn::MaxLanes(d)];
-        for (int64_t i = 0; i < L; ++i) {
-          const int64_t row = v * L + i;
-          if (row >= nr) {
-            src[i] = zero_buf.as<float>();
-          } else if (direct) {
-            src[i] = W.w.row<const float>(n + row);
-          } else {
-            float* dst = rows_buf.as<float>() + i * kp;
-            auto store = [&](int64_t k, VF w, auto) HWY_ATTR { hn::StoreU(w, d, dst + k); };
-            dec.Decode(n + row, store);
-            src[i] = dst;
-          }
-        }
-        PackStrip(src, kp, NR, panel + v * L);
-      }
+      pack(n, nr, 0, kp, rows_buf.as<float>(), kp, panel, [&](int64_t row, float* dst) HWY_ATTR {
+        auto store = [&](int64_t k, VF w, auto) HWY_ATTR { hn::StoreU(w, d, dst + k); };
+        dec.Decode(row, store);
+      });
       if constexpr (E) PackLowRank(*epi, n, nr, NR, bpanel.data() + p * r * NR);
     }
     for (int64_t b = 0; b < kblocks; ++b) {

@@ -49,6 +49,23 @@ LUMEN_AMX void OneTile(const uint16_t* a, int64_t lda, const uint16_t* b, int64_
 
 bool SameBits(float a, float b) { return std::memcmp(&a, &b, sizeof(float)) == 0; }
 
+// The unblocked tile of a and b over `steps` steps (c), and the same two
+// halves of k summed apart (lo + hi): the order the tests must match, and an
+// order they must be able to tell from it.
+struct TileOrders {
+  alignas(64) float c[1][256], lo[1][256], hi[1][256];
+  TileOrders(const uint16_t* a, int64_t lda, const uint16_t* b, int64_t steps) {
+    const int64_t half = steps / 2;
+    OneTile(a, lda, b, steps, nullptr, c);
+    OneTile(a, lda, b, half, nullptr, lo);
+    OneTile(a + half * 32, lda, b + half * 512, steps - half, nullptr, hi);
+  }
+  float Want(int64_t i, int64_t j) const { return c[0][i * 16 + j]; }
+  bool SplitDiffers(int64_t i, int64_t j) const {
+    return !SameBits(lo[0][i * 16 + j] + hi[0][i * 16 + j], c[0][i * 16 + j]);
+  }
+};
+
 // The prefill kernel: Y = W X^T tile by tile, Y[m][n0 + i] = C[i][m].
 TEST(MatMulBf16AmxBlocking, PanelProductIsTheUnblockedTileOrderBitForBit) {
   SKIP_WITHOUT_AMX();
@@ -67,21 +84,18 @@ TEST(MatMulBf16AmxBlocking, PanelProductIsTheUnblockedTileOrderBitForBit) {
         AmxPackX(x.as<uint16_t>(), M, ld, xp.as<uint16_t>());
         std::vector<float> Y(M * ldy, -7.0f);
         AmxBf16PanelProduct(w.as<uint16_t>(), rows, xp.as<uint16_t>(), M, ld, Y.data(), ldy, n0);
-        const int64_t kc = ld / 32, half = kc / 2;
+        const int64_t kc = ld / 32;
         int bad = 0;
         for (int64_t ib = 0; ib < prows / 16; ++ib)
           for (int64_t mb = 0; mb * 16 < M; ++mb) {
             const uint16_t* a = w.as<uint16_t>() + ib * 16 * ld;
             const uint16_t* b = xp.as<uint16_t>() + mb * kc * 512;
-            alignas(64) float c[1][256], lo[1][256], hi[1][256];
-            OneTile(a, ld, b, kc, nullptr, c);
-            OneTile(a, ld, b, half, nullptr, lo);
-            OneTile(a + half * 32, ld, b + half * 512, kc - half, nullptr, hi);
+            const TileOrders t(a, ld, b, kc);
             for (int64_t i = 0; i < 16 && ib * 16 + i < rows; ++i)
               for (int64_t j = 0; j < 16 && mb * 16 + j < M; ++j) {
-                const float want = c[0][i * 16 + j];
+                const float want = t.Want(i, j);
                 const float got = Y[(mb * 16 + j) * ldy + n0 + ib * 16 + i];
-                split_differs += !SameBits(lo[0][i * 16 + j] + hi[0][i * 16 + j], want);
+                split_differs += t.SplitDiffers(i, j);
                 if (!SameBits(got, want) && bad++ < 3)
                   ADD_FAILURE() << "ld=" << ld << " rows=" << rows << " M=" << M
                                 << " row=" << ib * 16 + i << " m=" << mb * 16 + j << " got " << got
@@ -122,21 +136,18 @@ TEST(MatMulBf16AmxBlocking, TransposedProductIsTheUnblockedTileOrderBitForBit) {
                              k0, false);
         AmxBf16TPanelProduct(dyb.as<uint16_t>(), M, ld, panel.as<uint16_t>(), kn, acc.data(), ldx,
                              k0, true);
-        const int64_t steps = ld / 32, half = steps / 2;
+        const int64_t steps = ld / 32;
         int bad = 0;
         for (int64_t mb = 0; mb * 16 < M; ++mb)
           for (int64_t g = 0; g < groups; ++g) {
             const uint16_t* a = dyb.as<uint16_t>() + mb * 16 * ld;
             const uint16_t* b = panel.as<uint16_t>() + g * 16 * ld;
-            alignas(64) float c[1][256], lo[1][256], hi[1][256];
-            OneTile(a, ld, b, steps, nullptr, c);
-            OneTile(a, ld, b, half, nullptr, lo);
-            OneTile(a + half * 32, ld, b + half * 512, steps - half, nullptr, hi);
+            const TileOrders t(a, ld, b, steps);
             for (int64_t i = 0; i < 16 && mb * 16 + i < M; ++i)
               for (int64_t j = 0; j < 16 && g * 16 + j < kn; ++j) {
-                const float want = c[0][i * 16 + j];
+                const float want = t.Want(i, j);
                 const int64_t at = (mb * 16 + i) * ldx + k0 + g * 16 + j;
-                split_differs += !SameBits(lo[0][i * 16 + j] + hi[0][i * 16 + j], want);
+                split_differs += t.SplitDiffers(i, j);
                 if ((!SameBits(dX[at], want) || !SameBits(acc[at], prior[at] + want)) && bad++ < 3)
                   ADD_FAILURE() << "ld=" << ld << " kn=" << kn << " M=" << M << " m=" << mb * 16 + i
                                 << " col=" << g * 16 + j << " got " << dX[at] << " accumulated "

@@ -15,7 +15,8 @@
 
 #if defined(__x86_64__)
 #include <immintrin.h>
-#define LUMEN_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,f16c,fma")))
+#define LUMEN_VNNI \
+  __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512vbmi,f16c,fma")))
 #endif
 
 // Layout. A pair of weight blocks (2 x 32 elements) becomes one 64-byte vector
@@ -103,7 +104,7 @@ namespace {
 enum class Fmt { kQ4_0, kQ4_1, kQ5_0, kQ5_1, kQ8_0, kQ2K, kQ3K, kQ4K, kQ5K, kQ6K, kMlx4, kMlx8 };
 
 // The activations' byte order within a 64-element record (see Layout).
-enum class Order { kNatural, kNibblePairs, kEvenOdd };
+enum class Order { kNatural, kQuads, kTwins32, kTwins16, kEvenOdd };
 
 struct Geometry {
   Fmt fmt;
@@ -118,25 +119,25 @@ Geometry GeometryFor(const Matrix& W) {
   if (W.mlx_bits == 8) return {Fmt::kMlx8, 0, 0, W.mlx_group, Order::kNatural};
   switch (W.w.dtype) {
     case DType::kQ4_0:
-      return {Fmt::kQ4_0, sizeof(BlockQ4_0), 8, 0, Order::kNibblePairs};
+      return {Fmt::kQ4_0, sizeof(BlockQ4_0), 8, 0, Order::kQuads};
     case DType::kQ4_1:
-      return {Fmt::kQ4_1, sizeof(BlockQ4_1), 0, kQK, Order::kNibblePairs};
+      return {Fmt::kQ4_1, sizeof(BlockQ4_1), 0, kQK, Order::kQuads};
     case DType::kQ5_0:
-      return {Fmt::kQ5_0, sizeof(BlockQ5_0), 16, 0, Order::kNibblePairs};
+      return {Fmt::kQ5_0, sizeof(BlockQ5_0), 16, 0, Order::kQuads};
     case DType::kQ5_1:
-      return {Fmt::kQ5_1, sizeof(BlockQ5_1), 0, kQK, Order::kNibblePairs};
+      return {Fmt::kQ5_1, sizeof(BlockQ5_1), 0, kQK, Order::kQuads};
     case DType::kQ8_0:
       return {Fmt::kQ8_0, sizeof(BlockQ8_0), 128, 0, Order::kNatural};
     case DType::kQ2_K:
-      return {Fmt::kQ2K, sizeof(BlockQ2K), 0, 16, Order::kNatural};
+      return {Fmt::kQ2K, sizeof(BlockQ2K), 0, 16, Order::kTwins16};
     case DType::kQ3_K:
-      return {Fmt::kQ3K, sizeof(BlockQ3K), 0, 16, Order::kNatural};
+      return {Fmt::kQ3K, sizeof(BlockQ3K), 0, 16, Order::kTwins16};
     case DType::kQ4_K:
-      return {Fmt::kQ4K, sizeof(BlockQ4K), 0, 32, Order::kNatural};
+      return {Fmt::kQ4K, sizeof(BlockQ4K), 0, 32, Order::kTwins32};
     case DType::kQ5_K:
-      return {Fmt::kQ5K, sizeof(BlockQ5K), 0, 32, Order::kNatural};
+      return {Fmt::kQ5K, sizeof(BlockQ5K), 0, 32, Order::kTwins32};
     case DType::kQ6_K:
-      return {Fmt::kQ6K, sizeof(BlockQ6K), 0, 16, Order::kNatural};
+      return {Fmt::kQ6K, sizeof(BlockQ6K), 0, 16, Order::kTwins16};
     default:  // callers check Int8RouteSupports first
       LUMEN_CHECK(false);
       return {};
@@ -145,15 +146,20 @@ Geometry GeometryFor(const Matrix& W) {
 
 // Natural element index (within the row) of byte `pos` of the laid-out row.
 int64_t SourceIndex(Order order, int64_t nb, int64_t pos) {
-  const int64_t b = pos / kQK;
   if (order == Order::kEvenOdd) {  // a 64-chunk holds the even elements, then the odd ones
     const int64_t base = pos / 64 * 64, o = pos % 64;
     return base + (o < 32 ? 2 * o : 2 * (o - 32) + 1);
   }
-  if (order == Order::kNatural || (nb % 2 == 1 && b == nb - 1)) return pos;
-  const int64_t p = pos / 64, o = pos % 64;  // a pair of nibble blocks
-  const int64_t blk = 2 * p + (o / 16) % 2, e = (o % 16) + (o >= 32 ? 16 : 0);
-  return blk * kQK + e;
+  if (order == Order::kTwins32 || order == Order::kTwins16) {  // see SuperCodes
+    const int64_t base = pos / kQKK * kQKK, o = pos % kQKK;
+    const int64_t t = o / 128, v = o / 64 % 2, k = o % 64 / 16, b = o % 16;
+    if (order == Order::kTwins32) return base + (2 * k + t) * 32 + 16 * v + b;
+    return base + 128 * t + 32 * k + 8 * v + (b < 8 ? b : 8 + b);
+  }
+  if (order == Order::kNatural || pos >= nb / 4 * 4 * kQK) return pos;
+  // A quad of blocks: two records, elements 0..15 of the four blocks, then 16..31.
+  const int64_t q = pos / 128, o = pos % 128;
+  return (4 * q + (o % 64) / 16) * kQK + o % 16 + 16 * (o / 64);
 }
 
 // Activation rows quantized and laid out for one weight format and level
@@ -253,6 +259,17 @@ void Prepare(const Geometry& g, const float* X, int64_t M, int64_t ldx, int64_t 
       rec += (levels + 1) * n;
       pos += n;
     }
+    if (g.w_offset && g.order == Order::kQuads) {
+      // A quad's two records accumulate into the same lanes: the kernel
+      // starts from the first record's corrections, so they hold both.
+      int32_t* corr = reinterpret_cast<int32_t*>(out->buf.as<uint8_t>() + m * out->stride +
+                                                 (levels + 1) * K + 4 * nsum);
+      for (int64_t q = 0; q < nb / 4; ++q)
+        for (int l = 0; l < 16; ++l) {
+          corr[32 * q + l] += corr[32 * q + 16 + l];
+          corr[32 * q + 16 + l] = 0;
+        }
+    }
     float* sums =
         reinterpret_cast<float*>(out->buf.as<uint8_t>() + m * out->stride + (levels + 1) * K);
     // sum over the group of dx * code (code = q1, or 256 q1 + q2); a group is
@@ -284,7 +301,8 @@ bool CpuHasVnni() {
   static const bool has = [] {  // CPU feature, fixed for the process
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni") &&
+           __builtin_cpu_supports("avx512vbmi");  // vpermt2b gathers the quads
   }();
   return has;
 }
@@ -409,28 +427,122 @@ LUMEN_VNNI inline uint32_t LoadU32(const uint8_t* p) {
   return v;
 }
 
-// Codes of blocks blk and blk + bb as one 64-byte vector (the pair layout).
+// Bytes of one block of a legacy format.
 template <Fmt F>
-LUMEN_VNNI inline __m512i PairCodes(const uint8_t* blk, int64_t bb) {
-  if constexpr (F == Fmt::kQ8_0) {
-    const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
-    const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2 + bb));
-    return _mm512_xor_si512(_mm512_inserti64x4(_mm512_zextsi256_si512(a), b, 1),
-                            _mm512_set1_epi8(char(0x80)));  // w + 128, unsigned
-  } else {
-    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + CodesAt(F)));
-    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + bb + CodesAt(F)));
-    const __m256i y = _mm256_inserti128_si256(_mm256_zextsi128_si256(a), b, 1);
-    const __m256i m = _mm256_set1_epi8(0x0F);
-    const __m256i lo = _mm256_and_si256(y, m);
-    const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(y, 4), m);
-    __m512i q = _mm512_inserti64x4(_mm512_zextsi256_si512(lo), hi, 1);
-    if constexpr (HighBitsAt(F) != 0) {  // bit j of a block's qh: its element j
-      const uint64_t h0 = LoadU32(blk + HighBitsAt(F)), h1 = LoadU32(blk + bb + HighBitsAt(F));
-      const __mmask64 k = (h0 & 0xFFFF) | (h1 & 0xFFFF) << 16 | (h0 >> 16) << 32 | (h1 >> 16) << 48;
-      q = _mm512_mask_add_epi8(q, k, q, _mm512_set1_epi8(16));
+constexpr int kBlockBytes = F == Fmt::kQ4_0   ? sizeof(BlockQ4_0)
+                            : F == Fmt::kQ4_1 ? sizeof(BlockQ4_1)
+                            : F == Fmt::kQ5_0 ? sizeof(BlockQ5_0)
+                            : F == Fmt::kQ5_1 ? sizeof(BlockQ5_1)
+                                              : sizeof(BlockQ8_0);
+
+// A quad (four consecutive blocks of a 4- or 5-bit format, 72 to 96 bytes)
+// is read as two 64-byte tables, one at the quad and one ending where it
+// ends, and every 2-byte field is gathered from them with one vpermt2b.
+// TableWord: the permute's word for the word at byte p of the quad (tables
+// at o0 and o1; words 32..63 are the second).
+template <Fmt F>
+constexpr int kTable1 = 4 * kBlockBytes<F> - 64;
+constexpr int16_t TableWord(int p, int o0, int o1) {
+  return static_cast<int16_t>(p - o0 + 2 <= 64 ? (p - o0) / 2 : 32 + (p - o1) / 2);
+}
+constexpr bool InTables(int p, int o0, int o1) {
+  return p % 2 == 0 && ((p >= o0 && p - o0 + 2 <= 64) || (p >= o1 && p - o1 + 2 <= 64));
+}
+struct alignas(64) WordIndex {
+  int8_t v[64] = {};  // byte indices for vpermt2b (one uop; vpermt2w is three)
+  bool ok = true;     // every word inside a table (checked at compile time)
+  constexpr void Set(int i, int16_t word) {
+    v[2 * i] = static_cast<int8_t>(word < 32 ? 2 * word : 64 + 2 * (word - 32));
+    v[2 * i + 1] = static_cast<int8_t>(v[2 * i] + 1);
+  }
+};
+
+// Codes: words 8b..8b+7 are block b's 16 code bytes.
+template <Fmt F>
+constexpr WordIndex CodeWords() {
+  WordIndex r;
+  for (int i = 0; i < 32; ++i) {
+    const int p = i / 8 * kBlockBytes<F> + static_cast<int>(CodesAt(F)) + 2 * (i % 8);
+    r.Set(i, TableWord(p, 0, kTable1<F>));
+    r.ok = r.ok && InTables(p, 0, kTable1<F>);
+  }
+  return r;
+}
+// Scales: words 4b..4b+3 are block b's f16 d (one per lane of the block);
+// words 16..19 the four blocks' m (Q4_1, Q5_1).
+template <Fmt F>
+constexpr WordIndex ScaleWords() {
+  WordIndex r;
+  for (int i = 0; i < 20; ++i) {
+    const int p = i < 16 ? i / 4 * kBlockBytes<F> : (i - 16) * kBlockBytes<F> + (HasMin(F) ? 2 : 0);
+    r.Set(i, TableWord(p, 0, kTable1<F>));
+    r.ok = r.ok && InTables(p, 0, kTable1<F>);
+  }
+  return r;
+}
+template <Fmt F>
+inline constexpr WordIndex kCodeWords = CodeWords<F>();
+template <Fmt F>
+inline constexpr WordIndex kScaleWords = ScaleWords<F>();
+static_assert(kCodeWords<Fmt::kQ4_0>.ok && kCodeWords<Fmt::kQ4_1>.ok && kCodeWords<Fmt::kQ5_0>.ok &&
+              kCodeWords<Fmt::kQ5_1>.ok);
+static_assert(kScaleWords<Fmt::kQ4_0>.ok && kScaleWords<Fmt::kQ4_1>.ok &&
+              kScaleWords<Fmt::kQ5_0>.ok && kScaleWords<Fmt::kQ5_1>.ok);
+
+LUMEN_VNNI inline __m512i Words(const WordIndex& w) { return _mm512_load_si512(w.v); }
+
+// A quad as the kernel uses it: a = elements 0..15 of the four blocks, b =
+// elements 16..31, both unsigned codes with block b in lanes 4b..4b+3 (so
+// the two vpdpbusd of a level accumulate 8 products of one block per lane,
+// and the lane work after them, the shift, conversion and scaling, is paid
+// once per 128 weights, not per 64); d = each lane's block scale; m = the
+// four blocks' offsets (Q4_1, Q5_1).
+struct Quad {
+  __m512i a, b;
+  __m512 d;
+  __m128 m;
+};
+
+template <Fmt F>
+LUMEN_VNNI inline Quad LoadQuad(const uint8_t* blk) {
+  const __m512i t0 = _mm512_loadu_si512(blk), t1 = _mm512_loadu_si512(blk + kTable1<F>);
+  const __m512i sw = _mm512_permutex2var_epi8(t0, Words(kScaleWords<F>), t1);
+  Quad q;
+  q.d = _mm512_cvtph_ps(_mm512_castsi512_si256(sw));
+  q.m = HasMin(F) ? _mm_cvtph_ps(_mm512_extracti32x4_epi32(sw, 2)) : _mm_setzero_ps();
+  // Byte j of a block: element j (low nibble), element 16 + j (high).
+  const __m512i y = _mm512_permutex2var_epi8(t0, Words(kCodeWords<F>), t1);
+  const __m512i m = _mm512_set1_epi8(0x0F);
+  q.a = _mm512_and_si512(y, m);
+  q.b = _mm512_and_si512(_mm512_srli_epi16(y, 4), m);
+  if constexpr (HighBitsAt(F) != 0) {  // bit j of a block's qh: its element j
+    uint64_t ka = 0, kb = 0;
+    for (int i = 0; i < 4; ++i) {
+      const uint64_t h = LoadU32(blk + i * kBlockBytes<F> + HighBitsAt(F));
+      ka |= (h & 0xFFFF) << (16 * i);
+      kb |= (h >> 16) << (16 * i);
     }
-    return q;
+    const __m512i v = _mm512_set1_epi8(16);
+    q.a = _mm512_mask_add_epi8(q.a, ka, q.a, v);
+    q.b = _mm512_mask_add_epi8(q.b, kb, q.b, v);
+  }
+  return q;
+}
+
+// The lane sums of a twin (two code vectors a, b whose lanes hold the same
+// blocks) against its two activation records at rec, plus init (added
+// once): one level, dot(a, q1) + dot(b, q1'); two, that shifted left by 8
+// plus the same on the q2 codes.
+template <int L>
+LUMEN_VNNI inline __m512i TwinDot(__m512i init, __m512i a, __m512i b, const uint8_t* rec) {
+  auto dot = [&](__m512i acc, int level) LUMEN_VNNI {
+    acc = _mm512_dpbusd_epi32(acc, a, _mm512_load_si512(rec + 64 * level));
+    return _mm512_dpbusd_epi32(acc, b, _mm512_load_si512(rec + kRecord<L> + 64 * level));
+  };
+  if constexpr (L == 1) {
+    return dot(init, 0);
+  } else {
+    return _mm512_add_epi32(_mm512_slli_epi32(dot(_mm512_setzero_si512(), 0), 8), dot(init, 1));
   }
 }
 
@@ -438,15 +550,6 @@ LUMEN_VNNI inline __m512i PairCodes(const uint8_t* blk, int64_t bb) {
 LUMEN_VNNI inline __m128 TwoHalves(const uint8_t* p, int64_t bb) {
   const uint32_t h = LoadU16(p) | (LoadU16(p + bb) << 16);
   return _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(h)));
-}
-
-// The pair's two f16 weight scales spread to the lanes of their blocks.
-template <Fmt F>
-LUMEN_VNNI inline __m512 PairScales(const uint8_t* blk, int64_t bb) {
-  const __m512i idx = F != Fmt::kQ8_0
-                          ? _mm512_set_epi32(1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0)
-                          : _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
-  return _mm512_permutexvar_ps(idx, _mm512_zextps128_ps512(TwoHalves(blk, bb)));
 }
 
 // Codes of one block, natural order, as 32 bytes.
@@ -471,8 +574,9 @@ LUMEN_VNNI inline float F16Scalar(const uint8_t* p) {
 }
 
 // Rows [n0, n1) of W (a legacy 32-block format) against MB prepared
-// activation rows starting at m0. Two accumulators per row so the FMA
-// latency does not bind.
+// activation rows starting at m0: quads (two records each), then the last
+// one to three blocks in natural order (a pair record, a half record). Two
+// accumulators per row so the FMA latency does not bind.
 template <Fmt F, int MB, int L>
 LUMEN_VNNI void Rows(const Matrix& W, const Geometry& g, const Int8Rows& X, int64_t m0, float* Y,
                      int64_t ldy, int64_t n0, int64_t n1) {
@@ -480,57 +584,91 @@ LUMEN_VNNI void Rows(const Matrix& W, const Geometry& g, const Int8Rows& X, int6
   // Without m (Q4_0, Q5_0, Q8_0) the codes are w + offset, and each row's
   // records carry -offset sum(x) per lane (Prepare), the dot's starting value.
   constexpr bool kMin = HasMin(F), kOffset = !kMin;
-  const int64_t K = W.k, nb = K / kQK, pairs = nb / 2, bb = g.block_bytes;
+  // Q8_0 stays in pairs: its quads (136 bytes, four unaligned 64-byte loads
+  // and three permutes each) measured 5% slower than pairs on one thread.
+  constexpr bool kQuads = F != Fmt::kQ8_0;
+  const int64_t K = W.k, nb = K / kQK, quads = kQuads ? nb / 4 : 0, bb = g.block_bytes;
   const RowPtrs<MB> rp(X, m0);
   const auto& x = rp.x;
   for (int64_t n = n0; n < n1; ++n) {
     const uint8_t* row = W.w.row<const uint8_t>(n);
     __m512 acc[MB][kAcc];
-    __m128 off[MB];  // Q4_1 / Q5_1: sum of m dx sum(qx), lanes 0 and 1
+    __m128 off[MB];  // Q4_1 / Q5_1: sum of m dx sum(qx), one lane per block of a quad
     for (int r = 0; r < MB; ++r) {
       for (int a = 0; a < kAcc; ++a) acc[r][a] = _mm512_setzero_ps();
       off[r] = _mm_setzero_ps();
     }
-    // One pair into accumulator set A (a compile-time index: a runtime one
+    // One quad into accumulator set A (a compile-time index: a runtime one
     // made GCC keep the accumulators on the stack).
-    auto pair = [&]<int A>(int64_t p, std::integral_constant<int, A>) LUMEN_VNNI {
-      const uint8_t* blk = row + 2 * p * bb;
-      PrefetchAhead(blk, 1);  // a pair is 36 to 68 bytes: about a line per pair
-      const __m512i w = PairCodes<F>(blk, bb);
-      const __m512 s = PairScales<F>(blk, bb);
+    auto quad = [&]<int A>(int64_t q, std::integral_constant<int, A>) LUMEN_VNNI {
+      if constexpr (kQuads) {
+        const uint8_t* blk = row + 4 * q * bb;
+        PrefetchAhead(blk, 4 * bb);
+        const Quad w = LoadQuad<F>(blk);
+        for (int r = 0; r < MB; ++r) {
+          const uint8_t* rec = x[r] + kRecord<L> * 2 * q;
+          const __m512i init =
+              kOffset ? _mm512_loadu_si512(rp.corr[r] + 32 * q) : _mm512_setzero_si512();
+          const __m512i i = TwinDot<L>(init, w.a, w.b, rec);
+          const __m512 sd =
+              _mm512_mul_ps(w.d, _mm512_load_ps(reinterpret_cast<const float*>(rec + 64 * L)));
+          acc[r][A] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), sd, acc[r][A]);
+        }
+        if constexpr (kMin)
+          for (int r = 0; r < MB; ++r)
+            off[r] = _mm_fmadd_ps(w.m, _mm_loadu_ps(rp.sums[r] + 4 * q), off[r]);
+      }
+    };
+    int64_t q = 0;
+    for (; q + kAcc <= quads; q += kAcc) {
+      quad(q, std::integral_constant<int, 0>{});
+      quad(q + 1, std::integral_constant<int, 1>{});
+    }
+    if (q < quads) quad(q, std::integral_constant<int, 0>{});
+    // A pair record, [block b | block b + 1] in natural order, into
+    // accumulator set A.
+    auto pair = [&]<int A>(int64_t b, int64_t rec_at, std::integral_constant<int, A>) LUMEN_VNNI {
+      const uint8_t* blk = row + b * bb;
+      PrefetchAhead(blk, 1);
+      const __m512i w = _mm512_inserti64x4(_mm512_zextsi256_si512(BlockCodes<F>(blk)),
+                                           BlockCodes<F>(blk + bb), 1);
+      const __m512 s =
+          _mm512_permutexvar_ps(_mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0),
+                                _mm512_zextps128_ps512(TwoHalves(blk, bb)));
       for (int r = 0; r < MB; ++r) {
-        const uint8_t* rec = x[r] + kRecord<L> * p;
+        const uint8_t* rec = x[r] + kRecord<L> * rec_at;
         const __m512i init =
-            kOffset ? _mm512_loadu_si512(rp.corr[r] + 16 * p) : _mm512_setzero_si512();
+            kOffset ? _mm512_loadu_si512(rp.corr[r] + 16 * rec_at) : _mm512_setzero_si512();
         const __m512i i = LevelDot<L>(init, w, rec);
         const __m512 sd =
             _mm512_mul_ps(s, _mm512_load_ps(reinterpret_cast<const float*>(rec + 64 * L)));
         acc[r][A] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), sd, acc[r][A]);
-      }
-      if constexpr (kMin) {
-        const __m128 m = TwoHalves(blk + 2, bb);
-        for (int r = 0; r < MB; ++r) {
-          const __m128 sums = _mm_castsi128_ps(
-              _mm_loadl_epi64(reinterpret_cast<const __m128i*>(rp.sums[r] + 2 * p)));
-          off[r] = _mm_fmadd_ps(m, sums, off[r]);
+        if constexpr (kMin) {
+          const __m128 sums =
+              _mm_castsi128_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(rp.sums[r] + b)));
+          off[r] = _mm_fmadd_ps(TwoHalves(blk + 2, bb), sums, off[r]);
         }
       }
     };
-    int64_t p = 0;
-    for (; p + kAcc <= pairs; p += kAcc) {
-      pair(p, std::integral_constant<int, 0>{});
-      if constexpr (kAcc == 2) pair(p + 1, std::integral_constant<int, kAcc - 1>{});
+    int64_t b = 4 * quads, rec_at = 2 * quads;  // next block, its record
+    for (; nb - b >= 4; b += 4, rec_at += 2) {
+      pair(b, rec_at, std::integral_constant<int, 0>{});
+      pair(b + 2, rec_at + 1, std::integral_constant<int, 1>{});
     }
-    if (p < pairs) pair(p, std::integral_constant<int, 0>{});
+    if (nb - b >= 2) {
+      pair(b, rec_at, std::integral_constant<int, 0>{});
+      b += 2;
+      ++rec_at;
+    }
     float tail[MB] = {};
-    if (nb % 2 == 1) {
-      const uint8_t* blk = row + (nb - 1) * bb;
+    if (b < nb) {  // a half record
+      const uint8_t* blk = row + b * bb;
       const __m256i w = BlockCodes<F>(blk);
       const float s = F16Scalar(blk);
       for (int r = 0; r < MB; ++r) {
-        const uint8_t* rec = x[r] + kRecord<L> * pairs;
+        const uint8_t* rec = x[r] + kRecord<L> * rec_at;
         const __m256i init =
-            kOffset ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rp.corr[r] + 16 * pairs))
+            kOffset ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rp.corr[r] + 16 * rec_at))
                     : _mm256_setzero_si256();
         const __m256i i = LevelDotHalf<L>(init, w, rec);
         alignas(32) int32_t v[8];
@@ -538,14 +676,16 @@ LUMEN_VNNI void Rows(const Matrix& W, const Geometry& g, const Int8Rows& X, int6
         int32_t sum = 0;
         for (int32_t e : v) sum += e;
         tail[r] = s * reinterpret_cast<const float*>(rec + 32 * L)[0] * static_cast<float>(sum);
-        if constexpr (kMin) tail[r] += F16Scalar(blk + 2) * rp.sums[r][nb - 1];
+        if constexpr (kMin) tail[r] += F16Scalar(blk + 2) * rp.sums[r][b];
       }
     }
     for (int r = 0; r < MB; ++r) {
-      __m512 t = acc[r][0];
-      if constexpr (kAcc == 2) t = _mm512_add_ps(t, acc[r][1]);
+      const __m512 t = _mm512_add_ps(acc[r][0], acc[r][1]);
       float y = _mm512_reduce_add_ps(t) + tail[r];
-      if constexpr (kMin) y += _mm_cvtss_f32(off[r]) + _mm_cvtss_f32(_mm_movehdup_ps(off[r]));
+      if constexpr (kMin) {
+        const __m128 o = _mm_add_ps(off[r], _mm_movehl_ps(off[r], off[r]));
+        y += _mm_cvtss_f32(o) + _mm_cvtss_f32(_mm_movehdup_ps(o));
+      }
       Y[(m0 + r) * ldy + n] = y;
     }
   }
@@ -579,13 +719,6 @@ LUMEN_VNNI inline __m512 ScalesMinsQ4K(const uint8_t* blk) {
   return _mm512_mul_ps(f, dd);
 }
 
-// Lane index vector: lanes [0, 16) take element base + lane / width.
-LUMEN_VNNI inline __m512i LaneIndex(int base, int width) {
-  alignas(64) int32_t v[16];
-  for (int l = 0; l < 16; ++l) v[l] = base + l / width;
-  return _mm512_load_si512(v);
-}
-
 // acc += cvt(dot(w, codes)) * lanes * dx for every row; A selects the
 // accumulator (compile time, see Rows).
 template <int MB, int A, int L>
@@ -597,61 +730,6 @@ LUMEN_VNNI inline void DotRecords(const uint8_t* const* x, int64_t chunk, __m512
     const __m512 sd =
         _mm512_mul_ps(lanes, _mm512_load_ps(reinterpret_cast<const float*>(rec + 64 * L)));
     acc[r][A] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), sd, acc[r][A]);
-  }
-}
-
-// Q6_K: 6-bit codes from 4 low bits (ql) and 2 high bits (qh).
-LUMEN_VNNI inline __m256i Six(__m256i low, __m256i high2) {
-  const __m256i m4 = _mm256_set1_epi8(0x0F), m3 = _mm256_set1_epi8(3);
-  return _mm256_or_si256(_mm256_and_si256(low, m4),
-                         _mm256_slli_epi16(_mm256_and_si256(high2, m3), 4));
-}
-
-// Q2_K / Q3_K: the 2-bit codes of chunk C from the 64-byte plane qs (element
-// 128 n + 32 j + l is bits 2j of qs[32 n + l]).
-template <int C>
-LUMEN_VNNI inline __m512i TwoBitChunk(const uint8_t* qs) {
-  const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 32 * (C / 2)));
-  const __m256i m = _mm256_set1_epi8(3);
-  const __m256i lo = _mm256_and_si256(_mm256_srli_epi16(q, 4 * (C % 2)), m);
-  const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4 * (C % 2) + 2), m);
-  return _mm512_inserti64x4(_mm512_zextsi256_si512(lo), hi, 1);
-}
-
-// Adds `v` to the codes of chunk C whose high bit is set: element i of the
-// super-block has it in bit i / 32 of bits[i % 32] (Q3_K hmask, Q5_K qh). Both
-// halves of one vector see the 32 bytes; the low half tests bit 2C, the high
-// half bit 2C + 1, so one vptestmb gives the 64-lane mask.
-template <int C>
-LUMEN_VNNI inline __m512i AddHighBit(__m512i q, const uint8_t* bits, char v) {
-  const __m512i h =
-      _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(bits)));
-  const __m512i sel = _mm512_inserti64x4(_mm512_set1_epi8(char(1 << (2 * C))),
-                                         _mm256_set1_epi8(char(1 << (2 * C + 1))), 1);
-  return _mm512_mask_add_epi8(q, _mm512_test_epi8_mask(h, sel), q, _mm512_set1_epi8(v));
-}
-
-// The unsigned codes of chunk C (elements 64C..64C+63) of a K-quant super-block.
-template <Fmt F, int C>
-LUMEN_VNNI inline __m512i ChunkCodes(const uint8_t* blk) {
-  if constexpr (F == Fmt::kQ2K) {
-    return TwoBitChunk<C>(blk + 16);
-  } else if constexpr (F == Fmt::kQ3K) {
-    return AddHighBit<C>(TwoBitChunk<C>(blk + 32), blk, 4);
-  } else if constexpr (F == Fmt::kQ4K) {
-    return NibblePair(blk + 16 + 32 * C);
-  } else if constexpr (F == Fmt::kQ5K) {
-    return AddHighBit<C>(NibblePair(blk + 48 + 32 * C), blk + 16, 16);
-  } else {  // Q6_K: chunk 2h + t holds parts 2t, 2t + 1 of half h
-    const uint8_t* ql = blk + 64 * (C / 2);
-    const __m256i A = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql));
-    const __m256i B = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql + 32));
-    const __m256i H =
-        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 128 + 32 * (C / 2)));
-    constexpr int s = 4 * (C % 2);  // low nibbles (parts 0, 1) or high (2, 3)
-    const __m256i lo = Six(_mm256_srli_epi16(A, s), _mm256_srli_epi16(H, s));
-    const __m256i hi = Six(_mm256_srli_epi16(B, s), _mm256_srli_epi16(H, s + 2));
-    return _mm512_inserti64x4(_mm512_zextsi256_si512(lo), hi, 1);
   }
 }
 
@@ -696,26 +774,124 @@ LUMEN_VNNI inline void SubScales(const uint8_t* blk, __m512* a, __m512* o) {
   }
 }
 
-// Chunk C of a super-block (record 4 sb + C) into accumulator C % 2.
-template <Fmt F, int C, int MB, int L>
-LUMEN_VNNI inline void KChunk(const uint8_t* const* x, int64_t sb, const uint8_t* blk, __m512 a,
-                              __m512i idx, __m512 (&acc)[MB][2]) {
-  DotRecords<MB, C % 2, L>(x, 4 * sb + C, ChunkCodes<F, C>(blk), _mm512_permutexvar_ps(idx, a),
-                           acc);
+// A vector whose 16-byte chunk k holds byte value c_k in every byte.
+LUMEN_VNNI inline __m512i PerChunk(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3) {
+  const auto x = [](uint32_t c) { return static_cast<int>(c * 0x01010101u); };
+  return _mm512_set_epi32(x(c3), x(c3), x(c3), x(c3), x(c2), x(c2), x(c2), x(c2), x(c1), x(c1),
+                          x(c1), x(c1), x(c0), x(c0), x(c0), x(c0));
+}
+
+// 32 bytes at p as 64-bit words `w0, w1` repeated in every chunk (w1 = w0 + 2:
+// bytes 0-7 and 16-23, or 8-15 and 24-31).
+LUMEN_VNNI inline __m512i Quarters(const uint8_t* p, int w0) {
+  const __m512i v = _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  return _mm512_permutexvar_epi64(_mm512_set_epi64(w0 + 2, w0, w0 + 2, w0, w0 + 2, w0, w0 + 2, w0),
+                                  v);
+}
+
+// The 2-bit fields of chunk k's bytes at bit 2k (k = 0..3), as bytes 0..3.
+LUMEN_VNNI inline __m512i FieldPerChunk(__m512i v) {
+  const __m512i sh =
+      _mm512_set_epi64(0x0006000600060006, 0x0006000600060006, 0x0004000400040004,
+                       0x0004000400040004, 0x0002000200020002, 0x0002000200020002, 0, 0);
+  return _mm512_and_si512(_mm512_srlv_epi16(v, sh), _mm512_set1_epi8(3));
+}
+
+// The codes of a K-quant super-block as two twins, (v[0], v[1]) and (v[2],
+// v[3]): the two vectors of a twin put the same sub-block in every lane, so
+// one int32 lane sums 8 products of one sub-block and the lane work after
+// the two vpdpbusd (shift, conversion, scaling) is paid once per 128
+// weights. Sub-blocks of 32 (Q4_K, Q5_K): twin t, chunk k is sub-block
+// 2k + t, the first vector its elements 0..15, the second 16..31. Sub-blocks
+// of 16 (Q2_K, Q3_K, Q6_K): twin t is elements 128t..128t+127, chunk k holds
+// sub-blocks 8t + 2k (dwords 0, 1) and 8t + 2k + 1 (dwords 2, 3), the first
+// vector their elements 0..7, the second 8..15. (SourceIndex lays the
+// activations out the same way.)
+template <Fmt F>
+LUMEN_VNNI inline void SuperCodes(const uint8_t* blk, __m512i (&v)[4]) {
+  if constexpr (F == Fmt::kQ4K || F == Fmt::kQ5K) {
+    // Byte j of qs[32 i ..]: element j of sub-block 2i (low nibble), of 2i + 1
+    // (high); chunks 0, 2, 4, 6 of the 128 bytes are elements 0..15.
+    const uint8_t* qs = blk + (F == Fmt::kQ4K ? 16 : 48);
+    const __m512i t0 = _mm512_loadu_si512(qs), t1 = _mm512_loadu_si512(qs + 64);
+    const __m512i ra = _mm512_shuffle_i64x2(t0, t1, _MM_SHUFFLE(2, 0, 2, 0));
+    const __m512i rb = _mm512_shuffle_i64x2(t0, t1, _MM_SHUFFLE(3, 1, 3, 1));
+    const __m512i m = _mm512_set1_epi8(0x0F);
+    v[0] = _mm512_and_si512(ra, m);
+    v[1] = _mm512_and_si512(rb, m);
+    v[2] = _mm512_and_si512(_mm512_srli_epi16(ra, 4), m);
+    v[3] = _mm512_and_si512(_mm512_srli_epi16(rb, 4), m);
+    if constexpr (F == Fmt::kQ5K) {  // element 64 c + 32 h + j: bit 2c + h of qh[j]
+      const uint8_t* qh = blk + 16;
+      const __m512i h0 =
+          _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qh)));
+      const __m512i h1 =
+          _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qh + 16)));
+      const __m512i s0 = PerChunk(1, 4, 16, 64), s1 = PerChunk(2, 8, 32, 128);
+      const __m512i k16 = _mm512_set1_epi8(16);
+      v[0] = _mm512_mask_add_epi8(v[0], _mm512_test_epi8_mask(h0, s0), v[0], k16);
+      v[1] = _mm512_mask_add_epi8(v[1], _mm512_test_epi8_mask(h1, s0), v[1], k16);
+      v[2] = _mm512_mask_add_epi8(v[2], _mm512_test_epi8_mask(h0, s1), v[2], k16);
+      v[3] = _mm512_mask_add_epi8(v[3], _mm512_test_epi8_mask(h1, s1), v[3], k16);
+    }
+  } else if constexpr (F == Fmt::kQ2K || F == Fmt::kQ3K) {
+    // Element 128 t + 32 k + l: bits 2k of qs[32 t + l] (Q3_K: + 4 where bit
+    // 4t + k of hmask[l] is set).
+    const uint8_t* qs = blk + (F == Fmt::kQ2K ? 16 : 32);
+    for (int t = 0; t < 2; ++t) {
+      v[2 * t] = FieldPerChunk(Quarters(qs + 32 * t, 0));
+      v[2 * t + 1] = FieldPerChunk(Quarters(qs + 32 * t, 1));
+      if constexpr (F == Fmt::kQ3K) {
+        const uint32_t b = 1u << (4 * t);
+        const __m512i s = PerChunk(b, b << 1, b << 2, b << 3), k4 = _mm512_set1_epi8(4);
+        for (int h = 0; h < 2; ++h)
+          v[2 * t + h] = _mm512_mask_add_epi8(
+              v[2 * t + h], _mm512_test_epi8_mask(Quarters(blk, h), s), v[2 * t + h], k4);
+      }
+    }
+  } else {  // Q6_K: element 128 t + 32 k + l: low 4 bits in ql[64 t + 32 (k % 2) + l]
+            // (nibble k / 2), high 2 in bits 2k of qh[32 t + l]
+    for (int t = 0; t < 2; ++t) {
+      const uint8_t* ql = blk + 64 * t;
+      const __m512i l0 =
+          _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql)));
+      const __m512i l1 =
+          _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql + 32)));
+      const __m512i nib_shift =
+          _mm512_set_epi64(0x0004000400040004, 0x0004000400040004, 0x0004000400040004,
+                           0x0004000400040004, 0, 0, 0, 0);
+      for (int h = 0; h < 2; ++h) {
+        const __m512i low = _mm512_permutex2var_epi64(
+            l0, _mm512_set_epi64(10 + h, 8 + h, 2 + h, h, 10 + h, 8 + h, 2 + h, h), l1);
+        const __m512i lo4 =
+            _mm512_and_si512(_mm512_srlv_epi16(low, nib_shift), _mm512_set1_epi8(0x0F));
+        const __m512i hi2 = FieldPerChunk(Quarters(blk + 128 + 32 * t, h));
+        v[2 * t + h] = _mm512_or_si512(lo4, _mm512_slli_epi16(hi2, 4));
+      }
+    }
+  }
+}
+
+// Lane index vectors of the twins (which of `a`'s sub-block values each lane takes).
+template <Fmt F>
+LUMEN_VNNI inline __m512i TwinLanes(int t) {
+  if constexpr (SubBlock(F) == 32)
+    return _mm512_set_epi32(6 + t, 6 + t, 6 + t, 6 + t, 4 + t, 4 + t, 4 + t, 4 + t, 2 + t, 2 + t,
+                            2 + t, 2 + t, t, t, t, t);
+  const int b = 8 * t;
+  return _mm512_set_epi32(b + 7, b + 7, b + 6, b + 6, b + 5, b + 5, b + 4, b + 4, b + 3, b + 3,
+                          b + 2, b + 2, b + 1, b + 1, b, b);
 }
 
 // Rows [n0, n1) of W (a K-quant) against MB prepared activation rows at m0.
 template <Fmt F, int MB, int L>
 LUMEN_VNNI void RowsK(const Matrix& W, const Geometry& g, const Int8Rows& X, int64_t m0, float* Y,
                       int64_t ldy, int64_t n0, int64_t n1) {
-  constexpr int kSub = SubBlock(F), kSubs = kQKK / kSub;  // 16 or 8 sub-blocks
+  constexpr int kSubs = kQKK / SubBlock(F);  // 16 or 8 sub-blocks
   const int64_t nsb = W.k / kQKK;
   const RowPtrs<MB> rows(X, m0);
   const auto& x = rows.x;
-  // Lane l of chunk c (64 elements, 16 lanes of 4) is sub-block (64 c + 4 l) / kSub.
-  const int w = kSub / 4;
-  const __m512i idx[4] = {LaneIndex(0, w), LaneIndex(64 / kSub, w), LaneIndex(128 / kSub, w),
-                          LaneIndex(192 / kSub, w)};
+  const __m512i idx[2] = {TwinLanes<F>(0), TwinLanes<F>(1)};
   const __mmask16 sums_mask = kSubs == 16 ? 0xFFFF : 0x00FF;
   for (int64_t n = n0; n < n1; ++n) {
     const uint8_t* row = W.w.row<const uint8_t>(n);
@@ -723,12 +899,21 @@ LUMEN_VNNI void RowsK(const Matrix& W, const Geometry& g, const Int8Rows& X, int
     for (int r = 0; r < MB; ++r) acc[r][0] = acc[r][1] = off[r] = _mm512_setzero_ps();
     for (int64_t sb = 0; sb < nsb; ++sb) {
       const uint8_t* blk = row + sb * g.block_bytes;
+      PrefetchAhead(blk, g.block_bytes);
       __m512 a, o;
       SubScales<F>(blk, &a, &o);
-      KChunk<F, 0, MB, L>(x, sb, blk, a, idx[0], acc);
-      KChunk<F, 1, MB, L>(x, sb, blk, a, idx[1], acc);
-      KChunk<F, 2, MB, L>(x, sb, blk, a, idx[2], acc);
-      KChunk<F, 3, MB, L>(x, sb, blk, a, idx[3], acc);
+      __m512i v[4];
+      SuperCodes<F>(blk, v);
+      for (int t = 0; t < 2; ++t) {
+        const __m512 lanes = _mm512_permutexvar_ps(idx[t], a);
+        for (int r = 0; r < MB; ++r) {
+          const uint8_t* rec = x[r] + kRecord<L> * (4 * sb + 2 * t);
+          const __m512i i = TwinDot<L>(_mm512_setzero_si512(), v[2 * t], v[2 * t + 1], rec);
+          const __m512 sd =
+              _mm512_mul_ps(lanes, _mm512_load_ps(reinterpret_cast<const float*>(rec + 64 * L)));
+          acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), sd, acc[r][t]);
+        }
+      }
       for (int r = 0; r < MB; ++r)
         off[r] =
             _mm512_fmadd_ps(o, _mm512_maskz_loadu_ps(sums_mask, rows.sums[r] + kSubs * sb), off[r]);

@@ -127,7 +127,7 @@ TEST(MatMulInt8, MatchesOracleAndExactBound) {
                         {DType::kU32, 32, DType::kBF16, 8},
                         {DType::kU32, 128, DType::kF16, 8}};
   for (const Case& c : cases)
-    for (int64_t K : {32, 64, 96, 160, 256, 768, 1152, 2048})
+    for (int64_t K : {32, 64, 96, 160, 192, 224, 256, 768, 1152, 2048})
       for (int64_t M : {1, 2, 3, 4, 5, 7, 8}) {
         const DType t = c.t;
         // MLX: whole groups and whole 64-element vectors.

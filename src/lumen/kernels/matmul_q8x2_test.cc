@@ -160,7 +160,7 @@ TEST(QuantizeBlocksQ8x2, SameBitsAsTheScalarBlockQuantizerAndWithinHalfAStep) {
 TEST(MatMulInt8x2, MatchesOracleAndExactBound) {
   std::mt19937 rng(23);
   for (const Case& c : kCases)
-    for (int64_t K : {32, 96, 160, 256, 1152, 2048})
+    for (int64_t K : {32, 96, 160, 192, 224, 256, 1152, 2048})
       for (int64_t M = 1; M <= kInt8MaxRows; ++M) {
         if (K % BlockOf(c) != 0) continue;
         const int64_t N = 21;

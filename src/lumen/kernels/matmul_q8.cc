@@ -104,7 +104,7 @@ namespace {
 enum class Fmt { kQ4_0, kQ4_1, kQ5_0, kQ5_1, kQ8_0, kQ2K, kQ3K, kQ4K, kQ5K, kQ6K, kMlx4, kMlx8 };
 
 // The activations' byte order within a 64-element record (see Layout).
-enum class Order { kNatural, kQuads, kTwins32, kTwins16, kEvenOdd };
+enum class Order { kNatural, kQuads, kTwins32, kTwins16, kEvenOdd, kWordTwins };
 
 struct Geometry {
   Fmt fmt;
@@ -116,7 +116,7 @@ struct Geometry {
 
 Geometry GeometryFor(const Matrix& W) {
   if (W.mlx_bits == 4) return {Fmt::kMlx4, 0, 0, W.mlx_group, Order::kEvenOdd};
-  if (W.mlx_bits == 8) return {Fmt::kMlx8, 0, 0, W.mlx_group, Order::kNatural};
+  if (W.mlx_bits == 8) return {Fmt::kMlx8, 0, 0, W.mlx_group, Order::kWordTwins};
   switch (W.w.dtype) {
     case DType::kQ4_0:
       return {Fmt::kQ4_0, sizeof(BlockQ4_0), 8, 0, Order::kQuads};
@@ -146,9 +146,13 @@ Geometry GeometryFor(const Matrix& W) {
 
 // Natural element index (within the row) of byte `pos` of the laid-out row.
 int64_t SourceIndex(Order order, int64_t nb, int64_t pos) {
-  if (order == Order::kEvenOdd) {  // a 64-chunk holds the even elements, then the odd ones
-    const int64_t base = pos / 64 * 64, o = pos % 64;
-    return base + (o < 32 ? 2 * o : 2 * (o - 32) + 1);
+  if (order == Order::kEvenOdd || order == Order::kWordTwins) {  // MLX, see RowsMlx
+    const int64_t K = nb * kQK, base = pos / 128 * 128, o = pos % 128, v = o / 64, b = o % 64;
+    if (order == Order::kWordTwins)
+      return pos >= K / 128 * 128 ? pos : base + b / 4 * 8 + b % 4 + 4 * v;
+    if (pos < K / 128 * 128) return base + 2 * b + v;
+    // The last 64 of 64 x odd: the even elements, then the odd ones.
+    return base + (b < 32 ? 2 * b : 2 * (b - 32) + 1);
   }
   if (order == Order::kTwins32 || order == Order::kTwins16) {  // see SuperCodes
     const int64_t base = pos / kQKK * kQKK, o = pos % kQKK;
@@ -218,9 +222,21 @@ void Prepare(const Geometry& g, const float* X, int64_t M, int64_t ldx, int64_t 
   out->buf = AlignedBuffer(M * out->stride);
   std::vector<int8_t> q1(K), q2(levels == 2 ? K : 0);
   std::vector<float> dn(nb);
-  // Natural order (Q8_0, the K-quants, MLX 8-bit): no per-byte index mapping
-  // on this per-call path.
+  // Natural order (Q8_0): no per-byte index mapping on this
+  // per-call path. The others repeat every 64 to 256 elements (quads, then
+  // natural blocks), so SourceIndex runs once per position of one period.
   const bool natural = g.order == Order::kNatural;
+  std::vector<int32_t> src(natural ? 0 : K);
+  if (!natural) {
+    const bool twins = g.order == Order::kTwins32 || g.order == Order::kTwins16;
+    const int64_t period = twins ? kQKK : 128;
+    const int64_t end = twins ? K : g.order == Order::kQuads ? nb / 4 * 128 : K / 128 * 128;
+    int32_t tab[kQKK];
+    for (int64_t o = 0; o < period; ++o) tab[o] = static_cast<int32_t>(SourceIndex(g.order, nb, o));
+    for (int64_t i = 0; i < K; ++i)
+      src[i] = static_cast<int32_t>(i < end ? i - i % period + tab[i % period]
+                                            : SourceIndex(g.order, nb, i));
+  }
   for (int64_t m = 0; m < M; ++m) {
     if (levels == 1) {
       QuantizeBlocksQ8(X + m * ldx, nb, q1.data(), dn.data());
@@ -237,12 +253,11 @@ void Prepare(const Geometry& g, const float* X, int64_t M, int64_t ldx, int64_t 
         if (natural) {
           for (int64_t i = 0; i < n; ++i) codes[i] = static_cast<uint8_t>(q[l][pos + i]);
         } else {
-          for (int64_t i = 0; i < n; ++i)
-            codes[i] = static_cast<uint8_t>(q[l][SourceIndex(g.order, nb, pos + i)]);
+          for (int64_t i = 0; i < n; ++i) codes[i] = static_cast<uint8_t>(q[l][src[pos + i]]);
         }
       }
       for (int64_t l = 0; l < n / 4; ++l)
-        dx[l] = dn[(natural ? pos + 4 * l : SourceIndex(g.order, nb, pos + 4 * l)) / kQK];
+        dx[l] = dn[(natural ? pos + 4 * l : src[pos + 4 * l]) / kQK];
       if (g.w_offset) {
         int32_t* corr = reinterpret_cast<int32_t*>(out->buf.as<uint8_t>() + m * out->stride +
                                                    (levels + 1) * K + 4 * nsum) +
@@ -947,10 +962,14 @@ LUMEN_VNNI inline void ToF32(DType t, const uint8_t* p, float* out, int64_t n) {
 template <Fmt F, int MB, int L>
 LUMEN_VNNI void RowsMlx(const Matrix& W, const Int8Rows& X, int64_t m0, float* Y, int64_t ldy,
                         int64_t n0, int64_t n1) {
-  const int64_t K = W.k, G = W.mlx_group, ng = K / G, nc = K / 64;
+  const int64_t K = W.k, G = W.mlx_group, ng = K / G, nt = K / 128;
   const RowPtrs<MB> rows(X, m0);
   const auto& x = rows.x;
-  // Groups of 32: lanes of groups 2c and 2c + 1 (see Layout).
+  // A twin's lane l is group (128 t + 8 l) / G: groups of 32, 4t + l / 4; of 64, 2t + l / 8.
+  const __m512i idx_twin = G == 32
+                               ? _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0)
+                               : _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+  // The last record of a row of 64 x odd elements, groups of 32: lanes of groups 2c and 2c + 1.
   const __m512i idx32 = F == Fmt::kMlx4
                             ? _mm512_set_epi32(1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0)
                             : _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
@@ -961,20 +980,50 @@ LUMEN_VNNI void RowsMlx(const Matrix& W, const Int8Rows& X, int64_t m0, float* Y
     ToF32(W.biases.dtype, W.biases.row<const uint8_t>(n), sb.data() + ng, ng);
     __m512 acc[MB][2], off[MB];
     for (int r = 0; r < MB; ++r) acc[r][0] = acc[r][1] = off[r] = _mm512_setzero_ps();
-    // Chunk c (64 elements) into accumulator A.
-    auto chunk = [&]<int A>(int64_t c, std::integral_constant<int, A>) LUMEN_VNNI {
+    // Twin t (elements 128 t .. 128 t + 127, records 2t and 2t + 1) into
+    // accumulator A: lane l of both vectors is elements 8l .. 8l + 7, one
+    // group. MLX 4-bit: the 64 bytes' low nibbles (even elements) and high
+    // nibbles (odd); 8-bit: the even and the odd 4-byte words of 128 bytes.
+    auto twin = [&]<int A>(int64_t t, std::integral_constant<int, A>) LUMEN_VNNI {
+      __m512i a, b;
+      if constexpr (F == Fmt::kMlx4) {
+        const __m512i y = _mm512_loadu_si512(codes + 64 * t), m = _mm512_set1_epi8(0x0F);
+        a = _mm512_and_si512(y, m);
+        b = _mm512_and_si512(_mm512_srli_epi16(y, 4), m);
+      } else {
+        const __m512i t0 = _mm512_loadu_si512(codes + 128 * t);
+        const __m512i t1 = _mm512_loadu_si512(codes + 128 * t + 64);
+        const __m512i even =
+            _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+        a = _mm512_permutex2var_epi32(t0, even, t1);
+        b = _mm512_permutex2var_epi32(t0, _mm512_add_epi32(even, _mm512_set1_epi32(1)), t1);
+      }
+      const __m512 sc =
+          G == 128 ? _mm512_set1_ps(sb[t])
+                   : _mm512_permutexvar_ps(
+                         idx_twin, _mm512_maskz_loadu_ps(G == 32 ? 0xF : 0x3, &sb[128 * t / G]));
+      for (int r = 0; r < MB; ++r) {
+        const uint8_t* rec = x[r] + kRecord<L> * 2 * t;
+        const __m512i i = TwinDot<L>(_mm512_setzero_si512(), a, b, rec);
+        const __m512 sd =
+            _mm512_mul_ps(sc, _mm512_load_ps(reinterpret_cast<const float*>(rec + 64 * L)));
+        acc[r][A] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), sd, acc[r][A]);
+      }
+    };
+    int64_t t = 0;
+    for (; t + 2 <= nt; t += 2) {
+      twin(t, std::integral_constant<int, 0>{});
+      twin(t + 1, std::integral_constant<int, 1>{});
+    }
+    if (t < nt) twin(t, std::integral_constant<int, 0>{});
+    if (K % 128 != 0) {  // the last 64 elements, one record (see Layout)
+      const int64_t c = K / 64 - 1;
       const __m512i w =
           F == Fmt::kMlx4 ? NibblePair(codes + 32 * c) : _mm512_loadu_si512(codes + 64 * c);
       const __m512 sc = G == 32 ? _mm512_permutexvar_ps(idx32, _mm512_maskz_loadu_ps(3, &sb[2 * c]))
                                 : _mm512_set1_ps(sb[c * 64 / G]);
-      DotRecords<MB, A, L>(x, c, w, sc, acc);
-    };
-    int64_t c = 0;
-    for (; c + 2 <= nc; c += 2) {
-      chunk(c, std::integral_constant<int, 0>{});
-      chunk(c + 1, std::integral_constant<int, 1>{});
+      DotRecords<MB, 0, L>(x, c, w, sc, acc);
     }
-    if (c < nc) chunk(c, std::integral_constant<int, 0>{});
     // Bias term: sum_g b_g * (sum of the group's activations), 16 groups at a time.
     for (int64_t g = 0; g < ng; g += 16) {
       const __mmask16 k = ng - g >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (ng - g)) - 1);

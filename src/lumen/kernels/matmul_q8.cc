@@ -618,7 +618,7 @@ LUMEN_VNNI void Rows(const Matrix& W, const Geometry& g, const Int8Rows& X, int6
     auto quad = [&]<int A>(int64_t q, std::integral_constant<int, A>) LUMEN_VNNI {
       if constexpr (kQuads) {
         const uint8_t* blk = row + 4 * q * bb;
-        PrefetchAhead(blk, 4 * bb);
+        PrefetchAheadL1(blk, 4 * bb);
         const Quad w = LoadQuad<F>(blk);
         for (int r = 0; r < MB; ++r) {
           const uint8_t* rec = x[r] + kRecord<L> * 2 * q;

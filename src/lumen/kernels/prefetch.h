@@ -25,4 +25,12 @@ inline void PrefetchAhead(const void* p, int64_t bytes) {
   for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(c + o, 0, 2);
 }
 
+// The same into L1 (prefetcht0). Measured per kernel: the int8 kernel of the
+// 4- and 5-bit quads decodes Q4_0 8-9% faster on one thread and 3-4% on two
+// with it (1B, Xeon above), while the K-quant kernel lost 10% (Q4_K).
+inline void PrefetchAheadL1(const void* p, int64_t bytes) {
+  const char* c = static_cast<const char*>(p) + kAheadBytes;
+  for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(c + o, 0, 3);
+}
+
 }  // namespace lumen::kernels

@@ -19,56 +19,61 @@
   __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512vbmi,f16c,fma")))
 #endif
 
-// Layout. A pair of weight blocks (2 x 32 elements) becomes one 64-byte vector
-// of unsigned codes (Q4_0: q, standing for q - 8; Q5_0: q for q - 16; Q8_0:
-// q + 128, flipping the sign bit); vpdpbusd sums 4 adjacent byte products
-// into each of 16 int32 lanes, so every lane belongs to one block. vpdpbusd
-// multiplies unsigned by signed bytes: the activations stay signed and
-// sum(w x) = sum(c x) - offset sum(x), where the correction depends on the
-// activations only, so Prepare stores it per lane once per call and the
-// kernel starts each dot from it (measured: one `vpdpbusd` less per pair than
-// the x + 128 layout this replaced, whose correction, -128 sum(w), was one
-// more `vpdpbusd` per pair). Activation rows are stored in the weights' byte
-// order with each lane's block scale (f32). Products fit in int16 and the
-// lane sums in int32 exactly.
-//   Q4_0 pair: [blk0 e0..15 | blk1 e0..15 | blk0 e16..31 | blk1 e16..31]
-//              (low nibbles of both blocks, then high nibbles; the same for
-//              Q4_1, Q5_0, Q5_1, whose 5th bits come from a 64-bit lane mask
-//              built from the two blocks' qh words: one masked byte add)
-//   Q8_0 pair: [blk0 e0..31 | blk1 e0..31]
-// An odd last block is a 32-byte half vector in natural order.
+// Layout. vpdpbusd sums 4 adjacent byte products (unsigned weight codes times
+// signed activation codes) into each of 16 int32 lanes. The kernels feed it
+// *twins*: two 64-byte code vectors whose lanes hold the same block (or
+// sub-block, or group), so that the two vpdpbusd of a level accumulate 8
+// products of one block per lane, and the lane work after them (the level
+// shift, the int-to-float conversion, the scale multiply and the FMA) is paid
+// once per 128 weights instead of once per 64 (session 8: 1.15-1.9x decode).
+// Activation rows are laid out in the weights' byte order (SourceIndex), one
+// 64-element record per code vector, with each lane's block scale (f32).
+//   Q4_0, Q4_1, Q5_0, Q5_1: a quad of four blocks, gathered from two 64-byte
+//     loads by one vpermt2b into [blk0 qs | blk1 qs | blk2 qs | blk3 qs];
+//     its low nibbles are elements 0..15 of each block (block b in lanes
+//     4b..4b+3), its high nibbles elements 16..31 (Q5: the 5th bits from two
+//     64-bit lane masks of the four qh words, one masked byte add each). The
+//     last 1-3 blocks of a row: a natural pair [blk | blk + 1], a half.
+//   Q8_0: natural pairs [blk0 e0..31 | blk1 e0..31] (its quads, 136 bytes,
+//     measured slower), an odd last block a 32-byte half.
+//   K-quants: a super-block is two twins (see SuperCodes).
+//   MLX 4-bit: 64 bytes are a twin as they are (low nibbles: the even
+//     elements of 128, high: the odd; lane l = elements 8l..8l+7, one group);
+//     8-bit: the even and the odd 4-byte words of 128 bytes. A row of 64 x odd
+//     elements ends in one 64-element record.
+// Q4_0/Q5_0/Q8_0 codes are unsigned (q standing for q - 8, q for q - 16,
+// q + 128) against signed activations: sum(w x) = sum(c x) - offset sum(x),
+// and Prepare stores each lane's correction (a quad's two records' summed in
+// the first), the dot's starting value (one vpdpbusd less per vector than the
+// x + 128 layout of session 6). Products fit in int16 and lane sums in int32.
 //
 // Q4_1 / Q5_1 (w = d q + m) keep their codes unsigned (0..15, 0..31) and the
 // activations signed, as the K-quants below: no correction, and the offset m
-// multiplies the block's activation sum (one 2-lane FMA per pair and row).
+// multiplies the block's activation sum (one 4-lane FMA per quad and row).
 //
 // Two levels (int8x2): every activation block carries a second int8 code
 // vector q2 for the first level's residual at scale d2 = d / 256
 // (QuantizeBlockQ8x2 in core/quant.h), stored right after q1 in the same
-// order. Both levels meet the same weight vector, so per weight vector and row
-// it is one more vpdpbusd, a shift and an add: i = (dot(w, q1) << 8) +
-// dot(w, q2) is the block's sum of w (256 q1 + q2) exactly in int32, and
-// exactly as f32 where |w| <= 128 (|i| < 2^24); MLX 8-bit codes (0..255) can
-// reach 2^25, where the conversion rounds once (relative 2^-24, inside the
-// oracle bound). It is scaled once by d2. The weight unpacking, scales and
-// offsets are shared, and the code below is the one-level code templated on L.
+// order. Both levels meet the same weight vectors, so per twin and row it is
+// two more vpdpbusd, a shift and an add: i = (dot(w, q1) << 8) + dot(w, q2)
+// is the lane's sum of w (256 q1 + q2), exact in int32; as f32 it is exact
+// below 2^24: codes below 64 (Q4_x, Q5_x, K-quants: 8 x 63 x 32639 < 2^24)
+// and Q8_0's corrected pair sums (4 x 128 x 32639 < 2^24) stay below it, MLX
+// 8-bit twins (8 x 255 x 32639 < 2^26) can pass it, where the conversion
+// rounds once (relative 2^-24, inside the oracle bound). It is scaled once
+// by d2. The weight unpacking, scales and offsets are shared, and the code is
+// the one-level code templated on L.
 //
-// MLX affine 4-bit (w = s q + b per group of 32, 64 or 128) is handled like
-// the K-quants with o = -b; byte j of a row holds elements 2j (low nibble) and
-// 2j + 1, so a 64-element vector is [even elements | odd elements] and the
-// activations are stored in that order (a group of 32 then owns lanes 0-3 and
-// 8-11 or 4-7 and 12-15). MLX 8-bit: byte j is element j, natural order.
+// MLX affine (w = s q + b per group of 32, 64 or 128) is handled like the
+// K-quants with o = -b.
 //
 // K-quants (Q2_K .. Q6_K) have unsigned codes q and an offset per sub-block:
 // w = a q - o (Q2_K: a = d (sc & 15), o = dmin (sc >> 4); Q3_K: a = d (sc -
 // 32), o = 4 a; Q4_K, Q5_K: a = d sc, o = dmin m; Q6_K: a = d sc, o = 32 a).
-// Their activations stay signed (vpdpbusd takes the codes as the unsigned
-// operand, no correction), in natural order, 64 codes per vector (chunk c of
-// a super-block: elements 64c..64c+63, decoded from the packed bit planes
-// with shifts, masks and, for the high bits, vptestmb lane masks). The offset
-// term sum_s o_s dx_s sum(qx over s) is a float dot of the super-block's
-// offsets with per-row sums precomputed once per activation row (one FMA per
-// row per super-block).
+// Their activations stay signed (no correction). The offset term
+// sum_s o_s dx_s sum(qx over s) is a float dot of the super-block's offsets
+// with per-row sums precomputed once per activation row (one FMA per row per
+// super-block).
 
 namespace lumen::kernels {
 

@@ -44,7 +44,9 @@ namespace lumen::kernels {
 
 inline constexpr int64_t kInt8MaxRows = 8;
 
-// True when this CPU has AVX512-VNNI (and AVX512F/BW/VL).
+// True when this CPU has AVX512-VNNI and AVX512-VBMI (and AVX512F/BW/VL): Ice
+// Lake and later Intel cores, AMD Zen 4 and 5. Cascade Lake (VNNI without
+// VBMI, whose vpermt2b gathers the quads) takes the exact route.
 bool CpuHasVnni();
 
 // True when the int8 route can run W's storage on this CPU (ignores W.route).

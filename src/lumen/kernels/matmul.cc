@@ -32,9 +32,9 @@
 // k-major panels, over which an outer-product GEMM (gemm-inl.h) runs all M
 // rows with one FMA chain per output in k order, so a row's bits do not
 // depend on M, on its place in the call or on the thread split. Every
-// dequantized value equals the scalar reference's (or differs by one rounding
-// where we use an FMA for scale * q + offset), so the only other error is f32
-// summation order.
+// dequantized GGUF value equals the scalar reference's bit for bit (see
+// DecodeColumns); MLX rows differ by one rounding (an FMA for scale * q +
+// bias), so the only other error is f32 summation order.
 //
 // MLX 4-bit rows decode even and odd elements of each 2N-element chunk as two
 // separate vectors (no in-register interleave); X is permuted to match once
@@ -137,22 +137,35 @@ HWY_INLINE void DecodeQ8_0(const uint8_t* row, int64_t K, Sink& sink) {
   if (b < nb) block(b, P0{}, P1{});
 }
 
-template <class Sink>
-HWY_INLINE void DecodeQ4_0(const uint8_t* row, int64_t K, Sink& sink) {
+// The legacy 32-element blocks (Q4_0, Q4_1, Q5_0, Q5_1): element j in the
+// low nibble of qs[j], j + 16 in the high one and, where the block has qh
+// (kQh), the 5th bit of element j at bit j of the little-endian u32 qh.
+// weight(blk, q) turns the block's int32 codes into its weights. Blocks in
+// pairs over the four chains.
+template <class Block, bool kQh, class Sink, class Weight>
+HWY_INLINE void DecodeLegacy(const uint8_t* row, int64_t K, Sink& sink, const Weight& weight) {
   const DF d;
   const DI di;
   const int64_t N = hn::Lanes(d);
-  const auto k15 = hn::Set(di, 15);
+  const hn::RebindToUnsigned<DI> du;
+  const auto k15 = hn::Set(di, 15), k1 = hn::Set(di, 1), iota = hn::Iota(di, 0);
   auto block = [&](int64_t b, auto pa, auto pb) HWY_ATTR {
-    const uint8_t* blk = row + b * sizeof(BlockQ4_0);
-    const float scale = LoadF16(blk);
-    const auto vd = hn::Set(d, scale);
-    const auto off = hn::Set(d, -8.0f * scale);  // d * (q - 8) == fma(q, d, -8d): one rounding
-    const uint8_t* qs = blk + 2;
+    const uint8_t* blk = row + b * sizeof(Block);
+    const uint8_t* qs = blk + offsetof(Block, qs);
+    uint32_t h = 0;  // HighBits in quant.cc
+    if constexpr (kQh) std::memcpy(&h, blk + offsetof(Block, qh), 4);
     for (int64_t i = 0; i < kQK / 2; i += N) {
       const auto q = LoadU8(qs + i);
-      sink(b * kQK + i, hn::MulAdd(hn::ConvertTo(d, hn::And(q, k15)), vd, off), pa);
-      sink(b * kQK + 16 + i, hn::MulAdd(hn::ConvertTo(d, hn::ShiftRight<4>(q)), vd, off), pb);
+      auto lo = hn::And(q, k15), hi = hn::ShiftRight<4>(q);
+      if constexpr (kQh) {  // bit i + lane of h (then 16 + i + lane), times 16
+        const auto s = hn::BitCast(du, hn::Add(iota, hn::Set(di, int32_t(i))));
+        const auto vh = hn::Set(du, h);
+        lo = hn::Or(lo, hn::ShiftLeft<4>(hn::And(hn::BitCast(di, hn::Shr(vh, s)), k1)));
+        hi = hn::Or(hi, hn::ShiftLeft<4>(hn::And(
+                            hn::BitCast(di, hn::Shr(vh, hn::Add(s, hn::Set(du, 16u)))), k1)));
+      }
+      sink(b * kQK + i, weight(blk, lo), pa);
+      sink(b * kQK + 16 + i, weight(blk, hi), pb);
     }
   };
   const int64_t nb = K / kQK;
@@ -164,17 +177,45 @@ HWY_INLINE void DecodeQ4_0(const uint8_t* row, int64_t K, Sink& sink) {
   if (b < nb) block(b, P0{}, P1{});
 }
 
-template <class Sink>
-HWY_INLINE void DecodeQ4K(const uint8_t* row, int64_t K, Sink& sink) {
+// Q4_0 / Q5_0: float(q - kZero) * d as the scalar code, bit for bit (an fma
+// form, fma(q, d, -kZero d), rounds the same but gives +0 where the scalar
+// product is -0: d < 0, q = kZero).
+template <class Block, bool kQh, int kZero, class Sink>
+HWY_INLINE void DecodeSymmetricLegacy(const uint8_t* row, int64_t K, Sink& sink) {
+  const DF d;
+  const auto zero = hn::Set(DI(), kZero);
+  DecodeLegacy<Block, kQh>(row, K, sink, [&](const uint8_t* blk, auto q) HWY_ATTR {
+    return hn::Mul(hn::ConvertTo(d, hn::Sub(q, zero)), hn::Set(d, LoadF16(blk)));
+  });
+}
+
+// Q4_1 / Q5_1: float(q) * d + m. q * d is exact in f32 (at most 5 + 11
+// significant bits, and f16 values are never f32 subnormals), so the scalar
+// code rounds once, at the add, as fma(q, d, m) does: the same bits.
+template <class Block, bool kQh, class Sink>
+HWY_INLINE void DecodeAffineLegacy(const uint8_t* row, int64_t K, Sink& sink) {
+  const DF d;
+  DecodeLegacy<Block, kQh>(row, K, sink, [&](const uint8_t* blk, auto q) HWY_ATTR {
+    return hn::MulAdd(hn::ConvertTo(d, q), hn::Set(d, LoadF16(blk)), hn::Set(d, LoadF16(blk + 2)));
+  });
+}
+
+// Q4_K / Q5_K (kQ5: the 5th bit of element 64j + l at bit 2j of qh[l], of
+// 64j + 32 + l at bit 2j + 1). d * sc and dmin * m are exact (6 + 11 bits),
+// so is (d * sc) * q (at most 22 bits): the scalar d1 * q - m1 rounds once,
+// at the subtraction, as fma(q, d1, -m1) does: the same bits.
+template <bool kQ5, class Sink>
+HWY_INLINE void DecodeQ4K5K(const uint8_t* row, int64_t K, Sink& sink) {
+  using Block = std::conditional_t<kQ5, BlockQ5K, BlockQ4K>;
   const DF d;
   const DI di;
   const int64_t N = hn::Lanes(d);
-  const auto k15 = hn::Set(di, 15);
+  const auto k15 = hn::Set(di, 15), k1 = hn::Set(di, 1);
   for (int64_t b = 0; b < K / kQKK; ++b) {
-    const uint8_t* blk = row + b * sizeof(BlockQ4K);
+    const uint8_t* blk = row + b * sizeof(Block);
     const float dd = LoadF16(blk), dmin = LoadF16(blk + 2);
-    const uint8_t* sc = blk + 4;
-    const uint8_t* qs = blk + 16;
+    const uint8_t* sc = blk + offsetof(Block, scales);
+    const uint8_t* qs = blk + offsetof(Block, qs);
     auto sub = [&](int j, auto pa, auto pb) HWY_ATTR {
       uint8_t s1, m1, s2, m2;
       GetScaleMinK4(2 * j, sc, &s1, &m1);
@@ -184,14 +225,83 @@ HWY_INLINE void DecodeQ4K(const uint8_t* row, int64_t K, Sink& sink) {
       const int64_t base = b * kQKK + 64 * j;
       for (int64_t l = 0; l < 32; l += N) {
         const auto q = LoadU8(qs + 32 * j + l);
-        sink(base + l, hn::MulAdd(hn::ConvertTo(d, hn::And(q, k15)), d1, o1), pa);
-        sink(base + 32 + l, hn::MulAdd(hn::ConvertTo(d, hn::ShiftRight<4>(q)), d2, o2), pb);
+        auto lo = hn::And(q, k15), hi = hn::ShiftRight<4>(q);
+        if constexpr (kQ5) {
+          const auto h = LoadU8(blk + offsetof(BlockQ5K, qh) + l);
+          lo = hn::Or(lo, hn::ShiftLeft<4>(hn::And(hn::ShiftRightSame(h, 2 * j), k1)));
+          hi = hn::Or(hi, hn::ShiftLeft<4>(hn::And(hn::ShiftRightSame(h, 2 * j + 1), k1)));
+        }
+        sink(base + l, hn::MulAdd(hn::ConvertTo(d, lo), d1, o1), pa);
+        sink(base + 32 + l, hn::MulAdd(hn::ConvertTo(d, hi), d2, o2), pb);
       }
     };
     sub(0, P0{}, P1{});
     sub(1, P2{}, P3{});
     sub(2, P0{}, P1{});
     sub(3, P2{}, P3{});
+  }
+}
+
+// Q2_K / Q3_K 2-bit planes: in each 128-element half c of a super-block,
+// element 128c + 32j + l is bits 2j of qs[32c + l] (j = 0..3, one chain
+// each), in sub-block 8c + 2j + l / 16 of 16 elements. weight(c, j, l, q2)
+// turns the vector of 2-bit codes at l into weights.
+template <class Sink, class Weight>
+HWY_INLINE void DecodePlanes2(const uint8_t* qs, int64_t base, Sink& sink, const Weight& weight) {
+  const DI di;
+  const int64_t N = hn::Lanes(DF());
+  const auto k3 = hn::Set(di, 3);
+  for (int c = 0; c < 2; ++c)
+    for (int64_t l = 0; l < 32; l += N) {
+      const auto q = LoadU8(qs + 32 * c + l);
+      const int64_t k = base + 128 * c + l;
+      sink(k, weight(c, 0, l, hn::And(q, k3)), P0{});
+      sink(k + 32, weight(c, 1, l, hn::And(hn::ShiftRight<2>(q), k3)), P1{});
+      sink(k + 64, weight(c, 2, l, hn::And(hn::ShiftRight<4>(q), k3)), P2{});
+      sink(k + 96, weight(c, 3, l, hn::ShiftRight<6>(q)), P3{});
+    }
+}
+
+// Q2_K: dl * q - ml with dl = d * (sc & 15), ml = dmin * (sc >> 4), both
+// exact (4 + 11 bits), and dl * q exact: one rounding, as fma(q, dl, -ml).
+template <class Sink>
+HWY_INLINE void DecodeQ2K(const uint8_t* row, int64_t K, Sink& sink) {
+  const DF d;
+  for (int64_t b = 0; b < K / kQKK; ++b) {
+    const uint8_t* blk = row + b * sizeof(BlockQ2K);
+    const uint8_t* sc = blk + offsetof(BlockQ2K, scales);
+    const float dd = LoadF16(blk + offsetof(BlockQ2K, d)),
+                dmin = LoadF16(blk + offsetof(BlockQ2K, dmin));
+    DecodePlanes2(blk + offsetof(BlockQ2K, qs), b * kQKK, sink,
+                  [&](int c, int j, int64_t l, auto q) HWY_ATTR {
+                    const uint8_t s = sc[8 * c + 2 * j + l / 16];
+                    return hn::MulAdd(hn::ConvertTo(d, q), hn::Set(d, dd * (s & 0xF)),
+                                      hn::Set(d, -(dmin * (s >> 4))));
+                  });
+  }
+}
+
+// Q3_K: dl * (q - 4) with dl = d * (sc - 32) (5 + 11 bits) and the 3rd bit
+// of element i at bit i / 32 of hmask[i % 32]: every product is exact, so the
+// value is the scalar code's, bit for bit (the int subtraction keeps the sign
+// of a zero product).
+template <class Sink>
+HWY_INLINE void DecodeQ3K(const uint8_t* row, int64_t K, Sink& sink) {
+  const DF d;
+  const DI di;
+  const auto k1 = hn::Set(di, 1), k4 = hn::Set(di, 4);
+  for (int64_t b = 0; b < K / kQKK; ++b) {
+    const uint8_t* blk = row + b * sizeof(BlockQ3K);
+    const uint8_t* hmask = blk + offsetof(BlockQ3K, hmask);
+    const uint8_t* sc = blk + offsetof(BlockQ3K, scales);
+    const float dd = LoadF16(blk + offsetof(BlockQ3K, d));
+    DecodePlanes2(blk + offsetof(BlockQ3K, qs), b * kQKK, sink,
+                  [&](int c, int j, int64_t l, auto q) HWY_ATTR {
+                    const auto h = hn::And(hn::ShiftRightSame(LoadU8(hmask + l), 4 * c + j), k1);
+                    const auto q3 = hn::Sub(hn::Or(q, hn::ShiftLeft<2>(h)), k4);
+                    const int s = Q3KScale(sc, 8 * c + 2 * j + int(l / 16)) - 32;
+                    return hn::Mul(hn::ConvertTo(d, q3), hn::Set(d, dd * float(s)));
+                  });
   }
 }
 
@@ -262,7 +372,23 @@ HWY_INLINE void DecodeMlx(const Matrix& W, int64_t r, const float* ss, const flo
   }
 }
 
-enum class Path { kF32, kF16, kBF16, kQ8_0, kQ4_0, kQ4K, kQ6K, kMlx, kGeneric };
+enum class Path {
+  kF32,
+  kF16,
+  kBF16,
+  kQ8_0,
+  kQ4_0,
+  kQ4_1,
+  kQ5_0,
+  kQ5_1,
+  kQ2K,
+  kQ3K,
+  kQ4K,
+  kQ5K,
+  kQ6K,
+  kMlx,
+  kGeneric
+};
 
 // The fused path for W on this target, or kGeneric (scalar dequant to scratch).
 Path PathFor(const Matrix& W) {
@@ -283,8 +409,20 @@ Path PathFor(const Matrix& W) {
       return kQK % (2 * N) == 0 ? Path::kQ8_0 : Path::kGeneric;
     case DType::kQ4_0:
       return 16 % N == 0 ? Path::kQ4_0 : Path::kGeneric;
+    case DType::kQ4_1:
+      return 16 % N == 0 ? Path::kQ4_1 : Path::kGeneric;
+    case DType::kQ5_0:
+      return 16 % N == 0 ? Path::kQ5_0 : Path::kGeneric;
+    case DType::kQ5_1:
+      return 16 % N == 0 ? Path::kQ5_1 : Path::kGeneric;
+    case DType::kQ2_K:
+      return 16 % N == 0 ? Path::kQ2K : Path::kGeneric;
+    case DType::kQ3_K:
+      return 16 % N == 0 ? Path::kQ3K : Path::kGeneric;
     case DType::kQ4_K:
       return 32 % N == 0 ? Path::kQ4K : Path::kGeneric;
+    case DType::kQ5_K:
+      return 32 % N == 0 ? Path::kQ5K : Path::kGeneric;
     case DType::kQ6_K:
       return 16 % N == 0 ? Path::kQ6K : Path::kGeneric;
     default:
@@ -292,40 +430,63 @@ Path PathFor(const Matrix& W) {
   }
 }
 
+// The vector decoder of `path` (neither kMlx nor kGeneric) over the first K
+// elements of row.
+template <class Sink>
+HWY_INLINE void DecodeStorage(Path path, const uint8_t* row, int64_t K, Sink& sink) {
+  switch (path) {
+    case Path::kF32:
+      return DecodeF32(row, K, sink);
+    case Path::kF16:
+      return DecodeF16(row, K, sink);
+    case Path::kBF16:
+      return DecodeBF16(row, K, sink);
+    case Path::kQ8_0:
+      return DecodeQ8_0(row, K, sink);
+    case Path::kQ4_0:
+      return DecodeSymmetricLegacy<BlockQ4_0, false, 8>(row, K, sink);
+    case Path::kQ4_1:
+      return DecodeAffineLegacy<BlockQ4_1, false>(row, K, sink);
+    case Path::kQ5_0:
+      return DecodeSymmetricLegacy<BlockQ5_0, true, 16>(row, K, sink);
+    case Path::kQ5_1:
+      return DecodeAffineLegacy<BlockQ5_1, true>(row, K, sink);
+    case Path::kQ2K:
+      return DecodeQ2K(row, K, sink);
+    case Path::kQ3K:
+      return DecodeQ3K(row, K, sink);
+    case Path::kQ4K:
+      return DecodeQ4K5K<false>(row, K, sink);
+    case Path::kQ5K:
+      return DecodeQ4K5K<true>(row, K, sink);
+    case Path::kQ6K:
+      return DecodeQ6K(row, K, sink);
+    case Path::kMlx:
+    case Path::kGeneric:
+      break;
+  }
+  LUMEN_DCHECK(false && "DecodeStorage: no vector decoder");
+}
+
 // Columns [k0, k0 + KW) of W's row r into dst by the fused decoders, over
-// whole pairs of vectors and (block types) whole blocks, for the storage types
-// whose vector decode has the bits of DequantizeMatrixColumns (one rounding
-// each: f32, f16, bf16, d * q, fma(q, d, -8d) = (q - 8) d), so the choice
-// never depends on how threads split K. The K-quants round twice in the
-// scalar code and MLX 4-bit decodes in permuted order: false, the caller
-// decodes.
+// whole pairs of vectors and whole blocks, so the choice never depends on
+// how threads split K. Every GGUF decoder has the bits of
+// DequantizeMatrixColumns: each value is rounded once where the scalar code
+// rounds once (f16/bf16 widen exactly; d * q; the K-quants' d * sc, dmin * m
+// and (d * sc) * q are exact products of at most 24 significant bits, so the
+// scalar code's only rounding is its add, which an fma matches). MLX 4-bit
+// decodes in permuted order and MLX / generic rows have no vector decoder
+// here: false, the caller decodes.
 bool DecodeColumns(Path path, const Matrix& W, int64_t r, int64_t k0, int64_t KW, float* dst) {
   const DF d;
   const int64_t N = hn::Lanes(d);
-  if (k0 % (2 * N) != 0 || KW % (2 * N) != 0) return false;
+  if (path == Path::kMlx || path == Path::kGeneric) return false;
+  if (k0 % (2 * N) != 0 || KW % (2 * N) != 0 || !RowBytes(W.w.dtype, KW)) return false;
   const std::optional<size_t> skip = RowBytes(W.w.dtype, k0);
   if (!skip) return false;
-  const uint8_t* row = W.w.row<const uint8_t>(r) + *skip;
   auto store = [&](int64_t k, VF w, auto) HWY_ATTR { hn::StoreU(w, d, dst + k); };
-  switch (path) {
-    case Path::kF32:
-      DecodeF32(row, KW, store);
-      return true;
-    case Path::kF16:
-      DecodeF16(row, KW, store);
-      return true;
-    case Path::kBF16:
-      DecodeBF16(row, KW, store);
-      return true;
-    case Path::kQ8_0:
-      DecodeQ8_0(row, KW, store);
-      return true;
-    case Path::kQ4_0:
-      DecodeQ4_0(row, KW, store);
-      return true;
-    default:
-      return false;
-  }
+  DecodeStorage(path, W.w.row<const uint8_t>(r) + *skip, KW, store);
+  return true;
 }
 
 // Per-thread state for decoding rows of one matrix.
@@ -343,20 +504,6 @@ struct RowDecoder {
   HWY_INLINE void Decode(int64_t r, Sink& sink) {
     const uint8_t* row = W.w.row<const uint8_t>(r);
     switch (path) {
-      case Path::kF32:
-        return DecodeF32(row, W.k, sink);
-      case Path::kF16:
-        return DecodeF16(row, W.k, sink);
-      case Path::kBF16:
-        return DecodeBF16(row, W.k, sink);
-      case Path::kQ8_0:
-        return DecodeQ8_0(row, W.k, sink);
-      case Path::kQ4_0:
-        return DecodeQ4_0(row, W.k, sink);
-      case Path::kQ4K:
-        return DecodeQ4K(row, W.k, sink);
-      case Path::kQ6K:
-        return DecodeQ6K(row, W.k, sink);
       case Path::kMlx: {
         const int64_t groups = W.k / W.mlx_group;
         DequantizeRow(W.scales.dtype, W.scales.row(r), scratch.data(), groups);
@@ -376,6 +523,8 @@ struct RowDecoder {
         }
         return;
       }
+      default:
+        return DecodeStorage(path, row, W.k, sink);
     }
   }
 };
@@ -599,15 +748,16 @@ void PackLowRank(const LowRankTile& epi, int64_t n, int64_t nr, int64_t NR, floa
 // transposed in registers into k-major panels [K, NR], NR = NV vectors of
 // rows; f32 rows are transposed straight from W.
 //
-// Where the storage decodes column ranges (f32, f16, bf16, Q8_0, Q4_0:
-// DecodeColumns), each panel is built KC columns at a time (KC NR floats, in
-// L1) and a block of X's rows runs over that slice at once: the decoded
-// weights never leave L1. The row blocks are as many rows as fill half of L2
-// (all M when X fits), so X is read from L2; W is decoded once per block.
-// Other storage decodes whole panels, in groups of about 1 MiB (half of L2)
-// where X is larger than 512 KiB, and for each block of KC columns every
-// panel of the group runs all M rows: the group's X slice [M, KC] is read
-// once per panel from L2.
+// Where the storage decodes column ranges (f32, f16, bf16 and the
+// 32-element blocks Q8_0, Q4_0, Q4_1, Q5_0, Q5_1: DecodeColumns), each panel
+// is built KC columns at a time (KC NR floats, in L1) and a block of X's
+// rows runs over that slice at once: the decoded weights never leave L1. The
+// row blocks are as many rows as fill half of L2 (all M when X fits), so X
+// is read from L2; W is decoded once per block. Other storage (the K-quants,
+// whose 256-element super-blocks do not fit KC, and MLX) decodes whole
+// panels, in groups of about 1 MiB (half of L2) where X is larger than
+// 512 KiB, and for each block of KC columns every panel of the group runs
+// all M rows: the group's X slice [M, KC] is read once per panel from L2.
 //
 // Every output is one FMA chain in k order (then its r epilogue terms), so
 // the tile height, the k blocks, the panel layout and the thread split
@@ -622,7 +772,9 @@ void GemmRows(RowDecoder& dec, const PreparedX& X, int64_t M, float* Y, int64_t 
   const int64_t K = W.k, kp = (K + L - 1) / L * L;  // panel rows: K padded to whole blocks
   const bool direct = dec.path == Path::kF32;       // f32 rows are the strips' source as they are
   const bool columns = direct || dec.path == Path::kF16 || dec.path == Path::kBF16 ||
-                       dec.path == Path::kQ8_0 || dec.path == Path::kQ4_0;
+                       dec.path == Path::kQ8_0 || dec.path == Path::kQ4_0 ||
+                       dec.path == Path::kQ4_1 || dec.path == Path::kQ5_0 ||
+                       dec.path == Path::kQ5_1;
   const int64_t r = epi ? epi->r : 0;
   std::vector<float> bp(r * NR);
   AlignedBuffer zero_buf(kp * sizeof(float));  // rows past n1
@@ -1034,8 +1186,9 @@ LUMEN_ROUTE(
      .oracle = "MatMulRef (matmul_ref.h: dequantize, double accumulation)",
      .bound = "relative error per output within the bound of matmul_test.cc",
      .tests = "MatMulTest.EveryTargetDtypeAndShapeWithinBound;MatMulTest."
-              "ThreadSplitMatchesSingleThreadBitForBit;QuantTypes.QuantizedMatchesDequantized",
-     .when = "dtype=f32|f16|bf16|q8_0|q4_0|q4_k|q6_k|mlx4|mlx8",
+              "ThreadSplitMatchesSingleThreadBitForBit;MatMulTest."
+              "RandomBlocksWithSpecialScalesWithinBound;QuantTypes.QuantizedMatchesDequantized",
+     .when = "dtype=f32|f16|bf16|q8_0|q4_0|q4_1|q5_0|q5_1|q2_k|q3_k|q4_k|q5_k|q6_k|mlx4|mlx8",
      .priority = 10});
 LUMEN_ROUTE(
     matmul_decode_scratch,
@@ -1047,17 +1200,19 @@ LUMEN_ROUTE(
      .tests =
          "MatMulTest.EveryTargetDtypeAndShapeWithinBound;QuantTypes.QuantizedMatchesDequantized",
      .priority = 0});
-LUMEN_ROUTE(matmul_prefill_fused,
-            {.node = "matmul.prefill",
-             .name = "simd-panels",
-             .tier = Tier::kL2,
-             .oracle = "MatMulRef (matmul_ref.h)",
-             .bound = "relative error per output within the bound of matmul_test.cc",
-             .tests = "MatMulTest.EveryTargetDtypeAndShapeWithinBound;MatMulTest."
-                      "ManyEqualsOneByOneBitForBit;MatMulTest.FusedRoutesOnTheBestTarget;"
-                      "MatMulTest.RowsBitIdenticalWhateverTheCallsRowCount",
-             .when = "dtype=f32|f16|bf16|q8_0|q4_0|q4_k|q6_k|mlx4|mlx8",
-             .priority = 10});
+LUMEN_ROUTE(
+    matmul_prefill_fused,
+    {.node = "matmul.prefill",
+     .name = "simd-panels",
+     .tier = Tier::kL2,
+     .oracle = "MatMulRef (matmul_ref.h)",
+     .bound = "relative error per output within the bound of matmul_test.cc",
+     .tests = "MatMulTest.EveryTargetDtypeAndShapeWithinBound;MatMulTest."
+              "ManyEqualsOneByOneBitForBit;MatMulTest.FusedRoutesOnTheBestTarget;"
+              "MatMulTest.RowsBitIdenticalWhateverTheCallsRowCount;MatMulTest."
+              "RandomBlocksWithSpecialScalesWithinBound",
+     .when = "dtype=f32|f16|bf16|q8_0|q4_0|q4_1|q5_0|q5_1|q2_k|q3_k|q4_k|q5_k|q6_k|mlx4|mlx8",
+     .priority = 10});
 LUMEN_ROUTE(matmul_prefill_scratch,
             {.node = "matmul.prefill",
              .name = "dequant-row",
@@ -1073,8 +1228,8 @@ LUMEN_ROUTE(
      .tier = Tier::kL2,
      .oracle = "MatMulRef of the transposed product",
      .bound = "relative error within the bound of matmul_test.cc",
-     .tests =
-         "MatMulTest.TransposedWithinBound;Types/QuantizedBase.FloatRouteWithinBoundOfDouble/*"});
+     .tests = "MatMulTest.TransposedWithinBound;MatMulTest.TransposedDecodesColumnsBitForBit;"
+              "Types/QuantizedBase.FloatRouteWithinBoundOfDouble/*"});
 
 // The fused LoRA epilogue (matmul.h, MatMulLowRank / MatMulTLowRank).
 LUMEN_ROUTE(matmul_lora_epilogue,

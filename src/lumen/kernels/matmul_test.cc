@@ -15,6 +15,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstddef>
 #include <cstring>
 #include <random>
 #include <string>
@@ -182,14 +183,133 @@ TEST(MatMulTest, RowsBitIdenticalWhateverTheCallsRowCount) {
 
 TEST(MatMulTest, FusedRoutesOnTheBestTarget) {
   std::mt19937 rng(3);
-  for (const Spec& s : AllSpecs()) {
-    const bool expect = (s.mlx_bits != 0) || s.dtype == DType::kF32 || s.dtype == DType::kF16 ||
-                        s.dtype == DType::kBF16 || s.dtype == DType::kQ8_0 ||
-                        s.dtype == DType::kQ4_0 || s.dtype == DType::kQ4_K ||
-                        s.dtype == DType::kQ6_K;
+  for (const Spec& s : AllSpecs()) {  // every storage has a vector decoder
     OwnedMatrix o = Make(s, 2, 512, rng);
-    EXPECT_EQ(expect, MatMulIsFused(o.m)) << s.name;
+    EXPECT_TRUE(MatMulIsFused(o.m)) << s.name;
   }
+}
+
+// f16 bits for a block's scale or min: +-0, subnormals and normals of either
+// sign between 2^-14 and 8 (finite, so every product stays finite).
+uint16_t SpecialF16(std::mt19937& rng) {
+  const uint16_t sign = (rng() & 1) << 15;
+  switch (rng() % 4) {
+    case 0:
+      return sign;
+    case 1:
+      return uint16_t(sign | (1 + rng() % 1023));  // subnormal
+    default:
+      return uint16_t(sign | ((1 + rng() % 17) << 10) | (rng() % 1024));
+  }
+}
+
+// Byte offsets of the f16 fields (scales, mins) in a block of t.
+std::vector<size_t> F16Fields(DType t) {
+  switch (t) {
+    case DType::kQ4_0:
+      return {offsetof(BlockQ4_0, d)};
+    case DType::kQ4_1:
+      return {offsetof(BlockQ4_1, d), offsetof(BlockQ4_1, m)};
+    case DType::kQ5_0:
+      return {offsetof(BlockQ5_0, d)};
+    case DType::kQ5_1:
+      return {offsetof(BlockQ5_1, d), offsetof(BlockQ5_1, m)};
+    case DType::kQ8_0:
+      return {offsetof(BlockQ8_0, d)};
+    case DType::kQ2_K:
+      return {offsetof(BlockQ2K, d), offsetof(BlockQ2K, dmin)};
+    case DType::kQ3_K:
+      return {offsetof(BlockQ3K, d)};
+    case DType::kQ4_K:
+      return {offsetof(BlockQ4K, d), offsetof(BlockQ4K, dmin)};
+    case DType::kQ5_K:
+      return {offsetof(BlockQ5K, d), offsetof(BlockQ5K, dmin)};
+    case DType::kQ6_K:
+      return {offsetof(BlockQ6K, d)};
+    default:
+      return {};
+  }
+}
+
+// N x K of block type t with every byte random (all codes, sub-block scales
+// and high bits) and the f16 fields from SpecialF16, rows misaligned as Make's.
+OwnedMatrix RandomBlocks(DType t, int64_t N, int64_t K, std::mt19937& rng) {
+  const size_t rb = *RowBytes(t, K), stride = rb + 3, bb = Info(t).block_bytes;
+  OwnedMatrix o;
+  o.bytes.assign(N * stride + 8, 0);
+  uint8_t* base = o.bytes.data() + 1;
+  for (int64_t n = 0; n < N; ++n) {
+    uint8_t* row = base + n * stride;
+    for (size_t i = 0; i < rb; ++i) row[i] = uint8_t(rng());
+    for (size_t b = 0; b < rb; b += bb)
+      for (size_t f : F16Fields(t)) {
+        const uint16_t h = SpecialF16(rng);
+        std::memcpy(row + b + f, &h, 2);
+      }
+  }
+  o.m.w = TensorView::Contiguous(base, t, {N, K});
+  o.m.w.stride[0] = static_cast<int64_t>(stride);
+  o.m.n = N;
+  o.m.k = K;
+  return o;
+}
+
+// The block types with vector decoders.
+constexpr DType kBlockTypes[] = {DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1,
+                                 DType::kQ8_0, DType::kQ2_K, DType::kQ3_K, DType::kQ4_K,
+                                 DType::kQ5_K, DType::kQ6_K};
+
+// Random blocks (every code and sub-block scale, f16 scales and mins +-0,
+// subnormal, negative) through the exact route on every target, M = 1 (the
+// dot form) and M > 4 (the panels, with a remainder tile and two threads),
+// within the bound of the double-precision dot of DequantizeRow's weights.
+TEST(MatMulTest, RandomBlocksWithSpecialScalesWithinBound) {
+  std::mt19937 rng(29);
+  ThreadPool pool(2);
+  for (int64_t target : Targets()) {
+    hwy::SetSupportedTargetsForTest(target);
+    const std::string tname = hwy::TargetName(target);
+    for (DType t : kBlockTypes) {
+      const int64_t bk = Info(t).block_elems;
+      for (int64_t K : {bk, bk * 3, bk == 32 ? bk * 9 : bk * 2}) {
+        OwnedMatrix o = RandomBlocks(t, /*N=*/41, K, rng);
+        for (int64_t M : {1, 2, 37})
+          CheckOne(o.m, M, M == 37 ? &pool : nullptr, rng, tname + " " + std::string(Name(t)));
+      }
+    }
+  }
+  hwy::SetSupportedTargetsForTest(0);
+}
+
+// The vector decoders give DequantizeMatrixColumns' values bit for bit (the
+// contract of DecodeColumns, which the transposed product uses for whole
+// column ranges): MatMulT with dY = I gives dX = W exactly (each output is
+// 1 * w plus products with 0, so only the sign of a zero weight is lost).
+// K spans two 2048-column ranges for the K-quants.
+TEST(MatMulTest, TransposedDecodesColumnsBitForBit) {
+  std::mt19937 rng(31);
+  for (int64_t target : Targets()) {
+    hwy::SetSupportedTargetsForTest(target);
+    const std::string tname = hwy::TargetName(target);
+    for (DType t : kBlockTypes) {
+      const int64_t bk = Info(t).block_elems, N = 24;
+      for (int64_t K : {bk * 3, bk == 32 ? bk * 7 : bk * 9}) {
+        OwnedMatrix o = RandomBlocks(t, N, K, rng);
+        std::vector<float> eye(N * N, 0.0f), dX(N * K), w(K);
+        for (int64_t n = 0; n < N; ++n) eye[n * N + n] = 1.0f;
+        MatMulT(o.m, eye.data(), N, dX.data(), nullptr);
+        int bad = 0;
+        for (int64_t n = 0; n < N; ++n) {
+          DequantizeMatrixColumns(o.m, n, 0, K, w.data());
+          for (int64_t k = 0; k < K; ++k)
+            if (!(dX[n * K + k] == w[k]) && bad++ < 3)
+              ADD_FAILURE() << tname << " " << Name(t) << " K=" << K << " n=" << n << " k=" << k
+                            << " got " << dX[n * K + k] << " want " << w[k];
+        }
+      }
+    }
+  }
+  hwy::SetSupportedTargetsForTest(0);
 }
 
 TEST(MatMulTest, TransposedWithinBound) {

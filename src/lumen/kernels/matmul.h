@@ -2,9 +2,11 @@
 //
 // M = 1 is decode (a matvec, memory-bound: each weight byte is read once);
 // M > 1 is prefill or batched decode, and still reads each weight row once for
-// all M rows. F32/F16/BF16, Q8_0, Q4_0, Q4_K, Q6_K and MLX 4/8-bit rows are
-// decoded straight into SIMD registers (runtime-dispatched Highway targets);
-// other types are dequantized one row at a time into per-thread scratch.
+// all M rows. F32/F16/BF16, the GGUF weight types (Q4_0, Q4_1, Q5_0, Q5_1,
+// Q8_0, Q2_K ... Q6_K: the scalar DequantizeRow's values bit for bit) and
+// MLX 4/8-bit rows are decoded straight into SIMD registers
+// (runtime-dispatched Highway targets); other storage is dequantized one row
+// at a time into per-thread scratch.
 // Nothing dequantizes a whole tensor. Threads split N contiguously.
 //
 // M <= 4 FMAs each decoded weight vector into all M rows (the dot form). M > 4

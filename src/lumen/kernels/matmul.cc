@@ -305,6 +305,8 @@ HWY_INLINE void DecodeQ3K(const uint8_t* row, int64_t K, Sink& sink) {
   }
 }
 
+// Q6_K: (d * sc) * (q - 32) in the scalar code's order; both products are
+// exact (at most 11 + 7 + 5 significant bits): the same bits.
 template <class Sink>
 HWY_INLINE void DecodeQ6K(const uint8_t* row, int64_t K, Sink& sink) {
   const DF d;

@@ -723,16 +723,20 @@ LUMEN_VNNI inline __m512i NibblePair(const uint8_t* p) {
 // fields, unpacked four at a time from the 12 bytes as 32-bit words) times d
 // and dmin: lanes 0-7 d sc_j, lanes 8-15 dmin m_j.
 LUMEN_VNNI inline __m512 ScalesMinsQ4K(const uint8_t* blk) {
-  uint32_t w[3];
-  std::memcpy(w, blk + 4, 12);
-  constexpr uint32_t k6 = 0x3f3f3f3f, k4 = 0x0f0f0f0f, k2 = 0x03030303;
-  const uint32_t u[4] = {
-      w[0] & k6,                                      // sc 0..3: low 6 bits of bytes 0..3
-      (w[2] & k4) | (((w[0] >> 6) & k2) << 4),        // sc 4..7
-      w[1] & k6,                                      // m 0..3: low 6 bits of bytes 4..7
-      ((w[2] >> 4) & k4) | (((w[1] >> 6) & k2) << 4)  // m 4..7
-  };
-  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(u));
+  // The three words w0, w1, w2 in 32-bit lanes (the load's fourth word is the
+  // first 4 code bytes, unused), then per lane: sc 0..3 = w0 & k6, sc 4..7 =
+  // (w2 & k4) | ((w0 >> 6) & k2) << 4, m 0..3 = w1 & k6, m 4..7 = ((w2 >> 4)
+  // & k4) | ((w1 >> 6) & k2) << 4. In vector lanes, not through a stack array,
+  // whose four 32-bit stores and 128-bit load could not forward.
+  const __m128i w = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 4));
+  const __m128i low = _mm_srlv_epi32(_mm_shuffle_epi32(w, _MM_SHUFFLE(2, 1, 2, 0)),
+                                     _mm_set_epi32(4, 0, 0, 0));  // w0, w2, w1, w2 >> 4
+  const __m128i lo =
+      _mm_and_si128(low, _mm_set_epi32(0x0f0f0f0f, 0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f));
+  const __m128i top =
+      _mm_and_si128(_mm_srli_epi32(_mm_shuffle_epi32(w, _MM_SHUFFLE(1, 1, 0, 0)), 6),
+                    _mm_set_epi32(0x03030303, 0, 0x03030303, 0));
+  const __m128i b = _mm_or_si128(lo, _mm_slli_epi32(top, 4));
   const __m512 f = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(b));
   const __m512 dd =
       _mm512_insertf32x8(_mm512_set1_ps(F16Scalar(blk)), _mm256_set1_ps(F16Scalar(blk + 2)), 1);

@@ -774,18 +774,19 @@ LUMEN_VNNI inline void SubScales(const uint8_t* blk, __m512* a, __m512* o) {
                        _mm512_set1_ps(F16Scalar(blk + 208)));
     *o = _mm512_mul_ps(*a, _mm512_set1_ps(32.0f));
   } else if constexpr (F == Fmt::kQ3K) {
-    // Q3KScale's 6-bit fields four at a time: low nibbles from bytes 0-7,
-    // high 2 bits from the pairs of bits of bytes 8-11.
-    uint32_t w[3];
-    std::memcpy(w, blk + 96, 12);
-    constexpr uint32_t k4 = 0x0f0f0f0f, k2 = 0x03030303;
-    const uint32_t u[4] = {(w[0] & k4) | ((w[2] & k2) << 4),
-                           (w[1] & k4) | (((w[2] >> 2) & k2) << 4),
-                           ((w[0] >> 4) & k4) | (((w[2] >> 4) & k2) << 4),
-                           ((w[1] >> 4) & k4) | (((w[2] >> 6) & k2) << 4)};
-    const __m512i sc =
-        _mm512_sub_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(u))),
-                         _mm512_set1_epi32(32));
+    // Q3KScale's 6-bit fields four at a time in 32-bit lanes (as Q4_K's, not
+    // through a stack array): lane j = ((w[j % 2] >> 4 (j / 2)) & k4) | (((w2
+    // >> 2j) & k2) << 4), the 12 bytes read by a masked load (the block ends
+    // 2 bytes after them).
+    const __m128i w = _mm_maskz_loadu_epi32(0x7, blk + 96);
+    const __m128i low = _mm_and_si128(
+        _mm_srlv_epi32(_mm_shuffle_epi32(w, _MM_SHUFFLE(1, 0, 1, 0)), _mm_set_epi32(4, 4, 0, 0)),
+        _mm_set1_epi32(0x0f0f0f0f));
+    const __m128i high = _mm_and_si128(
+        _mm_srlv_epi32(_mm_shuffle_epi32(w, _MM_SHUFFLE(2, 2, 2, 2)), _mm_set_epi32(6, 4, 2, 0)),
+        _mm_set1_epi32(0x03030303));
+    const __m128i u = _mm_or_si128(low, _mm_slli_epi32(high, 4));
+    const __m512i sc = _mm512_sub_epi32(_mm512_cvtepu8_epi32(u), _mm512_set1_epi32(32));
     *a = _mm512_mul_ps(_mm512_cvtepi32_ps(sc), _mm512_set1_ps(F16Scalar(blk + 108)));
     *o = _mm512_mul_ps(*a, _mm512_set1_ps(4.0f));
   } else {  // Q2_K: byte j = scale j (low nibble) | min j (high nibble)

@@ -403,19 +403,25 @@ LUMEN_VNNI void QuantizeBlocksX2Avx512(const float* x, int64_t nb, int8_t* q1, i
   }
 }
 
-// The record's integer lane sums of unsigned weight codes w against the
-// signed activation codes, plus init (added once): one level, dot(q1); two,
-// (dot(q1) << 8) + dot(q2).
+// The integer lane sums of L levels, plus init (added once), from dot(acc,
+// level) = acc + the level's dot products: one level, dot(init, 0); two,
+// (dot(0, 0) << 8) + dot(init, 1).
+template <int L, class Dot>
+LUMEN_VNNI inline __m512i Levels(__m512i init, Dot dot) {
+  if constexpr (L == 1) {
+    return dot(init, 0);
+  } else {
+    return _mm512_add_epi32(_mm512_slli_epi32(dot(_mm512_setzero_si512(), 0), 8), dot(init, 1));
+  }
+}
+
+// A record's lane sums: unsigned weight codes w against its signed
+// activation codes (one vector per level).
 template <int L>
 LUMEN_VNNI inline __m512i LevelDot(__m512i init, __m512i w, const uint8_t* rec) {
-  auto dot = [&](__m512i acc, const uint8_t* p)
-                 LUMEN_VNNI { return _mm512_dpbusd_epi32(acc, w, _mm512_load_si512(p)); };
-  if constexpr (L == 1) {
-    return dot(init, rec);
-  } else {
-    return _mm512_add_epi32(_mm512_slli_epi32(dot(_mm512_setzero_si512(), rec), 8),
-                            dot(init, rec + 64));
-  }
+  return Levels<L>(init, [&](__m512i acc, int level) LUMEN_VNNI {
+    return _mm512_dpbusd_epi32(acc, w, _mm512_load_si512(rec + 64 * level));
+  });
 }
 
 // The same on a half record (32 elements: L x 32 B).
@@ -452,27 +458,22 @@ template <Fmt F>
 constexpr int kBlockBytes = F == Fmt::kQ4_0   ? sizeof(BlockQ4_0)
                             : F == Fmt::kQ4_1 ? sizeof(BlockQ4_1)
                             : F == Fmt::kQ5_0 ? sizeof(BlockQ5_0)
-                            : F == Fmt::kQ5_1 ? sizeof(BlockQ5_1)
-                                              : sizeof(BlockQ8_0);
+                                              : sizeof(BlockQ5_1);
 
 // A quad (four consecutive blocks of a 4- or 5-bit format, 72 to 96 bytes)
 // is read as two 64-byte tables, one at the quad and one ending where it
-// ends, and every 2-byte field is gathered from them with one vpermt2b.
-// TableWord: the permute's word for the word at byte p of the quad (tables
-// at o0 and o1; words 32..63 are the second).
+// ends (at kTable1), and every 2-byte field is gathered from them with one
+// vpermt2b, whose index 64 + j is byte j of the second table.
 template <Fmt F>
 constexpr int kTable1 = 4 * kBlockBytes<F> - 64;
-constexpr int16_t TableWord(int p, int o0, int o1) {
-  return static_cast<int16_t>(p - o0 + 2 <= 64 ? (p - o0) / 2 : 32 + (p - o1) / 2);
-}
-constexpr bool InTables(int p, int o0, int o1) {
-  return p % 2 == 0 && ((p >= o0 && p - o0 + 2 <= 64) || (p >= o1 && p - o1 + 2 <= 64));
-}
 struct alignas(64) WordIndex {
   int8_t v[64] = {};  // byte indices for vpermt2b (one uop; vpermt2w is three)
-  bool ok = true;     // every word inside a table (checked at compile time)
-  constexpr void Set(int i, int16_t word) {
-    v[2 * i] = static_cast<int8_t>(word < 32 ? 2 * word : 64 + 2 * (word - 32));
+  bool ok = true;     // every field inside a table (checked at compile time)
+  // Output word i = the 2 bytes at byte p of the quad.
+  constexpr void Set(int i, int p, int table1) {
+    const bool first = p + 2 <= 64;
+    ok = ok && (first || (p >= table1 && p - table1 + 2 <= 64));
+    v[2 * i] = static_cast<int8_t>(first ? p : 64 + p - table1);
     v[2 * i + 1] = static_cast<int8_t>(v[2 * i] + 1);
   }
 };
@@ -482,9 +483,7 @@ template <Fmt F>
 constexpr WordIndex CodeWords() {
   WordIndex r;
   for (int i = 0; i < 32; ++i) {
-    const int p = i / 8 * kBlockBytes<F> + static_cast<int>(CodesAt(F)) + 2 * (i % 8);
-    r.Set(i, TableWord(p, 0, kTable1<F>));
-    r.ok = r.ok && InTables(p, 0, kTable1<F>);
+    r.Set(i, i / 8 * kBlockBytes<F> + static_cast<int>(CodesAt(F)) + 2 * (i % 8), kTable1<F>);
   }
   return r;
 }
@@ -495,8 +494,7 @@ constexpr WordIndex ScaleWords() {
   WordIndex r;
   for (int i = 0; i < 20; ++i) {
     const int p = i < 16 ? i / 4 * kBlockBytes<F> : (i - 16) * kBlockBytes<F> + (HasMin(F) ? 2 : 0);
-    r.Set(i, TableWord(p, 0, kTable1<F>));
-    r.ok = r.ok && InTables(p, 0, kTable1<F>);
+    r.Set(i, p, kTable1<F>);
   }
   return r;
 }
@@ -550,20 +548,13 @@ LUMEN_VNNI inline Quad LoadQuad(const uint8_t* blk) {
 }
 
 // The lane sums of a twin (two code vectors a, b whose lanes hold the same
-// blocks) against its two activation records at rec, plus init (added
-// once): one level, dot(a, q1) + dot(b, q1'); two, that shifted left by 8
-// plus the same on the q2 codes.
+// blocks) against its two activation records at rec.
 template <int L>
 LUMEN_VNNI inline __m512i TwinDot(__m512i init, __m512i a, __m512i b, const uint8_t* rec) {
-  auto dot = [&](__m512i acc, int level) LUMEN_VNNI {
+  return Levels<L>(init, [&](__m512i acc, int level) LUMEN_VNNI {
     acc = _mm512_dpbusd_epi32(acc, a, _mm512_load_si512(rec + 64 * level));
     return _mm512_dpbusd_epi32(acc, b, _mm512_load_si512(rec + kRecord<L> + 64 * level));
-  };
-  if constexpr (L == 1) {
-    return dot(init, 0);
-  } else {
-    return _mm512_add_epi32(_mm512_slli_epi32(dot(_mm512_setzero_si512(), 0), 8), dot(init, 1));
-  }
+  });
 }
 
 // Two f16 values, at p and p + bb, as lanes 0 and 1.

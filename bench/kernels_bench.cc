@@ -129,10 +129,11 @@ void BM_MatMul(benchmark::State& state) {
   const int64_t M = state.range(1);
   const int threads = static_cast<int>(state.range(2));
   const int64_t K = state.range(3), N = 2048;
-  const int route = static_cast<int>(state.range(4));  // 0 exact, 1 int8, 2 bf16
+  const int route = static_cast<int>(state.range(4));  // 0 exact, 1 int8, 2 bf16, 3 int8x2
   auto w = MakeWeight(type, N, K);
   if (route == 1) w->m.route = ActRoute::kInt8;
   if (route == 2) w->m.route = ActRoute::kBf16;
+  if (route == 3) w->m.route = ActRoute::kInt8x2;
   std::vector<float> x(M * K), y(M * N);
   std::mt19937 rng(2);
   for (auto& v : x) v = std::uniform_real_distribution<float>(-1, 1)(rng);
@@ -141,7 +142,10 @@ void BM_MatMul(benchmark::State& state) {
     MatMul(w->m, x.data(), M, K, y.data(), N, &pool);
     benchmark::DoNotOptimize(y.data());
   }
-  state.SetLabel(std::string(TypeName(type)) + (route == 1 ? " int8" : route == 2 ? " bf16" : ""));
+  state.SetLabel(std::string(TypeName(type)) + (route == 1   ? " int8"
+                                                : route == 2 ? " bf16"
+                                                : route == 3 ? " int8x2"
+                                                             : ""));
   state.counters["FLOP/s"] =
       benchmark::Counter(2.0 * M * N * K * state.iterations(), benchmark::Counter::kIsRate);
   state.counters["bytes/s"] =
@@ -151,6 +155,10 @@ BENCHMARK(BM_MatMul)
     ->ArgsProduct({{0, 1, 2, 3, 4, 5, 6, 7}, {4, 256}, {1, 2}, {2048, 8192}, {0}})
     ->UseRealTime();
 BENCHMARK(BM_MatMul)->ArgsProduct({{3, 4}, {4, 8}, {1, 2}, {2048, 8192}, {1}})->UseRealTime();
+// The default decode route (int8x2) at batch-decode rows: the weights stay in
+// the last-level cache here (not DRAM), so this times the kernel: its compute
+// and its activation traffic (K = 8192 records outgrow L1 at 4 rows).
+BENCHMARK(BM_MatMul)->ArgsProduct({{3, 4}, {1, 4}, {1, 2}, {2048, 8192}, {3}})->UseRealTime();
 // The bf16 prefill route (matmul_bf16.h) beside the exact M=256 rows above.
 BENCHMARK(BM_MatMul)
     ->ArgsProduct({{0, 1, 2, 3, 4, 5, 6, 7}, {256}, {1, 2}, {2048}, {2}})

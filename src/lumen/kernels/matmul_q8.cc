@@ -214,8 +214,39 @@ struct RowPtrs {
 template <int L>
 constexpr int64_t kRecord = 64 * L + 64;
 
+// The record layout repeats every `len` positions (64 natural, 128 quads
+// and MLX twins, 256 K-quant twins) up to `end`; tab maps a position of one
+// period to its element (SourceIndex). Positions past `end` (the natural
+// blocks after the quads, the last 64 of an MLX row of 64 x odd, the half
+// record of an odd block count) are mapped one by one.
+struct Period {
+  int64_t len = 64, end = 0;
+  int32_t tab[kQKK] = {};
+};
+
+Period PeriodOf(const Geometry& g, int64_t K) {
+  const int64_t nb = K / kQK;
+  Period p;
+  const bool twins = g.order == Order::kTwins32 || g.order == Order::kTwins16;
+  p.len = g.order == Order::kNatural ? 64 : twins ? kQKK : 128;
+  p.end = g.order == Order::kNatural ? K / 64 * 64
+          : twins                    ? K
+          : g.order == Order::kQuads ? nb / 4 * 128
+                                     : K / 128 * 128;
+  for (int64_t o = 0; o < p.len; ++o) p.tab[o] = static_cast<int32_t>(SourceIndex(g.order, nb, o));
+  return p;
+}
+
+// Records and corrections of positions [0, per.end) of one row, vectorized
+// (x86 with VNNI and VBMI; the bytes of the scalar loop in Prepare).
+void PrepareRecordsVnni(const Geometry& g, int levels, const Period& per, const int8_t* q1,
+                        const int8_t* q2, const float* dn, uint8_t* rec, int32_t* corr);
+bool CpuHasVnniForPrepare();
+
+// vector: lay the periodic part out with PrepareRecordsVnni where the CPU
+// has it (false: the scalar loop everywhere, the reference for tests).
 void Prepare(const Geometry& g, const float* X, int64_t M, int64_t ldx, int64_t K, int levels,
-             Int8Rows* out) {
+             Int8Rows* out, bool vector = true) {
   const int64_t nb = K / kQK, nsum = g.sum_group ? K / g.sum_group : 0;
   out->M = M;
   out->K = K;
@@ -227,21 +258,15 @@ void Prepare(const Geometry& g, const float* X, int64_t M, int64_t ldx, int64_t 
   out->buf = AlignedBuffer(M * out->stride);
   std::vector<int8_t> q1(K), q2(levels == 2 ? K : 0);
   std::vector<float> dn(nb);
-  // Natural order (Q8_0): no per-byte index mapping on this
-  // per-call path. The others repeat every 64 to 256 elements (quads, then
-  // natural blocks), so SourceIndex runs once per position of one period.
+  const Period per = PeriodOf(g, K);
+  // Where the scalar loop starts: 0, or the end of the vectorized periods.
+  const int64_t start = vector && CpuHasVnniForPrepare() ? per.end : 0;
   const bool natural = g.order == Order::kNatural;
   std::vector<int32_t> src(natural ? 0 : K);
-  if (!natural) {
-    const bool twins = g.order == Order::kTwins32 || g.order == Order::kTwins16;
-    const int64_t period = twins ? kQKK : 128;
-    const int64_t end = twins ? K : g.order == Order::kQuads ? nb / 4 * 128 : K / 128 * 128;
-    int32_t tab[kQKK];
-    for (int64_t o = 0; o < period; ++o) tab[o] = static_cast<int32_t>(SourceIndex(g.order, nb, o));
-    for (int64_t i = 0; i < K; ++i)
-      src[i] = static_cast<int32_t>(i < end ? i - i % period + tab[i % period]
-                                            : SourceIndex(g.order, nb, i));
-  }
+  if (!natural)
+    for (int64_t i = start; i < K; ++i)
+      src[i] = static_cast<int32_t>(i < per.end ? i - i % per.len + per.tab[i % per.len]
+                                                : SourceIndex(g.order, nb, i));
   for (int64_t m = 0; m < M; ++m) {
     if (levels == 1) {
       QuantizeBlocksQ8(X + m * ldx, nb, q1.data(), dn.data());
@@ -250,7 +275,13 @@ void Prepare(const Geometry& g, const float* X, int64_t M, int64_t ldx, int64_t 
     }
     const int8_t* const q[2] = {q1.data(), q2.data()};
     uint8_t* rec = out->buf.as<uint8_t>() + m * out->stride;
-    for (int64_t pos = 0; pos < K;) {
+    int32_t* const corr_row = reinterpret_cast<int32_t*>(out->buf.as<uint8_t>() + m * out->stride +
+                                                         (levels + 1) * K + 4 * nsum);
+    if (start > 0)
+      PrepareRecordsVnni(g, levels, per, q1.data(), q2.data(), dn.data(), rec,
+                         g.w_offset ? corr_row : nullptr);
+    rec += start / 64 * (levels + 1) * 64;
+    for (int64_t pos = start; pos < K;) {
       const int64_t n = std::min<int64_t>(64, K - pos);  // 64, or 32 for the half record
       float* dx = reinterpret_cast<float*>(rec + levels * n);
       for (int l = 0; l < levels; ++l) {
@@ -279,7 +310,7 @@ void Prepare(const Geometry& g, const float* X, int64_t M, int64_t ldx, int64_t 
       rec += (levels + 1) * n;
       pos += n;
     }
-    if (g.w_offset && g.order == Order::kQuads) {
+    if (g.w_offset && g.order == Order::kQuads && start == 0) {  // (the vector path folds)
       // A quad's two records accumulate into the same lanes: the kernel
       // starts from the first record's corrections, so they hold both.
       int32_t* corr = reinterpret_cast<int32_t*>(out->buf.as<uint8_t>() + m * out->stride +
@@ -328,6 +359,74 @@ bool CpuHasVnni() {
 }
 
 namespace {
+
+bool CpuHasVnniForPrepare() { return CpuHasVnni(); }
+
+LUMEN_VNNI void PrepareRecordsVnni(const Geometry& g, int levels, const Period& per,
+                                   const int8_t* q1, const int8_t* q2, const float* dn,
+                                   uint8_t* rec, int32_t* corr) {
+  const int64_t P = per.len, nrec = P / 64;  // records per period: 1, 2 or 4
+  // Per record of the period: byte gather indices (within a 128-byte half
+  // of the period's codes), which half each byte comes from (P = 256), and
+  // each lane's block (relative to the period's first).
+  __m512i idx[4], lane_blk[4];
+  __mmask64 upper[4] = {};
+  for (int64_t j = 0; j < nrec; ++j) {
+    alignas(64) int8_t b[64];
+    alignas(64) int32_t lb[16];
+    for (int i = 0; i < 64; ++i) {
+      const int32_t t = per.tab[64 * j + i];
+      b[i] = static_cast<int8_t>(t & 127);
+      if (t >= 128) upper[j] |= __mmask64{1} << i;
+    }
+    for (int l = 0; l < 16; ++l) lb[l] = per.tab[64 * j + 4 * l] / kQK;
+    idx[j] = _mm512_load_si512(b);
+    lane_blk[j] = _mm512_load_si512(lb);
+  }
+  const int8_t* const q[2] = {q1, q2};
+  const __m512i ones = _mm512_set1_epi8(1), neg_off = _mm512_set1_epi32(-g.w_offset);
+  const __mmask16 dn_lanes = static_cast<__mmask16>((1u << (P / kQK)) - 1);
+  const int64_t rec_bytes = (levels + 1) * 64;
+  for (int64_t base = 0; base < per.end; base += P) {
+    __m512i c[4];
+    const __m512 d = _mm512_maskz_loadu_ps(dn_lanes, dn + base / kQK);
+    for (int64_t j = 0; j < nrec; ++j) {
+      __m512i sum = _mm512_setzero_si512();
+      for (int l = 0; l < levels; ++l) {
+        const int8_t* src = q[l] + base;
+        __m512i v;
+        if (P == 64) {
+          v = _mm512_loadu_si512(src);
+        } else {
+          v = _mm512_permutex2var_epi8(_mm512_loadu_si512(src), idx[j],
+                                       _mm512_loadu_si512(src + 64));
+          if (P == 256)  // bytes from the period's second half
+            v = _mm512_mask_mov_epi8(v, upper[j],
+                                     _mm512_permutex2var_epi8(_mm512_loadu_si512(src + 128), idx[j],
+                                                              _mm512_loadu_si512(src + 192)));
+        }
+        _mm512_store_si512(rec + 64 * l, v);
+        if (corr) {  // the lane's codes summed: q1, or 256 q1 + q2
+          const __m512i t = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, v);
+          sum = l == 0 ? t : _mm512_add_epi32(_mm512_slli_epi32(sum, 8), t);
+        }
+      }
+      _mm512_store_ps(reinterpret_cast<float*>(rec + 64 * levels),
+                      _mm512_permutexvar_ps(lane_blk[j], d));
+      c[j] = _mm512_mullo_epi32(sum, neg_off);
+      rec += rec_bytes;
+    }
+    if (corr) {
+      int32_t* out = corr + base / 4;
+      if (g.order == Order::kQuads) {  // a quad's two records accumulate in the first's lanes
+        _mm512_storeu_si512(out, _mm512_add_epi32(c[0], c[1]));
+        _mm512_storeu_si512(out + 16, _mm512_setzero_si512());
+      } else {
+        for (int64_t j = 0; j < nrec; ++j) _mm512_storeu_si512(out + 16 * j, c[j]);
+      }
+    }
+  }
+}
 
 LUMEN_VNNI inline uint32_t LoadU16(const uint8_t* p) {
   uint16_t h;
@@ -1103,6 +1202,11 @@ void MatMulRowsInt8(const Matrix& W, const Int8Rows& X, float* Y, int64_t ldy, i
 }  // namespace
 bool CpuHasVnni() { return false; }
 namespace {
+bool CpuHasVnniForPrepare() { return false; }
+void PrepareRecordsVnni(const Geometry&, int, const Period&, const int8_t*, const int8_t*,
+                        const float*, uint8_t*, int32_t*) {
+  LUMEN_CHECK(false);
+}
 void QuantizeBlocksAvx512(const float*, int64_t, int8_t*, float*) { LUMEN_CHECK(false); }
 void QuantizeBlocksX2Avx512(const float*, int64_t, int8_t*, int8_t*, float*) { LUMEN_CHECK(false); }
 void MatMulRowsInt8(const Matrix&, const Int8Rows&, float*, int64_t, int64_t, int64_t) {
@@ -1149,6 +1253,16 @@ bool Int8RouteSupports(const Matrix& W) {
     default:
       return false;
   }
+}
+
+bool Int8LayoutMatchesScalar(const Matrix& W, const float* X, int64_t M) {
+  LUMEN_CHECK(Int8RouteSupports(W));
+  const Geometry g = GeometryFor(W);
+  Int8Rows vec, ref;
+  Prepare(g, X, M, W.k, W.k, Int8Levels(W.route), &vec, true);
+  Prepare(g, X, M, W.k, W.k, Int8Levels(W.route), &ref, false);
+  return vec.buf.size() == ref.buf.size() &&
+         std::memcmp(vec.buf.data(), ref.buf.data(), vec.buf.size()) == 0;
 }
 
 void MatMulInt8(const Matrix& W, const float* X, int64_t M, int64_t ldx, float* Y, int64_t ldy,

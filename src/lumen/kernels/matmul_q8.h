@@ -65,6 +65,12 @@ void QuantizeBlocksQ8(const float* x, int64_t nb, int8_t* q, float* d);
 // of the nb blocks of x: the same bits, vectorized on AVX-512 CPUs.
 void QuantizeBlocksQ8x2(const float* x, int64_t nb, int8_t* q1, int8_t* q2, float* d2);
 
+// For tests: true when the activation layout the int8 routes build for W
+// (M rows of X, Int8Levels(W.route) levels) has the same bytes whether its
+// periodic part is laid out by the vector code or, as the reference, by the
+// scalar loop. Requires Int8RouteSupports(W).
+bool Int8LayoutMatchesScalar(const Matrix& W, const float* X, int64_t M);
+
 // Y[M, N] = X[M, K] * W^T through the int8 route, with Int8Levels(W.route)
 // activation levels; requires Int8RouteSupports(W).
 void MatMulInt8(const Matrix& W, const float* X, int64_t M, int64_t ldx, float* Y, int64_t ldy,

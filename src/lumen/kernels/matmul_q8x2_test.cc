@@ -157,6 +157,28 @@ TEST(QuantizeBlocksQ8x2, SameBitsAsTheScalarBlockQuantizerAndWithinHalfAStep) {
   EXPECT_LT(err2, err1 / 50) << "mean errors " << err2 / n << " vs level 1 " << err1 / n;
 }
 
+// The activation layout's vectorized part (gathers, lane scales, offset
+// corrections) has the scalar loop's bytes for every format, both level
+// counts, full and partial periods (quads then natural blocks, half
+// records, MLX rows of 64 x odd).
+TEST(MatMulInt8x2, VectorLayoutHasTheScalarBytes) {
+  std::mt19937 rng(31);
+  for (const Case& c : kCases)
+    for (int64_t K : {32, 64, 96, 160, 192, 224, 256, 352, 448, 1152, 2048})
+      for (int64_t M : {1, 3}) {
+        if (K % BlockOf(c) != 0) continue;
+        OwnedMatrix W = MakeX2(c, 3, K, rng);
+        SKIP_WITHOUT_VNNI(W.m);
+        const std::vector<float> X = RandomActivations(M, K, rng);
+        for (ActRoute r : {ActRoute::kInt8x2, ActRoute::kInt8}) {
+          Matrix m = W.m;
+          m.route = r;
+          EXPECT_TRUE(Int8LayoutMatchesScalar(m, X.data(), M))
+              << CaseName(c) << " K=" << K << " M=" << M << " levels=" << Int8Levels(r);
+        }
+      }
+}
+
 TEST(MatMulInt8x2, MatchesOracleAndExactBound) {
   std::mt19937 rng(23);
   for (const Case& c : kCases)

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <optional>
+#include <span>
 #include <type_traits>
 #include <vector>
 
@@ -976,12 +977,16 @@ void PrepareBf16Rows(const Matrix& W, const float* X, int64_t ldx, int64_t m0, i
   for (int64_t m = m0; m < m1; ++m) ToBf16Padded(x.row(m - m0), W.k, ld, xb + m * ld);
 }
 
-// MatMulBf16, step 2: rows [n0, n1) of W against the prepared rows.
-void MatMulRowsBf16(const Matrix& W, const uint16_t* xb, int64_t ld, int64_t M, float* Y,
-                    int64_t ldy, int64_t n0, int64_t n1) {
+// Step 2: rows [n0, n1) of W against the prepared rows (xpacked: their AMX
+// tile layout, or null where the AVX512-BF16 kernel takes the product).
+void MatMulRowsBf16(const Matrix& W, const uint16_t* xb, const uint16_t* xpacked, int64_t ld,
+                    int64_t M, float* Y, int64_t ldy, int64_t n0, int64_t n1) {
   RowDecoder dec(W);
-  Bf16PanelsFor(dec, xb, ld, M, Y, ldy, n0, n1);
+  Bf16Panels(dec, xb, xpacked, ld, M, Y, ldy, n0, n1);
 }
+
+// 1 when PreparedX reorders X for W (the MLX 4-bit decoder's element order).
+int PermutesX(const Matrix& W) { return PathFor(W) == Path::kMlx && W.mlx_bits == 4 ? 1 : 0; }
 
 // The backward epilogue's operands at one tile's first row and column: U
 // rows (stride r), V = A's columns (row stride ldv), mask (stride K) or null.
@@ -1258,6 +1263,7 @@ LUMEN_ROUTE(matmul_lora_epilogue_t,
 HWY_EXPORT(MatMulRows);
 HWY_EXPORT(PrepareBf16Rows);
 HWY_EXPORT(MatMulRowsBf16);
+HWY_EXPORT(PermutesX);
 HWY_EXPORT(MatMulTRows);
 HWY_EXPORT(AddLowRankCols);
 HWY_EXPORT(FusedPath);
@@ -1291,11 +1297,76 @@ void TransposedOnPool(const Matrix& W, const float* dY, int64_t M, float* dX, co
   });
 }
 
+// The bf16 route over the pool: X rounded to bf16 and, where the AMX tiles
+// take the product, packed into their layout once per call for every thread
+// and product, then W's rows split as RowsOnPool does. Each thread used to
+// do both for every product it ran (QKV: three times), T times the work on T
+// threads; on 2 threads the 512-token prefill did not measurably change (the
+// AMX tiles and the panel decode bound it). One copy per X layout among the
+// products (MLX 4-bit reorders X).
+void Bf16OnPool(std::span<const MatMulOut> outs, const float* X, int64_t M, int64_t ldx,
+                ThreadPool* pool) {
+  const int64_t K = outs[0].w->k;
+  const int64_t ld = (K + kBf16RowAlign - 1) / kBf16RowAlign * kBf16RowAlign;
+  const bool amx = M >= kAmxMinRows && AmxBf16Usable();
+  struct Copy {
+    int layout;
+    AlignedBuffer xb, xp;
+  };
+  std::vector<Copy> copies;
+  copies.reserve(2);  // of keeps pointers into it
+  std::vector<const Copy*> of(outs.size());
+  int64_t total = 0;
+  for (size_t i = 0; i < outs.size(); ++i) {
+    const Matrix& W = *outs[i].w;
+    LUMEN_CHECK(W.k == K);
+    const int layout = HWY_DYNAMIC_DISPATCH(PermutesX)(W);
+    auto it = std::find_if(copies.begin(), copies.end(),
+                           [&](const Copy& c) { return c.layout == layout; });
+    if (it == copies.end()) {
+      Copy c{layout, AlignedBuffer(size_t(M) * ld * sizeof(uint16_t)), {}};
+      uint16_t* xb = c.xb.as<uint16_t>();
+      Split(pool, M, 8, 4, [&](int64_t b, int64_t e, int) {
+        HWY_DYNAMIC_DISPATCH(PrepareBf16Rows)(W, X, ldx, b, e, xb, ld);
+      });
+      if (amx) {
+        c.xp = AlignedBuffer(AmxPackedXBytes(M, ld));
+        AmxPackX(xb, M, ld, c.xp.as<uint16_t>());
+      }
+      copies.push_back(std::move(c));
+      it = copies.end() - 1;
+    }
+    of[i] = &*it;
+    total += W.n;
+  }
+  Split(pool, total, 32, 16, [&](int64_t b, int64_t e, int) {
+    int64_t off = 0;
+    for (size_t i = 0; i < outs.size(); ++i) {
+      const MatMulOut& o = outs[i];
+      const int64_t lo = std::max<int64_t>(b - off, 0), hi = std::min<int64_t>(e - off, o.w->n);
+      if (lo < hi) HWY_DYNAMIC_DISPATCH(MatMulRowsBf16)
+      (*o.w, of[i]->xb.as<uint16_t>(), amx ? of[i]->xp.as<uint16_t>() : nullptr, ld, M, o.y, o.ldy,
+       lo, hi);
+      off += o.w->n;
+    }
+  });
+}
+
+// True when MatMul's rows of W take the bf16 route at M rows (MatMulRows'
+// own test, made before the rows are split).
+bool TakesBf16Route(const Matrix& W, int64_t M) {
+  return M > 4 && RouteHasBf16(W.route) && CpuHasBf16();
+}
+
 }  // namespace
 
 void MatMul(const Matrix& W, const float* X, int64_t M, int64_t ldx, float* Y, int64_t ldy,
             ThreadPool* pool) {
   if (UsesInt8Route(W, M)) return MatMulInt8(W, X, M, ldx, Y, ldy, pool);
+  if (TakesBf16Route(W, M) && W.n > 0) {
+    const MatMulOut out{&W, Y, ldy};
+    return Bf16OnPool({&out, 1}, X, M, ldx, pool);
+  }
   RowsOnPool(W, X, M, ldx, Y, ldy, nullptr, pool);
 }
 
@@ -1310,6 +1381,9 @@ void MatMulMany(std::span<const MatMulOut> outs, const float* X, int64_t M, int6
     MatMulManyInt8(a, X, M, ldx, pool);
     return MatMulMany(b, X, M, ldx, pool);
   }
+  const auto bf16 = [M](const MatMulOut& o) { return TakesBf16Route(*o.w, M); };
+  if (!outs.empty() && std::all_of(outs.begin(), outs.end(), bf16))
+    return Bf16OnPool(outs, X, M, ldx, pool);
   int64_t total = 0;
   for (const MatMulOut& o : outs) total += o.w->n;
   Split(pool, total, 32, 16, [&](int64_t b, int64_t e, int) {
@@ -1328,15 +1402,8 @@ void MatMulBf16(const Matrix& W, const float* X, int64_t M, int64_t ldx, float* 
                 ThreadPool* pool) {
   LUMEN_CHECK(CpuHasBf16());
   if (M <= 0 || W.n == 0) return;
-  const int64_t ld = (W.k + kBf16RowAlign - 1) / kBf16RowAlign * kBf16RowAlign;
-  AlignedBuffer xb_buf(size_t(M) * ld * sizeof(uint16_t));
-  uint16_t* xb = xb_buf.as<uint16_t>();
-  Split(pool, M, 8, 4, [&](int64_t b, int64_t e, int) {
-    HWY_DYNAMIC_DISPATCH(PrepareBf16Rows)(W, X, ldx, b, e, xb, ld);
-  });
-  Split(pool, W.n, 32, 16, [&](int64_t b, int64_t e, int) {
-    HWY_DYNAMIC_DISPATCH(MatMulRowsBf16)(W, xb, ld, M, Y, ldy, b, e);
-  });
+  const MatMulOut out{&W, Y, ldy};
+  Bf16OnPool({&out, 1}, X, M, ldx, pool);
 }
 
 void MatMulT(const Matrix& W, const float* dY, int64_t M, float* dX, ThreadPool* pool) {

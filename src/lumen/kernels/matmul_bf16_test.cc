@@ -278,39 +278,44 @@ TEST(MatMulBf16Amx, SeveralPanelsAndWideK) {
 // so is MatMulBf16 (the training's forward); below 5 rows the exact route
 // runs (MatMulBf16.RouteSelectionAndThreads). bf16 weights decode exactly, so
 // the test builds the same operands directly.
+// Also on weights whose decoded values round (F32, Q4_0, Q4_K, F16 scaled):
+// the route rounds each decoded vector to bf16 on its way into the panel,
+// which must give ToBf16Padded's bits.
 TEST(MatMulBf16Amx, TakenFromMinRowsBitForBitAnyThreads) {
   SKIP_WITHOUT_AMX();
   std::mt19937 rng(8);
-  Spec s;
-  s.dtype = DType::kBF16;
-  const int64_t N = 53, K = 200, ld = 224, Mmax = 40;
-  OwnedMatrix o = Make(s, N, K, rng);
-  o.m.route = ActRoute::kBf16;
-  const std::vector<float> X = RandomActivations(Mmax, K, rng);
-  AlignedBuffer panel(64 * ld * sizeof(uint16_t)), xb(Mmax * ld * sizeof(uint16_t));
-  std::vector<float> row(K);
-  for (int64_t n = 0; n < N; ++n) {
-    DequantizeMatrixRow(o.m, n, row.data());
-    ToBf16Padded(row.data(), K, ld, panel.as<uint16_t>() + n * ld);
-  }
-  for (int64_t m = 0; m < Mmax; ++m)
-    ToBf16Padded(X.data() + m * K, K, ld, xb.as<uint16_t>() + m * ld);
-  ThreadPool pool(2);
-  for (int64_t M : {5, 6, 15, 16, 33, 40}) {
-    std::vector<float> want(M * N), one(M * N), two(M * N), bf16(M * N);
-    if (M >= kAmxMinRows) {
-      AlignedBuffer xp(AmxPackedXBytes(M, ld));
-      AmxPackX(xb.as<uint16_t>(), M, ld, xp.as<uint16_t>());
-      AmxBf16PanelProduct(panel.as<uint16_t>(), N, xp.as<uint16_t>(), M, ld, want.data(), N, 0);
-    } else {
-      Bf16PanelProduct(panel.as<uint16_t>(), N, xb.as<uint16_t>(), M, ld, want.data(), N, 0);
+  for (DType t : {DType::kBF16, DType::kF32, DType::kQ4_0, DType::kQ4_K}) {
+    Spec s;
+    s.dtype = t;
+    const int64_t N = 53, K = t == DType::kBF16 ? 200 : 512, ld = (K + 31) / 32 * 32, Mmax = 40;
+    OwnedMatrix o = Make(s, N, K, rng);
+    o.m.route = ActRoute::kBf16;
+    const std::vector<float> X = RandomActivations(Mmax, K, rng);
+    AlignedBuffer panel(64 * ld * sizeof(uint16_t)), xb(Mmax * ld * sizeof(uint16_t));
+    std::vector<float> row(K);
+    for (int64_t n = 0; n < N; ++n) {
+      DequantizeMatrixRow(o.m, n, row.data());
+      ToBf16Padded(row.data(), K, ld, panel.as<uint16_t>() + n * ld);
     }
-    MatMul(o.m, X.data(), M, K, one.data(), N, nullptr);
-    MatMul(o.m, X.data(), M, K, two.data(), N, &pool);
-    MatMulBf16(o.m, X.data(), M, K, bf16.data(), N, &pool);
-    EXPECT_EQ(one, want) << "M=" << M;
-    EXPECT_EQ(two, want) << "M=" << M;
-    EXPECT_EQ(bf16, want) << "M=" << M;
+    for (int64_t m = 0; m < Mmax; ++m)
+      ToBf16Padded(X.data() + m * K, K, ld, xb.as<uint16_t>() + m * ld);
+    ThreadPool pool(2);
+    for (int64_t M : {5, 6, 15, 16, 33, 40}) {
+      std::vector<float> want(M * N), one(M * N), two(M * N), bf16(M * N);
+      if (M >= kAmxMinRows) {
+        AlignedBuffer xp(AmxPackedXBytes(M, ld));
+        AmxPackX(xb.as<uint16_t>(), M, ld, xp.as<uint16_t>());
+        AmxBf16PanelProduct(panel.as<uint16_t>(), N, xp.as<uint16_t>(), M, ld, want.data(), N, 0);
+      } else {
+        Bf16PanelProduct(panel.as<uint16_t>(), N, xb.as<uint16_t>(), M, ld, want.data(), N, 0);
+      }
+      MatMul(o.m, X.data(), M, K, one.data(), N, nullptr);
+      MatMul(o.m, X.data(), M, K, two.data(), N, &pool);
+      MatMulBf16(o.m, X.data(), M, K, bf16.data(), N, &pool);
+      EXPECT_EQ(one, want) << Name(t) << " M=" << M;
+      EXPECT_EQ(two, want) << Name(t) << " M=" << M;
+      EXPECT_EQ(bf16, want) << Name(t) << " M=" << M;
+    }
   }
 }
 

@@ -241,7 +241,6 @@ Period PeriodOf(const Geometry& g, int64_t K) {
 // (x86 with VNNI and VBMI; the bytes of the scalar loop in Prepare).
 void PrepareRecordsVnni(const Geometry& g, int levels, const Period& per, const int8_t* q1,
                         const int8_t* q2, const float* dn, uint8_t* rec, int32_t* corr);
-bool CpuHasVnniForPrepare();
 
 // vector: lay the periodic part out with PrepareRecordsVnni where the CPU
 // has it (false: the scalar loop everywhere, the reference for tests).
@@ -260,7 +259,7 @@ void Prepare(const Geometry& g, const float* X, int64_t M, int64_t ldx, int64_t 
   std::vector<float> dn(nb);
   const Period per = PeriodOf(g, K);
   // Where the scalar loop starts: 0, or the end of the vectorized periods.
-  const int64_t start = vector && CpuHasVnniForPrepare() ? per.end : 0;
+  const int64_t start = vector && CpuHasVnni() ? per.end : 0;
   const bool natural = g.order == Order::kNatural;
   std::vector<int32_t> src(natural ? 0 : K);
   if (!natural)
@@ -359,8 +358,6 @@ bool CpuHasVnni() {
 }
 
 namespace {
-
-bool CpuHasVnniForPrepare() { return CpuHasVnni(); }
 
 LUMEN_VNNI void PrepareRecordsVnni(const Geometry& g, int levels, const Period& per,
                                    const int8_t* q1, const int8_t* q2, const float* dn,
@@ -1202,7 +1199,6 @@ void MatMulRowsInt8(const Matrix& W, const Int8Rows& X, float* Y, int64_t ldy, i
 }  // namespace
 bool CpuHasVnni() { return false; }
 namespace {
-bool CpuHasVnniForPrepare() { return false; }
 void PrepareRecordsVnni(const Geometry&, int, const Period&, const int8_t*, const int8_t*,
                         const float*, uint8_t*, int32_t*) {
   LUMEN_CHECK(false);

@@ -902,10 +902,12 @@ void Bf16PanelsFor(RowDecoder& dec, const uint16_t* xb, int64_t ld, int64_t M, f
   Bf16Panels(dec, xb, xp.as<uint16_t>(), ld, M, Y, ldy, n0, n1);
 }
 
-// The bf16 route of MatMul (M > 4): W's rows decoded into row-major panels,
-// rounded to bf16 with the X rows so each dot instruction does 32 products.
-// Every thread converts all M rows of X: M K conversions against M K
-// (n1 - n0) products (MatMulBf16 converts them once per call instead).
+// The bf16 route of MatMulRows (M > 4): W's rows decoded into row-major
+// panels, rounded to bf16 with the X rows so each dot instruction does 32
+// products. Every thread converts all M rows of X: M K conversions against
+// M K (n1 - n0) products. Plain products do not come here: MatMul,
+// MatMulMany and MatMulBf16 convert X once per call (Bf16OnPool); this is
+// the path of the LoRA epilogue's products (MatMulLowRank).
 void LargeMBf16(RowDecoder& dec, const PreparedX& X, int64_t M, float* Y, int64_t ldy, int64_t n0,
                 int64_t n1) {
   const int64_t K = dec.W.k;

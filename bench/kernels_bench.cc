@@ -158,7 +158,9 @@ BENCHMARK(BM_MatMul)->ArgsProduct({{3, 4}, {4, 8}, {1, 2}, {2048, 8192}, {1}})->
 // The default decode route (int8x2) at batch-decode rows: the weights stay in
 // the last-level cache here (not DRAM), so this times the kernel: its compute
 // and its activation traffic (K = 8192 records outgrow L1 at 4 rows).
-BENCHMARK(BM_MatMul)->ArgsProduct({{3, 4, 5, 6, 7}, {1, 4}, {1, 2}, {2048, 8192}, {3}})->UseRealTime();
+BENCHMARK(BM_MatMul)
+    ->ArgsProduct({{3, 4, 5, 6, 7}, {1, 4}, {1, 2}, {2048, 8192}, {3}})
+    ->UseRealTime();
 // The bf16 prefill route (matmul_bf16.h) beside the exact M=256 rows above.
 BENCHMARK(BM_MatMul)
     ->ArgsProduct({{0, 1, 2, 3, 4, 5, 6, 7}, {256}, {1, 2}, {2048}, {2}})

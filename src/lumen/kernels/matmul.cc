@@ -947,7 +947,7 @@ void MatMulRows(const Matrix& W, const float* X, int64_t M, int64_t ldx, float* 
   std::optional<LowRankTile> tile;
   if (lr) tile.emplace(*lr, M, n0, n1);
   const LowRankTile* epi = tile ? &*tile : nullptr;
-  if (M > 4 && RouteHasBf16(W.route) && CpuHasBf16()) {
+  if (UsesBf16Route(W, M)) {
     LargeMBf16(dec, x, M, Y, ldy, n0, n1);
     if (epi) AddLowRankRows(*epi, M, Y, ldy, n0, n1);  // the bf16 panels are not our tiles
     return;
@@ -1279,6 +1279,19 @@ void Split(ThreadPool* pool, int64_t n, int64_t min_n, int64_t grain, const Thre
   fn(0, n, 0);
 }
 
+// The products' rows laid end to end: fn(i, lo, hi) for each product i
+// with rows [lo, hi) inside [b, e).
+template <class Fn>
+void ForEachSlice(std::span<const MatMulOut> outs, int64_t b, int64_t e, const Fn& fn) {
+  int64_t off = 0;
+  for (size_t i = 0; i < outs.size(); ++i) {
+    const int64_t n = outs[i].w->n;
+    const int64_t lo = std::max<int64_t>(b - off, 0), hi = std::min<int64_t>(e - off, n);
+    if (lo < hi) fn(i, lo, hi);
+    off += n;
+  }
+}
+
 // W's rows against X (lr null: the plain product), contiguous row ranges
 // per thread (each thread streams its own part of W); grain 16 keeps the
 // prefill panels (4 rows) and cache lines whole.
@@ -1342,22 +1355,13 @@ void Bf16OnPool(std::span<const MatMulOut> outs, const float* X, int64_t M, int6
     total += W.n;
   }
   Split(pool, total, 32, 16, [&](int64_t b, int64_t e, int) {
-    int64_t off = 0;
-    for (size_t i = 0; i < outs.size(); ++i) {
+    ForEachSlice(outs, b, e, [&](size_t i, int64_t lo, int64_t hi) {
       const MatMulOut& o = outs[i];
-      const int64_t lo = std::max<int64_t>(b - off, 0), hi = std::min<int64_t>(e - off, o.w->n);
-      if (lo < hi) HWY_DYNAMIC_DISPATCH(MatMulRowsBf16)
-      (*o.w, of[i]->xb.as<uint16_t>(), amx ? of[i]->xp.as<uint16_t>() : nullptr, ld, M, o.y, o.ldy,
-       lo, hi);
-      off += o.w->n;
-    }
+      const uint16_t* xp = amx ? of[i]->xp.as<uint16_t>() : nullptr;
+      HWY_DYNAMIC_DISPATCH(MatMulRowsBf16)
+      (*o.w, of[i]->xb.as<uint16_t>(), xp, ld, M, o.y, o.ldy, lo, hi);
+    });
   });
-}
-
-// True when MatMul's rows of W take the bf16 route at M rows (MatMulRows'
-// own test, made before the rows are split).
-bool TakesBf16Route(const Matrix& W, int64_t M) {
-  return M > 4 && RouteHasBf16(W.route) && CpuHasBf16();
 }
 
 }  // namespace
@@ -1365,7 +1369,7 @@ bool TakesBf16Route(const Matrix& W, int64_t M) {
 void MatMul(const Matrix& W, const float* X, int64_t M, int64_t ldx, float* Y, int64_t ldy,
             ThreadPool* pool) {
   if (UsesInt8Route(W, M)) return MatMulInt8(W, X, M, ldx, Y, ldy, pool);
-  if (TakesBf16Route(W, M) && W.n > 0) {
+  if (UsesBf16Route(W, M) && W.n > 0) {
     const MatMulOut out{&W, Y, ldy};
     return Bf16OnPool({&out, 1}, X, M, ldx, pool);
   }
@@ -1383,18 +1387,16 @@ void MatMulMany(std::span<const MatMulOut> outs, const float* X, int64_t M, int6
     MatMulManyInt8(a, X, M, ldx, pool);
     return MatMulMany(b, X, M, ldx, pool);
   }
-  const auto bf16 = [M](const MatMulOut& o) { return TakesBf16Route(*o.w, M); };
+  const auto bf16 = [M](const MatMulOut& o) { return UsesBf16Route(*o.w, M); };
   if (!outs.empty() && std::all_of(outs.begin(), outs.end(), bf16))
     return Bf16OnPool(outs, X, M, ldx, pool);
   int64_t total = 0;
   for (const MatMulOut& o : outs) total += o.w->n;
   Split(pool, total, 32, 16, [&](int64_t b, int64_t e, int) {
-    int64_t off = 0;
-    for (const MatMulOut& o : outs) {
-      const int64_t lo = std::max<int64_t>(b - off, 0), hi = std::min<int64_t>(e - off, o.w->n);
-      if (lo < hi) HWY_DYNAMIC_DISPATCH(MatMulRows)(*o.w, X, M, ldx, o.y, o.ldy, lo, hi, nullptr);
-      off += o.w->n;
-    }
+    ForEachSlice(outs, b, e, [&](size_t i, int64_t lo, int64_t hi) {
+      const MatMulOut& o = outs[i];
+      HWY_DYNAMIC_DISPATCH(MatMulRows)(*o.w, X, M, ldx, o.y, o.ldy, lo, hi, nullptr);
+    });
   });
 }
 

@@ -19,6 +19,8 @@
 
 #include <cstdint>
 
+#include "lumen/kernels/matrix.h"
+
 namespace lumen::kernels {
 
 // Rows of the bf16 operands are padded with zeros to a multiple of this.
@@ -26,6 +28,12 @@ inline constexpr int64_t kBf16RowAlign = 32;
 
 // True when this CPU has AVX512-BF16 (and AVX512F/BW).
 bool CpuHasBf16();
+
+// True when MatMul takes a product of M rows of W by this route (when the
+// int8 route does not take it first: UsesInt8Route in matmul_q8.h).
+inline bool UsesBf16Route(const Matrix& W, int64_t M) {
+  return M > 4 && RouteHasBf16(W.route) && CpuHasBf16();
+}
 
 // dst[0, n) = bf16(src[0, n)) rounded to nearest even; dst[n, padded) = 0.
 // Requires CpuHasBf16().

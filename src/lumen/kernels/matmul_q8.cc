@@ -219,9 +219,16 @@ constexpr int64_t kRecord = 64 * L + 64;
 // period to its element (SourceIndex). Positions past `end` (the natural
 // blocks after the quads, the last 64 of an MLX row of 64 x odd, the half
 // record of an odd block count) are mapped one by one.
+// For the vector layout, per record j of the period: the byte gather
+// indices (within a 128-byte half of the period's codes), which half each
+// byte comes from (bit i of upper[j]; only a 256-element period has two),
+// and each lane's block relative to the period's first.
 struct Period {
   int64_t len = 64, end = 0;
   int32_t tab[kQKK] = {};
+  alignas(64) int8_t gather[4][64] = {};
+  uint64_t upper[4] = {};
+  alignas(64) int32_t lane_block[4][16] = {};
 };
 
 Period PeriodOf(const Geometry& g, int64_t K) {
@@ -234,6 +241,14 @@ Period PeriodOf(const Geometry& g, int64_t K) {
           : g.order == Order::kQuads ? nb / 4 * 128
                                      : K / 128 * 128;
   for (int64_t o = 0; o < p.len; ++o) p.tab[o] = static_cast<int32_t>(SourceIndex(g.order, nb, o));
+  for (int64_t j = 0; j < p.len / 64; ++j) {
+    for (int i = 0; i < 64; ++i) {
+      const int32_t t = p.tab[64 * j + i];
+      p.gather[j][i] = static_cast<int8_t>(t & 127);
+      if (t >= 128) p.upper[j] |= uint64_t{1} << i;
+    }
+    for (int l = 0; l < 16; ++l) p.lane_block[j][l] = p.tab[64 * j + 4 * l] / kQK;
+  }
   return p;
 }
 
@@ -261,11 +276,11 @@ void Prepare(const Geometry& g, const float* X, int64_t M, int64_t ldx, int64_t 
   // Where the scalar loop starts: 0, or the end of the vectorized periods.
   const int64_t start = vector && CpuHasVnni() ? per.end : 0;
   const bool natural = g.order == Order::kNatural;
-  std::vector<int32_t> src(natural ? 0 : K);
-  if (!natural)
-    for (int64_t i = start; i < K; ++i)
-      src[i] = static_cast<int32_t>(i < per.end ? i - i % per.len + per.tab[i % per.len]
-                                                : SourceIndex(g.order, nb, i));
+  // Element of each position the scalar loop lays out, [start, K).
+  std::vector<int32_t> src(natural ? 0 : K - start);
+  for (int64_t i = start; i < K && !natural; ++i)
+    src[i - start] = static_cast<int32_t>(i < per.end ? i - i % per.len + per.tab[i % per.len]
+                                                      : SourceIndex(g.order, nb, i));
   for (int64_t m = 0; m < M; ++m) {
     if (levels == 1) {
       QuantizeBlocksQ8(X + m * ldx, nb, q1.data(), dn.data());
@@ -288,11 +303,12 @@ void Prepare(const Geometry& g, const float* X, int64_t M, int64_t ldx, int64_t 
         if (natural) {
           for (int64_t i = 0; i < n; ++i) codes[i] = static_cast<uint8_t>(q[l][pos + i]);
         } else {
-          for (int64_t i = 0; i < n; ++i) codes[i] = static_cast<uint8_t>(q[l][src[pos + i]]);
+          for (int64_t i = 0; i < n; ++i)
+            codes[i] = static_cast<uint8_t>(q[l][src[pos - start + i]]);
         }
       }
       for (int64_t l = 0; l < n / 4; ++l)
-        dx[l] = dn[(natural ? pos + 4 * l : src[pos + 4 * l]) / kQK];
+        dx[l] = dn[(natural ? pos + 4 * l : src[pos - start + 4 * l]) / kQK];
       if (g.w_offset) {
         int32_t* corr = reinterpret_cast<int32_t*>(out->buf.as<uint8_t>() + m * out->stride +
                                                    (levels + 1) * K + 4 * nsum) +
@@ -363,22 +379,10 @@ LUMEN_VNNI void PrepareRecordsVnni(const Geometry& g, int levels, const Period& 
                                    const int8_t* q1, const int8_t* q2, const float* dn,
                                    uint8_t* rec, int32_t* corr) {
   const int64_t P = per.len, nrec = P / 64;  // records per period: 1, 2 or 4
-  // Per record of the period: byte gather indices (within a 128-byte half
-  // of the period's codes), which half each byte comes from (P = 256), and
-  // each lane's block (relative to the period's first).
   __m512i idx[4], lane_blk[4];
-  __mmask64 upper[4] = {};
   for (int64_t j = 0; j < nrec; ++j) {
-    alignas(64) int8_t b[64];
-    alignas(64) int32_t lb[16];
-    for (int i = 0; i < 64; ++i) {
-      const int32_t t = per.tab[64 * j + i];
-      b[i] = static_cast<int8_t>(t & 127);
-      if (t >= 128) upper[j] |= __mmask64{1} << i;
-    }
-    for (int l = 0; l < 16; ++l) lb[l] = per.tab[64 * j + 4 * l] / kQK;
-    idx[j] = _mm512_load_si512(b);
-    lane_blk[j] = _mm512_load_si512(lb);
+    idx[j] = _mm512_load_si512(per.gather[j]);
+    lane_blk[j] = _mm512_load_si512(per.lane_block[j]);
   }
   const int8_t* const q[2] = {q1, q2};
   const __m512i ones = _mm512_set1_epi8(1), neg_off = _mm512_set1_epi32(-g.w_offset);
@@ -398,7 +402,7 @@ LUMEN_VNNI void PrepareRecordsVnni(const Geometry& g, int levels, const Period& 
           v = _mm512_permutex2var_epi8(_mm512_loadu_si512(src), idx[j],
                                        _mm512_loadu_si512(src + 64));
           if (P == 256)  // bytes from the period's second half
-            v = _mm512_mask_mov_epi8(v, upper[j],
+            v = _mm512_mask_mov_epi8(v, per.upper[j],
                                      _mm512_permutex2var_epi8(_mm512_loadu_si512(src + 128), idx[j],
                                                               _mm512_loadu_si512(src + 192)));
         }

@@ -17,6 +17,18 @@ export LUMEN_FIXTURES="${LUMEN_FIXTURES:-$(pwd)/../shared/fixtures}"
 # passed in this same run (docs/design/routes.md).
 junit="$(pwd)/build/release/ctest-junit.xml"
 rm -f "$junit"
-ctest --test-dir build/release --output-on-failure -j"$(nproc)" --output-junit "$junit" 2>&1 | tail -n 40
+# The whole log is kept; the summary is its tail, and a failure also prints the
+# failed tests' own output (which a 40-line tail usually cuts off).
+log="$(pwd)/build/release/ctest.log"
+status=0
+ctest --test-dir build/release --output-on-failure -j"$(nproc)" --output-junit "$junit" >"$log" 2>&1 || status=$?
+if [ "$status" -ne 0 ]; then
+  echo "test: ctest failed (exit $status); the failed tests' output (whole log: $log):"
+  awk '/Test +#[0-9]+: .*(\*\*\*|Exception|Not Run)/ { keep = 1; print; next }
+       /^ *[0-9]+\/[0-9]+ Test +#|^ *Start +[0-9]+:/ { keep = 0 }
+       keep' "$log" | tail -n 400
+fi
+tail -n 40 "$log"
+[ "$status" -eq 0 ] || exit "$status"
 build/release/lumen routes --check "$junit"
 if [ "${LUMEN_SKIP_FUZZ:-0}" != 1 ]; then bash scripts/fuzz.sh 30; fi

@@ -714,17 +714,17 @@ void SmallM(RowDecoder& dec, const PreparedX& X, int64_t m0, float* Y, int64_t l
   const int64_t rb = w.row_bytes(), K = dec.W.k;
   switch (dec.path) {
     case Path::kF16:
-      return SmallMRows<MB, E, true>(
-          x, m0, Y, ldy, n0, n1, epi, w, rb, K,
-          [&](int64_t n, auto& sink) HWY_ATTR { DecodeF16(w.row<const uint8_t>(n), K, sink); });
+      return SmallMRows<MB, E, true>(x, m0, Y, ldy, n0, n1, epi, w, rb, K,
+                                     [&](int64_t n, auto& sink)
+                                         HWY_ATTR { DecodeF16(w.row<const uint8_t>(n), K, sink); });
     case Path::kBF16:
       return SmallMRows<MB, E, true>(
           x, m0, Y, ldy, n0, n1, epi, w, rb, K,
           [&](int64_t n, auto& sink) HWY_ATTR { DecodeBF16(w.row<const uint8_t>(n), K, sink); });
     case Path::kF32:
-      return SmallMRows<MB, E, true>(
-          x, m0, Y, ldy, n0, n1, epi, w, rb, K,
-          [&](int64_t n, auto& sink) HWY_ATTR { DecodeF32(w.row<const uint8_t>(n), K, sink); });
+      return SmallMRows<MB, E, true>(x, m0, Y, ldy, n0, n1, epi, w, rb, K,
+                                     [&](int64_t n, auto& sink)
+                                         HWY_ATTR { DecodeF32(w.row<const uint8_t>(n), K, sink); });
     default:
       return SmallMRows<MB, E, false>(x, m0, Y, ldy, n0, n1, epi, w, rb, K,
                                       [&](int64_t n, auto& sink) HWY_ATTR { dec.Decode(n, sink); });

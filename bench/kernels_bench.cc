@@ -95,7 +95,7 @@ std::unique_ptr<Weight> MakeWeight(int type, int64_t N, int64_t K) {
 }
 
 // Decode: Y[1, N] = x W^T over a weight larger than the last-level cache.
-// range(2) == 1: the int8-activation route (matmul_q8.h; q8_0 and q4_0 only).
+// range(2) == 1: the int8-activation route (matmul_q8.h), 2: int8x2 (the default decode route).
 // range(3): activation rows M (1: decode; 4: a batch-4 decode step), so the
 // weights stream from DRAM as in a real step.
 void BM_MatVec(benchmark::State& state) {
@@ -106,6 +106,7 @@ void BM_MatVec(benchmark::State& state) {
   const int64_t K = 2048, N = 65536;  // 134M weights: 256 MiB as f16
   auto w = MakeWeight(type, N, K);
   if (int8) w->m.route = ActRoute::kInt8;
+  if (state.range(2) == 2) w->m.route = ActRoute::kInt8x2;
   std::vector<float> x(M * K), y(M * N);
   std::mt19937 rng(1);
   for (auto& v : x) v = std::uniform_real_distribution<float>(-1, 1)(rng);
@@ -121,7 +122,7 @@ void BM_MatVec(benchmark::State& state) {
       benchmark::Counter(2.0 * M * N * K * state.iterations(), benchmark::Counter::kIsRate);
 }
 BENCHMARK(BM_MatVec)->ArgsProduct({{0, 1, 2, 3, 4, 5, 6, 7}, {1, 2}, {0}, {1, 4}})->UseRealTime();
-BENCHMARK(BM_MatVec)->ArgsProduct({{3, 4, 5, 6, 7}, {1, 2}, {1}, {1, 4}})->UseRealTime();
+BENCHMARK(BM_MatVec)->ArgsProduct({{3, 4, 5, 6, 7}, {1, 2}, {1, 2}, {1, 4}})->UseRealTime();
 
 // Prefill / batched decode: Y[M, N] = X[M, K] W^T; K 2048 (q/o/gate/up) or 8192 (down).
 void BM_MatMul(benchmark::State& state) {

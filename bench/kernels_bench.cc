@@ -115,7 +115,9 @@ void BM_MatVec(benchmark::State& state) {
     MatMul(w->m, x.data(), M, K, y.data(), N, &pool);
     benchmark::DoNotOptimize(y.data());
   }
-  state.SetLabel(std::string(TypeName(type)) + (int8 ? " int8" : ""));
+  state.SetLabel(std::string(TypeName(type)) + (int8                  ? " int8"
+                                                : state.range(2) == 2 ? " int8x2"
+                                                                      : ""));
   state.counters["bytes/s"] =
       benchmark::Counter(double(w->m.bytes()) * state.iterations(), benchmark::Counter::kIsRate);
   state.counters["FLOP/s"] =

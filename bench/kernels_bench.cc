@@ -101,12 +101,11 @@ std::unique_ptr<Weight> MakeWeight(int type, int64_t N, int64_t K) {
 void BM_MatVec(benchmark::State& state) {
   const int type = static_cast<int>(state.range(0));
   const int threads = static_cast<int>(state.range(1));
-  const bool int8 = state.range(2) == 1;
+  const int route = static_cast<int>(state.range(2));  // 0 exact, 1 int8, 2 int8x2
   const int64_t M = state.range(3);
   const int64_t K = 2048, N = 65536;  // 134M weights: 256 MiB as f16
   auto w = MakeWeight(type, N, K);
-  if (int8) w->m.route = ActRoute::kInt8;
-  if (state.range(2) == 2) w->m.route = ActRoute::kInt8x2;
+  if (route != 0) w->m.route = route == 1 ? ActRoute::kInt8 : ActRoute::kInt8x2;
   std::vector<float> x(M * K), y(M * N);
   std::mt19937 rng(1);
   for (auto& v : x) v = std::uniform_real_distribution<float>(-1, 1)(rng);
@@ -115,9 +114,9 @@ void BM_MatVec(benchmark::State& state) {
     MatMul(w->m, x.data(), M, K, y.data(), N, &pool);
     benchmark::DoNotOptimize(y.data());
   }
-  state.SetLabel(std::string(TypeName(type)) + (int8                  ? " int8"
-                                                : state.range(2) == 2 ? " int8x2"
-                                                                      : ""));
+  state.SetLabel(std::string(TypeName(type)) + (route == 1   ? " int8"
+                                                : route == 2 ? " int8x2"
+                                                             : ""));
   state.counters["bytes/s"] =
       benchmark::Counter(double(w->m.bytes()) * state.iterations(), benchmark::Counter::kIsRate);
   state.counters["FLOP/s"] =

@@ -18,18 +18,20 @@ shift 3
 for b in "$@"; do [ -x "$b" ] || { echo "ab_bench: $b is not executable" >&2; exit 2; }; done
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
+bins=("$@")
 for ((i = 0; i < rounds; ++i)); do
-  for b in "$@"; do
+  for j in "${!bins[@]}"; do
+    b=${bins[$j]}
     # shellcheck disable=SC2086
     out=$("$b" bench "$model" $args --no-membw 2>&1) ||
       { echo "ab_bench: $b bench failed:" >&2; echo "$out" >&2; exit 1; }
     pre=$(echo "$out" | sed -n 's/^prefill: \([0-9.]*\) tok\/s.*/\1/p')
     dec=$(echo "$out" | sed -n 's/^decode: \([0-9.]*\) tok\/s.*/\1/p')
-    echo "${pre:-nan} ${dec:-nan}" >> "$tmp/$(echo "$b" | md5sum | cut -c1-12)"
+    echo "${pre:-nan} ${dec:-nan}" >>"$tmp/$j"
   done
 done
-for b in "$@"; do
-  /usr/bin/python3 - "$b" "$tmp/$(echo "$b" | md5sum | cut -c1-12)" <<'PY'
+for j in "${!bins[@]}"; do
+  /usr/bin/python3 - "${bins[$j]}" "$tmp/$j" <<'PY'
 import math, statistics, sys
 rows = [l.split() for l in open(sys.argv[2])]
 out = []

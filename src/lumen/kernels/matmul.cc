@@ -651,11 +651,11 @@ HWY_NOINLINE float MlxDot4(const uint8_t* p, const float* ss, const float* bb, i
 // of a burst per row into L2.
 template <int MB, bool E, bool Spread, class DecodeRow>
 HWY_INLINE void SmallMRows(const float* const* x, int64_t m0, float* Y, int64_t ldy, int64_t n0,
-                           int64_t n1, const LowRankTile* epi, const TensorView& w,
-                           int64_t row_bytes, int64_t K, const DecodeRow& decode) {
+                           int64_t n1, const LowRankTile* epi, const TensorView& w, int64_t K,
+                           const DecodeRow& decode) {
   const DF d;
   constexpr int kChains = MB == 1 ? 4 : 2;  // independent FMA chains per row
-  const int64_t esize = row_bytes / K, step = 2 * hn::Lanes(d) * esize;
+  const int64_t row_bytes = w.row_bytes(), esize = row_bytes / K, step = 2 * hn::Lanes(d) * esize;
   for (int64_t n = n0; n < n1; ++n) {
     const uint8_t* row = w.row<const uint8_t>(n);
     if constexpr (!Spread) PrefetchAhead(row, row_bytes);
@@ -711,22 +711,22 @@ void SmallM(RowDecoder& dec, const PreparedX& X, int64_t m0, float* Y, int64_t l
   // decoder GCC kept the accumulators on the stack (a store per FMA), which
   // held F16 decode to 13.7 GB/s on Zen 5 where f32 streamed 22.8.
   const TensorView& w = dec.W.w;
-  const int64_t rb = w.row_bytes(), K = dec.W.k;
+  const int64_t K = dec.W.k;
   switch (dec.path) {
     case Path::kF16:
-      return SmallMRows<MB, E, true>(x, m0, Y, ldy, n0, n1, epi, w, rb, K,
+      return SmallMRows<MB, E, true>(x, m0, Y, ldy, n0, n1, epi, w, K,
                                      [&](int64_t n, auto& sink)
                                          HWY_ATTR { DecodeF16(w.row<const uint8_t>(n), K, sink); });
     case Path::kBF16:
       return SmallMRows<MB, E, true>(
-          x, m0, Y, ldy, n0, n1, epi, w, rb, K,
+          x, m0, Y, ldy, n0, n1, epi, w, K,
           [&](int64_t n, auto& sink) HWY_ATTR { DecodeBF16(w.row<const uint8_t>(n), K, sink); });
     case Path::kF32:
-      return SmallMRows<MB, E, true>(x, m0, Y, ldy, n0, n1, epi, w, rb, K,
+      return SmallMRows<MB, E, true>(x, m0, Y, ldy, n0, n1, epi, w, K,
                                      [&](int64_t n, auto& sink)
                                          HWY_ATTR { DecodeF32(w.row<const uint8_t>(n), K, sink); });
     default:
-      return SmallMRows<MB, E, false>(x, m0, Y, ldy, n0, n1, epi, w, rb, K,
+      return SmallMRows<MB, E, false>(x, m0, Y, ldy, n0, n1, epi, w, K,
                                       [&](int64_t n, auto& sink) HWY_ATTR { dec.Decode(n, sink); });
   }
 }

@@ -24,7 +24,7 @@ status=0
 ctest --test-dir build/release --output-on-failure -j"$(nproc)" --output-junit "$junit" >"$log" 2>&1 || status=$?
 if [ "$status" -ne 0 ]; then
   echo "test: ctest failed (exit $status); the failed tests' output (whole log: $log):"
-  awk '/Test +#[0-9]+: .*(\*\*\*|Exception|Not Run)/ { keep = 1; print; next }
+  awk '/Test +#[0-9]+: .*(\*\*\*(Failed|Timeout|Exception)|Not Run)/ { keep = 1; print; next }
        /^ *[0-9]+\/[0-9]+ Test +#|^ *Start +[0-9]+:/ { keep = 0 }
        keep' "$log" | tail -n 400
 fi

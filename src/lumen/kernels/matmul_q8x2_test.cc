@@ -310,3 +310,42 @@ TEST(MatMulInt8x2, ManyWithMixedOffsetGroupsMatchesSeparateProducts) {
 
 }  // namespace
 }  // namespace lumen::kernels
+
+namespace lumen::kernels {
+namespace {
+
+// The kernels read some weight blocks through the aligned cache lines that
+// hold them and others through unaligned loads, by the block's address
+// (LoadQuad, matmul_q8.cc): the same rows copied to every offset within a
+// line (contiguous, then with a stride that is not a multiple of 8) give the
+// same bits.
+TEST(MatMulInt8x2, EveryRowAddressGivesTheSameBits) {
+  std::mt19937 rng(37);
+  for (const Case& c : kCases) {
+    if (c.t == DType::kU32) continue;  // MLX rows are read as whole 64-byte vectors
+    const int64_t K = BlockOf(c) == kQK ? 352 : 512, N = 9, M = 2;
+    OwnedMatrix W = MakeX2(c, N, K, rng);
+    SKIP_WITHOUT_VNNI(W.m);
+    const std::vector<float> X = RandomActivations(M, K, rng);
+    std::vector<float> want(M * N);
+    MatMul(W.m, X.data(), M, K, want.data(), N, nullptr);
+    const int64_t rb = *RowBytes(c.t, K);
+    for (int64_t stride : {rb, rb + 6})
+      for (int off = 0; off < 64; ++off) {
+        std::vector<uint8_t> buf(N * stride + 128);
+        auto* base = reinterpret_cast<uint8_t*>(
+            (reinterpret_cast<uintptr_t>(buf.data()) + 63) / 64 * 64 + off);
+        for (int64_t n = 0; n < N; ++n)
+          std::memcpy(base + n * stride, W.m.w.row<const uint8_t>(n), rb);
+        Matrix moved = W.m;
+        moved.w = TensorView::Contiguous(base, c.t, {N, K});
+        moved.w.stride[0] = stride;
+        std::vector<float> got(M * N);
+        MatMul(moved, X.data(), M, K, got.data(), N, nullptr);
+        ASSERT_EQ(want, got) << CaseName(c) << " offset " << off << " stride " << stride;
+      }
+  }
+}
+
+}  // namespace
+}  // namespace lumen::kernels

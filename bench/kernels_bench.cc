@@ -33,11 +33,12 @@ struct Weight {
 };
 
 // Weight "type" index -> storage; 7 = MLX 4-bit g64 (bf16 scales).
-constexpr DType kTypes[] = {DType::kF32,  DType::kF16,  DType::kBF16, DType::kQ8_0,
-                            DType::kQ4_0, DType::kQ4_K, DType::kQ6_K};
+constexpr DType kTypes[] = {DType::kF32,  DType::kF16,  DType::kBF16, DType::kQ8_0, DType::kQ4_0,
+                            DType::kQ4_K, DType::kQ6_K, DType::kU32,  DType::kQ2_K};
 constexpr int kMlx = 7;
 const char* TypeName(int t) {
-  static const char* names[] = {"f32", "f16", "bf16", "q8_0", "q4_0", "q4_k", "q6_k", "mlx4_g64"};
+  static const char* names[] = {"f32",  "f16",  "bf16",     "q8_0", "q4_0",
+                                "q4_k", "q6_k", "mlx4_g64", "q2_k"};
   return names[t];
 }
 
@@ -123,7 +124,7 @@ void BM_MatVec(benchmark::State& state) {
       benchmark::Counter(2.0 * M * N * K * state.iterations(), benchmark::Counter::kIsRate);
 }
 BENCHMARK(BM_MatVec)->ArgsProduct({{0, 1, 2, 3, 4, 5, 6, 7}, {1, 2}, {0}, {1, 4}})->UseRealTime();
-BENCHMARK(BM_MatVec)->ArgsProduct({{3, 4, 5, 6, 7}, {1, 2}, {1, 2}, {1, 4}})->UseRealTime();
+BENCHMARK(BM_MatVec)->ArgsProduct({{3, 4, 5, 6, 7, 8}, {1, 2}, {1, 2}, {1, 4}})->UseRealTime();
 
 // Prefill / batched decode: Y[M, N] = X[M, K] W^T; K 2048 (q/o/gate/up) or 8192 (down).
 void BM_MatMul(benchmark::State& state) {
@@ -161,7 +162,7 @@ BENCHMARK(BM_MatMul)->ArgsProduct({{3, 4}, {4, 8}, {1, 2}, {2048, 8192}, {1}})->
 // the last-level cache here (not DRAM), so this times the kernel: its compute
 // and its activation traffic (K = 8192 records outgrow L1 at 4 rows).
 BENCHMARK(BM_MatMul)
-    ->ArgsProduct({{3, 4, 5, 6, 7}, {1, 4}, {1, 2}, {2048, 8192}, {3}})
+    ->ArgsProduct({{3, 4, 5, 6, 7, 8}, {1, 4}, {1, 2}, {2048, 8192}, {3}})
     ->UseRealTime();
 // The bf16 prefill route (matmul_bf16.h) beside the exact M=256 rows above.
 BENCHMARK(BM_MatMul)

@@ -333,8 +333,8 @@ TEST(MatMulInt8x2, EveryRowAddressGivesTheSameBits) {
     for (int64_t stride : {rb, rb + 6})
       for (int off = 0; off < 64; ++off) {
         std::vector<uint8_t> buf(N * stride + 128);
-        auto* base = reinterpret_cast<uint8_t*>(
-            (reinterpret_cast<uintptr_t>(buf.data()) + 63) / 64 * 64 + off);
+        const auto misalign = static_cast<int64_t>(reinterpret_cast<uintptr_t>(buf.data()) % 64);
+        uint8_t* base = buf.data() + (64 - misalign) % 64 + off;
         for (int64_t n = 0; n < N; ++n)
           std::memcpy(base + n * stride, W.m.w.row<const uint8_t>(n), rb);
         Matrix moved = W.m;

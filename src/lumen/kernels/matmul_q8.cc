@@ -854,8 +854,12 @@ LUMEN_VNNI inline __m512 ScalesMinsQ4K(const uint8_t* blk) {
                     _mm_set_epi32(0x03030303, 0, 0x03030303, 0));
   const __m128i b = _mm_or_si128(lo, _mm_slli_epi32(top, 4));
   const __m512 f = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(b));
-  const __m512 dd =
-      _mm512_insertf32x8(_mm512_set1_ps(F16Scalar(blk)), _mm256_set1_ps(F16Scalar(blk + 2)), 1);
+  // d and dmin converted together (lanes 0-7 d, 8-15 dmin): two scalar
+  // conversions, each a load, a move to a vector register, a conversion and
+  // a broadcast, held the Q4_K kernel 8% (one row) to 19% (four) slower.
+  const __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(LoadU32(blk))));
+  const __m512 dd = _mm512_permutexvar_ps(
+      _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0), _mm512_castps128_ps512(dm));
   return _mm512_mul_ps(f, dd);
 }
 
@@ -908,10 +912,13 @@ LUMEN_VNNI inline void SubScales(const uint8_t* blk, __m512* a, __m512* o) {
   } else {  // Q2_K: byte j = scale j (low nibble) | min j (high nibble)
     const __m512i sc = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk)));
     const __m512i k = _mm512_set1_epi32(15);
+    // d and dmin converted together, as in ScalesMinsQ4K.
+    const __m512 dm = _mm512_castps128_ps512(
+        _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(LoadU32(blk + 80)))));
     *a = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_and_si512(sc, k)),
-                       _mm512_set1_ps(F16Scalar(blk + 80)));
+                       _mm512_permutexvar_ps(_mm512_setzero_si512(), dm));
     *o = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(sc, 4)),
-                       _mm512_set1_ps(F16Scalar(blk + 82)));
+                       _mm512_permutexvar_ps(_mm512_set1_epi32(1), dm));
   }
 }
 

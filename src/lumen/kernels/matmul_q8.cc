@@ -563,8 +563,8 @@ constexpr int kBlockBytes = F == Fmt::kQ4_0   ? sizeof(BlockQ4_0)
 // A quad (four consecutive blocks of a 4- or 5-bit format, 72 to 96 bytes)
 // is read as two 64-byte tables and every 2-byte field gathered from them
 // with one vpermt2b (index 64 + j: byte j of the second table). Where the
-// quad lies inside two aligned cache lines (always, for rows at 8-byte
-// aligned addresses, in Q4_0 and Q4_1), the tables are those two lines and
+// quad lies inside two aligned cache lines (always for Q4_0 rows at 8-byte
+// aligned addresses, Q4_1 at 16, Q5_1 at 32), the tables are those two lines and
 // the index is the field's place in the quad plus the quad's offset in the
 // first line. Otherwise the tables are the 64 bytes at the quad and the 64
 // ending where it ends (at kTable1). Why: on Zen 5 the unaligned loads,
@@ -639,18 +639,21 @@ struct Quad {
 template <Fmt F>
 __attribute__((no_sanitize("address"))) LUMEN_VNNI inline Quad LoadQuad(const uint8_t* blk) {
   const auto o = static_cast<int>(reinterpret_cast<uintptr_t>(blk) & 63);
-  __m512i sw, y;
+  __m512i t0, t1, scale_idx, code_idx;
   if (o + 4 * kBlockBytes<F> <= 128) {
-    const uint8_t* line = blk - o;
-    const __m512i t0 = _mm512_load_si512(line), t1 = _mm512_load_si512(line + 64);
+    t0 = _mm512_load_si512(blk - o);
+    t1 = _mm512_load_si512(blk - o + 64);
     const __m512i at = _mm512_set1_epi8(static_cast<char>(o));
-    sw = _mm512_permutex2var_epi8(t0, _mm512_add_epi8(Words(kScaleWordsAt<F>), at), t1);
-    y = _mm512_permutex2var_epi8(t0, _mm512_add_epi8(Words(kCodeWordsAt<F>), at), t1);
+    scale_idx = _mm512_add_epi8(Words(kScaleWordsAt<F>), at);
+    code_idx = _mm512_add_epi8(Words(kCodeWordsAt<F>), at);
   } else {
-    const __m512i t0 = _mm512_loadu_si512(blk), t1 = _mm512_loadu_si512(blk + kTable1<F>);
-    sw = _mm512_permutex2var_epi8(t0, Words(kScaleWords<F>), t1);
-    y = _mm512_permutex2var_epi8(t0, Words(kCodeWords<F>), t1);
+    t0 = _mm512_loadu_si512(blk);
+    t1 = _mm512_loadu_si512(blk + kTable1<F>);
+    scale_idx = Words(kScaleWords<F>);
+    code_idx = Words(kCodeWords<F>);
   }
+  const __m512i sw = _mm512_permutex2var_epi8(t0, scale_idx, t1);
+  const __m512i y = _mm512_permutex2var_epi8(t0, code_idx, t1);
   Quad q;
   q.d = _mm512_cvtph_ps(_mm512_castsi512_si256(sw));
   q.m = HasMin(F) ? _mm_cvtph_ps(_mm512_extracti32x4_epi32(sw, 2)) : _mm_setzero_ps();
@@ -686,6 +689,14 @@ LUMEN_VNNI inline __m512i TwinDot(__m512i init, __m512i a, __m512i b, const uint
 LUMEN_VNNI inline __m128 TwoHalves(const uint8_t* p, int64_t bb) {
   const uint32_t h = LoadU16(p) | (LoadU16(p + bb) << 16);
   return _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(h)));
+}
+
+// The two adjacent f16 values at p (a K-quant's d and dmin) as lanes 0 and 1:
+// one load and one conversion. Two scalar conversions, each a load, a move to
+// a vector register, a conversion and a broadcast, held the Q4_K kernel 8%
+// (one row) to 19% (four) slower.
+LUMEN_VNNI inline __m128 AdjacentHalves(const uint8_t* p) {
+  return _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(LoadU32(p))));
 }
 
 // Codes of one block, natural order, as 32 bytes.
@@ -854,12 +865,9 @@ LUMEN_VNNI inline __m512 ScalesMinsQ4K(const uint8_t* blk) {
                     _mm_set_epi32(0x03030303, 0, 0x03030303, 0));
   const __m128i b = _mm_or_si128(lo, _mm_slli_epi32(top, 4));
   const __m512 f = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(b));
-  // d and dmin converted together (lanes 0-7 d, 8-15 dmin): two scalar
-  // conversions, each a load, a move to a vector register, a conversion and
-  // a broadcast, held the Q4_K kernel 8% (one row) to 19% (four) slower.
-  const __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(LoadU32(blk))));
-  const __m512 dd = _mm512_permutexvar_ps(
-      _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0), _mm512_castps128_ps512(dm));
+  const __m512 dd =  // lanes 0-7 d, 8-15 dmin
+      _mm512_permutexvar_ps(_mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0),
+                            _mm512_castps128_ps512(AdjacentHalves(blk)));
   return _mm512_mul_ps(f, dd);
 }
 
@@ -912,9 +920,7 @@ LUMEN_VNNI inline void SubScales(const uint8_t* blk, __m512* a, __m512* o) {
   } else {  // Q2_K: byte j = scale j (low nibble) | min j (high nibble)
     const __m512i sc = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk)));
     const __m512i k = _mm512_set1_epi32(15);
-    // d and dmin converted together, as in ScalesMinsQ4K.
-    const __m512 dm = _mm512_castps128_ps512(
-        _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(LoadU32(blk + 80)))));
+    const __m512 dm = _mm512_castps128_ps512(AdjacentHalves(blk + 80));  // d, dmin
     *a = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_and_si512(sc, k)),
                        _mm512_permutexvar_ps(_mm512_setzero_si512(), dm));
     *o = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(sc, 4)),

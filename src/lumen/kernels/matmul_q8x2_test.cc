@@ -308,12 +308,6 @@ TEST(MatMulInt8x2, ManyWithMixedOffsetGroupsMatchesSeparateProducts) {
   for (size_t i = 0; i < ws.size(); ++i) EXPECT_EQ(alone[i], many[i]) << CaseName(cases[i]);
 }
 
-}  // namespace
-}  // namespace lumen::kernels
-
-namespace lumen::kernels {
-namespace {
-
 // The kernels read some weight blocks through the aligned cache lines that
 // hold them and others through unaligned loads, by the block's address
 // (LoadQuad, matmul_q8.cc): the same rows copied to every offset within a

@@ -1,5 +1,7 @@
 #include "lumen/kernels/matmul_bf16.h"
 
+#include <algorithm>
+
 #include "lumen/core/check.h"
 #include "lumen/core/route.h"
 #include "lumen/kernels/sum4_avx512.h"
@@ -16,6 +18,10 @@
 // instructions; MB = 6 (24 accumulators, 31 of the 32 vector registers) runs
 // 15-25% faster than MB = 4 on Zen 5 (kernel bench, M = 256: Q4_0 289 -> 340
 // GFLOP/s of a measured 387 peak), as each weight load feeds 6 dots, not 4.
+// K runs in blocks of kBlockK so that the 6-row X group (24 KiB) stays in L1
+// while the panel's rows stream from L2: at K = 8192 (FFN down) unblocked,
+// the group was 96 KiB, twice L1, and the kernel ran 251 against 359 GFLOP/s
+// at K = 2048 (Q4_0, M = 128, one thread).
 
 namespace lumen::kernels {
 
@@ -54,16 +60,19 @@ bool CpuHasBf16() {
 
 namespace {
 
-// y[j][0, nb) = dot(x[j], w row i) for 4 weight rows at w (stride ld), MB activation rows.
+constexpr int64_t kBlockK = 2048;  // elements; a multiple of kBf16RowAlign
+
+// y[j][0, nb) (+)= dot(x[j], w row i) over [k0, k1) for 4 weight rows at w
+// (stride ld), MB activation rows.
 template <int MB>
-LUMEN_BF16 inline void Tile(const uint16_t* w, int64_t ld, const uint16_t* const* x,
-                            float* const* y, int nb, bool accumulate) {
+LUMEN_BF16 inline void Tile(const uint16_t* w, int64_t ld, int64_t k0, int64_t k1,
+                            const uint16_t* const* x, float* const* y, int nb, bool accumulate) {
   __m512 acc[4][MB];
 #pragma GCC unroll 4
   for (int i = 0; i < 4; ++i)
 #pragma GCC unroll 8
     for (int j = 0; j < MB; ++j) acc[i][j] = _mm512_setzero_ps();
-  for (int64_t k = 0; k < ld; k += kBf16RowAlign) {
+  for (int64_t k = k0; k < k1; k += kBf16RowAlign) {
     __m512bh xv[MB];
 #pragma GCC unroll 8
     for (int j = 0; j < MB; ++j) xv[j] = (__m512bh)_mm512_load_si512(x[j] + k);
@@ -85,13 +94,38 @@ LUMEN_BF16 inline void Tile(const uint16_t* w, int64_t ld, const uint16_t* const
 
 template <int MB>
 LUMEN_BF16 void Sweep(const uint16_t* panel, int64_t rows, const uint16_t* xb, int64_t m,
-                      int64_t ld, float* Y, int64_t ldy, int64_t n0, bool accumulate) {
+                      int64_t ld, int64_t k0, int64_t k1, float* Y, int64_t ldy, int64_t n0,
+                      bool accumulate) {
   const uint16_t* x[MB];
   float* y[MB];
   for (int j = 0; j < MB; ++j) x[j] = xb + (m + j) * ld;
   for (int64_t i = 0; i < rows; i += 4) {
     for (int j = 0; j < MB; ++j) y[j] = Y + (m + j) * ldy + n0 + i;
-    Tile<MB>(panel + i * ld, ld, x, y, static_cast<int>(rows - i < 4 ? rows - i : 4), accumulate);
+    Tile<MB>(panel + i * ld, ld, k0, k1, x, y, static_cast<int>(rows - i < 4 ? rows - i : 4),
+             accumulate);
+  }
+}
+
+// Every activation row against the panel over [k0, k1).
+LUMEN_BF16 void SweepAll(const uint16_t* panel, int64_t rows, const uint16_t* xb, int64_t M,
+                         int64_t ld, int64_t k0, int64_t k1, float* Y, int64_t ldy, int64_t n0,
+                         bool accumulate) {
+  int64_t m = 0;
+  // The 6-row X group stays in L1 while the panel's tiles stream from L2.
+  for (; m + 6 <= M; m += 6) Sweep<6>(panel, rows, xb, m, ld, k0, k1, Y, ldy, n0, accumulate);
+  switch (M - m) {
+    case 5:
+      return Sweep<5>(panel, rows, xb, m, ld, k0, k1, Y, ldy, n0, accumulate);
+    case 4:
+      return Sweep<4>(panel, rows, xb, m, ld, k0, k1, Y, ldy, n0, accumulate);
+    case 3:
+      return Sweep<3>(panel, rows, xb, m, ld, k0, k1, Y, ldy, n0, accumulate);
+    case 2:
+      return Sweep<2>(panel, rows, xb, m, ld, k0, k1, Y, ldy, n0, accumulate);
+    case 1:
+      return Sweep<1>(panel, rows, xb, m, ld, k0, k1, Y, ldy, n0, accumulate);
+    default:
+      return;
   }
 }
 
@@ -114,22 +148,9 @@ LUMEN_BF16 void ToBf16Padded(const float* src, int64_t n, int64_t padded, uint16
 void Bf16PanelProduct(const uint16_t* panel, int64_t rows, const uint16_t* xb, int64_t M,
                       int64_t ld, float* Y, int64_t ldy, int64_t n0, bool accumulate) {
   LUMEN_CHECK(ld % kBf16RowAlign == 0);
-  int64_t m = 0;
-  // The 6-row X group stays in L1 while the panel's tiles stream from L2.
-  for (; m + 6 <= M; m += 6) Sweep<6>(panel, rows, xb, m, ld, Y, ldy, n0, accumulate);
-  switch (M - m) {
-    case 5:
-      return Sweep<5>(panel, rows, xb, m, ld, Y, ldy, n0, accumulate);
-    case 4:
-      return Sweep<4>(panel, rows, xb, m, ld, Y, ldy, n0, accumulate);
-    case 3:
-      return Sweep<3>(panel, rows, xb, m, ld, Y, ldy, n0, accumulate);
-    case 2:
-      return Sweep<2>(panel, rows, xb, m, ld, Y, ldy, n0, accumulate);
-    case 1:
-      return Sweep<1>(panel, rows, xb, m, ld, Y, ldy, n0, accumulate);
-    default:
-      return;
+  for (int64_t k0 = 0; k0 < ld; k0 += kBlockK) {
+    const int64_t k1 = std::min(ld, k0 + kBlockK);
+    SweepAll(panel, rows, xb, M, ld, k0, k1, Y, ldy, n0, accumulate || k0 > 0);
   }
 }
 

@@ -239,6 +239,48 @@ TEST(MatMulBf16Amx, KernelWithinBoundOfDoubleSumEveryRemainder) {
       }
 }
 
+// The AVX512-BF16 kernel alone, against a double sum of the same bf16 values:
+// every remainder of the 4-row tiles and 6-row X groups, K within one block,
+// over a whole number of K blocks and with a partial last block (2048 + 96),
+// plain and accumulating (Y += the sum: the sentinel is added once).
+TEST(MatMulBf16, PanelKernelWithinBoundOfDoubleSumEveryBlockAndRemainder) {
+  SKIP_WITHOUT_BF16();
+  std::mt19937 rng(19);
+  for (int64_t ld : {32, 96, 2048, 2144, 4096 + 2048 + 32})
+    for (int64_t rows : {1, 3, 4, 5, 9})
+      for (int64_t M : {1, 5, 6, 7, 13})
+        for (bool acc : {false, true}) {
+          const int64_t prows = (rows + 3) / 4 * 4, n0 = 2, ldy = n0 + rows + 3;
+          const std::vector<uint16_t> w = RandomBf16(prows * ld, rng), x = RandomBf16(M * ld, rng);
+          AlignedBuffer wa = Aligned(w), xa = Aligned(x);
+          std::vector<float> Y(M * ldy, -7.0f);
+          Bf16PanelProduct(wa.as<uint16_t>(), rows, xa.as<uint16_t>(), M, ld, Y.data(), ldy, n0,
+                           acc);
+          int bad = 0;
+          for (int64_t m = 0; m < M; ++m)
+            for (int64_t j = 0; j < ldy; ++j) {
+              const float y = Y[m * ldy + j];
+              const int64_t i = j - n0;
+              if (i < 0 || i >= rows) {
+                if (y != -7.0f && bad++ < 3)
+                  ADD_FAILURE() << "wrote outside: m=" << m << " j=" << j;
+                continue;
+              }
+              double ref = acc ? -7.0 : 0.0, mag = acc ? 7.0 : 0.0;
+              for (int64_t k = 0; k < ld; ++k) {
+                const double p = double(BF16ToF32(w[i * ld + k])) * BF16ToF32(x[m * ld + k]);
+                ref += p;
+                mag += std::fabs(p);
+              }
+              const double bound = (ld + 8) * kU * mag + 1e-30;
+              if (!(std::fabs(y - ref) <= bound) && bad++ < 3)
+                ADD_FAILURE() << "ld=" << ld << " rows=" << rows << " M=" << M << " acc=" << acc
+                              << " m=" << m << " i=" << i << " got " << y << " want " << ref
+                              << " bound " << bound;
+            }
+        }
+}
+
 // MatMul through the AMX variant for every weight storage, M at and around
 // the tile edges, N and K off the tile sizes; threads 1 and 2.
 TEST(MatMulBf16Amx, EveryDtypeAndShapeWithinBound) {

@@ -15,6 +15,7 @@ cd "$(dirname "$0")/.."
 L=${LUMEN:-build/release/lumen}
 O=${OUT:-/tmp/i13}
 PEER=${PEER:-../shared/peers/llama.cpp}
+[ -x "$L" ] || { echo "issue13_campaign: $L is not an executable lumen (set LUMEN=)" >&2; exit 2; }
 types="q4_0 q8_0 q4_k_m f16 bf16 q4_1 q5_0 q5_1 q2_k q3_k q4_k q5_k q6_k"
 files=()
 for t in $types; do files+=("/tmp/pb_$t.gguf"); done

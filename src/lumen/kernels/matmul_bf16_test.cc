@@ -201,6 +201,37 @@ AlignedBuffer Aligned(const std::vector<uint16_t>& v) {
   return b;
 }
 
+// Y [M, ldy] from a panel kernel against a double sum of the same bf16
+// values: outputs outside [M) x [n0, n0 + rows) keep their sentinel (-7);
+// inside, init + the sum within (ld + slack) u of init's and the products'
+// magnitudes. `what` names the case in failures.
+void ExpectPanelWithinBound(const std::vector<uint16_t>& w, const std::vector<uint16_t>& x,
+                            int64_t rows, int64_t M, int64_t ld, const std::vector<float>& Y,
+                            int64_t ldy, int64_t n0, double init, int64_t slack,
+                            const std::string& what) {
+  int bad = 0;
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t j = 0; j < ldy; ++j) {
+      const float y = Y[m * ldy + j];
+      const int64_t i = j - n0;
+      if (i < 0 || i >= rows) {
+        if (y != -7.0f && bad++ < 3)
+          ADD_FAILURE() << what << ": wrote outside: m=" << m << " j=" << j;
+        continue;
+      }
+      double ref = init, mag = std::fabs(init);
+      for (int64_t k = 0; k < ld; ++k) {
+        const double p = double(BF16ToF32(w[i * ld + k])) * BF16ToF32(x[m * ld + k]);
+        ref += p;
+        mag += std::fabs(p);
+      }
+      const double bound = (ld + slack) * kU * mag + 1e-30;
+      if (!(std::fabs(y - ref) <= bound) && bad++ < 3)
+        ADD_FAILURE() << what << " m=" << m << " i=" << i << " got " << y << " want " << ref
+                      << " bound " << bound;
+    }
+}
+
 // The kernel alone, against a double sum of the same bf16 values, for every
 // remainder of the 16-row tiles in M and in the panel's rows; outputs outside
 // [M) x [n0, n0 + rows) keep their sentinel.
@@ -216,26 +247,9 @@ TEST(MatMulBf16Amx, KernelWithinBoundOfDoubleSumEveryRemainder) {
         AmxPackX(xa.as<uint16_t>(), M, ld, xp.as<uint16_t>());
         std::vector<float> Y(M * ldy, -7.0f);
         AmxBf16PanelProduct(wa.as<uint16_t>(), rows, xp.as<uint16_t>(), M, ld, Y.data(), ldy, n0);
-        int bad = 0;
-        for (int64_t m = 0; m < M; ++m)
-          for (int64_t j = 0; j < ldy; ++j) {
-            const float y = Y[m * ldy + j];
-            const int64_t i = j - n0;
-            if (i < 0 || i >= rows) {
-              if (y != -7.0f && bad++ < 3) ADD_FAILURE() << "wrote outside: m=" << m << " j=" << j;
-              continue;
-            }
-            double ref = 0, mag = 0;
-            for (int64_t k = 0; k < ld; ++k) {
-              const double p = double(BF16ToF32(w[i * ld + k])) * BF16ToF32(x[m * ld + k]);
-              ref += p;
-              mag += std::fabs(p);
-            }
-            const double bound = (ld + 2) * kU * mag + 1e-30;
-            if (!(std::fabs(y - ref) <= bound) && bad++ < 3)
-              ADD_FAILURE() << "ld=" << ld << " rows=" << rows << " M=" << M << " m=" << m
-                            << " i=" << i << " got " << y << " want " << ref << " bound " << bound;
-          }
+        ExpectPanelWithinBound(w, x, rows, M, ld, Y, ldy, n0, 0.0, 2,
+                               "ld=" + std::to_string(ld) + " rows=" + std::to_string(rows) +
+                                   " M=" + std::to_string(M));
       }
 }
 
@@ -256,28 +270,9 @@ TEST(MatMulBf16, PanelKernelWithinBoundOfDoubleSumEveryBlockAndRemainder) {
           std::vector<float> Y(M * ldy, -7.0f);
           Bf16PanelProduct(wa.as<uint16_t>(), rows, xa.as<uint16_t>(), M, ld, Y.data(), ldy, n0,
                            acc);
-          int bad = 0;
-          for (int64_t m = 0; m < M; ++m)
-            for (int64_t j = 0; j < ldy; ++j) {
-              const float y = Y[m * ldy + j];
-              const int64_t i = j - n0;
-              if (i < 0 || i >= rows) {
-                if (y != -7.0f && bad++ < 3)
-                  ADD_FAILURE() << "wrote outside: m=" << m << " j=" << j;
-                continue;
-              }
-              double ref = acc ? -7.0 : 0.0, mag = acc ? 7.0 : 0.0;
-              for (int64_t k = 0; k < ld; ++k) {
-                const double p = double(BF16ToF32(w[i * ld + k])) * BF16ToF32(x[m * ld + k]);
-                ref += p;
-                mag += std::fabs(p);
-              }
-              const double bound = (ld + 8) * kU * mag + 1e-30;
-              if (!(std::fabs(y - ref) <= bound) && bad++ < 3)
-                ADD_FAILURE() << "ld=" << ld << " rows=" << rows << " M=" << M << " acc=" << acc
-                              << " m=" << m << " i=" << i << " got " << y << " want " << ref
-                              << " bound " << bound;
-            }
+          ExpectPanelWithinBound(w, x, rows, M, ld, Y, ldy, n0, acc ? -7.0 : 0.0, 8,
+                                 "ld=" + std::to_string(ld) + " rows=" + std::to_string(rows) +
+                                     " M=" + std::to_string(M) + " acc=" + std::to_string(acc));
         }
 }
 

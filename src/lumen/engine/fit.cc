@@ -14,6 +14,7 @@
 #include "lumen/core/thread_pool.h"
 #include "lumen/engine/bench.h"
 #include "lumen/engine/session.h"
+#include "lumen/model/forward.h"
 #include "lumen/model/kv_cache.h"
 #include "lumen/model/weights.h"
 
@@ -81,12 +82,11 @@ uint64_t KvReadBytes(const model::ModelConfig& c, DType kv, int64_t pos) {
   return 2 * rows * *row;
 }
 
-uint64_t TransientBytesPerSeq(const model::ModelConfig& c, int threads, int64_t ctx,
-                              bool fused_gate_up) {
+uint64_t TransientBytesPerSeq(const model::ModelConfig& c, int threads, int64_t ctx) {
   const uint64_t f = sizeof(float), T = uint64_t(model::kMaxChunk);
-  const uint64_t D = uint64_t(c.dim), Q = uint64_t(c.q_dim()), KV = uint64_t(c.kv_dim());
-  const uint64_t F = uint64_t(c.ffn_dim), th = uint64_t(std::max(threads, 1));
-  const uint64_t act = T * f * (3 * D + (Q + 2 * KV) + Q + (fused_gate_up ? 2 : 1) * F + F);
+  const uint64_t Q = uint64_t(c.q_dim()), KV = uint64_t(c.kv_dim());
+  const uint64_t th = uint64_t(std::max(threads, 1));
+  const uint64_t act = T * f * uint64_t(model::Activations::FloatsPerToken(c));
   const uint64_t parts = th * Q * f;
   const uint64_t scratch = th * (uint64_t(ctx) * uint64_t(c.n_heads + 1) + 2 * KV) * f;
   const uint64_t logits = uint64_t(c.vocab_size) * f;
@@ -105,17 +105,15 @@ Result<FitReport> Fit(const Model& model, const FitOptions& o) {
   r.parallel = o.parallel;
   r.kv_dtype = o.kv_dtype;
   const int threads = o.threads > 0 ? o.threads : (model.pool() ? model.pool()->size() : 1);
-  const auto& w = model.weights();
-  const bool fused = !w.layers.empty() && !w.layers[0].w_gate.valid();
   r.weight_bytes = model.weight_bytes();
   r.weight_bytes_per_token = WeightBytesPerToken(model);
   r.kv_bytes_per_token = KvBytesPerToken(c, o.kv_dtype);
   auto total = [&](int64_t ctx) {
     return r.weight_bytes + uint64_t(o.parallel) * (KvBytesPerSeq(c, o.kv_dtype, ctx) +
-                                                    TransientBytesPerSeq(c, threads, ctx, fused));
+                                                    TransientBytesPerSeq(c, threads, ctx));
   };
   r.kv_bytes_per_seq = KvBytesPerSeq(c, o.kv_dtype, r.ctx);
-  r.transient_bytes_per_seq = TransientBytesPerSeq(c, threads, r.ctx, fused);
+  r.transient_bytes_per_seq = TransientBytesPerSeq(c, threads, r.ctx);
   r.total_bytes = total(r.ctx);
   r.budget_bytes = o.budget_bytes ? o.budget_bytes : MemAvailableBytes();
   if (r.budget_bytes == 0)

@@ -77,8 +77,7 @@ struct FitReport {
 uint64_t KvBytesPerSeq(const model::ModelConfig& c, DType kv, int64_t ctx);
 uint64_t KvBytesPerToken(const model::ModelConfig& c, DType kv);
 uint64_t KvReadBytes(const model::ModelConfig& c, DType kv, int64_t pos);
-uint64_t TransientBytesPerSeq(const model::ModelConfig& c, int threads, int64_t ctx,
-                              bool fused_gate_up);
+uint64_t TransientBytesPerSeq(const model::ModelConfig& c, int threads, int64_t ctx);
 
 Result<FitReport> Fit(const Model& model, const FitOptions& opts);
 

@@ -57,14 +57,17 @@ constexpr int64_t kParallelActivation = 16384;
 // threads by position (each streams whole KV rows) instead of by kv head.
 constexpr int64_t kSplitAttention = 1024;
 
-Activations::Activations(const ModelConfig& c, int threads, bool fused_gate_up)
+int64_t Activations::FloatsPerToken(const ModelConfig& c) {
+  const int64_t qkv_att = c.q_dim() + 2 * c.kv_dim() + c.q_dim();
+  return 2 * c.dim + std::max<int64_t>(qkv_att, 2 * int64_t(c.ffn_dim));
+}
+
+Activations::Activations(const ModelConfig& c, int threads)
     : x(kMaxChunk * c.dim * sizeof(float)),
       xn(kMaxChunk * c.dim * sizeof(float)),
-      qkv(kMaxChunk * (c.q_dim() + 2 * c.kv_dim()) * sizeof(float)),
-      att(kMaxChunk * c.q_dim() * sizeof(float)),
-      tmp(kMaxChunk * c.dim * sizeof(float)),
-      gate(kMaxChunk * (fused_gate_up ? 2 : 1) * int64_t(c.ffn_dim) * sizeof(float)),
-      up(kMaxChunk * int64_t(c.ffn_dim) * sizeof(float)) {
+      work(kMaxChunk * (FloatsPerToken(c) - 2 * c.dim) * sizeof(float)),
+      qkv_width(c.q_dim() + 2 * c.kv_dim()),
+      ffn_dim(c.ffn_dim) {
   // attn_scratch is sized by RunRows for the longest cache it is given: the
   // model's context (128k for Llama-3.2) would cost 35 MB for a 4k session.
   attn_parts = AlignedBuffer(size_t(threads) * c.q_dim() * sizeof(float));
@@ -80,11 +83,7 @@ float EmbedScale(const ModelConfig& c, const Weights& w) {
 }
 
 Forward::Forward(const ModelConfig& c, const Weights& w, ThreadPool* pool)
-    : c_(c),
-      w_(w),
-      pool_(pool),
-      a_(c, pool ? pool->size() : 1, !w.layers.empty() && !w.layers[0].w_gate.valid()),
-      embed_scale_(EmbedScale(c, w)) {}
+    : c_(c), w_(w), pool_(pool), a_(c, pool ? pool->size() : 1), embed_scale_(EmbedScale(c, w)) {}
 
 const kernels::RopeTable& Forward::Rope(bool sliding, int64_t seq_len) {
   // Only dynamic NTK depends on the call's length (HF: max position + 1, and
@@ -119,9 +118,9 @@ void Forward::AttentionBlock(int l, std::span<const BatchRow> rows) {
   const int64_t D = c_.dim, Q = c_.q_dim(), KV = c_.kv_dim(), QKV = Q + 2 * KV;
   float* x = a_.x.as<float>();
   float* xn = a_.xn.as<float>();
-  float* qkv = a_.qkv.as<float>();
-  float* att = a_.att.as<float>();
-  float* tmp = a_.tmp.as<float>();
+  float* qkv = a_.qkv();
+  float* att = a_.att();
+  float* out = xn;  // read by the QKV products and their adapters only
 
   for (int64_t t = 0; t < T; ++t)
     kernels::RmsNormForward(x + t * D, L.attn_norm, c_.norm_offset, c_.norm_eps, D, xn + t * D);
@@ -210,10 +209,10 @@ void Forward::AttentionBlock(int l, std::span<const BatchRow> rows) {
     });
   }
 
-  MatMul(L.wo, att, T, Q, tmp, D, pool_);
-  RowLora(l, kLoraO, rows, att, Q, tmp, D);
+  MatMul(L.wo, att, T, Q, out, D, pool_);
+  RowLora(l, kLoraO, rows, att, Q, out, D);
   for (int64_t t = 0; t < T; ++t) {
-    float* o = tmp + t * D;
+    float* o = out + t * D;
     if (L.bo)
       for (int64_t i = 0; i < D; ++i) o[i] += L.bo[i];
     if (L.post_attn_norm)
@@ -236,7 +235,7 @@ void Forward::AttendByPosition(int l, const BatchRow& row, int64_t t,
   const kernels::KvRing& kv = row.cache->layer(l);
   const int64_t p = row.pos;
   const int64_t begin = window > 0 ? std::max<int64_t>(0, p - window + 1) : 0, S = p + 1 - begin;
-  const float* q = a_.qkv.as<float>() + t * QKV;
+  const float* q = a_.qkv() + t * QKV;
   std::fill(parts, parts + int64_t(threads) * Q, 0.0f);
   pool_->ParallelFor(
       S,
@@ -253,7 +252,7 @@ void Forward::AttendByPosition(int l, const BatchRow& row, int64_t t,
         kernels::AttendValues(shape, kv, begin, p + 1, b, e, scores, parts + thread * Q);
       },
       64);
-  float* o = a_.att.as<float>() + t * Q;
+  float* o = a_.att() + t * Q;
   std::copy(parts, parts + Q, o);
   for (int i = 1; i < threads; ++i)
     for (int64_t k = 0; k < Q; ++k) o[k] += parts[i * Q + k];
@@ -265,13 +264,13 @@ void Forward::FfnBlock(int l, std::span<const BatchRow> rows) {
   const int64_t D = c_.dim, F = c_.ffn_dim;
   float* x = a_.x.as<float>();
   float* xn = a_.xn.as<float>();
-  float* gate = a_.gate.as<float>();
-  float* up = a_.up.as<float>();
-  float* tmp = a_.tmp.as<float>();
+  float* gate = a_.gate();
+  float* out = xn;  // read by the gate and up products and their adapters only
 
   for (int64_t t = 0; t < T; ++t)
     kernels::RmsNormForward(x + t * D, L.ffn_norm, c_.norm_offset, c_.norm_eps, D, xn + t * D);
   if (L.w_gate.valid()) {
+    float* up = a_.up();
     const kernels::MatMulOut outs[] = {{&L.w_gate, gate, F}, {&L.w_up, up, F}};
     kernels::MatMulMany(outs, xn, T, D, pool_);
     RowLora(l, kLoraGate, rows, xn, D, gate, F);
@@ -303,10 +302,10 @@ void Forward::FfnBlock(int l, std::span<const BatchRow> rows) {
     for (int64_t t = 1; t < T; ++t)  // compact to [T, F], in order (rows overlap)
       std::memmove(gate + t * F, gate + t * 2 * F, F * sizeof(float));
   }
-  MatMul(L.w_down, gate, T, F, tmp, D, pool_);
-  RowLora(l, kLoraDown, rows, gate, F, tmp, D);
+  MatMul(L.w_down, gate, T, F, out, D, pool_);
+  RowLora(l, kLoraDown, rows, gate, F, out, D);
   for (int64_t t = 0; t < T; ++t) {
-    float* o = tmp + t * D;
+    float* o = out + t * D;
     if (L.post_ffn_norm)
       kernels::RmsNormForward(o, L.post_ffn_norm, c_.norm_offset, c_.norm_eps, D, o);
     float* xr = x + t * D;

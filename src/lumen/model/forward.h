@@ -23,17 +23,26 @@
 
 namespace lumen::model {
 
-// Scratch for one chunk; sized once for kMaxChunk tokens.
+// Scratch for one chunk; sized once for kMaxChunk tokens. The attention block
+// (qkv, att) and the FFN block (gate, up) never live at once, so they share
+// one work buffer; each block writes its output, before the residual add,
+// over xn once the products that read xn are done.
 struct Activations {
-  // fused_gate_up: the FFN's gate and up are one [2F, D] matrix (gate holds both).
-  Activations(const ModelConfig& c, int threads, bool fused_gate_up);
-  AlignedBuffer x;             // [T, D] residual stream
-  AlignedBuffer xn;            // [T, D] normed input of the current block
-  AlignedBuffer qkv;           // [T, H*Dh + 2*Hkv*Dh]
-  AlignedBuffer att;           // [T, H*Dh] attention output (pre o_proj)
-  AlignedBuffer tmp;           // [T, D] block output before the residual add
-  AlignedBuffer gate;          // [T, F] gate ([T, 2F] gate and up when fused), then act(gate)*up
-  AlignedBuffer up;            // [T, F]
+  Activations(const ModelConfig& c, int threads);
+  // Floats per token of x, xn and the work buffer together (what fit.cc counts).
+  static int64_t FloatsPerToken(const ModelConfig& c);
+
+  float* qkv() { return work.as<float>(); }                          // [T, H*Dh + 2*Hkv*Dh]
+  float* att() { return work.as<float>() + kMaxChunk * qkv_width; }  // [T, H*Dh] pre o_proj
+  // [T, F], then act(gate) * up; [T, 2F] gate and up when the FFN's gate and up
+  // are one [2F, D] matrix.
+  float* gate() { return work.as<float>(); }
+  float* up() { return work.as<float>() + kMaxChunk * ffn_dim; }  // [T, F] (not when fused)
+
+  AlignedBuffer x;     // [T, D] residual stream
+  AlignedBuffer xn;    // [T, D] normed input of the current block, then its output
+  AlignedBuffer work;  // qkv and att, then gate and up
+  int64_t qkv_width = 0, ffn_dim = 0;
   AlignedBuffer attn_scratch;  // per thread: see kernels::AttendOne (grown by RunRows)
   int64_t attn_scratch_per_thread = 0;
   AlignedBuffer attn_parts;  // [threads, H*Dh]: position-split attention's partial outputs

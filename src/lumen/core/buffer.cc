@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -125,10 +126,35 @@ Result<MappedFile> MappedFile::Open(const std::string& path, Residency r) {
   return m;
 }
 
+bool MappedFile::MapPrefixFromFile(size_t bytes) {
+  const auto page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  const size_t len = std::min(bytes, size_) / page * page;
+  if (!copied_ || len <= prefix_mapped_) return true;
+  const int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  struct stat st {};
+  void* p = MAP_FAILED;
+  if (::fstat(fd, &st) == 0 && static_cast<size_t>(st.st_size) == size_)
+    p = ::mmap(nullptr, len, PROT_READ, MAP_PRIVATE, fd, 0);
+  ::close(fd);
+  if (p == MAP_FAILED) return false;
+  // The file changed since it was read: keep the copy.
+  if (std::memcmp(p, data_, len) != 0 ||
+      ::mremap(p, len, len, MREMAP_MAYMOVE | MREMAP_FIXED, data_) == MAP_FAILED) {
+    ::munmap(p, len);
+    return false;
+  }
+  // The comparison faulted the pages in; a private file mapping nobody wrote
+  // to refills them from the file, so dropping them loses nothing.
+  ::madvise(data_, len, MADV_DONTNEED);
+  prefix_mapped_ = len;
+  return true;
+}
+
 void MappedFile::Release() {
-  if (map_base_) ::munmap(map_base_, map_len_);
+  if (map_base_) ::munmap(map_base_, map_len_);  // the remapped prefix lies inside
   data_ = map_base_ = nullptr;
-  size_ = map_len_ = 0;
+  size_ = map_len_ = prefix_mapped_ = 0;
   copied_ = false;
 }
 
@@ -140,6 +166,7 @@ MappedFile::MappedFile(MappedFile&& o) noexcept
       map_base_(std::exchange(o.map_base_, nullptr)),
       map_len_(std::exchange(o.map_len_, 0)),
       copied_(std::exchange(o.copied_, false)),
+      prefix_mapped_(std::exchange(o.prefix_mapped_, 0)),
       path_(std::move(o.path_)) {}
 
 MappedFile& MappedFile::operator=(MappedFile&& o) noexcept {
@@ -150,6 +177,7 @@ MappedFile& MappedFile::operator=(MappedFile&& o) noexcept {
     map_base_ = std::exchange(o.map_base_, nullptr);
     map_len_ = std::exchange(o.map_len_, 0);
     copied_ = std::exchange(o.copied_, false);
+    prefix_mapped_ = std::exchange(o.prefix_mapped_, 0);
     path_ = std::move(o.path_);
   }
   return *this;

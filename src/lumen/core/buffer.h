@@ -64,6 +64,18 @@ class MappedFile {
   size_t size() const { return size_; }
   const std::string& path() const { return path_; }
   bool copied() const { return copied_; }
+  // Bytes held in anonymous memory (kCopy): the file, less a prefix given
+  // back to the file by MapPrefixFromFile. 0 for kMap.
+  size_t copied_bytes() const { return copied_ ? size_ - prefix_mapped_ : 0; }
+
+  // kCopy: backs the whole pages of [0, bytes) with the file instead of the
+  // copy, and drops them from memory (they are read back from the file when
+  // touched), for a header that has been parsed into owned values. The
+  // mapping is checked to hold the same bytes as the copy before it replaces
+  // it, so the contents never change; returns false (and keeps the copy) when
+  // the file cannot be mapped or no longer matches. kMap, or a prefix already
+  // mapped: nothing to do, true.
+  bool MapPrefixFromFile(size_t bytes);
 
  private:
   void Release();
@@ -73,6 +85,7 @@ class MappedFile {
   void* map_base_ = nullptr;  // what munmap takes (kCopy: before the 2 MiB alignment)
   size_t map_len_ = 0;
   bool copied_ = false;
+  size_t prefix_mapped_ = 0;  // kCopy: leading bytes mapped from the file again
   std::string path_;
 };
 

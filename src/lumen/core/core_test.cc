@@ -1,4 +1,5 @@
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <thread>
@@ -160,6 +161,44 @@ TEST(Buffer, MappedFileCopyAndMapHoldTheSameBytes) {
   auto e = MappedFile::Open(::testing::TempDir(), Residency::kCopy);
   EXPECT_FALSE(e.ok());  // a directory: an error naming it, whatever the residency
   std::remove(small.c_str());
+}
+
+// A copied file's parsed header goes back to the file: the bytes stay the
+// same, only the whole pages below the limit leave the copy, and a file that
+// changed on disk since it was read keeps its copy.
+TEST(Buffer, MappedFilePrefixGivenBackToTheFileKeepsTheBytes) {
+  const std::string path = ::testing::TempDir() + "/lumen_prefix.bin";
+  std::string bytes((size_t{3} << 20) + 777, '\0');
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = char((i * 2654435761u) >> 11);
+  ASSERT_TRUE(WriteFileAtomic(path, bytes).ok());
+  const auto page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  const size_t header = (size_t{5} << 19) + 123;  // 2.5 MiB + 123: crosses a huge page
+
+  auto copy = MappedFile::Open(path, Residency::kCopy);
+  ASSERT_TRUE(copy.ok());
+  EXPECT_EQ(copy->copied_bytes(), bytes.size());
+  ASSERT_TRUE(copy->MapPrefixFromFile(header));
+  EXPECT_EQ(copy->copied_bytes(), bytes.size() - header / page * page);
+  EXPECT_EQ(std::memcmp(copy->data(), bytes.data(), bytes.size()), 0);
+  EXPECT_TRUE(copy->MapPrefixFromFile(header));  // already done
+  MappedFile moved = std::move(*copy);
+  EXPECT_EQ(moved.copied_bytes(), bytes.size() - header / page * page);
+  EXPECT_EQ(std::memcmp(moved.data(), bytes.data(), bytes.size()), 0);
+
+  auto stale = MappedFile::Open(path, Residency::kCopy);
+  ASSERT_TRUE(stale.ok());
+  std::string changed = bytes;
+  changed[page + 5] ^= 1;
+  ASSERT_TRUE(WriteFileAtomic(path, changed).ok());
+  EXPECT_FALSE(stale->MapPrefixFromFile(header));
+  EXPECT_EQ(stale->copied_bytes(), bytes.size());
+  EXPECT_EQ(std::memcmp(stale->data(), bytes.data(), bytes.size()), 0);
+
+  auto map = MappedFile::Open(path, Residency::kMap);
+  ASSERT_TRUE(map.ok());
+  EXPECT_TRUE(map->MapPrefixFromFile(header));  // nothing to give back
+  EXPECT_EQ(map->copied_bytes(), 0u);
+  std::remove(path.c_str());
 }
 
 TEST(Buffer, WriteFileAtomicRoundTrip) {

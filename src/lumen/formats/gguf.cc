@@ -299,6 +299,8 @@ Result<GgufFile> GgufFile::Open(const std::string& path) {
   f.path_ = path;
   f.file_ = std::move(m);
   LUMEN_RETURN_IF_ERROR(f.Parse(f.file_.data(), f.file_.size()));
+  // Everything before the tensor data now lives in owned values.
+  f.file_.MapPrefixFromFile(f.data_offset_);
   return f;
 }
 

@@ -77,8 +77,10 @@ class GgufFile {
   uint32_t version() const { return version_; }
   uint64_t alignment() const { return alignment_; }
   const std::string& path() const { return path_; }
-  // Bytes of the file copied into anonymous memory (Residency::kCopy), else 0.
-  size_t copied_bytes() const { return file_.copied() ? file_.size() : 0; }
+  // Bytes of the file held in anonymous memory (Residency::kCopy), else 0:
+  // the tensor data. Open gives the header's pages back to the file once it
+  // is parsed (MappedFile::MapPrefixFromFile); a 128k vocabulary is megabytes.
+  size_t copied_bytes() const { return file_.copied_bytes(); }
   // Absolute file offset of the tensor data section (aligned).
   uint64_t data_offset() const { return data_offset_; }
 

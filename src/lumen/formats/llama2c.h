@@ -69,7 +69,7 @@ class Llama2cModel {
 
   const std::string& path() const { return path_; }
   // Bytes of the file copied into anonymous memory (Residency::kCopy), else 0.
-  size_t copied_bytes() const { return file_.copied() ? file_.size() : 0; }
+  size_t copied_bytes() const { return file_.copied_bytes(); }
   const Llama2cConfig& config() const { return config_; }
   const std::vector<Llama2cTensor>& tensors() const { return tensors_; }
   const Llama2cTensor* Find(std::string_view name) const;

@@ -62,7 +62,7 @@ class SafetensorsFile {
 
   const std::string& path() const { return path_; }
   // Bytes of the file copied into anonymous memory (Residency::kCopy), else 0.
-  size_t copied_bytes() const { return file_.copied() ? file_.size() : 0; }
+  size_t copied_bytes() const { return file_.copied_bytes(); }
   // Tensors in data-section order.
   const std::vector<SafetensorsTensor>& tensors() const { return tensors_; }
   const SafetensorsTensor* Find(std::string_view name) const;

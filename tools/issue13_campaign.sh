@@ -7,6 +7,8 @@
 #   mlx.txt    MLX 4/8-bit (lumen only), 1 and 2 threads
 #   rss.txt    peak RSS against weights + KV, every type
 #   membw.txt  read bandwidth before and after
+#   ceilings.md  the decode kernel's rate from cache and from DRAM, every
+#              int8x2 type (tools/decode_ceilings.sh; BENCH= the kernel bench)
 # Needs the synth files: lumen synth llama-3.2-1b -o /tmp/pb_Q.gguf --quant Q
 # (and -o /tmp/pb_mlx4 --quant mlx4, mlx8). About 40 minutes on 2 cores.
 #   LUMEN=/tmp/lumen tools/issue13_campaign.sh
@@ -47,5 +49,7 @@ for t in $types mlx4 mlx8; do
   [ -e "$f" ] || f=/tmp/pb_$t
   echo "$t $($L bench "$f" --prompt 512 --gen 32 --repeat 1 -t 2 --no-membw 2>&1 | grep 'peak RSS')"
 done > "$O/rss.txt"
+BENCH=${BENCH:-build/dev/bench/lumen_bench_kernels} LUMEN=$L ROUNDS=5 \
+  tools/decode_ceilings.sh > "$O/ceilings.md" 2>&1
 $L bench --membw >> "$O/membw.txt" 2>&1
 uptime >> "$O/env.txt"

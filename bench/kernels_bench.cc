@@ -126,6 +126,31 @@ void BM_MatVec(benchmark::State& state) {
 BENCHMARK(BM_MatVec)->ArgsProduct({{0, 1, 2, 3, 4, 5, 6, 7}, {1, 2}, {0}, {1, 4}})->UseRealTime();
 BENCHMARK(BM_MatVec)->ArgsProduct({{3, 4, 5, 6, 7, 8}, {1, 2}, {1, 2}, {1, 4}})->UseRealTime();
 
+// The default decode route (int8x2) of one row from DRAM at the two widths
+// of a Llama layer: K = 2048 (q, k, v, o, gate, up) and K = 8192 (down),
+// the same 134M weights either way.
+void BM_DecodeK(benchmark::State& state) {
+  const int type = static_cast<int>(state.range(0));
+  const int threads = static_cast<int>(state.range(1));
+  const int64_t K = state.range(2), N = (int64_t{1} << 27) / K;
+  auto w = MakeWeight(type, N, K);
+  w->m.route = ActRoute::kInt8x2;
+  std::vector<float> x(K), y(N);
+  std::mt19937 rng(3);
+  for (auto& v : x) v = std::uniform_real_distribution<float>(-1, 1)(rng);
+  ThreadPool pool(threads);
+  for (auto _ : state) {
+    MatMul(w->m, x.data(), 1, K, y.data(), N, &pool);
+    benchmark::DoNotOptimize(y.data());
+  }
+  state.SetLabel(std::string(TypeName(type)) + " int8x2");
+  state.counters["bytes/s"] =
+      benchmark::Counter(double(w->m.bytes()) * state.iterations(), benchmark::Counter::kIsRate);
+  state.counters["FLOP/s"] =
+      benchmark::Counter(2.0 * N * K * state.iterations(), benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_DecodeK)->ArgsProduct({{3, 4, 5, 6, 8}, {1, 2}, {2048, 8192}})->UseRealTime();
+
 // Prefill / batched decode: Y[M, N] = X[M, K] W^T; K 2048 (q/o/gate/up) or 8192 (down).
 void BM_MatMul(benchmark::State& state) {
   const int type = static_cast<int>(state.range(0));

@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include <unistd.h>
+
 #include "lumen/core/half.h"
 #include "lumen/core/quant.h"
 
@@ -283,6 +285,48 @@ TEST(GgufWriter, RoundTripEveryValueType) {
   EXPECT_EQ(static_cast<float>(*f->GetFloat("t.f32")), 0.1f);
   EXPECT_EQ(*f->GetInt("t.bool"), 1);
   EXPECT_TRUE(f->tensors().empty());
+}
+
+// A file large enough to be copied into anonymous memory (the default above
+// MappedFile::kCopyMinBytes): its header's pages go back to the file once
+// parsed, and the metadata and the tensor bytes read the same as through the
+// plain mapping (LUMEN_MMAP=1).
+TEST(GgufWriter, CopiedFileGivesItsHeaderBackAndReadsTheSame) {
+  TempDir dir;
+  GgufWriter w;
+  std::vector<std::string> vocab(100000);
+  for (size_t i = 0; i < vocab.size(); ++i) vocab[i] = "piece_" + std::to_string(i * 7919);
+  w.SetStringArray("tokenizer.ggml.tokens", vocab);  // a header of about 1.5 MB
+  const int64_t rows = 8448, cols = 1024;            // 34.6 MB of f32
+  std::string data(size_t(rows * cols) * sizeof(float), '\0');
+  for (size_t i = 0; i < data.size(); ++i) data[i] = char((i * 2654435761u) >> 17);
+  ASSERT_TRUE(w.AddTensor("big", DType::kF32, {rows, cols}, data).ok());
+  const std::string path = dir.File("big.gguf");
+  ASSERT_TRUE(w.Write(path).ok());
+  ASSERT_GE(std::filesystem::file_size(path), MappedFile::kCopyMinBytes);
+
+  auto check = [&](const GgufFile& f) {
+    const auto* tokens = f.Find("tokenizer.ggml.tokens")->AsArray();
+    ASSERT_EQ(tokens->size(), vocab.size());
+    EXPECT_EQ(*(*tokens)[77777].AsString(), vocab[77777]);
+    const GgufTensorInfo* t = f.FindTensor("big");
+    ASSERT_NE(t, nullptr);
+    EXPECT_EQ(std::memcmp(t->view.data, data.data(), data.size()), 0);
+  };
+  auto copied = GgufFile::Open(path);
+  ASSERT_TRUE(copied.ok()) << copied.status().message();
+  const size_t size = std::filesystem::file_size(path);
+  const auto page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  ASSERT_GT(copied->data_offset(), 2 * page);
+  EXPECT_EQ(copied->copied_bytes(), size - copied->data_offset() / page * page);
+  check(*copied);
+
+  ::setenv("LUMEN_MMAP", "1", 1);
+  auto mapped = GgufFile::Open(path);
+  ::unsetenv("LUMEN_MMAP");
+  ASSERT_TRUE(mapped.ok());
+  EXPECT_EQ(mapped->copied_bytes(), 0u);
+  check(*mapped);
 }
 
 TEST(GgufWriter, HelpersAndReplacementKeepPosition) {

@@ -95,33 +95,40 @@ std::unique_ptr<Weight> MakeWeight(int type, int64_t N, int64_t K) {
   return w;
 }
 
-// Decode: Y[1, N] = x W^T over a weight larger than the last-level cache.
-// range(2) == 1: the int8-activation route (matmul_q8.h), 2: int8x2 (the default decode route).
-// range(3): activation rows M (1: decode; 4: a batch-4 decode step), so the
-// weights stream from DRAM as in a real step.
-void BM_MatVec(benchmark::State& state) {
-  const int type = static_cast<int>(state.range(0));
-  const int threads = static_cast<int>(state.range(1));
-  const int route = static_cast<int>(state.range(2));  // 0 exact, 1 int8, 2 int8x2
-  const int64_t M = state.range(3);
-  const int64_t K = 2048, N = 65536;  // 134M weights: 256 MiB as f16
+// Times Y[M, N] = X[M, K] W^T for a W [N, K] of `type` on `route` (X
+// uniform in [-1, 1) from `seed`), with FLOP/s and weight bytes/s counters
+// and the type and route as the label.
+void TimeProduct(benchmark::State& state, int type, ActRoute route, int64_t M, int64_t N, int64_t K,
+                 int threads, uint32_t seed) {
   auto w = MakeWeight(type, N, K);
-  if (route != 0) w->m.route = route == 1 ? ActRoute::kInt8 : ActRoute::kInt8x2;
+  w->m.route = route;
   std::vector<float> x(M * K), y(M * N);
-  std::mt19937 rng(1);
+  std::mt19937 rng(seed);
   for (auto& v : x) v = std::uniform_real_distribution<float>(-1, 1)(rng);
   ThreadPool pool(threads);
   for (auto _ : state) {
     MatMul(w->m, x.data(), M, K, y.data(), N, &pool);
     benchmark::DoNotOptimize(y.data());
   }
-  state.SetLabel(std::string(TypeName(type)) + (route == 1   ? " int8"
-                                                : route == 2 ? " int8x2"
-                                                             : ""));
-  state.counters["bytes/s"] =
-      benchmark::Counter(double(w->m.bytes()) * state.iterations(), benchmark::Counter::kIsRate);
+  state.SetLabel(std::string(TypeName(type)) + (route == ActRoute::kInt8     ? " int8"
+                                                : route == ActRoute::kBf16   ? " bf16"
+                                                : route == ActRoute::kInt8x2 ? " int8x2"
+                                                                             : ""));
   state.counters["FLOP/s"] =
       benchmark::Counter(2.0 * M * N * K * state.iterations(), benchmark::Counter::kIsRate);
+  state.counters["bytes/s"] =
+      benchmark::Counter(double(w->m.bytes()) * state.iterations(), benchmark::Counter::kIsRate);
+}
+
+// Decode: Y[1, N] = x W^T over a weight larger than the last-level cache.
+// range(2) == 1: the int8-activation route (matmul_q8.h), 2: int8x2 (the default decode route).
+// range(3): activation rows M (1: decode; 4: a batch-4 decode step), so the
+// weights stream from DRAM as in a real step.
+void BM_MatVec(benchmark::State& state) {
+  constexpr ActRoute kRoutes[] = {ActRoute::kExact, ActRoute::kInt8, ActRoute::kInt8x2};
+  // K 2048, N 65536: 134M weights, 256 MiB as f16.
+  TimeProduct(state, static_cast<int>(state.range(0)), kRoutes[state.range(2)], state.range(3),
+              65536, 2048, static_cast<int>(state.range(1)), 1);
 }
 BENCHMARK(BM_MatVec)->ArgsProduct({{0, 1, 2, 3, 4, 5, 6, 7}, {1, 2}, {0}, {1, 4}})->UseRealTime();
 BENCHMARK(BM_MatVec)->ArgsProduct({{3, 4, 5, 6, 7, 8}, {1, 2}, {1, 2}, {1, 4}})->UseRealTime();
@@ -130,54 +137,19 @@ BENCHMARK(BM_MatVec)->ArgsProduct({{3, 4, 5, 6, 7, 8}, {1, 2}, {1, 2}, {1, 4}})-
 // of a Llama layer: K = 2048 (q, k, v, o, gate, up) and K = 8192 (down),
 // the same 134M weights either way.
 void BM_DecodeK(benchmark::State& state) {
-  const int type = static_cast<int>(state.range(0));
-  const int threads = static_cast<int>(state.range(1));
-  const int64_t K = state.range(2), N = (int64_t{1} << 27) / K;
-  auto w = MakeWeight(type, N, K);
-  w->m.route = ActRoute::kInt8x2;
-  std::vector<float> x(K), y(N);
-  std::mt19937 rng(3);
-  for (auto& v : x) v = std::uniform_real_distribution<float>(-1, 1)(rng);
-  ThreadPool pool(threads);
-  for (auto _ : state) {
-    MatMul(w->m, x.data(), 1, K, y.data(), N, &pool);
-    benchmark::DoNotOptimize(y.data());
-  }
-  state.SetLabel(std::string(TypeName(type)) + " int8x2");
-  state.counters["bytes/s"] =
-      benchmark::Counter(double(w->m.bytes()) * state.iterations(), benchmark::Counter::kIsRate);
-  state.counters["FLOP/s"] =
-      benchmark::Counter(2.0 * N * K * state.iterations(), benchmark::Counter::kIsRate);
+  const int64_t K = state.range(2);
+  TimeProduct(state, static_cast<int>(state.range(0)), ActRoute::kInt8x2, 1, (int64_t{1} << 27) / K,
+              K, static_cast<int>(state.range(1)), 3);
 }
 BENCHMARK(BM_DecodeK)->ArgsProduct({{3, 4, 5, 6, 8}, {1, 2}, {2048, 8192}})->UseRealTime();
 
 // Prefill / batched decode: Y[M, N] = X[M, K] W^T; K 2048 (q/o/gate/up) or 8192 (down).
+// range(4): 0 exact, 1 int8, 2 bf16, 3 int8x2.
 void BM_MatMul(benchmark::State& state) {
-  const int type = static_cast<int>(state.range(0));
-  const int64_t M = state.range(1);
-  const int threads = static_cast<int>(state.range(2));
-  const int64_t K = state.range(3), N = 2048;
-  const int route = static_cast<int>(state.range(4));  // 0 exact, 1 int8, 2 bf16, 3 int8x2
-  auto w = MakeWeight(type, N, K);
-  if (route == 1) w->m.route = ActRoute::kInt8;
-  if (route == 2) w->m.route = ActRoute::kBf16;
-  if (route == 3) w->m.route = ActRoute::kInt8x2;
-  std::vector<float> x(M * K), y(M * N);
-  std::mt19937 rng(2);
-  for (auto& v : x) v = std::uniform_real_distribution<float>(-1, 1)(rng);
-  ThreadPool pool(threads);
-  for (auto _ : state) {
-    MatMul(w->m, x.data(), M, K, y.data(), N, &pool);
-    benchmark::DoNotOptimize(y.data());
-  }
-  state.SetLabel(std::string(TypeName(type)) + (route == 1   ? " int8"
-                                                : route == 2 ? " bf16"
-                                                : route == 3 ? " int8x2"
-                                                             : ""));
-  state.counters["FLOP/s"] =
-      benchmark::Counter(2.0 * M * N * K * state.iterations(), benchmark::Counter::kIsRate);
-  state.counters["bytes/s"] =
-      benchmark::Counter(double(w->m.bytes()) * state.iterations(), benchmark::Counter::kIsRate);
+  constexpr ActRoute kRoutes[] = {ActRoute::kExact, ActRoute::kInt8, ActRoute::kBf16,
+                                  ActRoute::kInt8x2};
+  TimeProduct(state, static_cast<int>(state.range(0)), kRoutes[state.range(4)], state.range(1),
+              2048, state.range(3), static_cast<int>(state.range(2)), 2);
 }
 BENCHMARK(BM_MatMul)
     ->ArgsProduct({{0, 1, 2, 3, 4, 5, 6, 7}, {4, 256}, {1, 2}, {2048, 8192}, {0}})

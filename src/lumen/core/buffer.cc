@@ -138,7 +138,8 @@ bool MappedFile::MapPrefixFromFile(size_t bytes) {
     p = ::mmap(nullptr, len, PROT_READ, MAP_PRIVATE, fd, 0);
   ::close(fd);
   if (p == MAP_FAILED) return false;
-  // The file changed since it was read: keep the copy.
+  // The file changed since it was read (or the mapping cannot take the
+  // copy's place): keep the copy.
   if (std::memcmp(p, data_, len) != 0 ||
       ::mremap(p, len, len, MREMAP_MAYMOVE | MREMAP_FIXED, data_) == MAP_FAILED) {
     ::munmap(p, len);

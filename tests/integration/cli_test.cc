@@ -143,6 +143,22 @@ TEST(Cli, ActRoutesRunAndReportTheirKl) {
   EXPECT_EQ(g.out.rfind("Once upon a time", 0), 0u) << g.out;
 }
 
+// On two threads `lumen bench` says where the calling thread's time went at
+// the pool's hand-offs: a decode step of the embedded model (5 layers) hands
+// off 5 times per layer (q/k/v, attention by kv head, o, gate/up, down) and
+// once for the LM head. One thread has no hand-offs and no such line.
+TEST(Cli, BenchCountsTheHandOffsPerToken) {
+  CliRun two = Lumen("bench --prompt 8 --gen 4 --repeat 1 --no-membw -t 2");
+  ASSERT_EQ(two.code, 0) << two.err;
+  EXPECT_NE(two.out.find("decode hand-offs: 26.0 per token; the calling thread "),
+            std::string::npos)
+      << two.out;
+  EXPECT_NE(two.out.find("prefill hand-offs: "), std::string::npos) << two.out;
+  CliRun one = Lumen("bench --prompt 8 --gen 4 --repeat 1 --no-membw -t 1");
+  ASSERT_EQ(one.code, 0) << one.err;
+  EXPECT_EQ(one.out.find("hand-offs"), std::string::npos) << one.out;
+}
+
 TEST(Cli, InspectEmbedded) {
   CliRun r = Lumen("inspect");
   ASSERT_EQ(r.code, 0) << r.err;

@@ -120,6 +120,19 @@ void RunBenchVerb(BenchArgs& a) {
             .c_str(),
         r.batch_tok_s.median / r.batch1_tok_s.median);
   }
+  // Where the calling thread's time went: the pool's hand-offs (ThreadPool::Stats).
+  auto handoffs = [&](const char* phase, const ThreadPool::Stats& p, double units,
+                      const char* unit) {
+    const double total = p.own_s + p.wait_s + p.between_s;
+    if (p.calls == 0 || total <= 0) return;
+    std::printf(
+        "%s hand-offs: %.1f per %s; the calling thread %.1f%% in its share, %.1f%% waiting "
+        "for the other threads, %.1f%% between hand-offs\n",
+        phase, p.calls / units, unit, 100.0 * p.own_s / total, 100.0 * p.wait_s / total,
+        100.0 * p.between_s / total);
+  };
+  handoffs("prefill", r.prefill_pool, a.opts.repeat, "prompt");
+  handoffs("decode", r.decode_pool, double(a.opts.repeat) * a.opts.gen, "token");
   std::printf(
       "peak RSS: %.3f GB after prefill+decode (weights read per token %.3f GB + KV %.3f GB "
       "= %.0f%%)\n",

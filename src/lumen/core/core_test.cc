@@ -118,6 +118,36 @@ TEST(ThreadPool, SpinAndSleepHandOffs) {
   EXPECT_GT(total, 0);
 }
 
+// The stats split the caller's time by where it was spent: a worker's chunk
+// that sleeps 30 ms is waited for (the caller's own chunk returns at once),
+// a 20 ms pause between two calls is serial time, and a call that runs inline
+// (one unit) is not counted. Lower bounds only: sleeps last at least as asked.
+TEST(ThreadPool, StatsSplitOwnWaitAndBetween) {
+  ThreadPool pool(2);
+  auto sleepy = [](int64_t, int64_t, int thread) {
+    if (thread == 1) std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  };
+  pool.ParallelFor(2, sleepy);
+  EXPECT_EQ(pool.stats().calls, 1);
+  EXPECT_GE(pool.stats().wait_s, 0.030);
+  EXPECT_EQ(pool.stats().between_s, 0.0);  // nothing before the first call
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  pool.ParallelFor(1, sleepy);  // one unit: inline, not counted
+  pool.ParallelFor(2, [](int64_t, int64_t, int thread) {
+    if (thread == 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  });
+  EXPECT_EQ(pool.stats().calls, 2);
+  EXPECT_GE(pool.stats().between_s, 0.020);
+  EXPECT_GE(pool.stats().own_s, 0.010);
+  pool.ResetStats();
+  EXPECT_EQ(pool.stats().calls, 0);
+  pool.ParallelFor(2, [](int64_t, int64_t, int) {});
+  EXPECT_EQ(pool.stats().between_s, 0.0);  // the reset forgets the last call's end
+  ThreadPool one(1);
+  one.ParallelFor(100, [](int64_t, int64_t, int) {});
+  EXPECT_EQ(one.stats().calls, 0);
+}
+
 TEST(Buffer, MappedFileErrorsNameThePath) {
   auto r = MappedFile::Open("/nonexistent/x.gguf");
   ASSERT_FALSE(r.ok());

@@ -91,6 +91,10 @@ void ThreadPool::ParallelFor(int64_t n, const Fn& fn, int64_t grain) {
     return;
   }
   const int64_t chunk = (units + size() - 1) / size() * grain;
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point t0 = Clock::now();
+  if (last_end_ != Clock::time_point{})
+    stats_.between_s += std::chrono::duration<double>(t0 - last_end_).count();
   {
     std::lock_guard<std::mutex> lock(mu_);
     fn_ = &fn;
@@ -101,11 +105,16 @@ void ThreadPool::ParallelFor(int64_t n, const Fn& fn, int64_t grain) {
   }
   start_cv_.notify_all();
   fn(0, std::min(n, chunk), 0);
+  const Clock::time_point t1 = Clock::now();
   auto done = [&] { return pending_.load(std::memory_order_acquire) == 0; };
   if (!Spin(done)) {
     std::unique_lock<std::mutex> lock(mu_);
     done_cv_.wait(lock, done);
   }
+  last_end_ = Clock::now();
+  ++stats_.calls;
+  stats_.own_s += std::chrono::duration<double>(t1 - t0).count();
+  stats_.wait_s += std::chrono::duration<double>(last_end_ - t1).count();
 }
 
 }  // namespace lumen

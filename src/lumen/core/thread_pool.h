@@ -11,6 +11,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -38,6 +39,18 @@ class ThreadPool {
   // LUMEN_THREADS if set and valid, else the online CPU count.
   static int DefaultThreads();
 
+  // Where the calling thread's time went in the ParallelFor calls that
+  // reached the workers, since construction or ResetStats: in its own chunk,
+  // waiting for the workers to finish theirs, and between one call's end and
+  // the next one's start (its serial work). For `lumen bench`; read and reset
+  // from the thread that calls ParallelFor.
+  struct Stats {
+    int64_t calls = 0;
+    double own_s = 0, wait_s = 0, between_s = 0;
+  };
+  const Stats& stats() const { return stats_; }
+  void ResetStats() { stats_ = {}, last_end_ = {}; }
+
  private:
   void WorkerLoop(int index);
 
@@ -51,6 +64,8 @@ class ThreadPool {
   std::atomic<uint64_t> generation_{0};
   std::atomic<int> pending_{0};
   std::atomic<bool> stop_{false};
+  Stats stats_;
+  std::chrono::steady_clock::time_point last_end_{};  // of the last counted call
 };
 
 }  // namespace lumen

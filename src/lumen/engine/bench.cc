@@ -178,12 +178,26 @@ Result<BenchReport> RunBench(const Model& model, const BenchOptions& o) {
 
   const int64_t ctx = o.prompt + o.gen;
   const std::vector<int32_t> prompt = RandomTokens(o.prompt, c.vocab_size, o.seed);
-  auto one = [&](int prompt_len, int gen, double* pre_s, double* dec_s) -> Status {
+  // Adds the pool's hand-offs since the last reset to *to (when counting) and resets.
+  auto take = [&](ThreadPool::Stats* to) {
+    if (!pool) return;
+    if (to) {
+      const ThreadPool::Stats& p = pool->stats();
+      to->calls += p.calls;
+      to->own_s += p.own_s;
+      to->wait_s += p.wait_s;
+      to->between_s += p.between_s;
+    }
+    pool->ResetStats();
+  };
+  auto one = [&](int prompt_len, int gen, double* pre_s, double* dec_s, bool count) -> Status {
     LUMEN_ASSIGN_OR_RETURN(
         auto s, Session::Create(model, SessionOptions{.ctx = ctx, .kv_dtype = o.kv_dtype}));
+    take(nullptr);
     auto t0 = Clock::now();
     LUMEN_RETURN_IF_ERROR(s->Append(std::span(prompt.data(), prompt_len)));
     *pre_s = Since(t0);
+    take(count ? &r.prefill_pool : nullptr);
     int32_t tok = Argmax(s->logits());
     t0 = Clock::now();
     for (int i = 0; i < gen; ++i) {
@@ -191,17 +205,18 @@ Result<BenchReport> RunBench(const Model& model, const BenchOptions& o) {
       tok = Argmax(s->logits());
     }
     *dec_s = Since(t0);
+    take(count ? &r.decode_pool : nullptr);
     r.kv_bytes = s->cache().bytes();
     return Status::Ok();
   };
   {
     double a, b;  // warm-up: pages in every weight, grows allocator arenas
-    LUMEN_RETURN_IF_ERROR(one(std::min(o.prompt, 16), 2, &a, &b));
+    LUMEN_RETURN_IF_ERROR(one(std::min(o.prompt, 16), 2, &a, &b, false));
   }
   std::vector<double> pre, ttft, dec;
   for (int i = 0; i < o.repeat; ++i) {
     double ps, ds;
-    LUMEN_RETURN_IF_ERROR(one(o.prompt, o.gen, &ps, &ds));
+    LUMEN_RETURN_IF_ERROR(one(o.prompt, o.gen, &ps, &ds, true));
     pre.push_back(o.prompt / ps);
     ttft.push_back(ps * 1e3);
     dec.push_back(o.gen / ds);

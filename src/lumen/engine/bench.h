@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "lumen/core/status.h"
+#include "lumen/core/thread_pool.h"
 #include "lumen/engine/model.h"
 
 namespace lumen::engine {
@@ -82,6 +83,8 @@ struct BenchReport {
   MemBandwidth membw;                // when opts.membw
   ComputePeak peak;
   std::vector<std::string> kernel_routes;  // "q4_k: fused" per weight dtype present
+  // The pool's hand-offs over the measured prefills and decodes (threads > 1).
+  ThreadPool::Stats prefill_pool, decode_pool;
 };
 
 Result<BenchReport> RunBench(const Model& model, const BenchOptions& opts);

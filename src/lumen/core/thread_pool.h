@@ -49,7 +49,10 @@ class ThreadPool {
     double own_s = 0, wait_s = 0, between_s = 0;
   };
   const Stats& stats() const { return stats_; }
-  void ResetStats() { stats_ = {}, last_end_ = {}; }
+  void ResetStats() {
+    stats_ = {};
+    last_end_ = {};
+  }
 
  private:
   void WorkerLoop(int index);

@@ -210,6 +210,18 @@ struct RowPtrs {
   }
 };
 
+// The part of a row product a kernel call covers: units [u0, u1) of the
+// row (128 elements: a legacy format's four blocks, an MLX twin; 256: a
+// K-quant super-block). first: the partial sum is stored to Y (else added);
+// last: the row's remainder (the blocks after its last whole unit, the
+// offset terms that span the row) is included. ahead: the weight prefetch
+// distance in bytes.
+struct Span {
+  int64_t u0, u1;
+  bool first, last;
+  int64_t ahead;
+};
+
 // Bytes of a full record (64 elements) at L levels; its lane scales start at 64 L.
 template <int L>
 constexpr int64_t kRecord = 64 * L + 64;
@@ -721,12 +733,13 @@ LUMEN_VNNI inline float F16Scalar(const uint8_t* p) {
 }
 
 // Rows [n0, n1) of W (a legacy 32-block format) against MB prepared
-// activation rows starting at m0: quads (two records each), then the last
-// one to three blocks in natural order (a pair record, a half record). Two
-// accumulators per row so the FMA latency does not bind.
+// activation rows starting at m0, over the units (four blocks: a quad, or
+// Q8_0's two pairs) of span s: quads (two records each), then with the last
+// span the row's last one to three blocks in natural order (a pair record,
+// a half record). Two accumulators per row so the FMA latency does not bind.
 template <Fmt F, int MB, int L>
 LUMEN_VNNI void Rows(const Matrix& W, const Geometry& g, const Int8Rows& X, int64_t m0, float* Y,
-                     int64_t ldy, int64_t n0, int64_t n1) {
+                     int64_t ldy, int64_t n0, int64_t n1, std::span<const Span> spans) {
   constexpr int kAcc = 2;
   // Without m (Q4_0, Q5_0, Q8_0) the codes are w + offset, and each row's
   // records carry -offset sum(x) per lane (Prepare), the dot's starting value.
@@ -734,108 +747,117 @@ LUMEN_VNNI void Rows(const Matrix& W, const Geometry& g, const Int8Rows& X, int6
   // Q8_0 stays in pairs: its quads (136 bytes, four unaligned 64-byte loads
   // and three permutes each) measured 5% slower than pairs on one thread.
   constexpr bool kQuads = F != Fmt::kQ8_0;
-  const int64_t K = W.k, nb = K / kQK, quads = kQuads ? nb / 4 : 0, bb = g.block_bytes;
+  const int64_t K = W.k, nb = K / kQK, units = nb / 4, bb = g.block_bytes;
   const RowPtrs<MB> rp(X, m0);
   const auto& x = rp.x;
-  for (int64_t n = n0; n < n1; ++n) {
-    const uint8_t* row = W.w.row<const uint8_t>(n);
-    __m512 acc[MB][kAcc];
-    __m128 off[MB];  // Q4_1 / Q5_1: sum of m dx sum(qx), one lane per block of a quad
-    for (int r = 0; r < MB; ++r) {
-      for (int a = 0; a < kAcc; ++a) acc[r][a] = _mm512_setzero_ps();
-      off[r] = _mm_setzero_ps();
-    }
-    // One quad into accumulator set A (a compile-time index: a runtime one
-    // made GCC keep the accumulators on the stack).
-    auto quad = [&]<int A>(int64_t q, std::integral_constant<int, A>) LUMEN_VNNI {
-      if constexpr (kQuads) {
-        const uint8_t* blk = row + 4 * q * bb;
-        PrefetchAheadL1(blk, 4 * bb);
-        const Quad w = LoadQuad<F>(blk);
+  for (int64_t n = n0; n < n1; ++n)
+    for (const Span& s : spans) {
+      const uint8_t* row = W.w.row<const uint8_t>(n);
+      __m512 acc[MB][kAcc];
+      __m128 off[MB];  // Q4_1 / Q5_1: sum of m dx sum(qx), one lane per block of a quad
+      for (int r = 0; r < MB; ++r) {
+        for (int a = 0; a < kAcc; ++a) acc[r][a] = _mm512_setzero_ps();
+        off[r] = _mm_setzero_ps();
+      }
+      // One quad into accumulator set A (a compile-time index: a runtime one
+      // made GCC keep the accumulators on the stack).
+      auto quad = [&]<int A>(int64_t q, std::integral_constant<int, A>) LUMEN_VNNI {
+        if constexpr (kQuads) {
+          const uint8_t* blk = row + 4 * q * bb;
+          PrefetchAheadL1(blk, 4 * bb, s.ahead);
+          const Quad w = LoadQuad<F>(blk);
+          for (int r = 0; r < MB; ++r) {
+            const uint8_t* rec = x[r] + kRecord<L> * 2 * q;
+            const __m512i init =
+                kOffset ? _mm512_loadu_si512(rp.corr[r] + 32 * q) : _mm512_setzero_si512();
+            const __m512i i = TwinDot<L>(init, w.a, w.b, rec);
+            const __m512 sd =
+                _mm512_mul_ps(w.d, _mm512_load_ps(reinterpret_cast<const float*>(rec + 64 * L)));
+            acc[r][A] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), sd, acc[r][A]);
+          }
+          if constexpr (kMin)
+            for (int r = 0; r < MB; ++r)
+              off[r] = _mm_fmadd_ps(w.m, _mm_loadu_ps(rp.sums[r] + 4 * q), off[r]);
+        }
+      };
+      // A pair record, [block b | block b + 1] in natural order, into
+      // accumulator set A.
+      auto pair = [&]<int A>(int64_t b, int64_t rec_at, std::integral_constant<int, A>) LUMEN_VNNI {
+        const uint8_t* blk = row + b * bb;
+        PrefetchAhead(blk, 1, s.ahead);
+        const __m512i w = _mm512_inserti64x4(_mm512_zextsi256_si512(BlockCodes<F>(blk)),
+                                             BlockCodes<F>(blk + bb), 1);
+        const __m512 s =
+            _mm512_permutexvar_ps(_mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0),
+                                  _mm512_zextps128_ps512(TwoHalves(blk, bb)));
         for (int r = 0; r < MB; ++r) {
-          const uint8_t* rec = x[r] + kRecord<L> * 2 * q;
+          const uint8_t* rec = x[r] + kRecord<L> * rec_at;
           const __m512i init =
-              kOffset ? _mm512_loadu_si512(rp.corr[r] + 32 * q) : _mm512_setzero_si512();
-          const __m512i i = TwinDot<L>(init, w.a, w.b, rec);
+              kOffset ? _mm512_loadu_si512(rp.corr[r] + 16 * rec_at) : _mm512_setzero_si512();
+          const __m512i i = LevelDot<L>(init, w, rec);
           const __m512 sd =
-              _mm512_mul_ps(w.d, _mm512_load_ps(reinterpret_cast<const float*>(rec + 64 * L)));
+              _mm512_mul_ps(s, _mm512_load_ps(reinterpret_cast<const float*>(rec + 64 * L)));
           acc[r][A] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), sd, acc[r][A]);
+          if constexpr (kMin) {
+            const __m128 sums =
+                _mm_castsi128_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(rp.sums[r] + b)));
+            off[r] = _mm_fmadd_ps(TwoHalves(blk + 2, bb), sums, off[r]);
+          }
         }
-        if constexpr (kMin)
-          for (int r = 0; r < MB; ++r)
-            off[r] = _mm_fmadd_ps(w.m, _mm_loadu_ps(rp.sums[r] + 4 * q), off[r]);
+      };
+      if constexpr (kQuads) {
+        int64_t q = s.u0;
+        for (; q + kAcc <= s.u1; q += kAcc) {
+          quad(q, std::integral_constant<int, 0>{});
+          quad(q + 1, std::integral_constant<int, 1>{});
+        }
+        if (q < s.u1) quad(q, std::integral_constant<int, 0>{});
+      } else {
+        for (int64_t u = s.u0; u < s.u1; ++u) {
+          pair(4 * u, 2 * u, std::integral_constant<int, 0>{});
+          pair(4 * u + 2, 2 * u + 1, std::integral_constant<int, 1>{});
+        }
       }
-    };
-    int64_t q = 0;
-    for (; q + kAcc <= quads; q += kAcc) {
-      quad(q, std::integral_constant<int, 0>{});
-      quad(q + 1, std::integral_constant<int, 1>{});
-    }
-    if (q < quads) quad(q, std::integral_constant<int, 0>{});
-    // A pair record, [block b | block b + 1] in natural order, into
-    // accumulator set A.
-    auto pair = [&]<int A>(int64_t b, int64_t rec_at, std::integral_constant<int, A>) LUMEN_VNNI {
-      const uint8_t* blk = row + b * bb;
-      PrefetchAhead(blk, 1);
-      const __m512i w = _mm512_inserti64x4(_mm512_zextsi256_si512(BlockCodes<F>(blk)),
-                                           BlockCodes<F>(blk + bb), 1);
-      const __m512 s =
-          _mm512_permutexvar_ps(_mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0),
-                                _mm512_zextps128_ps512(TwoHalves(blk, bb)));
+      int64_t b = 4 * units, rec_at = 2 * units;  // the row's last blocks, their record
+      if (s.last && nb - b >= 2) {
+        pair(b, rec_at, std::integral_constant<int, 0>{});
+        b += 2;
+        ++rec_at;
+      }
+      float tail[MB] = {};
+      if (s.last && b < nb) {  // a half record
+        const uint8_t* blk = row + b * bb;
+        const __m256i w = BlockCodes<F>(blk);
+        const float s = F16Scalar(blk);
+        for (int r = 0; r < MB; ++r) {
+          const uint8_t* rec = x[r] + kRecord<L> * rec_at;
+          const __m256i init =
+              kOffset
+                  ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rp.corr[r] + 16 * rec_at))
+                  : _mm256_setzero_si256();
+          const __m256i i = LevelDotHalf<L>(init, w, rec);
+          alignas(32) int32_t v[8];
+          _mm256_store_si256(reinterpret_cast<__m256i*>(v), i);
+          int32_t sum = 0;
+          for (int32_t e : v) sum += e;
+          tail[r] = s * reinterpret_cast<const float*>(rec + 32 * L)[0] * static_cast<float>(sum);
+          // One explicit rounding: left to -ffp-contract, GCC fused this for
+          // some row counts and not others, and a batched row lost the bits
+          // it has alone (Q4_1/Q5_1 rows with 1-3 blocks after the quads).
+          if constexpr (kMin) tail[r] = std::fma(F16Scalar(blk + 2), rp.sums[r][b], tail[r]);
+        }
+      }
       for (int r = 0; r < MB; ++r) {
-        const uint8_t* rec = x[r] + kRecord<L> * rec_at;
-        const __m512i init =
-            kOffset ? _mm512_loadu_si512(rp.corr[r] + 16 * rec_at) : _mm512_setzero_si512();
-        const __m512i i = LevelDot<L>(init, w, rec);
-        const __m512 sd =
-            _mm512_mul_ps(s, _mm512_load_ps(reinterpret_cast<const float*>(rec + 64 * L)));
-        acc[r][A] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), sd, acc[r][A]);
+        const __m512 t = _mm512_add_ps(acc[r][0], acc[r][1]);
+        float y = _mm512_reduce_add_ps(t) + tail[r];
         if constexpr (kMin) {
-          const __m128 sums =
-              _mm_castsi128_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(rp.sums[r] + b)));
-          off[r] = _mm_fmadd_ps(TwoHalves(blk + 2, bb), sums, off[r]);
+          const __m128 o = _mm_add_ps(off[r], _mm_movehl_ps(off[r], off[r]));
+          y += _mm_cvtss_f32(o) + _mm_cvtss_f32(_mm_movehdup_ps(o));
         }
-      }
-    };
-    int64_t b = 4 * quads, rec_at = 2 * quads;  // next block, its record
-    for (; nb - b >= 4; b += 4, rec_at += 2) {
-      pair(b, rec_at, std::integral_constant<int, 0>{});
-      pair(b + 2, rec_at + 1, std::integral_constant<int, 1>{});
-    }
-    if (nb - b >= 2) {
-      pair(b, rec_at, std::integral_constant<int, 0>{});
-      b += 2;
-      ++rec_at;
-    }
-    float tail[MB] = {};
-    if (b < nb) {  // a half record
-      const uint8_t* blk = row + b * bb;
-      const __m256i w = BlockCodes<F>(blk);
-      const float s = F16Scalar(blk);
-      for (int r = 0; r < MB; ++r) {
-        const uint8_t* rec = x[r] + kRecord<L> * rec_at;
-        const __m256i init =
-            kOffset ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rp.corr[r] + 16 * rec_at))
-                    : _mm256_setzero_si256();
-        const __m256i i = LevelDotHalf<L>(init, w, rec);
-        alignas(32) int32_t v[8];
-        _mm256_store_si256(reinterpret_cast<__m256i*>(v), i);
-        int32_t sum = 0;
-        for (int32_t e : v) sum += e;
-        tail[r] = s * reinterpret_cast<const float*>(rec + 32 * L)[0] * static_cast<float>(sum);
-        if constexpr (kMin) tail[r] += F16Scalar(blk + 2) * rp.sums[r][b];
+        float& out = Y[(m0 + r) * ldy + n];
+        out = s.first ? y : out + y;
       }
     }
-    for (int r = 0; r < MB; ++r) {
-      const __m512 t = _mm512_add_ps(acc[r][0], acc[r][1]);
-      float y = _mm512_reduce_add_ps(t) + tail[r];
-      if constexpr (kMin) {
-        const __m128 o = _mm_add_ps(off[r], _mm_movehl_ps(off[r], off[r]));
-        y += _mm_cvtss_f32(o) + _mm_cvtss_f32(_mm_movehdup_ps(o));
-      }
-      Y[(m0 + r) * ldy + n] = y;
-    }
-  }
 }
 
 // 64 unsigned codes (elements 64j..64j+63 of a Q4_K super-block) from 32 bytes.
@@ -1040,42 +1062,45 @@ LUMEN_VNNI inline __m512i TwinLanes(int t) {
 // Rows [n0, n1) of W (a K-quant) against MB prepared activation rows at m0.
 template <Fmt F, int MB, int L>
 LUMEN_VNNI void RowsK(const Matrix& W, const Geometry& g, const Int8Rows& X, int64_t m0, float* Y,
-                      int64_t ldy, int64_t n0, int64_t n1) {
+                      int64_t ldy, int64_t n0, int64_t n1, std::span<const Span> spans) {
   constexpr int kSubs = kQKK / SubBlock(F);  // 16 or 8 sub-blocks
-  const int64_t nsb = W.k / kQKK;
   const RowPtrs<MB> rows(X, m0);
   const auto& x = rows.x;
   const __m512i idx[2] = {TwinLanes<F>(0), TwinLanes<F>(1)};
   const __mmask16 sums_mask = kSubs == 16 ? 0xFFFF : 0x00FF;
-  for (int64_t n = n0; n < n1; ++n) {
-    const uint8_t* row = W.w.row<const uint8_t>(n);
-    __m512 acc[MB][2], off[MB];
-    for (int r = 0; r < MB; ++r) acc[r][0] = acc[r][1] = off[r] = _mm512_setzero_ps();
-    for (int64_t sb = 0; sb < nsb; ++sb) {
-      const uint8_t* blk = row + sb * g.block_bytes;
-      PrefetchAhead(blk, g.block_bytes);
-      __m512 a, o;
-      SubScales<F>(blk, &a, &o);
-      __m512i v[4];
-      SuperCodes<F>(blk, v);
-      for (int t = 0; t < 2; ++t) {
-        const __m512 lanes = _mm512_permutexvar_ps(idx[t], a);
-        for (int r = 0; r < MB; ++r) {
-          const uint8_t* rec = x[r] + kRecord<L> * (4 * sb + 2 * t);
-          const __m512i i = TwinDot<L>(_mm512_setzero_si512(), v[2 * t], v[2 * t + 1], rec);
-          const __m512 sd =
-              _mm512_mul_ps(lanes, _mm512_load_ps(reinterpret_cast<const float*>(rec + 64 * L)));
-          acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), sd, acc[r][t]);
+  for (int64_t n = n0; n < n1; ++n)
+    for (const Span& s : spans) {
+      const uint8_t* row = W.w.row<const uint8_t>(n);
+      __m512 acc[MB][2], off[MB];
+      for (int r = 0; r < MB; ++r) acc[r][0] = acc[r][1] = off[r] = _mm512_setzero_ps();
+      for (int64_t sb = s.u0; sb < s.u1; ++sb) {
+        const uint8_t* blk = row + sb * g.block_bytes;
+        PrefetchAhead(blk, g.block_bytes, s.ahead);
+        __m512 a, o;
+        SubScales<F>(blk, &a, &o);
+        __m512i v[4];
+        SuperCodes<F>(blk, v);
+        for (int t = 0; t < 2; ++t) {
+          const __m512 lanes = _mm512_permutexvar_ps(idx[t], a);
+          for (int r = 0; r < MB; ++r) {
+            const uint8_t* rec = x[r] + kRecord<L> * (4 * sb + 2 * t);
+            const __m512i i = TwinDot<L>(_mm512_setzero_si512(), v[2 * t], v[2 * t + 1], rec);
+            const __m512 sd =
+                _mm512_mul_ps(lanes, _mm512_load_ps(reinterpret_cast<const float*>(rec + 64 * L)));
+            acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), sd, acc[r][t]);
+          }
         }
+        for (int r = 0; r < MB; ++r)
+          off[r] = _mm512_fmadd_ps(o, _mm512_maskz_loadu_ps(sums_mask, rows.sums[r] + kSubs * sb),
+                                   off[r]);
       }
-      for (int r = 0; r < MB; ++r)
-        off[r] =
-            _mm512_fmadd_ps(o, _mm512_maskz_loadu_ps(sums_mask, rows.sums[r] + kSubs * sb), off[r]);
+      for (int r = 0; r < MB; ++r) {
+        const float y = _mm512_reduce_add_ps(_mm512_add_ps(acc[r][0], acc[r][1])) -
+                        _mm512_reduce_add_ps(off[r]);
+        float& out = Y[(m0 + r) * ldy + n];
+        out = s.first ? y : out + y;
+      }
     }
-    for (int r = 0; r < MB; ++r)
-      Y[(m0 + r) * ldy + n] =
-          _mm512_reduce_add_ps(_mm512_add_ps(acc[r][0], acc[r][1])) - _mm512_reduce_add_ps(off[r]);
-  }
 }
 
 // n values of type t (f16, bf16 or f32) as f32.
@@ -1100,8 +1125,8 @@ LUMEN_VNNI inline void ToF32(DType t, const uint8_t* p, float* out, int64_t n) {
 // multiple of 64).
 template <Fmt F, int MB, int L>
 LUMEN_VNNI void RowsMlx(const Matrix& W, const Int8Rows& X, int64_t m0, float* Y, int64_t ldy,
-                        int64_t n0, int64_t n1) {
-  const int64_t K = W.k, G = W.mlx_group, ng = K / G, nt = K / 128;
+                        int64_t n0, int64_t n1, std::span<const Span> spans) {
+  const int64_t K = W.k, G = W.mlx_group, ng = K / G;
   const RowPtrs<MB> rows(X, m0);
   const auto& x = rows.x;
   // A twin's lane l is group (128 t + 8 l) / G: groups of 32, 4t + l / 4; of 64, 2t + l / 8.
@@ -1114,71 +1139,80 @@ LUMEN_VNNI void RowsMlx(const Matrix& W, const Int8Rows& X, int64_t m0, float* Y
                             : _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
   std::vector<float> sb(2 * ng);     // the row's scales, then biases
   const int64_t per_twin = 128 / G;  // groups per twin (G < 128), hoisted: GCC divided per twin
-  for (int64_t n = n0; n < n1; ++n) {
-    const uint8_t* codes = W.w.row<const uint8_t>(n);
-    ToF32(W.scales.dtype, W.scales.row<const uint8_t>(n), sb.data(), ng);
-    ToF32(W.biases.dtype, W.biases.row<const uint8_t>(n), sb.data() + ng, ng);
-    __m512 acc[MB][2], off[MB];
-    for (int r = 0; r < MB; ++r) acc[r][0] = acc[r][1] = off[r] = _mm512_setzero_ps();
-    // Twin t (elements 128 t .. 128 t + 127, records 2t and 2t + 1) into
-    // accumulator A: lane l of both vectors is elements 8l .. 8l + 7, one
-    // group. MLX 4-bit: the 64 bytes' low nibbles (even elements) and high
-    // nibbles (odd); 8-bit: the even and the odd 4-byte words of 128 bytes.
-    auto twin = [&]<int A>(int64_t t, std::integral_constant<int, A>) LUMEN_VNNI {
-      __m512i a, b;
-      // Without it the twin's code loads waited on DRAM (Zen 5, one thread:
-      // MLX 4-bit decode 19.0 -> 20.2 tok/s, session 11).
-      constexpr int kTwinBytes = F == Fmt::kMlx4 ? 64 : 128;
-      PrefetchAhead(codes + kTwinBytes * t, kTwinBytes);
-      if constexpr (F == Fmt::kMlx4) {
-        const __m512i y = _mm512_loadu_si512(codes + 64 * t), m = _mm512_set1_epi8(0x0F);
-        a = _mm512_and_si512(y, m);
-        b = _mm512_and_si512(_mm512_srli_epi16(y, 4), m);
-      } else {
-        const __m512i t0 = _mm512_loadu_si512(codes + 128 * t);
-        const __m512i t1 = _mm512_loadu_si512(codes + 128 * t + 64);
-        const __m512i even =
-            _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
-        a = _mm512_permutex2var_epi32(t0, even, t1);
-        b = _mm512_permutex2var_epi32(t0, _mm512_add_epi32(even, _mm512_set1_epi32(1)), t1);
+  const int64_t ss = Info(W.scales.dtype).block_bytes;
+  for (int64_t n = n0; n < n1; ++n)
+    for (const Span& s : spans) {
+      // The span's groups (the last span's run to the row's end); the biases
+      // are needed by the last span only.
+      const int64_t g0 = s.u0 * 128 / G, g1 = s.last ? ng : s.u1 * 128 / G;
+      const uint8_t* codes = W.w.row<const uint8_t>(n);
+      ToF32(W.scales.dtype, W.scales.row<const uint8_t>(n) + g0 * ss, sb.data() + g0, g1 - g0);
+      if (s.last) ToF32(W.biases.dtype, W.biases.row<const uint8_t>(n), sb.data() + ng, ng);
+      __m512 acc[MB][2], off[MB];
+      for (int r = 0; r < MB; ++r) acc[r][0] = acc[r][1] = off[r] = _mm512_setzero_ps();
+      // Twin t (elements 128 t .. 128 t + 127, records 2t and 2t + 1) into
+      // accumulator A: lane l of both vectors is elements 8l .. 8l + 7, one
+      // group. MLX 4-bit: the 64 bytes' low nibbles (even elements) and high
+      // nibbles (odd); 8-bit: the even and the odd 4-byte words of 128 bytes.
+      auto twin = [&]<int A>(int64_t t, std::integral_constant<int, A>) LUMEN_VNNI {
+        __m512i a, b;
+        // Without it the twin's code loads waited on DRAM (Zen 5, one thread:
+        // MLX 4-bit decode 19.0 -> 20.2 tok/s, session 11).
+        constexpr int kTwinBytes = F == Fmt::kMlx4 ? 64 : 128;
+        PrefetchAhead(codes + kTwinBytes * t, kTwinBytes, s.ahead);
+        if constexpr (F == Fmt::kMlx4) {
+          const __m512i y = _mm512_loadu_si512(codes + 64 * t), m = _mm512_set1_epi8(0x0F);
+          a = _mm512_and_si512(y, m);
+          b = _mm512_and_si512(_mm512_srli_epi16(y, 4), m);
+        } else {
+          const __m512i t0 = _mm512_loadu_si512(codes + 128 * t);
+          const __m512i t1 = _mm512_loadu_si512(codes + 128 * t + 64);
+          const __m512i even =
+              _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+          a = _mm512_permutex2var_epi32(t0, even, t1);
+          b = _mm512_permutex2var_epi32(t0, _mm512_add_epi32(even, _mm512_set1_epi32(1)), t1);
+        }
+        const __m512 sc =
+            G == 128 ? _mm512_set1_ps(sb[t])
+                     : _mm512_permutexvar_ps(
+                           idx_twin, _mm512_maskz_loadu_ps(G == 32 ? 0xF : 0x3, &sb[t * per_twin]));
+        for (int r = 0; r < MB; ++r) {
+          const uint8_t* rec = x[r] + kRecord<L> * 2 * t;
+          const __m512i i = TwinDot<L>(_mm512_setzero_si512(), a, b, rec);
+          const __m512 sd =
+              _mm512_mul_ps(sc, _mm512_load_ps(reinterpret_cast<const float*>(rec + 64 * L)));
+          acc[r][A] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), sd, acc[r][A]);
+        }
+      };
+      int64_t t = s.u0;
+      for (; t + 2 <= s.u1; t += 2) {
+        twin(t, std::integral_constant<int, 0>{});
+        twin(t + 1, std::integral_constant<int, 1>{});
       }
-      const __m512 sc =
-          G == 128 ? _mm512_set1_ps(sb[t])
-                   : _mm512_permutexvar_ps(
-                         idx_twin, _mm512_maskz_loadu_ps(G == 32 ? 0xF : 0x3, &sb[t * per_twin]));
+      if (t < s.u1) twin(t, std::integral_constant<int, 0>{});
+      if (s.last && K % 128 != 0) {  // the last 64 elements, one record (see Layout)
+        const int64_t c = K / 64 - 1;
+        const __m512i w =
+            F == Fmt::kMlx4 ? NibblePair(codes + 32 * c) : _mm512_loadu_si512(codes + 64 * c);
+        const __m512 sc = G == 32
+                              ? _mm512_permutexvar_ps(idx32, _mm512_maskz_loadu_ps(3, &sb[2 * c]))
+                              : _mm512_set1_ps(sb[c * 64 / G]);
+        DotRecords<MB, 0, L>(x, c, w, sc, acc);
+      }
+      // Bias term: sum_g b_g * (sum of the group's activations), 16 groups at a time.
+      for (int64_t g = 0; s.last && g < ng; g += 16) {
+        const __mmask16 k = ng - g >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (ng - g)) - 1);
+        const __m512 b = _mm512_maskz_loadu_ps(k, sb.data() + ng + g);
+        for (int r = 0; r < MB; ++r)
+          off[r] = _mm512_fmadd_ps(b, _mm512_maskz_loadu_ps(k, rows.sums[r] + g), off[r]);
+      }
       for (int r = 0; r < MB; ++r) {
-        const uint8_t* rec = x[r] + kRecord<L> * 2 * t;
-        const __m512i i = TwinDot<L>(_mm512_setzero_si512(), a, b, rec);
-        const __m512 sd =
-            _mm512_mul_ps(sc, _mm512_load_ps(reinterpret_cast<const float*>(rec + 64 * L)));
-        acc[r][A] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), sd, acc[r][A]);
+        const float y = _mm512_reduce_add_ps(_mm512_add_ps(acc[r][0], acc[r][1])) +
+                        _mm512_reduce_add_ps(off[r]);
+        float& out = Y[(m0 + r) * ldy + n];
+        out = s.first ? y : out + y;
       }
-    };
-    int64_t t = 0;
-    for (; t + 2 <= nt; t += 2) {
-      twin(t, std::integral_constant<int, 0>{});
-      twin(t + 1, std::integral_constant<int, 1>{});
     }
-    if (t < nt) twin(t, std::integral_constant<int, 0>{});
-    if (K % 128 != 0) {  // the last 64 elements, one record (see Layout)
-      const int64_t c = K / 64 - 1;
-      const __m512i w =
-          F == Fmt::kMlx4 ? NibblePair(codes + 32 * c) : _mm512_loadu_si512(codes + 64 * c);
-      const __m512 sc = G == 32 ? _mm512_permutexvar_ps(idx32, _mm512_maskz_loadu_ps(3, &sb[2 * c]))
-                                : _mm512_set1_ps(sb[c * 64 / G]);
-      DotRecords<MB, 0, L>(x, c, w, sc, acc);
-    }
-    // Bias term: sum_g b_g * (sum of the group's activations), 16 groups at a time.
-    for (int64_t g = 0; g < ng; g += 16) {
-      const __mmask16 k = ng - g >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (ng - g)) - 1);
-      const __m512 b = _mm512_maskz_loadu_ps(k, sb.data() + ng + g);
-      for (int r = 0; r < MB; ++r)
-        off[r] = _mm512_fmadd_ps(b, _mm512_maskz_loadu_ps(k, rows.sums[r] + g), off[r]);
-    }
-    for (int r = 0; r < MB; ++r)
-      Y[(m0 + r) * ldy + n] =
-          _mm512_reduce_add_ps(_mm512_add_ps(acc[r][0], acc[r][1])) + _mm512_reduce_add_ps(off[r]);
-  }
 }
 
 // Calls run(integral_constant<MB>, m) over the rows four at a time, then the rest.
@@ -1198,38 +1232,83 @@ void ByFours(int64_t M, Run run) {
   }
 }
 
+// K-blocking. A row's activation records take (L + 1) bytes per element,
+// and Q4_0/Q5_0/Q8_0's lane corrections one more: 32 KB at K = 8192 and two
+// levels, 128 KB for four rows, which do not stay in Zen 5's 48 KB L1 beside
+// the weights (four rows in cache, Q8_0: 43 GFLOP/s at K = 8192 against 117
+// at 2048; Q4_0 92 against 155; docs/reference/performance.md, session 14).
+// So each row's sum is taken in spans of kSpanK elements, added up in span
+// order. Several activation rows run every weight row over one span, then
+// the next, adding to Y (the weights read in row segments, the prefetch
+// going to the same segment of a later row); one activation row keeps the
+// weights streaming contiguously, spans innermost, which for it measured
+// faster (one row from DRAM, Q4_0: 63 GFLOP/s against 54 in segments). Both
+// orders add the same partial sums in the same order: a row's result does
+// not depend on how many rows share the call.
+inline constexpr int64_t kSpanK = 2048;
+
+// Calls run(spans, n0, n1): one activation row takes all the spans of each
+// weight row in turn; several take one span of every weight row at a time.
+template <class Run>
+void BySpans(const Matrix& W, const Geometry& g, int64_t M, int64_t n0, int64_t n1, Run run) {
+  constexpr int kMaxSpans = 64;
+  const int64_t unit = g.order == Order::kTwins32 || g.order == Order::kTwins16 ? kQKK : 128;
+  const int64_t units = W.k / unit;
+  // Rows past kMaxSpans x kSpanK elements take longer spans.
+  const int64_t per = std::max(kSpanK / unit, (units + kMaxSpans - 1) / kMaxSpans);
+  Span spans[kMaxSpans];
+  int count = 0;
+  for (int64_t u = 0; u < units || count == 0; u += per) {
+    const int64_t e = std::min(units, u + per);
+    spans[count++] = Span{u, e, u == 0, e == units, kAheadBytes};
+  }
+  if (M == 1 || count == 1) return run(std::span<const Span>(spans, count), n0, n1);
+  // The weight bytes of one span of a row (MLX: its codes, which the kernel prefetches).
+  const int64_t row = W.w.row<const uint8_t>(1) - W.w.row<const uint8_t>(0);
+  const int64_t unit_bytes = W.mlx_bits     ? 128 * W.mlx_bits / 8
+                             : unit == kQKK ? g.block_bytes
+                                            : 4 * g.block_bytes;
+  const int64_t seg = per * unit_bytes, rows_ahead = (kAheadBytes + seg - 1) / seg;
+  for (int i = 0; i < count; ++i) {
+    spans[i].ahead = rows_ahead * row;
+    run(std::span<const Span>(spans + i, 1), n0, n1);
+  }
+}
+
 template <int L>
 void MatMulRowsLevels(const Matrix& W, const Int8Rows& X, float* Y, int64_t ldy, int64_t n0,
                       int64_t n1) {
   const Geometry g = GeometryFor(W);
-  ByFours(X.M, [&](auto mb, int64_t m) {
-    constexpr int MB = decltype(mb)::value;
-    switch (g.fmt) {
-      case Fmt::kQ4_0:
-        return Rows<Fmt::kQ4_0, MB, L>(W, g, X, m, Y, ldy, n0, n1);
-      case Fmt::kQ4_1:
-        return Rows<Fmt::kQ4_1, MB, L>(W, g, X, m, Y, ldy, n0, n1);
-      case Fmt::kQ5_0:
-        return Rows<Fmt::kQ5_0, MB, L>(W, g, X, m, Y, ldy, n0, n1);
-      case Fmt::kQ5_1:
-        return Rows<Fmt::kQ5_1, MB, L>(W, g, X, m, Y, ldy, n0, n1);
-      case Fmt::kQ8_0:
-        return Rows<Fmt::kQ8_0, MB, L>(W, g, X, m, Y, ldy, n0, n1);
-      case Fmt::kQ2K:
-        return RowsK<Fmt::kQ2K, MB, L>(W, g, X, m, Y, ldy, n0, n1);
-      case Fmt::kQ3K:
-        return RowsK<Fmt::kQ3K, MB, L>(W, g, X, m, Y, ldy, n0, n1);
-      case Fmt::kQ4K:
-        return RowsK<Fmt::kQ4K, MB, L>(W, g, X, m, Y, ldy, n0, n1);
-      case Fmt::kQ5K:
-        return RowsK<Fmt::kQ5K, MB, L>(W, g, X, m, Y, ldy, n0, n1);
-      case Fmt::kQ6K:
-        return RowsK<Fmt::kQ6K, MB, L>(W, g, X, m, Y, ldy, n0, n1);
-      case Fmt::kMlx4:
-        return RowsMlx<Fmt::kMlx4, MB, L>(W, X, m, Y, ldy, n0, n1);
-      case Fmt::kMlx8:
-        return RowsMlx<Fmt::kMlx8, MB, L>(W, X, m, Y, ldy, n0, n1);
-    }
+  BySpans(W, g, X.M, n0, n1, [&](std::span<const Span> s, int64_t b, int64_t e) {
+    ByFours(X.M, [&](auto mb, int64_t m) {
+      constexpr int MB = decltype(mb)::value;
+      switch (g.fmt) {
+        case Fmt::kQ4_0:
+          return Rows<Fmt::kQ4_0, MB, L>(W, g, X, m, Y, ldy, b, e, s);
+        case Fmt::kQ4_1:
+          return Rows<Fmt::kQ4_1, MB, L>(W, g, X, m, Y, ldy, b, e, s);
+        case Fmt::kQ5_0:
+          return Rows<Fmt::kQ5_0, MB, L>(W, g, X, m, Y, ldy, b, e, s);
+        case Fmt::kQ5_1:
+          return Rows<Fmt::kQ5_1, MB, L>(W, g, X, m, Y, ldy, b, e, s);
+        case Fmt::kQ8_0:
+          return Rows<Fmt::kQ8_0, MB, L>(W, g, X, m, Y, ldy, b, e, s);
+        case Fmt::kQ2K:
+          return RowsK<Fmt::kQ2K, MB, L>(W, g, X, m, Y, ldy, b, e, s);
+        case Fmt::kQ3K:
+          return RowsK<Fmt::kQ3K, MB, L>(W, g, X, m, Y, ldy, b, e, s);
+        case Fmt::kQ4K:
+          return RowsK<Fmt::kQ4K, MB, L>(W, g, X, m, Y, ldy, b, e, s);
+        case Fmt::kQ5K:
+          return RowsK<Fmt::kQ5K, MB, L>(W, g, X, m, Y, ldy, b, e, s);
+        case Fmt::kQ6K:
+          return RowsK<Fmt::kQ6K, MB, L>(W, g, X, m, Y, ldy, b, e, s);
+        case Fmt::kMlx4:
+          return RowsMlx<Fmt::kMlx4, MB, L>(W, X, m, Y, ldy, b, e, s);
+        case Fmt::kMlx8:
+          return RowsMlx<Fmt::kMlx8, MB, L>(W, X, m, Y, ldy, b, e, s);
+      }
+    });
   });
 }
 

@@ -182,7 +182,7 @@ TEST(MatMulInt8x2, VectorLayoutHasTheScalarBytes) {
 TEST(MatMulInt8x2, MatchesOracleAndExactBound) {
   std::mt19937 rng(23);
   for (const Case& c : kCases)
-    for (int64_t K : {32, 96, 160, 192, 224, 256, 1152, 2048})
+    for (int64_t K : {32, 96, 160, 192, 224, 256, 1152, 2048, 4160, 4864, 6240})
       for (int64_t M = 1; M <= kInt8MaxRows; ++M) {
         if (K % BlockOf(c) != 0) continue;
         const int64_t N = 21;
@@ -275,6 +275,33 @@ TEST(MatMulInt8x2, ThreadsManyAndSelectionAreBitIdentical) {
   exact.route = ActRoute::kExact;
   MatMul(exact, X.data(), M, 256, b.data(), 40, nullptr);
   EXPECT_EQ(a, b);
+}
+
+// Rows wider than one span (matmul_q8.cc, kSpanK = 2048) are summed span by
+// span, one activation row spans innermost and several span outermost: a
+// row gives the same bits alone as in a batch of any height, with the last
+// span holding the row's tail (a pair and a half block, a K-quant's last
+// super-block, an MLX row of 64 x odd).
+TEST(MatMulInt8x2, ARowGivesTheSameBitsAloneAndInABatchAcrossSpans) {
+  std::mt19937 rng(37);
+  ThreadPool pool(2);
+  for (const Case& c : kCases)
+    for (int64_t K : {4160, 4864, 6240}) {
+      if (K % BlockOf(c) != 0) continue;
+      const int64_t N = 37;
+      OwnedMatrix W = MakeX2(c, N, K, rng);
+      SKIP_WITHOUT_VNNI(W.m);
+      const std::vector<float> X = RandomActivations(kInt8MaxRows, K, rng);
+      std::vector<float> alone(kInt8MaxRows * N);
+      for (int64_t m = 0; m < kInt8MaxRows; ++m)
+        MatMul(W.m, X.data() + m * K, 1, K, alone.data() + m * N, N, nullptr);
+      for (int64_t M : {2, 4, 5, 8}) {
+        std::vector<float> batch(M * N);
+        MatMul(W.m, X.data(), M, K, batch.data(), N, &pool);
+        EXPECT_EQ(0, std::memcmp(batch.data(), alone.data(), batch.size() * sizeof(float)))
+            << CaseName(c) << " K=" << K << " M=" << M;
+      }
+    }
 }
 
 // One MatMulMany over matrices whose prepared activations differ only in the

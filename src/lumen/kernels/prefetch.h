@@ -19,17 +19,19 @@ namespace lumen::kernels {
 // matrix is harmless (x86 prefetches never fault).
 inline constexpr int64_t kAheadBytes = 4096;
 
-// Prefetch into L2 the lines of [p + kAheadBytes, p + kAheadBytes + bytes).
-inline void PrefetchAhead(const void* p, int64_t bytes) {
-  const char* c = static_cast<const char*>(p) + kAheadBytes;
+// Prefetch into L2 the lines of [p + ahead, p + ahead + bytes). A kernel
+// that reads its rows in segments (a K-blocked product) passes the distance
+// to the same segment of a later row.
+inline void PrefetchAhead(const void* p, int64_t bytes, int64_t ahead = kAheadBytes) {
+  const char* c = static_cast<const char*>(p) + ahead;
   for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(c + o, 0, 2);
 }
 
 // The same into L1 (prefetcht0). Measured per kernel: the int8 kernel of the
 // 4- and 5-bit quads decodes Q4_0 8-9% faster on one thread and 3-4% on two
 // with it (1B, Xeon above), while the K-quant kernel lost 10% (Q4_K).
-inline void PrefetchAheadL1(const void* p, int64_t bytes) {
-  const char* c = static_cast<const char*>(p) + kAheadBytes;
+inline void PrefetchAheadL1(const void* p, int64_t bytes, int64_t ahead = kAheadBytes) {
+  const char* c = static_cast<const char*>(p) + ahead;
   for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(c + o, 0, 3);
 }
 

@@ -304,6 +304,28 @@ TEST(MatMulInt8x2, ARowGivesTheSameBitsAloneAndInABatchAcrossSpans) {
     }
 }
 
+// Rows wider than 64 spans of 2048 take longer spans (BySpans): still the
+// same bits alone and in a batch, and within the oracle's bound.
+TEST(MatMulInt8x2, RowsPastSixtyFourSpansTakeLongerSpans) {
+  std::mt19937 rng(41);
+  const int64_t K = 139264, N = 5, M = 4;  // 68 x 2048
+  for (const Case& c : {Case{DType::kQ4_0}, Case{DType::kQ4_K}, Case{DType::kU32, 64}}) {
+    OwnedMatrix W = MakeX2(c, N, K, rng);
+    SKIP_WITHOUT_VNNI(W.m);
+    const std::vector<float> X = RandomActivations(M, K, rng);
+    std::vector<float> batch(M * N), alone(M * N), ref(M * N);
+    MatMul(W.m, X.data(), M, K, batch.data(), N, nullptr);
+    for (int64_t m = 0; m < M; ++m)
+      MatMul(W.m, X.data() + m * K, 1, K, alone.data() + m * N, N, nullptr);
+    EXPECT_EQ(batch, alone) << CaseName(c);
+    std::vector<double> mag;
+    MatMulInt8x2Ref(W.m, X.data(), M, ref.data(), &mag);
+    for (int64_t i = 0; i < M * N; ++i)
+      EXPECT_LE(std::fabs(double(batch[i]) - ref[i]), (K / 4 + 8) * kU * mag[i] + 1e-30)
+          << CaseName(c) << " i=" << i;
+  }
+}
+
 // One MatMulMany over matrices whose prepared activations differ only in the
 // offset group (MLX groups of 32, 64 and 128, Q4_1's per-block sums, Q5_K's
 // sub-blocks) gives each product the bits MatMul gives it alone.

@@ -161,6 +161,13 @@ BENCHMARK(BM_MatMul)->ArgsProduct({{3, 4}, {4, 8}, {1, 2}, {2048, 8192}, {1}})->
 BENCHMARK(BM_MatMul)
     ->ArgsProduct({{3, 4, 5, 6, 7, 8}, {1, 4}, {1, 2}, {2048, 8192}, {3}})
     ->UseRealTime();
+// The same kernels with the weights in L2 (256 rows, at most 0.55 MB at
+// K = 2048): their compute ceiling at one row and at a batch step's four.
+void BM_MatMulL2(benchmark::State& state) {
+  TimeProduct(state, static_cast<int>(state.range(0)), ActRoute::kInt8x2, state.range(1), 256,
+              2048, 1, 2);
+}
+BENCHMARK(BM_MatMulL2)->ArgsProduct({{3, 4, 5, 6, 7, 8}, {1, 2, 4}})->UseRealTime();
 // The bf16 prefill route (matmul_bf16.h) beside the exact M=256 rows above.
 BENCHMARK(BM_MatMul)
     ->ArgsProduct({{0, 1, 2, 3, 4, 5, 6, 7}, {256}, {1, 2}, {2048}, {2}})

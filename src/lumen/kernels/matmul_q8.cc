@@ -36,7 +36,8 @@
 //     last 1-3 blocks of a row: a natural pair [blk | blk + 1], a half.
 //   Q8_0: natural pairs [blk0 e0..31 | blk1 e0..31] (its quads, 136 bytes,
 //     measured slower), an odd last block a 32-byte half.
-//   K-quants: a super-block is two twins (see SuperCodes).
+//   K-quants: a super-block is four columns, one 16-element slice per lane
+//     (see SuperColumns).
 //   MLX 4-bit: 64 bytes are a twin as they are (low nibbles: the even
 //     elements of 128, high: the odd; lane l = elements 8l..8l+7, one group);
 //     8-bit: the even and the odd 4-byte words of 128 bytes. A row of 64 x odd
@@ -109,7 +110,7 @@ namespace {
 enum class Fmt { kQ4_0, kQ4_1, kQ5_0, kQ5_1, kQ8_0, kQ2K, kQ3K, kQ4K, kQ5K, kQ6K, kMlx4, kMlx8 };
 
 // The activations' byte order within a 64-element record (see Layout).
-enum class Order { kNatural, kQuads, kTwins32, kTwins16, kEvenOdd, kWordTwins };
+enum class Order { kNatural, kQuads, kColumns, kEvenOdd, kWordTwins };
 
 struct Geometry {
   Fmt fmt;
@@ -134,15 +135,15 @@ Geometry GeometryFor(const Matrix& W) {
     case DType::kQ8_0:
       return {Fmt::kQ8_0, sizeof(BlockQ8_0), 128, 0, Order::kNatural};
     case DType::kQ2_K:
-      return {Fmt::kQ2K, sizeof(BlockQ2K), 0, 16, Order::kTwins16};
+      return {Fmt::kQ2K, sizeof(BlockQ2K), 0, 16, Order::kColumns};
     case DType::kQ3_K:
-      return {Fmt::kQ3K, sizeof(BlockQ3K), 0, 16, Order::kTwins16};
+      return {Fmt::kQ3K, sizeof(BlockQ3K), 0, 16, Order::kColumns};
     case DType::kQ4_K:
-      return {Fmt::kQ4K, sizeof(BlockQ4K), 0, 32, Order::kTwins32};
+      return {Fmt::kQ4K, sizeof(BlockQ4K), 0, 32, Order::kColumns};
     case DType::kQ5_K:
-      return {Fmt::kQ5K, sizeof(BlockQ5K), 0, 32, Order::kTwins32};
+      return {Fmt::kQ5K, sizeof(BlockQ5K), 0, 32, Order::kColumns};
     case DType::kQ6_K:
-      return {Fmt::kQ6K, sizeof(BlockQ6K), 0, 16, Order::kTwins16};
+      return {Fmt::kQ6K, sizeof(BlockQ6K), 0, 16, Order::kColumns};
     default:  // callers check Int8RouteSupports first
       LUMEN_CHECK(false);
       return {};
@@ -159,11 +160,9 @@ int64_t SourceIndex(Order order, int64_t nb, int64_t pos) {
     // The last 64 of 64 x odd: the even elements, then the odd ones.
     return base + (b < 32 ? 2 * b : 2 * (b - 32) + 1);
   }
-  if (order == Order::kTwins32 || order == Order::kTwins16) {  // see SuperCodes
+  if (order == Order::kColumns) {  // record j, lane l: elements 16 l + 4 j .. (SuperColumns)
     const int64_t base = pos / kQKK * kQKK, o = pos % kQKK;
-    const int64_t t = o / 128, v = o / 64 % 2, k = o % 64 / 16, b = o % 16;
-    if (order == Order::kTwins32) return base + (2 * k + t) * 32 + 16 * v + b;
-    return base + 128 * t + 32 * k + 8 * v + (b < 8 ? b : 8 + b);
+    return base + 16 * (o % 64 / 4) + 4 * (o / 64) + o % 4;
   }
   if (order == Order::kNatural || pos >= nb / 4 * 4 * kQK) return pos;
   // A quad of blocks: two records, elements 0..15 of the four blocks, then 16..31.
@@ -246,10 +245,10 @@ struct Period {
 Period PeriodOf(const Geometry& g, int64_t K) {
   const int64_t nb = K / kQK;
   Period p;
-  const bool twins = g.order == Order::kTwins32 || g.order == Order::kTwins16;
-  p.len = g.order == Order::kNatural ? 64 : twins ? kQKK : 128;
+  const bool columns = g.order == Order::kColumns;
+  p.len = g.order == Order::kNatural ? 64 : columns ? kQKK : 128;
   p.end = g.order == Order::kNatural ? K / 64 * 64
-          : twins                    ? K
+          : columns                  ? K
           : g.order == Order::kQuads ? nb / 4 * 128
                                      : K / 128 * 128;
   for (int64_t o = 0; o < p.len; ++o) p.tab[o] = static_cast<int32_t>(SourceIndex(g.order, nb, o));
@@ -950,113 +949,111 @@ LUMEN_VNNI inline void SubScales(const uint8_t* blk, __m512* a, __m512* o) {
   }
 }
 
-// A vector whose 16-byte chunk k holds byte value c_k in every byte.
-LUMEN_VNNI inline __m512i PerChunk(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3) {
-  const auto x = [](uint32_t c) { return static_cast<int>(c * 0x01010101u); };
-  return _mm512_set_epi32(x(c3), x(c3), x(c3), x(c3), x(c2), x(c2), x(c2), x(c2), x(c1), x(c1),
-                          x(c1), x(c1), x(c0), x(c0), x(c0), x(c0));
+// Per 32-bit lane l, the byte mask 1 << bit(l) in all four bytes.
+template <class Bit>
+LUMEN_VNNI inline __m512i LaneBitBytes(Bit bit) {
+  alignas(64) uint32_t v[16];
+  for (int l = 0; l < 16; ++l) v[l] = (1u << bit(l)) * 0x01010101u;
+  return _mm512_load_si512(v);
 }
 
-// 32 bytes at p as 64-bit words `w0, w1` repeated in every chunk (w1 = w0 + 2:
-// bytes 0-7 and 16-23, or 8-15 and 24-31).
-LUMEN_VNNI inline __m512i Quarters(const uint8_t* p, int w0) {
-  const __m512i v = _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-  return _mm512_permutexvar_epi64(_mm512_set_epi64(w0 + 2, w0, w0 + 2, w0, w0 + 2, w0, w0 + 2, w0),
-                                  v);
+// Per 32-bit lane l, the value f(l).
+template <class Fn>
+LUMEN_VNNI inline __m512i LaneValues(Fn f) {
+  alignas(64) int32_t v[16];
+  for (int l = 0; l < 16; ++l) v[l] = f(l);
+  return _mm512_load_si512(v);
 }
 
-// The 2-bit fields of chunk k's bytes at bit 2k (k = 0..3), as bytes 0..3.
-LUMEN_VNNI inline __m512i FieldPerChunk(__m512i v) {
-  const __m512i sh =
-      _mm512_set_epi64(0x0006000600060006, 0x0006000600060006, 0x0004000400040004,
-                       0x0004000400040004, 0x0002000200020002, 0x0002000200020002, 0, 0);
-  return _mm512_and_si512(_mm512_srlv_epi16(v, sh), _mm512_set1_epi8(3));
-}
-
-// The codes of a K-quant super-block as two twins, (v[0], v[1]) and (v[2],
-// v[3]): the two vectors of a twin put the same sub-block in every lane, so
-// one int32 lane sums 8 products of one sub-block and the lane work after
-// the two vpdpbusd (shift, conversion, scaling) is paid once per 128
-// weights. Sub-blocks of 32 (Q4_K, Q5_K): twin t, chunk k is sub-block
-// 2k + t, the first vector its elements 0..15, the second 16..31. Sub-blocks
-// of 16 (Q2_K, Q3_K, Q6_K): twin t is elements 128t..128t+127, chunk k holds
-// sub-blocks 8t + 2k (dwords 0, 1) and 8t + 2k + 1 (dwords 2, 3), the first
-// vector their elements 0..7, the second 8..15. (SourceIndex lays the
+// The codes of a K-quant super-block as four columns: byte 4l + b of u[j] is
+// the code of element 16 l + 4 j + b, so lane l of all four holds 16-element
+// slice l (a sub-block of Q2_K/Q3_K/Q6_K, half of one of Q4_K/Q5_K) and one
+// int32 lane sums the slice's 16 products: the lane work after the dots (the
+// level shift, conversion and scaling) is paid once per 256 weights, not
+// once per 128 as with twins (session 15). Each column is one dword gather
+// of the packed bytes (vpermd / vpermt2d: slice l, column j lie in one
+// dword), a per-lane shift to the field and a mask. (SourceIndex lays the
 // activations out the same way.)
 template <Fmt F>
-LUMEN_VNNI inline void SuperCodes(const uint8_t* blk, __m512i (&v)[4]) {
+[[gnu::always_inline]] LUMEN_VNNI inline void SuperColumns(const uint8_t* blk, __m512i (&u)[4]) {
+  const __m512i k4 = _mm512_set1_epi8(0x0F), k2 = _mm512_set1_epi8(3);
   if constexpr (F == Fmt::kQ4K || F == Fmt::kQ5K) {
-    // Byte j of qs[32 i ..]: element j of sub-block 2i (low nibble), of 2i + 1
-    // (high); chunks 0, 2, 4, 6 of the 128 bytes are elements 0..15.
+    // Element e: nibble (e / 32) % 2 of qs[32 (e / 64) + e % 32]; slice l's
+    // column j is dword 8 (l / 4) + 4 (l % 2) + j, nibble (l / 2) % 2.
     const uint8_t* qs = blk + (F == Fmt::kQ4K ? 16 : 48);
     const __m512i t0 = _mm512_loadu_si512(qs), t1 = _mm512_loadu_si512(qs + 64);
-    const __m512i ra = _mm512_shuffle_i64x2(t0, t1, _MM_SHUFFLE(2, 0, 2, 0));
-    const __m512i rb = _mm512_shuffle_i64x2(t0, t1, _MM_SHUFFLE(3, 1, 3, 1));
-    const __m512i m = _mm512_set1_epi8(0x0F);
-    v[0] = _mm512_and_si512(ra, m);
-    v[1] = _mm512_and_si512(rb, m);
-    v[2] = _mm512_and_si512(_mm512_srli_epi16(ra, 4), m);
-    v[3] = _mm512_and_si512(_mm512_srli_epi16(rb, 4), m);
-    if constexpr (F == Fmt::kQ5K) {  // element 64 c + 32 h + j: bit 2c + h of qh[j]
-      const uint8_t* qh = blk + 16;
-      const __m512i h0 =
-          _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qh)));
-      const __m512i h1 =
-          _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qh + 16)));
-      const __m512i s0 = PerChunk(1, 4, 16, 64), s1 = PerChunk(2, 8, 32, 128);
-      const __m512i k16 = _mm512_set1_epi8(16);
-      v[0] = _mm512_mask_add_epi8(v[0], _mm512_test_epi8_mask(h0, s0), v[0], k16);
-      v[1] = _mm512_mask_add_epi8(v[1], _mm512_test_epi8_mask(h1, s0), v[1], k16);
-      v[2] = _mm512_mask_add_epi8(v[2], _mm512_test_epi8_mask(h0, s1), v[2], k16);
-      v[3] = _mm512_mask_add_epi8(v[3], _mm512_test_epi8_mask(h1, s1), v[3], k16);
+    const __m512i shift = LaneValues([](int l) { return 4 * ((l / 2) % 2); });
+    const __m512i at = LaneValues([](int l) { return 8 * (l / 4) + 4 * (l % 2); });
+    // Q5_K: element e's 5th bit is bit e / 32 of qh[e % 32]: dword 4 (l % 2) + j, bit l / 2.
+    [[maybe_unused]] __m512i qh, hat, hbit;
+    if constexpr (F == Fmt::kQ5K) {
+      qh = _mm512_zextsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16)));
+      hat = LaneValues([](int l) { return 4 * (l % 2); });
+      hbit = LaneBitBytes([](int l) { return l / 2; });
+    }
+    for (int j = 0; j < 4; ++j) {
+      const __m512i jj = _mm512_set1_epi32(j);
+      const __m512i d = _mm512_permutex2var_epi32(t0, _mm512_add_epi32(at, jj), t1);
+      u[j] = _mm512_and_si512(_mm512_srlv_epi32(d, shift), k4);
+      if constexpr (F == Fmt::kQ5K) {
+        const __m512i h = _mm512_permutexvar_epi32(_mm512_add_epi32(hat, jj), qh);
+        u[j] = _mm512_mask_add_epi8(u[j], _mm512_test_epi8_mask(h, hbit), u[j],
+                                    _mm512_set1_epi8(16));
+      }
     }
   } else if constexpr (F == Fmt::kQ2K || F == Fmt::kQ3K) {
-    // Element 128 t + 32 k + l: bits 2k of qs[32 t + l] (Q3_K: + 4 where bit
-    // 4t + k of hmask[l] is set).
-    const uint8_t* qs = blk + (F == Fmt::kQ2K ? 16 : 32);
-    for (int t = 0; t < 2; ++t) {
-      v[2 * t] = FieldPerChunk(Quarters(qs + 32 * t, 0));
-      v[2 * t + 1] = FieldPerChunk(Quarters(qs + 32 * t, 1));
+    // Element e: bits 2 ((e % 128) / 32) of qs[32 (e / 128) + e % 32]; slice
+    // l's column j is dword 8 (l / 8) + 4 (l % 2) + j, shift 2 ((l % 8) / 2).
+    // Q3_K: + 4 where bit e / 32 of hmask[e % 32] is set (dword 4 (l % 2) + j, bit l / 2).
+    const __m512i qs = _mm512_loadu_si512(blk + (F == Fmt::kQ2K ? 16 : 32));
+    const __m512i shift = LaneValues([](int l) { return 2 * ((l % 8) / 2); });
+    const __m512i at = LaneValues([](int l) { return 8 * (l / 8) + 4 * (l % 2); });
+    [[maybe_unused]] __m512i hm, hat, hbit;
+    if constexpr (F == Fmt::kQ3K) {
+      hm = _mm512_zextsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk)));
+      hat = LaneValues([](int l) { return 4 * (l % 2); });
+      hbit = LaneBitBytes([](int l) { return l / 2; });
+    }
+    for (int j = 0; j < 4; ++j) {
+      const __m512i jj = _mm512_set1_epi32(j);
+      const __m512i d = _mm512_permutexvar_epi32(_mm512_add_epi32(at, jj), qs);
+      u[j] = _mm512_and_si512(_mm512_srlv_epi32(d, shift), k2);
       if constexpr (F == Fmt::kQ3K) {
-        const uint32_t b = 1u << (4 * t);
-        const __m512i s = PerChunk(b, b << 1, b << 2, b << 3), k4 = _mm512_set1_epi8(4);
-        for (int h = 0; h < 2; ++h)
-          v[2 * t + h] = _mm512_mask_add_epi8(
-              v[2 * t + h], _mm512_test_epi8_mask(Quarters(blk, h), s), v[2 * t + h], k4);
+        const __m512i h = _mm512_permutexvar_epi32(_mm512_add_epi32(hat, jj), hm);
+        u[j] = _mm512_mask_add_epi8(u[j], _mm512_test_epi8_mask(h, hbit), u[j],
+                                    _mm512_set1_epi8(4));
       }
     }
-  } else {  // Q6_K: element 128 t + 32 k + l: low 4 bits in ql[64 t + 32 (k % 2) + l]
-            // (nibble k / 2), high 2 in bits 2k of qh[32 t + l]
-    for (int t = 0; t < 2; ++t) {
-      const uint8_t* ql = blk + 64 * t;
-      const __m512i l0 =
-          _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql)));
-      const __m512i l1 =
-          _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql + 32)));
-      const __m512i nib_shift =
-          _mm512_set_epi64(0x0004000400040004, 0x0004000400040004, 0x0004000400040004,
-                           0x0004000400040004, 0, 0, 0, 0);
-      for (int h = 0; h < 2; ++h) {
-        const __m512i low = _mm512_permutex2var_epi64(
-            l0, _mm512_set_epi64(10 + h, 8 + h, 2 + h, h, 10 + h, 8 + h, 2 + h, h), l1);
-        const __m512i lo4 =
-            _mm512_and_si512(_mm512_srlv_epi16(low, nib_shift), _mm512_set1_epi8(0x0F));
-        const __m512i hi2 = FieldPerChunk(Quarters(blk + 128 + 32 * t, h));
-        v[2 * t + h] = _mm512_or_si512(lo4, _mm512_slli_epi16(hi2, 4));
-      }
+  } else {  // Q6_K: element e = 128 h + i: low 4 bits nibble (i / 64) of
+            // ql[64 h + 32 ((i / 32) % 2) + i % 32], high 2 bits 2 (i / 32) of
+            // qh[32 h + i % 32]. Slice l: h = l / 8, i / 32 = (l % 8) / 2.
+    const __m512i l0 = _mm512_loadu_si512(blk), l1 = _mm512_loadu_si512(blk + 64);
+    const __m512i qh = _mm512_loadu_si512(blk + 128);
+    const __m512i lat = LaneValues(
+        [](int l) { return 16 * (l / 8) + 8 * (((l % 8) / 2) % 2) + 4 * (l % 2); });
+    const __m512i lshift = LaneValues([](int l) { return 4 * ((l % 8) / 4); });
+    const __m512i hat = LaneValues([](int l) { return 8 * (l / 8) + 4 * (l % 2); });
+    const __m512i hshift = LaneValues([](int l) { return 2 * ((l % 8) / 2); });
+    for (int j = 0; j < 4; ++j) {
+      const __m512i jj = _mm512_set1_epi32(j);
+      const __m512i lo = _mm512_and_si512(
+          _mm512_srlv_epi32(_mm512_permutex2var_epi32(l0, _mm512_add_epi32(lat, jj), l1), lshift),
+          k4);
+      const __m512i hi = _mm512_and_si512(
+          _mm512_srlv_epi32(_mm512_permutexvar_epi32(_mm512_add_epi32(hat, jj), qh), hshift), k2);
+      u[j] = _mm512_or_si512(lo, _mm512_slli_epi32(hi, 4));
     }
   }
 }
 
-// Lane index vectors of the twins (which of `a`'s sub-block values each lane takes).
-template <Fmt F>
-LUMEN_VNNI inline __m512i TwinLanes(int t) {
-  if constexpr (SubBlock(F) == 32)
-    return _mm512_set_epi32(6 + t, 6 + t, 6 + t, 6 + t, 4 + t, 4 + t, 4 + t, 4 + t, 2 + t, 2 + t,
-                            2 + t, 2 + t, t, t, t, t);
-  const int b = 8 * t;
-  return _mm512_set_epi32(b + 7, b + 7, b + 6, b + 6, b + 5, b + 5, b + 4, b + 4, b + 3, b + 3,
-                          b + 2, b + 2, b + 1, b + 1, b, b);
+// The lane sums of a super-block's four columns u against its four records at rec.
+template <int L>
+LUMEN_VNNI inline __m512i ColumnDot(const __m512i (&u)[4], const uint8_t* rec) {
+  return Levels<L>(_mm512_setzero_si512(), [&](__m512i acc, int level) LUMEN_VNNI {
+    for (int j = 0; j < 4; ++j)
+      acc = _mm512_dpbusd_epi32(acc, u[j], _mm512_load_si512(rec + kRecord<L> * j + 64 * level));
+    return acc;
+  });
 }
 
 // Rows [n0, n1) of W (a K-quant) against MB prepared activation rows at m0.
@@ -1066,34 +1063,39 @@ LUMEN_VNNI void RowsK(const Matrix& W, const Geometry& g, const Int8Rows& X, int
   constexpr int kSubs = kQKK / SubBlock(F);  // 16 or 8 sub-blocks
   const RowPtrs<MB> rows(X, m0);
   const auto& x = rows.x;
-  const __m512i idx[2] = {TwinLanes<F>(0), TwinLanes<F>(1)};
+  // Slice l's scale: sub-block l, or (sub-blocks of 32) l / 2.
+  const __m512i halves = LaneValues([](int l) { return l / 2; });
   const __mmask16 sums_mask = kSubs == 16 ? 0xFFFF : 0x00FF;
   for (int64_t n = n0; n < n1; ++n)
     for (const Span& s : spans) {
       const uint8_t* row = W.w.row<const uint8_t>(n);
       __m512 acc[MB][2], off[MB];
       for (int r = 0; r < MB; ++r) acc[r][0] = acc[r][1] = off[r] = _mm512_setzero_ps();
-      for (int64_t sb = s.u0; sb < s.u1; ++sb) {
+      // Super-block sb into accumulator set A (compile time, see Rows).
+      auto super = [&]<int A>(int64_t sb, std::integral_constant<int, A>) LUMEN_VNNI {
         const uint8_t* blk = row + sb * g.block_bytes;
         PrefetchAhead(blk, g.block_bytes, s.ahead);
         __m512 a, o;
         SubScales<F>(blk, &a, &o);
-        __m512i v[4];
-        SuperCodes<F>(blk, v);
-        for (int t = 0; t < 2; ++t) {
-          const __m512 lanes = _mm512_permutexvar_ps(idx[t], a);
-          for (int r = 0; r < MB; ++r) {
-            const uint8_t* rec = x[r] + kRecord<L> * (4 * sb + 2 * t);
-            const __m512i i = TwinDot<L>(_mm512_setzero_si512(), v[2 * t], v[2 * t + 1], rec);
-            const __m512 sd =
-                _mm512_mul_ps(lanes, _mm512_load_ps(reinterpret_cast<const float*>(rec + 64 * L)));
-            acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), sd, acc[r][t]);
-          }
-        }
-        for (int r = 0; r < MB; ++r)
+        if constexpr (kSubs == 8) a = _mm512_permutexvar_ps(halves, a);
+        __m512i u[4];
+        SuperColumns<F>(blk, u);
+        for (int r = 0; r < MB; ++r) {
+          const uint8_t* rec = x[r] + kRecord<L> * 4 * sb;
+          const __m512i i = ColumnDot<L>(u, rec);
+          const __m512 sd =
+              _mm512_mul_ps(a, _mm512_load_ps(reinterpret_cast<const float*>(rec + 64 * L)));
+          acc[r][A] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), sd, acc[r][A]);
           off[r] = _mm512_fmadd_ps(o, _mm512_maskz_loadu_ps(sums_mask, rows.sums[r] + kSubs * sb),
                                    off[r]);
+        }
+      };
+      int64_t sb = s.u0;
+      for (; sb + 2 <= s.u1; sb += 2) {
+        super(sb, std::integral_constant<int, 0>{});
+        super(sb + 1, std::integral_constant<int, 1>{});
       }
+      if (sb < s.u1) super(sb, std::integral_constant<int, 0>{});
       for (int r = 0; r < MB; ++r) {
         const float y = _mm512_reduce_add_ps(_mm512_add_ps(acc[r][0], acc[r][1])) -
                         _mm512_reduce_add_ps(off[r]);
@@ -1252,7 +1254,7 @@ inline constexpr int64_t kSpanK = 2048;
 template <class Run>
 void BySpans(const Matrix& W, const Geometry& g, int64_t M, int64_t n0, int64_t n1, Run run) {
   constexpr int kMaxSpans = 64;
-  const int64_t unit = g.order == Order::kTwins32 || g.order == Order::kTwins16 ? kQKK : 128;
+  const int64_t unit = g.order == Order::kColumns ? kQKK : 128;
   const int64_t units = W.k / unit;
   // Rows past kMaxSpans x kSpanK elements take longer spans.
   const int64_t per = std::max(kSpanK / unit, (units + kMaxSpans - 1) / kMaxSpans);

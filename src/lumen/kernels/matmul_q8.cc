@@ -110,7 +110,7 @@ namespace {
 enum class Fmt { kQ4_0, kQ4_1, kQ5_0, kQ5_1, kQ8_0, kQ2K, kQ3K, kQ4K, kQ5K, kQ6K, kMlx4, kMlx8 };
 
 // The activations' byte order within a 64-element record (see Layout).
-enum class Order { kNatural, kQuads, kColumns, kEvenOdd, kWordTwins };
+enum class Order { kNatural, kQuads, kPairColumns, kColumns, kEvenOdd, kWordTwins };
 
 struct Geometry {
   Fmt fmt;
@@ -133,7 +133,7 @@ Geometry GeometryFor(const Matrix& W) {
     case DType::kQ5_1:
       return {Fmt::kQ5_1, sizeof(BlockQ5_1), 0, kQK, Order::kQuads};
     case DType::kQ8_0:
-      return {Fmt::kQ8_0, sizeof(BlockQ8_0), 128, 0, Order::kNatural};
+      return {Fmt::kQ8_0, sizeof(BlockQ8_0), 128, 0, Order::kPairColumns};
     case DType::kQ2_K:
       return {Fmt::kQ2K, sizeof(BlockQ2K), 0, 16, Order::kColumns};
     case DType::kQ3_K:
@@ -163,6 +163,11 @@ int64_t SourceIndex(Order order, int64_t nb, int64_t pos) {
   if (order == Order::kColumns) {  // record j, lane l: elements 16 l + 4 j .. (SuperColumns)
     const int64_t base = pos / kQKK * kQKK, o = pos % kQKK;
     return base + 16 * (o % 64 / 4) + 4 * (o / 64) + o % 4;
+  }
+  if (order == Order::kPairColumns) {  // groups of 8 blocks (PairColumns), then natural
+    if (pos >= nb / 8 * 8 * kQK) return pos;
+    const int64_t o = pos % 256, l = o % 64 / 4;
+    return pos - o + 32 * (l % 8) + 16 * (l / 8) + 4 * (o / 64) + o % 4;
   }
   if (order == Order::kNatural || pos >= nb / 4 * 4 * kQK) return pos;
   // A quad of blocks: two records, elements 0..15 of the four blocks, then 16..31.
@@ -246,9 +251,11 @@ Period PeriodOf(const Geometry& g, int64_t K) {
   const int64_t nb = K / kQK;
   Period p;
   const bool columns = g.order == Order::kColumns;
-  p.len = g.order == Order::kNatural ? 64 : columns ? kQKK : 128;
+  const bool pairs = g.order == Order::kPairColumns;
+  p.len = g.order == Order::kNatural ? 64 : columns || pairs ? kQKK : 128;
   p.end = g.order == Order::kNatural ? K / 64 * 64
           : columns                  ? K
+          : pairs                    ? nb / 8 * kQKK
           : g.order == Order::kQuads ? nb / 4 * 128
                                      : K / 128 * 128;
   for (int64_t o = 0; o < p.len; ++o) p.tab[o] = static_cast<int32_t>(SourceIndex(g.order, nb, o));
@@ -336,16 +343,19 @@ void Prepare(const Geometry& g, const float* X, int64_t M, int64_t ldx, int64_t 
       rec += (levels + 1) * n;
       pos += n;
     }
-    if (g.w_offset && g.order == Order::kQuads && start == 0) {  // (the vector path folds)
-      // A quad's two records accumulate into the same lanes: the kernel
-      // starts from the first record's corrections, so they hold both.
+    if (g.w_offset && g.order != Order::kNatural && start == 0) {  // (the vector path folds)
+      // A quad's two records (a Q8_0 group's four) accumulate into the same
+      // lanes: the kernel starts from the first record's corrections, so
+      // they hold them all.
       int32_t* corr = reinterpret_cast<int32_t*>(out->buf.as<uint8_t>() + m * out->stride +
                                                  (levels + 1) * K + 4 * nsum);
-      for (int64_t q = 0; q < nb / 4; ++q)
-        for (int l = 0; l < 16; ++l) {
-          corr[32 * q + l] += corr[32 * q + 16 + l];
-          corr[32 * q + 16 + l] = 0;
-        }
+      const int64_t records = per.len / 64;
+      for (int64_t at = 0; at < per.end / 4; at += 16 * records)
+        for (int64_t j = 1; j < records; ++j)
+          for (int l = 0; l < 16; ++l) {
+            corr[at + l] += corr[at + 16 * j + l];
+            corr[at + 16 * j + l] = 0;
+          }
     }
     float* sums =
         reinterpret_cast<float*>(out->buf.as<uint8_t>() + m * out->stride + (levels + 1) * K);
@@ -430,9 +440,14 @@ LUMEN_VNNI void PrepareRecordsVnni(const Geometry& g, int levels, const Period& 
     }
     if (corr) {
       int32_t* out = corr + base / 4;
-      if (g.order == Order::kQuads) {  // a quad's two records accumulate in the first's lanes
-        _mm512_storeu_si512(out, _mm512_add_epi32(c[0], c[1]));
-        _mm512_storeu_si512(out + 16, _mm512_setzero_si512());
+      if (g.order == Order::kQuads || g.order == Order::kPairColumns) {
+        // A quad's two records (a Q8_0 group's four) accumulate in the first's lanes.
+        __m512i total = c[0];
+        for (int64_t j = 1; j < nrec; ++j) {
+          total = _mm512_add_epi32(total, c[j]);
+          _mm512_storeu_si512(out + 16 * j, _mm512_setzero_si512());
+        }
+        _mm512_storeu_si512(out, total);
       } else {
         for (int64_t j = 0; j < nrec; ++j) _mm512_storeu_si512(out + 16 * j, c[j]);
       }
@@ -731,6 +746,22 @@ LUMEN_VNNI inline float F16Scalar(const uint8_t* p) {
   return _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(LoadU16(p)))));
 }
 
+// Per 32-bit lane l, the byte mask 1 << bit(l) in all four bytes.
+template <class Bit>
+LUMEN_VNNI inline __m512i LaneBitBytes(Bit bit) {
+  alignas(64) uint32_t v[16];
+  for (int l = 0; l < 16; ++l) v[l] = (1u << bit(l)) * 0x01010101u;
+  return _mm512_load_si512(v);
+}
+
+// Per 32-bit lane l, the value f(l).
+template <class Fn>
+LUMEN_VNNI inline __m512i LaneValues(Fn f) {
+  alignas(64) int32_t v[16];
+  for (int l = 0; l < 16; ++l) v[l] = f(l);
+  return _mm512_load_si512(v);
+}
+
 // Rows [n0, n1) of W (a legacy 32-block format) against MB prepared
 // activation rows starting at m0, over the units (four blocks: a quad, or
 // Q8_0's two pairs) of span s: quads (two records each), then with the last
@@ -779,6 +810,50 @@ LUMEN_VNNI void Rows(const Matrix& W, const Geometry& g, const Int8Rows& X, int6
               off[r] = _mm_fmadd_ps(w.m, _mm_loadu_ps(rp.sums[r] + 4 * q), off[r]);
         }
       };
+      // Q8_0: a group of 8 blocks (units 2 G, 2 G + 1; records 4 G ..) as
+      // four columns into accumulator set A: lane l of column c is block
+      // l % 8's codes 16 (l / 8) + 4 c .., so a lane sums 16 products and
+      // the level shift, conversion and scaling are paid once per 256
+      // weights, not per 64 as with pairs (session 15).
+      auto group = [&]<int A>(int64_t G, std::integral_constant<int, A>) LUMEN_VNNI {
+        const uint8_t* blk = row + 8 * G * bb;
+        PrefetchAhead(blk, 8 * bb, s.ahead);
+        __m512i z[4];  // [block 2p codes | block 2p + 1 codes], signed
+        for (int p = 0; p < 4; ++p)
+          z[p] = _mm512_inserti64x4(
+              _mm512_castsi256_si512(
+                  _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2 * p * bb + 2))),
+              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + (2 * p + 1) * bb + 2)), 1);
+        __m512i col[4];
+        const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+        for (int c = 0; c < 4; ++c) {
+          // Lane l: block l % 8 = 2 p + e is dword 8 e + c + 4 (l / 8) of z[p].
+          const __m512i idx = LaneValues(
+              [c](int l) { return ((l % 8) / 2 % 2) * 16 + 8 * (l % 2) + c + 4 * (l / 8); });
+          const __m512i lo = _mm512_permutex2var_epi32(z[0], idx, z[1]);
+          const __m512i hi = _mm512_permutex2var_epi32(z[2], idx, z[3]);
+          col[c] = _mm512_xor_si512(_mm512_mask_mov_epi32(lo, 0xF0F0, hi), flip);
+        }
+        const __m128i h = _mm_setr_epi16(
+            static_cast<int16_t>(LoadU16(blk)), static_cast<int16_t>(LoadU16(blk + bb)),
+            static_cast<int16_t>(LoadU16(blk + 2 * bb)), static_cast<int16_t>(LoadU16(blk + 3 * bb)),
+            static_cast<int16_t>(LoadU16(blk + 4 * bb)), static_cast<int16_t>(LoadU16(blk + 5 * bb)),
+            static_cast<int16_t>(LoadU16(blk + 6 * bb)), static_cast<int16_t>(LoadU16(blk + 7 * bb)));
+        const __m512 d = _mm512_broadcast_f32x8(_mm256_cvtph_ps(h));  // lane l: block l % 8
+        for (int r = 0; r < MB; ++r) {
+          const uint8_t* rec = x[r] + kRecord<L> * 4 * G;
+          const __m512i init = _mm512_loadu_si512(rp.corr[r] + 64 * G);
+          const __m512i i = Levels<L>(init, [&](__m512i a, int level) LUMEN_VNNI {
+            for (int c = 0; c < 4; ++c)
+              a = _mm512_dpbusd_epi32(a, col[c],
+                                      _mm512_load_si512(rec + kRecord<L> * c + 64 * level));
+            return a;
+          });
+          const __m512 sd =
+              _mm512_mul_ps(d, _mm512_load_ps(reinterpret_cast<const float*>(rec + 64 * L)));
+          acc[r][A] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), sd, acc[r][A]);
+        }
+      };
       // A pair record, [block b | block b + 1] in natural order, into
       // accumulator set A.
       auto pair = [&]<int A>(int64_t b, int64_t rec_at, std::integral_constant<int, A>) LUMEN_VNNI {
@@ -812,7 +887,18 @@ LUMEN_VNNI void Rows(const Matrix& W, const Geometry& g, const Int8Rows& X, int6
         }
         if (q < s.u1) quad(q, std::integral_constant<int, 0>{});
       } else {
-        for (int64_t u = s.u0; u < s.u1; ++u) {
+        // Spans start on a group (BySpans) and end on one or at the row's end.
+        const int64_t groups_end = std::min(s.u1, nb / 8 * 2);
+        int64_t u = s.u0;
+        for (; u + 4 <= groups_end; u += 4) {
+          group(u / 2, std::integral_constant<int, 0>{});
+          group(u / 2 + 1, std::integral_constant<int, 1>{});
+        }
+        if (u < groups_end) {
+          group(u / 2, std::integral_constant<int, 0>{});
+          u += 2;
+        }
+        for (; u < s.u1; ++u) {
           pair(4 * u, 2 * u, std::integral_constant<int, 0>{});
           pair(4 * u + 2, 2 * u + 1, std::integral_constant<int, 1>{});
         }
@@ -947,22 +1033,6 @@ LUMEN_VNNI inline void SubScales(const uint8_t* blk, __m512* a, __m512* o) {
     *o = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(sc, 4)),
                        _mm512_permutexvar_ps(_mm512_set1_epi32(1), dm));
   }
-}
-
-// Per 32-bit lane l, the byte mask 1 << bit(l) in all four bytes.
-template <class Bit>
-LUMEN_VNNI inline __m512i LaneBitBytes(Bit bit) {
-  alignas(64) uint32_t v[16];
-  for (int l = 0; l < 16; ++l) v[l] = (1u << bit(l)) * 0x01010101u;
-  return _mm512_load_si512(v);
-}
-
-// Per 32-bit lane l, the value f(l).
-template <class Fn>
-LUMEN_VNNI inline __m512i LaneValues(Fn f) {
-  alignas(64) int32_t v[16];
-  for (int l = 0; l < 16; ++l) v[l] = f(l);
-  return _mm512_load_si512(v);
 }
 
 // The codes of a K-quant super-block as four columns: byte 4l + b of u[j] is
@@ -1257,7 +1327,8 @@ void BySpans(const Matrix& W, const Geometry& g, int64_t M, int64_t n0, int64_t 
   const int64_t unit = g.order == Order::kColumns ? kQKK : 128;
   const int64_t units = W.k / unit;
   // Rows past kMaxSpans x kSpanK elements take longer spans.
-  const int64_t per = std::max(kSpanK / unit, (units + kMaxSpans - 1) / kMaxSpans);
+  int64_t per = std::max(kSpanK / unit, (units + kMaxSpans - 1) / kMaxSpans);
+  if (g.order == Order::kPairColumns) per += per % 2;  // whole groups of 8 blocks
   Span spans[kMaxSpans];
   int count = 0;
   for (int64_t u = 0; u < units || count == 0; u += per) {

@@ -164,8 +164,8 @@ BENCHMARK(BM_MatMul)
 // The same kernels with the weights in L2 (256 rows, at most 0.55 MB at
 // K = 2048): their compute ceiling at one row and at a batch step's four.
 void BM_MatMulL2(benchmark::State& state) {
-  TimeProduct(state, static_cast<int>(state.range(0)), ActRoute::kInt8x2, state.range(1), 256,
-              2048, 1, 2);
+  TimeProduct(state, static_cast<int>(state.range(0)), ActRoute::kInt8x2, state.range(1), 256, 2048,
+              1, 2);
 }
 BENCHMARK(BM_MatMulL2)->ArgsProduct({{3, 4, 5, 6, 7, 8}, {1, 2, 4}})->UseRealTime();
 // The bf16 prefill route (matmul_bf16.h) beside the exact M=256 rows above.

@@ -26,16 +26,23 @@
 // products of one block per lane, and the lane work after them (the level
 // shift, the int-to-float conversion, the scale multiply and the FMA) is paid
 // once per 128 weights instead of once per 64 (session 8: 1.15-1.9x decode).
-// Activation rows are laid out in the weights' byte order (SourceIndex), one
-// 64-element record per code vector, with each lane's block scale (f32).
+// Q8_0 and the K-quants go further with *columns*: four code vectors whose
+// lanes each hold one 16-element slice of one block (sub-block), so the
+// lane work is paid once per 256 weights (session 15). Activation rows are
+// laid out in the weights' byte order (SourceIndex), one 64-element record
+// per code vector, with each lane's block scale (f32).
 //   Q4_0, Q4_1, Q5_0, Q5_1: a quad of four blocks, gathered from two 64-byte
 //     loads by one vpermt2b into [blk0 qs | blk1 qs | blk2 qs | blk3 qs];
 //     its low nibbles are elements 0..15 of each block (block b in lanes
 //     4b..4b+3), its high nibbles elements 16..31 (Q5: the 5th bits from two
 //     64-bit lane masks of the four qh words, one masked byte add each). The
 //     last 1-3 blocks of a row: a natural pair [blk | blk + 1], a half.
-//   Q8_0: natural pairs [blk0 e0..31 | blk1 e0..31] (its quads, 136 bytes,
-//     measured slower), an odd last block a 32-byte half.
+//   Q8_0: groups of 8 blocks as four columns, lane l of column c holding
+//     block l % 8's codes 16 (l / 8) + 4c .. (one vpermt2d and a blend per
+//     column from four pair loads); the blocks after the last group in
+//     natural pairs [blk0 e0..31 | blk1 e0..31], an odd last block a half.
+//     (Block columns for the 4-bit formats, one block per lane from four
+//     quads, measured slower on one row: docs/reference/performance.md.)
 //   K-quants: a super-block is four columns, one 16-element slice per lane
 //     (see SuperColumns).
 //   MLX 4-bit: 64 bytes are a twin as they are (low nibbles: the even
@@ -44,9 +51,10 @@
 //     elements ends in one 64-element record.
 // Q4_0/Q5_0/Q8_0 codes are unsigned (q standing for q - 8, q for q - 16,
 // q + 128) against signed activations: sum(w x) = sum(c x) - offset sum(x),
-// and Prepare stores each lane's correction (a quad's two records' summed in
-// the first), the dot's starting value (one vpdpbusd less per vector than the
-// x + 128 layout of session 6). Products fit in int16 and lane sums in int32.
+// and Prepare stores each lane's correction (a quad's two records', a Q8_0
+// group's four, summed in the first), the dot's starting value (one
+// vpdpbusd less per vector than the x + 128 layout of session 6). Products
+// fit in int16 and lane sums in int32.
 //
 // Q4_1 / Q5_1 (w = d q + m) keep their codes unsigned (0..15, 0..31) and the
 // activations signed, as the K-quants below: no correction, and the offset m
@@ -57,11 +65,13 @@
 // (QuantizeBlockQ8x2 in core/quant.h), stored right after q1 in the same
 // order. Both levels meet the same weight vectors, so per twin and row it is
 // two more vpdpbusd, a shift and an add: i = (dot(w, q1) << 8) + dot(w, q2)
-// is the lane's sum of w (256 q1 + q2), exact in int32; as f32 it is exact
-// below 2^24: codes below 64 (Q4_x, Q5_x, K-quants: 8 x 63 x 32639 < 2^24)
-// and Q8_0's corrected pair sums (4 x 128 x 32639 < 2^24) stay below it, MLX
-// 8-bit twins (8 x 255 x 32639 < 2^26) can pass it, where the conversion
-// rounds once (relative 2^-24, inside the oracle bound). It is scaled once
+// is the lane's sum of w (256 q1 + q2), exact in int32 (at most 16 x 255 x
+// 32639 plus Q8_0's correction, below 2^28); as f32 it is exact below 2^24:
+// quads of codes below 64 (Q4_x, Q5_x: 8 x 63 x 32639 < 2^24) and K-quant
+// columns of codes below 32 (16 x 31 x 32639 < 2^24) stay below it; Q6_K
+// and Q8_0 columns (16 products of codes up to 63 / 255) and MLX 8-bit
+// twins (8 x 255 x 32639 < 2^26) can pass it, where the conversion rounds
+// once (relative 2^-24, inside the oracle bound). It is scaled once
 // by d2. The weight unpacking, scales and offsets are shared, and the code is
 // the one-level code templated on L.
 //
@@ -834,11 +844,10 @@ LUMEN_VNNI void Rows(const Matrix& W, const Geometry& g, const Int8Rows& X, int6
           const __m512i hi = _mm512_permutex2var_epi32(z[2], idx, z[3]);
           col[c] = _mm512_xor_si512(_mm512_mask_mov_epi32(lo, 0xF0F0, hi), flip);
         }
-        const __m128i h = _mm_setr_epi16(
-            static_cast<int16_t>(LoadU16(blk)), static_cast<int16_t>(LoadU16(blk + bb)),
-            static_cast<int16_t>(LoadU16(blk + 2 * bb)), static_cast<int16_t>(LoadU16(blk + 3 * bb)),
-            static_cast<int16_t>(LoadU16(blk + 4 * bb)), static_cast<int16_t>(LoadU16(blk + 5 * bb)),
-            static_cast<int16_t>(LoadU16(blk + 6 * bb)), static_cast<int16_t>(LoadU16(blk + 7 * bb)));
+        // The eight f16 scales in one vector (inserts, not a store and reload).
+        auto half = [&](int i) { return static_cast<int16_t>(LoadU16(blk + i * bb)); };
+        const __m128i h = _mm_setr_epi16(half(0), half(1), half(2), half(3), half(4), half(5),
+                                         half(6), half(7));
         const __m512 d = _mm512_broadcast_f32x8(_mm256_cvtph_ps(h));  // lane l: block l % 8
         for (int r = 0; r < MB; ++r) {
           const uint8_t* rec = x[r] + kRecord<L> * 4 * G;
@@ -1067,8 +1076,8 @@ template <Fmt F>
       u[j] = _mm512_and_si512(_mm512_srlv_epi32(d, shift), k4);
       if constexpr (F == Fmt::kQ5K) {
         const __m512i h = _mm512_permutexvar_epi32(_mm512_add_epi32(hat, jj), qh);
-        u[j] = _mm512_mask_add_epi8(u[j], _mm512_test_epi8_mask(h, hbit), u[j],
-                                    _mm512_set1_epi8(16));
+        u[j] =
+            _mm512_mask_add_epi8(u[j], _mm512_test_epi8_mask(h, hbit), u[j], _mm512_set1_epi8(16));
       }
     }
   } else if constexpr (F == Fmt::kQ2K || F == Fmt::kQ3K) {
@@ -1090,8 +1099,8 @@ template <Fmt F>
       u[j] = _mm512_and_si512(_mm512_srlv_epi32(d, shift), k2);
       if constexpr (F == Fmt::kQ3K) {
         const __m512i h = _mm512_permutexvar_epi32(_mm512_add_epi32(hat, jj), hm);
-        u[j] = _mm512_mask_add_epi8(u[j], _mm512_test_epi8_mask(h, hbit), u[j],
-                                    _mm512_set1_epi8(4));
+        u[j] =
+            _mm512_mask_add_epi8(u[j], _mm512_test_epi8_mask(h, hbit), u[j], _mm512_set1_epi8(4));
       }
     }
   } else {  // Q6_K: element e = 128 h + i: low 4 bits nibble (i / 64) of
@@ -1099,8 +1108,8 @@ template <Fmt F>
             // qh[32 h + i % 32]. Slice l: h = l / 8, i / 32 = (l % 8) / 2.
     const __m512i l0 = _mm512_loadu_si512(blk), l1 = _mm512_loadu_si512(blk + 64);
     const __m512i qh = _mm512_loadu_si512(blk + 128);
-    const __m512i lat = LaneValues(
-        [](int l) { return 16 * (l / 8) + 8 * (((l % 8) / 2) % 2) + 4 * (l % 2); });
+    const __m512i lat =
+        LaneValues([](int l) { return 16 * (l / 8) + 8 * (((l % 8) / 2) % 2) + 4 * (l % 2); });
     const __m512i lshift = LaneValues([](int l) { return 4 * ((l % 8) / 4); });
     const __m512i hat = LaneValues([](int l) { return 8 * (l / 8) + 4 * (l % 2); });
     const __m512i hshift = LaneValues([](int l) { return 2 * ((l % 8) / 2); });

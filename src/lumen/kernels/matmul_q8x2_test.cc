@@ -305,11 +305,13 @@ TEST(MatMulInt8x2, ARowGivesTheSameBitsAloneAndInABatchAcrossSpans) {
 }
 
 // Rows wider than 64 spans of 2048 take longer spans (BySpans): still the
-// same bits alone and in a batch, and within the oracle's bound.
+// same bits alone and in a batch, and within the oracle's bound. Q8_0's
+// spans of 17 units are rounded up to whole groups of 8 blocks (18).
 TEST(MatMulInt8x2, RowsPastSixtyFourSpansTakeLongerSpans) {
   std::mt19937 rng(41);
   const int64_t K = 139264, N = 5, M = 4;  // 68 x 2048
-  for (const Case& c : {Case{DType::kQ4_0}, Case{DType::kQ4_K}, Case{DType::kU32, 64}}) {
+  for (const Case& c :
+       {Case{DType::kQ4_0}, Case{DType::kQ8_0}, Case{DType::kQ4_K}, Case{DType::kU32, 64}}) {
     OwnedMatrix W = MakeX2(c, N, K, rng);
     SKIP_WITHOUT_VNNI(W.m);
     const std::vector<float> X = RandomActivations(M, K, rng);

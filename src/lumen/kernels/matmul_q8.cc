@@ -846,8 +846,8 @@ LUMEN_VNNI void Rows(const Matrix& W, const Geometry& g, const Int8Rows& X, int6
         }
         // The eight f16 scales in one vector (inserts, not a store and reload).
         auto half = [&](int i) { return static_cast<int16_t>(LoadU16(blk + i * bb)); };
-        const __m128i h = _mm_setr_epi16(half(0), half(1), half(2), half(3), half(4), half(5),
-                                         half(6), half(7));
+        const __m128i h =
+            _mm_setr_epi16(half(0), half(1), half(2), half(3), half(4), half(5), half(6), half(7));
         const __m512 d = _mm512_broadcast_f32x8(_mm256_cvtph_ps(h));  // lane l: block l % 8
         for (int r = 0; r < MB; ++r) {
           const uint8_t* rec = x[r] + kRecord<L> * 4 * G;

@@ -122,6 +122,12 @@ enum class Fmt { kQ4_0, kQ4_1, kQ5_0, kQ5_1, kQ8_0, kQ2K, kQ3K, kQ4K, kQ5K, kQ6K
 // The activations' byte order within a 64-element record (see Layout).
 enum class Order { kNatural, kQuads, kPairColumns, kColumns, kEvenOdd, kWordTwins };
 
+// Orders whose several records of a period accumulate into the same lanes
+// (a quad's two, a Q8_0 group's four): the lane corrections of offset
+// formats are summed into the period's first record, where the kernel
+// starts from them.
+constexpr bool SharesLanes(Order o) { return o == Order::kQuads || o == Order::kPairColumns; }
+
 struct Geometry {
   Fmt fmt;
   int64_t block_bytes;  // GGUF: bytes per (super-)block; MLX: 0
@@ -353,10 +359,7 @@ void Prepare(const Geometry& g, const float* X, int64_t M, int64_t ldx, int64_t 
       rec += (levels + 1) * n;
       pos += n;
     }
-    if (g.w_offset && g.order != Order::kNatural && start == 0) {  // (the vector path folds)
-      // A quad's two records (a Q8_0 group's four) accumulate into the same
-      // lanes: the kernel starts from the first record's corrections, so
-      // they hold them all.
+    if (g.w_offset && SharesLanes(g.order) && start == 0) {  // (the vector path folds)
       int32_t* corr = reinterpret_cast<int32_t*>(out->buf.as<uint8_t>() + m * out->stride +
                                                  (levels + 1) * K + 4 * nsum);
       const int64_t records = per.len / 64;
@@ -450,8 +453,7 @@ LUMEN_VNNI void PrepareRecordsVnni(const Geometry& g, int levels, const Period& 
     }
     if (corr) {
       int32_t* out = corr + base / 4;
-      if (g.order == Order::kQuads || g.order == Order::kPairColumns) {
-        // A quad's two records (a Q8_0 group's four) accumulate in the first's lanes.
+      if (SharesLanes(g.order)) {
         __m512i total = c[0];
         for (int64_t j = 1; j < nrec; ++j) {
           total = _mm512_add_epi32(total, c[j]);
@@ -754,14 +756,6 @@ LUMEN_VNNI inline __m256i BlockCodes(const uint8_t* blk) {
 
 LUMEN_VNNI inline float F16Scalar(const uint8_t* p) {
   return _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(LoadU16(p)))));
-}
-
-// Per 32-bit lane l, the byte mask 1 << bit(l) in all four bytes.
-template <class Bit>
-LUMEN_VNNI inline __m512i LaneBitBytes(Bit bit) {
-  alignas(64) uint32_t v[16];
-  for (int l = 0; l < 16; ++l) v[l] = (1u << bit(l)) * 0x01010101u;
-  return _mm512_load_si512(v);
 }
 
 // Per 32-bit lane l, the value f(l).
@@ -1068,7 +1062,8 @@ template <Fmt F>
     if constexpr (F == Fmt::kQ5K) {
       qh = _mm512_zextsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16)));
       hat = LaneValues([](int l) { return 4 * (l % 2); });
-      hbit = LaneBitBytes([](int l) { return l / 2; });
+      hbit =
+          LaneValues([](int l) { return int32_t{0x01010101} << (l / 2); });  // bit l / 2 per byte
     }
     for (int j = 0; j < 4; ++j) {
       const __m512i jj = _mm512_set1_epi32(j);
@@ -1091,7 +1086,8 @@ template <Fmt F>
     if constexpr (F == Fmt::kQ3K) {
       hm = _mm512_zextsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk)));
       hat = LaneValues([](int l) { return 4 * (l % 2); });
-      hbit = LaneBitBytes([](int l) { return l / 2; });
+      hbit =
+          LaneValues([](int l) { return int32_t{0x01010101} << (l / 2); });  // bit l / 2 per byte
     }
     for (int j = 0; j < 4; ++j) {
       const __m512i jj = _mm512_set1_epi32(j);

@@ -17,6 +17,7 @@
 
 #include "lumen/core/buffer.h"
 #include "lumen/core/quant.h"
+#include "lumen/core/repack.h"
 #include "lumen/core/thread_pool.h"
 #include "lumen/kernels/activation.h"
 #include "lumen/kernels/attention.h"
@@ -32,13 +33,15 @@ struct Weight {
   Matrix m;
 };
 
-// Weight "type" index -> storage; 7 = MLX 4-bit g64 (bf16 scales).
-constexpr DType kTypes[] = {DType::kF32,  DType::kF16,  DType::kBF16, DType::kQ8_0, DType::kQ4_0,
-                            DType::kQ4_K, DType::kQ6_K, DType::kU32,  DType::kQ2_K};
+// Weight "type" index -> storage; 7 = MLX 4-bit g64 (bf16 scales), 9 = Q4_0
+// repacked at load into column groups (core/repack.h).
+constexpr DType kTypes[] = {DType::kF32,  DType::kF16,     DType::kBF16, DType::kQ8_0,
+                            DType::kQ4_0, DType::kQ4_K,    DType::kQ6_K, DType::kU32,
+                            DType::kQ2_K, DType::kQ4_0Cols};
 constexpr int kMlx = 7;
 const char* TypeName(int t) {
   static const char* names[] = {"f32",  "f16",  "bf16",     "q8_0", "q4_0",
-                                "q4_k", "q6_k", "mlx4_g64", "q2_k"};
+                                "q4_k", "q6_k", "mlx4_g64", "q2_k", "q4_0_cols"};
   return names[t];
 }
 
@@ -79,15 +82,17 @@ std::unique_ptr<Weight> MakeWeight(int type, int64_t N, int64_t K) {
     w->m.mlx_group = G;
   } else {
     const DType t = kTypes[type];
+    const bool cols = t == DType::kQ4_0Cols;  // laid out by address: repacked where it lies
     const size_t rb = *RowBytes(t, K);
     w->bytes = AlignedBuffer(N * rb);
     uint8_t* p = w->bytes.as<uint8_t>();
     for (int64_t n = 0; n < N; ++n) {
       if (n < kSlab)
-        QuantizeRow(t, &src[n * K], p + n * rb, K);
+        QuantizeRow(cols ? DType::kQ4_0 : t, &src[n * K], p + n * rb, K);
       else
         std::memcpy(p + n * rb, p + (n % kSlab) * rb, rb);
     }
+    for (int64_t n = 0; n < N && cols; ++n) RepackQ4_0Cols(p + n * rb, K);
     w->m.w = TensorView::Contiguous(p, t, {N, K});
   }
   w->m.n = N;
@@ -131,7 +136,7 @@ void BM_MatVec(benchmark::State& state) {
               65536, 2048, static_cast<int>(state.range(1)), 1);
 }
 BENCHMARK(BM_MatVec)->ArgsProduct({{0, 1, 2, 3, 4, 5, 6, 7}, {1, 2}, {0}, {1, 4}})->UseRealTime();
-BENCHMARK(BM_MatVec)->ArgsProduct({{3, 4, 5, 6, 7, 8}, {1, 2}, {1, 2}, {1, 4}})->UseRealTime();
+BENCHMARK(BM_MatVec)->ArgsProduct({{3, 4, 5, 6, 7, 8, 9}, {1, 2}, {1, 2}, {1, 4}})->UseRealTime();
 
 // The default decode route (int8x2) of one row from DRAM at the two widths
 // of a Llama layer: K = 2048 (q, k, v, o, gate, up) and K = 8192 (down),
@@ -141,7 +146,7 @@ void BM_DecodeK(benchmark::State& state) {
   TimeProduct(state, static_cast<int>(state.range(0)), ActRoute::kInt8x2, 1, (int64_t{1} << 27) / K,
               K, static_cast<int>(state.range(1)), 3);
 }
-BENCHMARK(BM_DecodeK)->ArgsProduct({{3, 4, 5, 6, 8}, {1, 2}, {2048, 8192}})->UseRealTime();
+BENCHMARK(BM_DecodeK)->ArgsProduct({{3, 4, 5, 6, 8, 9}, {1, 2}, {2048, 8192}})->UseRealTime();
 
 // Prefill / batched decode: Y[M, N] = X[M, K] W^T; K 2048 (q/o/gate/up) or 8192 (down).
 // range(4): 0 exact, 1 int8, 2 bf16, 3 int8x2.
@@ -159,7 +164,7 @@ BENCHMARK(BM_MatMul)->ArgsProduct({{3, 4}, {4, 8}, {1, 2}, {2048, 8192}, {1}})->
 // the last-level cache here (not DRAM), so this times the kernel: its compute
 // and its activation traffic (K = 8192 records outgrow L1 at 4 rows).
 BENCHMARK(BM_MatMul)
-    ->ArgsProduct({{3, 4, 5, 6, 7, 8}, {1, 4}, {1, 2}, {2048, 8192}, {3}})
+    ->ArgsProduct({{3, 4, 5, 6, 7, 8, 9}, {1, 4}, {1, 2}, {2048, 8192}, {3}})
     ->UseRealTime();
 // The same kernels with the weights in L2 (256 rows, at most 0.55 MB at
 // K = 2048): their compute ceiling at one row and at a batch step's four.
@@ -167,7 +172,7 @@ void BM_MatMulL2(benchmark::State& state) {
   TimeProduct(state, static_cast<int>(state.range(0)), ActRoute::kInt8x2, state.range(1), 256, 2048,
               1, 2);
 }
-BENCHMARK(BM_MatMulL2)->ArgsProduct({{3, 4, 5, 6, 7, 8}, {1, 2, 4}})->UseRealTime();
+BENCHMARK(BM_MatMulL2)->ArgsProduct({{3, 4, 5, 6, 7, 8, 9}, {1, 2, 4}})->UseRealTime();
 // The bf16 prefill route (matmul_bf16.h) beside the exact M=256 rows above.
 BENCHMARK(BM_MatMul)
     ->ArgsProduct({{0, 1, 2, 3, 4, 5, 6, 7}, {256}, {1, 2}, {2048}, {2}})

@@ -152,6 +152,20 @@ bool MappedFile::MapPrefixFromFile(size_t bytes) {
   return true;
 }
 
+bool MappedFile::RewriteInPlace(size_t offset, size_t len,
+                                const std::function<void(uint8_t*)>& fn) {
+  if (!copied_ || len == 0 || offset < prefix_mapped_ || offset > size_ || len > size_ - offset)
+    return false;
+  const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  auto* p = static_cast<uint8_t*>(data_) + offset;
+  const uintptr_t lo = reinterpret_cast<uintptr_t>(p) / page * page;
+  const uintptr_t hi = (reinterpret_cast<uintptr_t>(p) + len + page - 1) / page * page;
+  if (::mprotect(reinterpret_cast<void*>(lo), hi - lo, PROT_READ | PROT_WRITE) != 0) return false;
+  fn(p);
+  ::mprotect(reinterpret_cast<void*>(lo), hi - lo, PROT_READ);
+  return true;
+}
+
 void MappedFile::Release() {
   if (map_base_) ::munmap(map_base_, map_len_);  // the remapped prefix lies inside
   data_ = map_base_ = nullptr;

@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "lumen/core/status.h"
@@ -76,6 +77,14 @@ class MappedFile {
   // the file cannot be mapped or no longer matches. kMap, or a prefix already
   // mapped: nothing to do, true.
   bool MapPrefixFromFile(size_t bytes);
+
+  // kCopy: makes the pages of [offset, offset + len) writable, calls
+  // fn(the range's first byte) to transform it in place, and makes them
+  // read-only again (a load-time repack costs no second copy). False, and fn
+  // is not called, for kMap (the page cache's pages are shared), a range
+  // that is not inside the copy (past the end, or in the prefix given back
+  // to the file), or when the pages cannot be made writable.
+  bool RewriteInPlace(size_t offset, size_t len, const std::function<void(uint8_t*)>& fn);
 
  private:
   void Release();

@@ -38,6 +38,9 @@ enum class DType : uint8_t {
   kQ5_K,
   kQ6_K,
   kQ8_K,
+  // Q4_0 repacked in place at load for the int8 decode kernels (core/repack.h);
+  // never read from or written to a file.
+  kQ4_0Cols,
 };
 
 struct DTypeInfo {

@@ -9,6 +9,7 @@
 #include "lumen/core/check.h"
 #include "lumen/core/half.h"
 #include "lumen/core/quant_k.h"
+#include "lumen/core/repack.h"
 
 namespace lumen {
 namespace {
@@ -357,6 +358,9 @@ void DequantizeRow(DType t, const void* src_v, float* dst, int64_t n) {
       return;
     case DType::kQ8_K:
       quant_detail::DequantizeQ8K(src, dst, nb);
+      return;
+    case DType::kQ4_0Cols:
+      DequantizeQ4_0Cols(src, dst, n);
       return;
   }
   LUMEN_CHECK(false && "unknown dtype");

@@ -472,6 +472,12 @@ const GgufTensorInfo* GgufFile::FindTensor(const std::string& name) const {
   return it == tensor_index_.end() ? nullptr : &tensors_[it->second];
 }
 
+bool GgufFile::RewriteInPlace(const void* at, size_t len, const std::function<void(uint8_t*)>& fn) {
+  const auto* p = static_cast<const uint8_t*>(at);
+  if (file_.data() == nullptr || p < file_.data() || p > file_.data() + file_.size()) return false;
+  return file_.RewriteInPlace(static_cast<size_t>(p - file_.data()), len, fn);
+}
+
 void GgufFile::DropMetadata() {
   std::vector<std::pair<std::string, GgufValue>>().swap(kv_);
   kv_index_.clear();

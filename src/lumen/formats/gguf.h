@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -103,6 +104,11 @@ class GgufFile {
   // for its tensors only, and a 128k vocabulary's token and merge arrays are
   // tens of MB of heap once the tokenizer has been built from them.
   void DropMetadata();
+
+  // The bytes of a tensor of this file (view.data .. + len), writable for
+  // fn: MappedFile::RewriteInPlace. False where the file is mapped, not
+  // copied (fn is not called).
+  bool RewriteInPlace(const void* at, size_t len, const std::function<void(uint8_t*)>& fn);
 
  private:
   // Validates and indexes `bytes` (the whole file) into *this.

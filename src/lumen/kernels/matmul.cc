@@ -11,6 +11,7 @@
 #include "lumen/core/check.h"
 #include "lumen/core/half.h"
 #include "lumen/core/quant.h"
+#include "lumen/core/repack.h"
 #include "lumen/core/route.h"
 #include "lumen/kernels/matmul_bf16.h"
 #include "lumen/kernels/matmul_bf16_amx.h"
@@ -188,6 +189,22 @@ HWY_INLINE void DecodeSymmetricLegacy(const uint8_t* row, int64_t K, Sink& sink)
   DecodeLegacy<Block, kQh>(row, K, sink, [&](const uint8_t* blk, auto q) HWY_ATTR {
     return hn::Mul(hn::ConvertTo(d, hn::Sub(q, zero)), hn::Set(d, LoadF16(blk)));
   });
+}
+
+// Q4_0 column groups (core/repack.h): each group unpacked to its 16 Q4_0
+// blocks, then the Q4_0 decoder with the positions shifted. Every value,
+// position and chain is the one of the row before it was repacked, so the
+// exact products are that row's bits. K must end on a group or at the row's end.
+template <class Sink>
+HWY_INLINE void DecodeQ4_0Cols(const uint8_t* row, int64_t K, Sink& sink) {
+  alignas(64) uint8_t blocks[kQ4_0ColsGroupBytes];
+  int64_t at = 0;
+  auto shifted = [&](int64_t k, auto v, auto p) HWY_ATTR { sink(at + k, v, p); };
+  for (; at + kQ4_0ColsElems <= K; at += kQ4_0ColsElems) {
+    UnpackQ4_0ColsGroup(row + at / kQK * sizeof(BlockQ4_0), blocks);
+    DecodeSymmetricLegacy<BlockQ4_0, false, 8>(blocks, kQ4_0ColsElems, shifted);
+  }
+  DecodeSymmetricLegacy<BlockQ4_0, false, 8>(row + at / kQK * sizeof(BlockQ4_0), K - at, shifted);
 }
 
 // Q4_1 / Q5_1: float(q) * d + m. q * d is exact in f32 (at most 5 + 11
@@ -381,6 +398,7 @@ enum class Path {
   kBF16,
   kQ8_0,
   kQ4_0,
+  kQ4_0Cols,
   kQ4_1,
   kQ5_0,
   kQ5_1,
@@ -412,6 +430,8 @@ Path PathFor(const Matrix& W) {
       return kQK % (2 * N) == 0 ? Path::kQ8_0 : Path::kGeneric;
     case DType::kQ4_0:
       return 16 % N == 0 ? Path::kQ4_0 : Path::kGeneric;
+    case DType::kQ4_0Cols:
+      return 16 % N == 0 ? Path::kQ4_0Cols : Path::kGeneric;
     case DType::kQ4_1:
       return 16 % N == 0 ? Path::kQ4_1 : Path::kGeneric;
     case DType::kQ5_0:
@@ -448,6 +468,8 @@ HWY_INLINE void DecodeStorage(Path path, const uint8_t* row, int64_t K, Sink& si
       return DecodeQ8_0(row, K, sink);
     case Path::kQ4_0:
       return DecodeSymmetricLegacy<BlockQ4_0, false, 8>(row, K, sink);
+    case Path::kQ4_0Cols:
+      return DecodeQ4_0Cols(row, K, sink);
     case Path::kQ4_1:
       return DecodeAffineLegacy<BlockQ4_1, false>(row, K, sink);
     case Path::kQ5_0:
@@ -485,6 +507,9 @@ bool DecodeColumns(Path path, const Matrix& W, int64_t r, int64_t k0, int64_t KW
   const int64_t N = hn::Lanes(d);
   if (path == Path::kMlx || path == Path::kGeneric) return false;
   if (k0 % (2 * N) != 0 || KW % (2 * N) != 0 || !RowBytes(W.w.dtype, KW)) return false;
+  if (path == Path::kQ4_0Cols &&  // whole groups, or through the row's end
+      (k0 % kQ4_0ColsElems != 0 || (KW % kQ4_0ColsElems != 0 && k0 + KW != W.k)))
+    return false;
   const std::optional<size_t> skip = RowBytes(W.w.dtype, k0);
   if (!skip) return false;
   auto store = [&](int64_t k, VF w, auto) HWY_ATTR { hn::StoreU(w, d, dst + k); };

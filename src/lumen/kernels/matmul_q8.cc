@@ -10,6 +10,7 @@
 #include "lumen/core/buffer.h"
 #include "lumen/core/check.h"
 #include "lumen/core/quant.h"
+#include "lumen/core/repack.h"
 #include "lumen/core/route.h"
 #include "lumen/kernels/prefetch.h"
 
@@ -117,16 +118,32 @@ LUMEN_ROUTE(
      .priority = 20});
 namespace {
 
-enum class Fmt { kQ4_0, kQ4_1, kQ5_0, kQ5_1, kQ8_0, kQ2K, kQ3K, kQ4K, kQ5K, kQ6K, kMlx4, kMlx8 };
+enum class Fmt {
+  kQ4_0,
+  kQ4_0C,
+  kQ4_1,
+  kQ5_0,
+  kQ5_1,
+  kQ8_0,
+  kQ2K,
+  kQ3K,
+  kQ4K,
+  kQ5K,
+  kQ6K,
+  kMlx4,
+  kMlx8
+};
 
 // The activations' byte order within a 64-element record (see Layout).
-enum class Order { kNatural, kQuads, kPairColumns, kColumns, kEvenOdd, kWordTwins };
+enum class Order { kNatural, kQuads, kBlockColumns, kPairColumns, kColumns, kEvenOdd, kWordTwins };
 
 // Orders whose several records of a period accumulate into the same lanes
-// (a quad's two, a Q8_0 group's four): the lane corrections of offset
-// formats are summed into the period's first record, where the kernel
-// starts from them.
-constexpr bool SharesLanes(Order o) { return o == Order::kQuads || o == Order::kPairColumns; }
+// (a quad's two, a Q8_0 group's four, a Q4_0 column group's eight): the
+// lane corrections of offset formats are summed into the period's first
+// record, where the kernel starts from them.
+constexpr bool SharesLanes(Order o) {
+  return o == Order::kQuads || o == Order::kBlockColumns || o == Order::kPairColumns;
+}
 
 struct Geometry {
   Fmt fmt;
@@ -142,6 +159,8 @@ Geometry GeometryFor(const Matrix& W) {
   switch (W.w.dtype) {
     case DType::kQ4_0:
       return {Fmt::kQ4_0, sizeof(BlockQ4_0), 8, 0, Order::kQuads};
+    case DType::kQ4_0Cols:
+      return {Fmt::kQ4_0C, sizeof(BlockQ4_0), 8, 0, Order::kBlockColumns};
     case DType::kQ4_1:
       return {Fmt::kQ4_1, sizeof(BlockQ4_1), 0, kQK, Order::kQuads};
     case DType::kQ5_0:
@@ -179,6 +198,12 @@ int64_t SourceIndex(Order order, int64_t nb, int64_t pos) {
   if (order == Order::kColumns) {  // record j, lane l: elements 16 l + 4 j .. (SuperColumns)
     const int64_t base = pos / kQKK * kQKK, o = pos % kQKK;
     return base + 16 * (o % 64 / 4) + 4 * (o / 64) + o % 4;
+  }
+  if (order == Order::kBlockColumns) {  // groups of 16 blocks (core/repack.h), then quads
+    if (pos >= nb / kQ4_0ColsBlocks * kQ4_0ColsElems) return SourceIndex(Order::kQuads, nb, pos);
+    const int64_t o = pos % kQ4_0ColsElems,
+                  l = o % 64 / 4;  // record o / 64: dword o / 64 of a block
+    return pos - o + kQK * l + 4 * (o / 64) + o % 4;
   }
   if (order == Order::kPairColumns) {  // groups of 8 blocks (PairColumns), then natural
     if (pos >= nb / 8 * 8 * kQK) return pos;
@@ -257,7 +282,7 @@ constexpr int64_t kRecord = 64 * L + 64;
 // and each lane's block relative to the period's first.
 struct Period {
   int64_t len = 64, end = 0;
-  int32_t tab[kQKK] = {};
+  int32_t tab[kQ4_0ColsElems] = {};  // (kBlockColumns: the vector layout gathers dwords)
   alignas(64) int8_t gather[4][64] = {};
   uint64_t upper[4] = {};
   alignas(64) int32_t lane_block[4][16] = {};
@@ -268,14 +293,16 @@ Period PeriodOf(const Geometry& g, int64_t K) {
   Period p;
   const bool columns = g.order == Order::kColumns;
   const bool pairs = g.order == Order::kPairColumns;
-  p.len = g.order == Order::kNatural ? 64 : columns || pairs ? kQKK : 128;
+  const bool blocks = g.order == Order::kBlockColumns;
+  p.len = g.order == Order::kNatural ? 64 : columns || pairs ? kQKK : blocks ? kQ4_0ColsElems : 128;
   p.end = g.order == Order::kNatural ? K / 64 * 64
           : columns                  ? K
           : pairs                    ? nb / 8 * kQKK
+          : blocks                   ? nb / kQ4_0ColsBlocks * kQ4_0ColsElems
           : g.order == Order::kQuads ? nb / 4 * 128
                                      : K / 128 * 128;
   for (int64_t o = 0; o < p.len; ++o) p.tab[o] = static_cast<int32_t>(SourceIndex(g.order, nb, o));
-  for (int64_t j = 0; j < p.len / 64; ++j) {
+  for (int64_t j = 0; j < p.len / 64 && p.len <= kQKK; ++j) {
     for (int i = 0; i < 64; ++i) {
       const int32_t t = p.tab[64 * j + i];
       p.gather[j][i] = static_cast<int8_t>(t & 127);
@@ -359,16 +386,21 @@ void Prepare(const Geometry& g, const float* X, int64_t M, int64_t ldx, int64_t 
       rec += (levels + 1) * n;
       pos += n;
     }
-    if (g.w_offset && SharesLanes(g.order) && start == 0) {  // (the vector path folds)
+    if (g.w_offset && SharesLanes(g.order)) {
       int32_t* corr = reinterpret_cast<int32_t*>(out->buf.as<uint8_t>() + m * out->stride +
                                                  (levels + 1) * K + 4 * nsum);
-      const int64_t records = per.len / 64;
-      for (int64_t at = 0; at < per.end / 4; at += 16 * records)
-        for (int64_t j = 1; j < records; ++j)
-          for (int l = 0; l < 16; ++l) {
-            corr[at + l] += corr[at + 16 * j + l];
-            corr[at + 16 * j + l] = 0;
-          }
+      // Positions [from, to) in periods of `records` records.
+      auto fold = [&](int64_t from, int64_t to, int64_t records) {
+        for (int64_t at = from / 4; at < to / 4; at += 16 * records)
+          for (int64_t j = 1; j < records; ++j)
+            for (int l = 0; l < 16; ++l) {
+              corr[at + l] += corr[at + 16 * j + l];
+              corr[at + 16 * j + l] = 0;
+            }
+      };
+      if (start == 0) fold(0, per.end, per.len / 64);  // (the vector path folds its periods)
+      // Q4_0 column groups: the quads after the last group.
+      if (g.order == Order::kBlockColumns) fold(per.end, nb / 4 * 128, 2);
     }
     float* sums =
         reinterpret_cast<float*>(out->buf.as<uint8_t>() + m * out->stride + (levels + 1) * K);
@@ -409,9 +441,44 @@ bool CpuHasVnni() {
 
 namespace {
 
+// The same for Q4_0 column groups: record j of a group is dword j of each
+// of its 16 blocks (a dword gather), every record's lane scales are the 16
+// blocks' d, and the eight records' corrections sum into the first.
+LUMEN_VNNI void PrepareBlockColumnsVnni(const Geometry& g, int levels, const Period& per,
+                                        const int8_t* q1, const int8_t* q2, const float* dn,
+                                        uint8_t* rec, int32_t* corr) {
+  const int8_t* const q[2] = {q1, q2};
+  const __m512i ones = _mm512_set1_epi8(1), neg_off = _mm512_set1_epi32(-g.w_offset);
+  const __m512i lane8 =
+      _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                         _mm512_set1_epi32(8));
+  for (int64_t base = 0; base < per.end; base += kQ4_0ColsElems) {
+    const __m512 d = _mm512_loadu_ps(dn + base / kQK);
+    __m512i total = _mm512_setzero_si512();
+    for (int j = 0; j < 8; ++j) {
+      const __m512i idx = _mm512_add_epi32(lane8, _mm512_set1_epi32(j));
+      __m512i sum = _mm512_setzero_si512();
+      for (int l = 0; l < levels; ++l) {
+        const __m512i v = _mm512_i32gather_epi32(idx, q[l] + base, 4);
+        _mm512_store_si512(rec + 64 * l, v);
+        const __m512i t = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, v);
+        sum = l == 0 ? t : _mm512_add_epi32(_mm512_slli_epi32(sum, 8), t);
+      }
+      _mm512_store_ps(reinterpret_cast<float*>(rec + 64 * levels), d);
+      total = _mm512_add_epi32(total, _mm512_mullo_epi32(sum, neg_off));
+      rec += (levels + 1) * 64;
+    }
+    int32_t* out = corr + base / 4;
+    _mm512_storeu_si512(out, total);
+    for (int j = 1; j < 8; ++j) _mm512_storeu_si512(out + 16 * j, _mm512_setzero_si512());
+  }
+}
+
 LUMEN_VNNI void PrepareRecordsVnni(const Geometry& g, int levels, const Period& per,
                                    const int8_t* q1, const int8_t* q2, const float* dn,
                                    uint8_t* rec, int32_t* corr) {
+  if (g.order == Order::kBlockColumns)
+    return PrepareBlockColumnsVnni(g, levels, per, q1, q2, dn, rec, corr);
   const int64_t P = per.len, nrec = P / 64;  // records per period: 1, 2 or 4
   __m512i idx[4], lane_blk[4];
   for (int64_t j = 0; j < nrec; ++j) {
@@ -775,9 +842,11 @@ template <Fmt F, int MB, int L>
 LUMEN_VNNI void Rows(const Matrix& W, const Geometry& g, const Int8Rows& X, int64_t m0, float* Y,
                      int64_t ldy, int64_t n0, int64_t n1, std::span<const Span> spans) {
   constexpr int kAcc = 2;
+  // Q4_0 column groups: the blocks after the last group are plain Q4_0.
+  constexpr Fmt FQ = F == Fmt::kQ4_0C ? Fmt::kQ4_0 : F;
   // Without m (Q4_0, Q5_0, Q8_0) the codes are w + offset, and each row's
   // records carry -offset sum(x) per lane (Prepare), the dot's starting value.
-  constexpr bool kMin = HasMin(F), kOffset = !kMin;
+  constexpr bool kMin = HasMin(FQ), kOffset = !kMin;
   // Q8_0 stays in pairs: its quads (136 bytes, four unaligned 64-byte loads
   // and three permutes each) measured 5% slower than pairs on one thread.
   constexpr bool kQuads = F != Fmt::kQ8_0;
@@ -799,7 +868,7 @@ LUMEN_VNNI void Rows(const Matrix& W, const Geometry& g, const Int8Rows& X, int6
         if constexpr (kQuads) {
           const uint8_t* blk = row + 4 * q * bb;
           PrefetchAheadL1(blk, 4 * bb, s.ahead);
-          const Quad w = LoadQuad<F>(blk);
+          const Quad w = LoadQuad<FQ>(blk);
           for (int r = 0; r < MB; ++r) {
             const uint8_t* rec = x[r] + kRecord<L> * 2 * q;
             const __m512i init =
@@ -857,13 +926,47 @@ LUMEN_VNNI void Rows(const Matrix& W, const Geometry& g, const Int8Rows& X, int6
           acc[r][A] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), sd, acc[r][A]);
         }
       };
+      // Q4_0 column group G (units 4 G .. 4 G + 3, records 8 G ..; core/repack.h)
+      // into accumulator set A: column c's low nibbles meet record c, its
+      // high nibbles record 4 + c, and a lane sums one block's 32 products,
+      // so the lane work is paid once per 512 weights.
+      auto cgroup = [&]<int A>(int64_t G, std::integral_constant<int, A>) LUMEN_VNNI {
+        const uint8_t* grp = row + G * kQ4_0ColsGroupBytes;
+        PrefetchAhead(grp, kQ4_0ColsGroupBytes, s.ahead);
+        const uint8_t* codes = grp + Q4_0ColsCodesAt(grp);
+        const __m512 d = _mm512_cvtph_ps(
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(grp + Q4_0ColsScalesAt(grp))));
+        const __m512i m = _mm512_set1_epi8(0x0F);
+        __m512i lo[4], hi[4];
+        for (int c = 0; c < 4; ++c) {
+          const __m512i y = _mm512_loadu_si512(codes + 64 * c);
+          lo[c] = _mm512_and_si512(y, m);
+          hi[c] = _mm512_and_si512(_mm512_srli_epi16(y, 4), m);
+        }
+        for (int r = 0; r < MB; ++r) {
+          const uint8_t* rec = x[r] + kRecord<L> * 8 * G;
+          const __m512i init = _mm512_loadu_si512(rp.corr[r] + 128 * G);
+          const __m512i i = Levels<L>(init, [&](__m512i a, int level) LUMEN_VNNI {
+            for (int c = 0; c < 4; ++c) {
+              a = _mm512_dpbusd_epi32(a, lo[c],
+                                      _mm512_load_si512(rec + kRecord<L> * c + 64 * level));
+              a = _mm512_dpbusd_epi32(a, hi[c],
+                                      _mm512_load_si512(rec + kRecord<L> * (4 + c) + 64 * level));
+            }
+            return a;
+          });
+          const __m512 sd =
+              _mm512_mul_ps(d, _mm512_load_ps(reinterpret_cast<const float*>(rec + 64 * L)));
+          acc[r][A] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), sd, acc[r][A]);
+        }
+      };
       // A pair record, [block b | block b + 1] in natural order, into
       // accumulator set A.
       auto pair = [&]<int A>(int64_t b, int64_t rec_at, std::integral_constant<int, A>) LUMEN_VNNI {
         const uint8_t* blk = row + b * bb;
         PrefetchAhead(blk, 1, s.ahead);
-        const __m512i w = _mm512_inserti64x4(_mm512_zextsi256_si512(BlockCodes<F>(blk)),
-                                             BlockCodes<F>(blk + bb), 1);
+        const __m512i w = _mm512_inserti64x4(_mm512_zextsi256_si512(BlockCodes<FQ>(blk)),
+                                             BlockCodes<FQ>(blk + bb), 1);
         const __m512 s =
             _mm512_permutexvar_ps(_mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0),
                                   _mm512_zextps128_ps512(TwoHalves(blk, bb)));
@@ -882,7 +985,20 @@ LUMEN_VNNI void Rows(const Matrix& W, const Geometry& g, const Int8Rows& X, int6
           }
         }
       };
-      if constexpr (kQuads) {
+      if constexpr (F == Fmt::kQ4_0C) {
+        // Spans start on a group (BySpans); the quads after the groups are plain.
+        const int64_t groups_end = std::min(s.u1, nb / kQ4_0ColsBlocks * 4);
+        int64_t u = s.u0;
+        for (; u + 8 <= groups_end; u += 8) {
+          cgroup(u / 4, std::integral_constant<int, 0>{});
+          cgroup(u / 4 + 1, std::integral_constant<int, 1>{});
+        }
+        if (u < groups_end) {
+          cgroup(u / 4, std::integral_constant<int, 0>{});
+          u += 4;
+        }
+        for (; u < s.u1; ++u) quad(u, std::integral_constant<int, 1>{});
+      } else if constexpr (kQuads) {
         int64_t q = s.u0;
         for (; q + kAcc <= s.u1; q += kAcc) {
           quad(q, std::integral_constant<int, 0>{});
@@ -915,7 +1031,7 @@ LUMEN_VNNI void Rows(const Matrix& W, const Geometry& g, const Int8Rows& X, int6
       float tail[MB] = {};
       if (s.last && b < nb) {  // a half record
         const uint8_t* blk = row + b * bb;
-        const __m256i w = BlockCodes<F>(blk);
+        const __m256i w = BlockCodes<FQ>(blk);
         const float s = F16Scalar(blk);
         for (int r = 0; r < MB; ++r) {
           const uint8_t* rec = x[r] + kRecord<L> * rec_at;
@@ -1333,7 +1449,8 @@ void BySpans(const Matrix& W, const Geometry& g, int64_t M, int64_t n0, int64_t 
   const int64_t units = W.k / unit;
   // Rows past kMaxSpans x kSpanK elements take longer spans.
   int64_t per = std::max(kSpanK / unit, (units + kMaxSpans - 1) / kMaxSpans);
-  if (g.order == Order::kPairColumns) per += per % 2;  // whole groups of 8 blocks
+  if (g.order == Order::kPairColumns) per += per % 2;            // whole groups of 8 blocks
+  if (g.order == Order::kBlockColumns) per = (per + 3) / 4 * 4;  // of 16 blocks
   Span spans[kMaxSpans];
   int count = 0;
   for (int64_t u = 0; u < units || count == 0; u += per) {
@@ -1363,6 +1480,8 @@ void MatMulRowsLevels(const Matrix& W, const Int8Rows& X, float* Y, int64_t ldy,
       switch (g.fmt) {
         case Fmt::kQ4_0:
           return Rows<Fmt::kQ4_0, MB, L>(W, g, X, m, Y, ldy, b, e, s);
+        case Fmt::kQ4_0C:
+          return Rows<Fmt::kQ4_0C, MB, L>(W, g, X, m, Y, ldy, b, e, s);
         case Fmt::kQ4_1:
           return Rows<Fmt::kQ4_1, MB, L>(W, g, X, m, Y, ldy, b, e, s);
         case Fmt::kQ5_0:
@@ -1439,6 +1558,7 @@ bool Int8RouteSupports(const Matrix& W) {
   }
   switch (W.w.dtype) {
     case DType::kQ4_0:
+    case DType::kQ4_0Cols:
     case DType::kQ4_1:
     case DType::kQ5_0:
     case DType::kQ5_1:

@@ -21,6 +21,7 @@
 #include "lumen/core/check.h"
 #include "lumen/core/half.h"
 #include "lumen/core/quant.h"
+#include "lumen/core/repack.h"
 #include "lumen/kernels/matmul_q8.h"
 #include "lumen/kernels/matrix.h"
 
@@ -88,6 +89,26 @@ inline void WeightParts(const Matrix& W, int64_t n, double* a, double* o) {
   switch (W.w.dtype) {
     case DType::kQ4_0:
       return legacy({sizeof(BlockQ4_0), 2, -1, false, 8});
+    case DType::kQ4_0Cols: {  // groups of 16 blocks as columns (core/repack.h), then Q4_0
+      const int64_t grouped = K / kQ4_0ColsElems * kQ4_0ColsBlocks;
+      for (int64_t b = 0; b < K / kQK; ++b) {
+        if (b >= grouped) {
+          const uint8_t* blk = row + b * sizeof(BlockQ4_0);
+          for (int j = 0; j < kQK; ++j)
+            a[b * kQK + j] = double(HalfAt(blk)) * (LegacyCode(blk + 2, nullptr, j) - 8);
+          continue;
+        }
+        const uint8_t* g = row + b / kQ4_0ColsBlocks * kQ4_0ColsGroupBytes;
+        const int64_t l = b % kQ4_0ColsBlocks;
+        const double d = HalfAt(g + Q4_0ColsScalesAt(g) + 2 * l);
+        for (int j = 0; j < kQK; ++j) {
+          const int byte = j % 16;  // byte j % 16 of the block: column byte / 4, lane l
+          const uint8_t v = g[Q4_0ColsCodesAt(g) + 64 * (byte / 4) + 4 * l + byte % 4];
+          a[b * kQK + j] = d * ((j < 16 ? v & 15 : v >> 4) - 8);
+        }
+      }
+      return;
+    }
     case DType::kQ4_1:
       return legacy({sizeof(BlockQ4_1), 4, -1, true, 0});
     case DType::kQ5_0:

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "lumen/core/quant.h"
+#include "lumen/core/repack.h"
 #include "lumen/core/thread_pool.h"
 #include "lumen/kernels/matmul_q8.h"
 #include "lumen/kernels/matmul_q8_ref.h"
@@ -41,6 +42,7 @@ struct Case {
 };
 // Every weight type with an int8 kernel (Int8RouteSupports).
 constexpr Case kCases[] = {{DType::kQ4_0},
+                           {DType::kQ4_0Cols},
                            {DType::kQ4_1},
                            {DType::kQ5_0},
                            {DType::kQ5_1},
@@ -306,12 +308,13 @@ TEST(MatMulInt8x2, ARowGivesTheSameBitsAloneAndInABatchAcrossSpans) {
 
 // Rows wider than 64 spans of 2048 take longer spans (BySpans): still the
 // same bits alone and in a batch, and within the oracle's bound. Q8_0's
-// spans of 17 units are rounded up to whole groups of 8 blocks (18).
+// spans of 17 units are rounded up to whole groups of 8 blocks (18), Q4_0
+// column groups' to whole groups of 16 (20).
 TEST(MatMulInt8x2, RowsPastSixtyFourSpansTakeLongerSpans) {
   std::mt19937 rng(41);
   const int64_t K = 139264, N = 5, M = 4;  // 68 x 2048
-  for (const Case& c :
-       {Case{DType::kQ4_0}, Case{DType::kQ8_0}, Case{DType::kQ4_K}, Case{DType::kU32, 64}}) {
+  for (const Case& c : {Case{DType::kQ4_0}, Case{DType::kQ4_0Cols}, Case{DType::kQ8_0},
+                        Case{DType::kQ4_K}, Case{DType::kU32, 64}}) {
     OwnedMatrix W = MakeX2(c, N, K, rng);
     SKIP_WITHOUT_VNNI(W.m);
     const std::vector<float> X = RandomActivations(M, K, rng);
@@ -363,12 +366,14 @@ TEST(MatMulInt8x2, ManyWithMixedOffsetGroupsMatchesSeparateProducts) {
 // hold them and others through unaligned loads, by the block's address
 // (LoadQuad, matmul_q8.cc): the same rows copied to every offset within a
 // line (contiguous, then with a stride that is not a multiple of 8) give the
-// same bits.
+// same bits. Q4_0 column groups are laid out by their address (core/repack.h):
+// their rows are unpacked and repacked at the new address.
 TEST(MatMulInt8x2, EveryRowAddressGivesTheSameBits) {
   std::mt19937 rng(37);
   for (const Case& c : kCases) {
     if (c.t == DType::kU32) continue;  // MLX rows are read as whole 64-byte vectors
-    const int64_t K = BlockOf(c) == kQK ? 352 : 512, N = 9, M = 2;
+    // Q4_0 columns: two groups, a quad, a pair and a half block.
+    const int64_t K = c.t == DType::kQ4_0Cols ? 1248 : BlockOf(c) == kQK ? 352 : 512, N = 9, M = 2;
     OwnedMatrix W = MakeX2(c, N, K, rng);
     SKIP_WITHOUT_VNNI(W.m);
     const std::vector<float> X = RandomActivations(M, K, rng);
@@ -380,8 +385,15 @@ TEST(MatMulInt8x2, EveryRowAddressGivesTheSameBits) {
         std::vector<uint8_t> buf(N * stride + 128);
         const auto misalign = static_cast<int64_t>(reinterpret_cast<uintptr_t>(buf.data()) % 64);
         uint8_t* base = buf.data() + (64 - misalign) % 64 + off;
-        for (int64_t n = 0; n < N; ++n)
-          std::memcpy(base + n * stride, W.m.w.row<const uint8_t>(n), rb);
+        for (int64_t n = 0; n < N; ++n) {
+          const uint8_t* from = W.m.w.row<const uint8_t>(n);
+          uint8_t* to = base + n * stride;
+          std::memcpy(to, from, rb);
+          if (c.t != DType::kQ4_0Cols) continue;
+          for (int64_t g = 0; g < K / kQ4_0ColsElems; ++g)
+            UnpackQ4_0ColsGroup(from + g * kQ4_0ColsGroupBytes, to + g * kQ4_0ColsGroupBytes);
+          RepackQ4_0Cols(to, K);
+        }
         Matrix moved = W.m;
         moved.w = TensorView::Contiguous(base, c.t, {N, K});
         moved.w.stride[0] = stride;

@@ -4,6 +4,7 @@
 
 #include "lumen/core/check.h"
 #include "lumen/core/quant.h"
+#include "lumen/core/repack.h"
 
 namespace lumen::kernels {
 
@@ -20,6 +21,10 @@ void DequantizeMatrixColumns(const Matrix& m, int64_t r, int64_t k0, int64_t k1,
   LUMEN_CHECK(k0 >= 0 && k0 <= k1 && k1 <= m.k && k0 % align == 0 &&
               (k1 % align == 0 || k1 == m.k));
   if (k0 == k1) return;
+  if (m.w.dtype == DType::kQ4_0Cols) {  // its groups decode from the row's start
+    DequantizeQ4_0ColsRange(m.w.row<const uint8_t>(r), m.k, k0, k1, dst);
+    return;
+  }
   if (m.mlx_bits == 0) {
     // Whole blocks from k0: the same per-block arithmetic as the full row.
     const uint8_t* row = m.w.row<const uint8_t>(r) + *RowBytes(m.w.dtype, k0);

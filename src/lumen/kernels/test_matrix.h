@@ -1,6 +1,7 @@
 // Test helper for the kernel tests: random weight matrices in any storage
-// (every dtype, MLX affine) with their own bytes, rows at misaligned
-// addresses (stride = row bytes + 3) so no kernel may assume aligned rows.
+// (every dtype, MLX affine, Q4_0 repacked in place as kQ4_0Cols) with their
+// own bytes, rows at misaligned addresses (stride = row bytes + 3) so no
+// kernel may assume aligned rows.
 #pragma once
 
 #include <cstdint>
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "lumen/core/quant.h"
+#include "lumen/core/repack.h"
 #include "lumen/kernels/matrix.h"
 
 namespace lumen::kernels {
@@ -37,7 +39,11 @@ inline OwnedMatrix Make(const Spec& s, int64_t N, int64_t K, std::mt19937& rng) 
     const size_t rb = *RowBytes(s.dtype, K), stride = rb + 3;
     o.bytes.assign(N * stride + 8, 0);
     uint8_t* base = o.bytes.data() + 1;
-    for (int64_t n = 0; n < N; ++n) QuantizeRow(s.dtype, &w[n * K], base + n * stride, K);
+    const bool cols = s.dtype == DType::kQ4_0Cols;
+    for (int64_t n = 0; n < N; ++n) {
+      QuantizeRow(cols ? DType::kQ4_0 : s.dtype, &w[n * K], base + n * stride, K);
+      if (cols) RepackQ4_0Cols(base + n * stride, K);
+    }
     o.m.w = TensorView::Contiguous(base, s.dtype, {N, K});
     o.m.w.stride[0] = static_cast<int64_t>(stride);
     o.m.n = N;
@@ -86,7 +92,7 @@ inline std::vector<Spec> AllSpecs() {
   std::vector<Spec> v;
   for (DType t : {DType::kF32, DType::kF16, DType::kBF16, DType::kQ4_0, DType::kQ4_1, DType::kQ5_0,
                   DType::kQ5_1, DType::kQ8_0, DType::kQ2_K, DType::kQ3_K, DType::kQ4_K,
-                  DType::kQ5_K, DType::kQ6_K}) {
+                  DType::kQ5_K, DType::kQ6_K, DType::kQ4_0Cols}) {
     Spec s;
     s.name = std::string(Name(t));
     s.dtype = t;

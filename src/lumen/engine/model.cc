@@ -281,7 +281,7 @@ Result<std::unique_ptr<Model>> Model::Load(const std::string& path, const LoadOp
         "(config.json, tokenizer.json and the *.safetensors files)",
         path);
   }
-  LUMEN_ASSIGN_OR_RETURN(formats::GgufFile g, formats::GgufFile::Open(path));
+  LUMEN_ASSIGN_OR_RETURN(formats::GgufFile g, formats::GgufFile::Open(path, opts.residency));
   m->sources_->gguf.emplace(std::move(g));
   LUMEN_RETURN_IF_ERROR(InFile(m->InitGguf(opts), path));
   return m;

@@ -13,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "lumen/core/buffer.h"
 #include "lumen/core/status.h"
 #include "lumen/core/thread_pool.h"
 #include "lumen/model/config.h"
@@ -29,6 +30,9 @@ struct LoadOptions {
   kernels::ActRoute act_route = kernels::ActRoute::kExact;
   // A LoRA adapter directory (PEFT layout, engine/adapter.h) applied unmerged.
   std::string adapter_dir;
+  // How a GGUF file's bytes are made resident (core/buffer.h; tests force kCopy,
+  // under which Q4_0 matrices are repacked for the int8 routes).
+  Residency residency = Residency::kAuto;
 };
 
 struct Adapter;

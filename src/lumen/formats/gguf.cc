@@ -293,8 +293,8 @@ std::optional<uint32_t> GgmlFromDType(DType d) {
 // ---------------------------------------------------------------------------
 // GgufFile
 
-Result<GgufFile> GgufFile::Open(const std::string& path) {
-  LUMEN_ASSIGN_OR_RETURN(MappedFile m, MappedFile::Open(path));
+Result<GgufFile> GgufFile::Open(const std::string& path, Residency residency) {
+  LUMEN_ASSIGN_OR_RETURN(MappedFile m, MappedFile::Open(path, residency));
   GgufFile f;
   f.path_ = path;
   f.file_ = std::move(m);

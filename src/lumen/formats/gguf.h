@@ -71,7 +71,7 @@ struct GgufTensorInfo {
 
 class GgufFile {
  public:
-  static Result<GgufFile> Open(const std::string& path);
+  static Result<GgufFile> Open(const std::string& path, Residency residency = Residency::kAuto);
   // Parses from memory (used by the fuzzer); `bytes` must outlive the object.
   static Result<GgufFile> FromBytes(const uint8_t* bytes, size_t size, std::string name);
 

@@ -25,6 +25,7 @@
 #include <hwy/targets.h>
 
 #include "lumen/core/quant.h"
+#include "lumen/core/repack.h"
 #include "lumen/kernels/matmul_ref.h"
 #include "lumen/kernels/test_matrix.h"
 
@@ -179,6 +180,30 @@ TEST(MatMulTest, RowsBitIdenticalWhateverTheCallsRowCount) {
     }
   }
   hwy::SetSupportedTargetsForTest(0);
+}
+
+// Q4_0 repacked into column groups (core/repack.h) decodes to the same
+// values in the same chains: the exact route gives the Q4_0 rows' bits, at
+// decode rows and prefill rows, whole-row and K-blocked panels alike.
+TEST(MatMulTest, Q4_0ColumnsGiveTheQ4_0BitsOnTheExactRoute) {
+  std::mt19937 rng(13);
+  for (int64_t K : {512, 640, 1120, 4160})
+    for (int64_t M : {1, 3, 8, 40}) {
+      const int64_t N = 19;
+      Spec s;
+      s.dtype = DType::kQ4_0;
+      OwnedMatrix q = Make(s, N, K, rng);
+      Matrix cols = q.m;  // the same bytes, repacked in place after the Q4_0 product
+      const std::vector<float> X = RandomActivations(M, K, rng);
+      std::vector<float> want(M * N), got(M * N);
+      MatMul(q.m, X.data(), M, K, want.data(), N, nullptr);
+      for (int64_t n = 0; n < N; ++n)
+        RepackQ4_0Cols(const_cast<uint8_t*>(q.m.w.row<const uint8_t>(n)), K);
+      cols.w.dtype = DType::kQ4_0Cols;
+      MatMul(cols, X.data(), M, K, got.data(), N, nullptr);
+      EXPECT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * 4))
+          << "K=" << K << " M=" << M;
+    }
 }
 
 TEST(MatMulTest, FusedRoutesOnTheBestTarget) {

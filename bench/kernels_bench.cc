@@ -82,17 +82,17 @@ std::unique_ptr<Weight> MakeWeight(int type, int64_t N, int64_t K) {
     w->m.mlx_group = G;
   } else {
     const DType t = kTypes[type];
-    const bool cols = t == DType::kQ4_0Cols;  // laid out by address: repacked where it lies
+    const DType plain = PlainOf(t);  // column groups: laid out by address, repacked where they lie
     const size_t rb = *RowBytes(t, K);
     w->bytes = AlignedBuffer(N * rb);
     uint8_t* p = w->bytes.as<uint8_t>();
     for (int64_t n = 0; n < N; ++n) {
       if (n < kSlab)
-        QuantizeRow(cols ? DType::kQ4_0 : t, &src[n * K], p + n * rb, K);
+        QuantizeRow(plain, &src[n * K], p + n * rb, K);
       else
         std::memcpy(p + n * rb, p + (n % kSlab) * rb, rb);
     }
-    for (int64_t n = 0; n < N && cols; ++n) RepackQ4_0Cols(p + n * rb, K);
+    for (int64_t n = 0; n < N && plain != t; ++n) RepackColumnGroups(plain, p + n * rb, K);
     w->m.w = TensorView::Contiguous(p, t, {N, K});
   }
   w->m.n = N;

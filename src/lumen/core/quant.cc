@@ -360,7 +360,10 @@ void DequantizeRow(DType t, const void* src_v, float* dst, int64_t n) {
       quant_detail::DequantizeQ8K(src, dst, nb);
       return;
     case DType::kQ4_0Cols:
-      DequantizeQ4_0Cols(src, dst, n);
+    case DType::kQ4_1Cols:
+    case DType::kQ5_0Cols:
+    case DType::kQ5_1Cols:  // a whole row (repack.h)
+      DequantizeColumnGroups(PlainOf(t), src, n, 0, n, dst);
       return;
   }
   LUMEN_CHECK(false && "unknown dtype");

@@ -54,14 +54,14 @@ Status NotSafetensors(const std::string& path, const Status& why) {
   return Errorf("{}: not a safetensors file: {}", path, reason);
 }
 
-// Q4_0 matrices rewritten in place as column groups (core/repack.h) for the
-// int8 decode kernels, which then pay their per-lane work once per 512
-// weights with no shuffles. Only in a copied file (no second copy: the
+// Q4_0, Q4_1, Q5_0 and Q5_1 matrices rewritten in place as column groups
+// (core/repack.h) for the int8 decode kernels, which then pay their
+// per-lane work once per 512 weights with no shuffles. Only in a copied file (no second copy: the
 // memory is the file's), with an int8 route on a CPU that runs it, and not
 // under LUMEN_REPACK=0. Every other reader decodes the new type to the same
 // values (the exact route to the same bits). Returns the matrices rewritten.
-int RepackQ4_0ForInt8(formats::GgufFile& gg, std::vector<StoredTensor>& tensors,
-                      kernels::ActRoute route) {
+int RepackColumnGroupsForInt8(formats::GgufFile& gg, std::vector<StoredTensor>& tensors,
+                              kernels::ActRoute route) {
   const char* env = std::getenv("LUMEN_REPACK");
   if (!kernels::RouteHasInt8(route) || !kernels::CpuHasVnni() ||
       (env != nullptr && std::string_view(env) == "0"))
@@ -69,15 +69,16 @@ int RepackQ4_0ForInt8(formats::GgufFile& gg, std::vector<StoredTensor>& tensors,
   int count = 0;
   for (StoredTensor& t : tensors) {
     kernels::Matrix& m = t.matrix;
-    if (m.mlx_bits != 0 || m.w.dtype != DType::kQ4_0 || m.k < kQ4_0ColsElems || m.n == 0) continue;
-    const size_t rb = *RowBytes(DType::kQ4_0, m.k);
+    const DType plain = m.w.dtype;
+    if (m.mlx_bits != 0 || !HasColumnGroups(plain) || m.k < kColsElems || m.n == 0) continue;
+    const size_t rb = *RowBytes(plain, m.k);
     const auto stride = static_cast<size_t>(m.w.row<const uint8_t>(1) - m.w.row<const uint8_t>(0));
     const size_t len = (static_cast<size_t>(m.n) - 1) * stride + rb;
     const bool done = gg.RewriteInPlace(m.w.data, len, [&](uint8_t* p) {
-      for (int64_t n = 0; n < m.n; ++n) RepackQ4_0Cols(p + n * stride, m.k);
+      for (int64_t n = 0; n < m.n; ++n) RepackColumnGroups(plain, p + n * stride, m.k);
     });
     if (!done) return count;  // the file is mapped, not copied: none can be
-    m.w.dtype = DType::kQ4_0Cols;
+    m.w.dtype = ColumnGroupsOf(plain);
     ++count;
   }
   return count;
@@ -124,8 +125,8 @@ Status Model::Finish(const LoadOptions& opts) {
     return tensors_[it->second].matrix;
   };
   if (sources_->gguf) {
-    const int n = RepackQ4_0ForInt8(*sources_->gguf, tensors_, opts.act_route);
-    if (n > 0) LUMEN_LOG_DEBUG("repacked {} Q4_0 matrices into column groups", n);
+    const int n = RepackColumnGroupsForInt8(*sources_->gguf, tensors_, opts.act_route);
+    if (n > 0) LUMEN_LOG_DEBUG("repacked {} matrices into column groups", n);
   }
   LUMEN_ASSIGN_OR_RETURN(weights_, model::BindWeights(config_, lookup));
   model::ForEachMatrix(weights_, [&](kernels::Matrix& m) { m.route = opts.act_route; });

@@ -191,29 +191,53 @@ HWY_INLINE void DecodeSymmetricLegacy(const uint8_t* row, int64_t K, Sink& sink)
   });
 }
 
-// Q4_0 column groups (core/repack.h): every value, position and chain is the
-// one of the row before it was repacked, so the exact products are that
-// row's bits. With 16-lane AVX-512 vectors the four columns are transposed
-// in registers (a 4 x 4 dword transpose per 128-bit block: block 4 k + j of
-// the group is block k of u[j]); other targets unpack each group to its 16
-// Q4_0 blocks first (stores a 16-byte load cannot forward from: the prefill
-// decoded Q4_0 columns 6% slower that way). K must end on a group or at the
+// Q4_1 / Q5_1: float(q) * d + m. q * d is exact in f32 (at most 5 + 11
+// significant bits, and f16 values are never f32 subnormals), so the scalar
+// code rounds once, at the add, as fma(q, d, m) does: the same bits.
+template <class Block, bool kQh, class Sink>
+HWY_INLINE void DecodeAffineLegacy(const uint8_t* row, int64_t K, Sink& sink) {
+  const DF d;
+  DecodeLegacy<Block, kQh>(row, K, sink, [&](const uint8_t* blk, auto q) HWY_ATTR {
+    return hn::MulAdd(hn::ConvertTo(d, q), hn::Set(d, LoadF16(blk)), hn::Set(d, LoadF16(blk + 2)));
+  });
+}
+
+// Column groups of the legacy formats (core/repack.h): every value,
+// position and chain is the one of the row before it was repacked, so the
+// exact products are that row's bits. For Q4_0 and Q4_1 on 16-lane AVX-512
+// vectors the four columns are transposed in registers (a 4 x 4 dword
+// transpose per 128-bit block: block 4 k + j of the group is block k of
+// u[j]); otherwise each group is unpacked to its 16 plain blocks first
+// (stores a 16-byte load cannot forward from: that way the 512-token
+// prefill decoded Q4_0 columns 6% slower). K must end on a group or at the
 // row's end.
-template <class Sink>
-HWY_INLINE void DecodeQ4_0Cols(const uint8_t* row, int64_t K, Sink& sink) {
+template <DType kPlain, class Sink>
+HWY_INLINE void DecodeColumnGroups(const uint8_t* row, int64_t K, Sink& sink) {
+  using Block = std::conditional_t<
+      kPlain == DType::kQ4_0, BlockQ4_0,
+      std::conditional_t<kPlain == DType::kQ4_1, BlockQ4_1,
+                         std::conditional_t<kPlain == DType::kQ5_0, BlockQ5_0, BlockQ5_1>>>;
+  constexpr bool kMin = kPlain == DType::kQ4_1 || kPlain == DType::kQ5_1;
+  constexpr bool kQh = kPlain == DType::kQ5_0 || kPlain == DType::kQ5_1;
+  auto plain = [](const uint8_t* r, int64_t n, auto& s) HWY_ATTR {
+    if constexpr (kMin) {
+      DecodeAffineLegacy<Block, kQh>(r, n, s);
+    } else {
+      DecodeSymmetricLegacy<Block, kQh, kQh ? 16 : 8>(r, n, s);
+    }
+  };
   int64_t at = 0;
   auto shifted = [&](int64_t k, auto v, auto p) HWY_ATTR { sink(at + k, v, p); };
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
-  if constexpr (hn::MaxLanes(DF()) == 16) {
+  if constexpr (hn::MaxLanes(DF()) == 16 && !kQh) {
     const DF d;
     const DI di;
     const auto k15 = hn::Set(di, 15), k8 = hn::Set(di, 8);
-    for (; at + kQ4_0ColsElems <= K; at += kQ4_0ColsElems) {
-      const uint8_t* g = row + at / kQK * sizeof(BlockQ4_0);
-      const uint8_t* codes = g + Q4_0ColsCodesAt(g);
-      const uint8_t* scales = g + Q4_0ColsScalesAt(g);
+    for (; at + kColsElems <= K; at += kColsElems) {
+      const uint8_t* g = row + at / kQK * sizeof(Block);
+      const ColsFields f = ColsFieldsAt(kPlain, g);
       __m512i c[4];
-      for (int j = 0; j < 4; ++j) c[j] = _mm512_loadu_si512(codes + 64 * j);
+      for (int j = 0; j < 4; ++j) c[j] = _mm512_loadu_si512(g + f.codes + 64 * j);
       const __m512i t0 = _mm512_unpacklo_epi32(c[0], c[1]), t1 = _mm512_unpacklo_epi32(c[2], c[3]);
       const __m512i t2 = _mm512_unpackhi_epi32(c[0], c[1]), t3 = _mm512_unpackhi_epi32(c[2], c[3]);
       const __m512i u[4] = {_mm512_unpacklo_epi64(t0, t1), _mm512_unpackhi_epi64(t0, t1),
@@ -222,15 +246,23 @@ HWY_INLINE void DecodeQ4_0Cols(const uint8_t* row, int64_t K, Sink& sink) {
         for (int j = 0; j < 4; ++j) {
           const int64_t b = 4 * k + j;
           const hn::Vec<DI> q{_mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32(u[j], k))};
-          const auto s = hn::Set(d, LoadF16(scales + 2 * b));
-          const auto lo = hn::Mul(hn::ConvertTo(d, hn::Sub(hn::And(q, k15), k8)), s);
-          const auto hi = hn::Mul(hn::ConvertTo(d, hn::Sub(hn::ShiftRight<4>(q), k8)), s);
-          if (j % 2 == 0) {  // DecodeLegacy's chains: even blocks P0, P1, odd P2, P3
-            shifted(kQK * b, lo, P0{});
-            shifted(kQK * b + 16, hi, P1{});
+          const auto s = hn::Set(d, LoadF16(g + f.d + 2 * b));
+          auto lo = hn::And(q, k15), hi = hn::ShiftRight<4>(q);
+          VF wl, wh;  // DecodeSymmetricLegacy's and DecodeAffineLegacy's arithmetic
+          if constexpr (kMin) {
+            const auto m = hn::Set(d, LoadF16(g + f.m + 2 * b));
+            wl = hn::MulAdd(hn::ConvertTo(d, lo), s, m);
+            wh = hn::MulAdd(hn::ConvertTo(d, hi), s, m);
           } else {
-            shifted(kQK * b, lo, P2{});
-            shifted(kQK * b + 16, hi, P3{});
+            wl = hn::Mul(hn::ConvertTo(d, hn::Sub(lo, k8)), s);
+            wh = hn::Mul(hn::ConvertTo(d, hn::Sub(hi, k8)), s);
+          }
+          if (j % 2 == 0) {  // DecodeLegacy's chains: even blocks P0, P1, odd P2, P3
+            shifted(kQK * b, wl, P0{});
+            shifted(kQK * b + 16, wh, P1{});
+          } else {
+            shifted(kQK * b, wl, P2{});
+            shifted(kQK * b + 16, wh, P3{});
           }
         }
       };
@@ -241,23 +273,12 @@ HWY_INLINE void DecodeQ4_0Cols(const uint8_t* row, int64_t K, Sink& sink) {
     }
   }
 #endif
-  alignas(64) uint8_t blocks[kQ4_0ColsGroupBytes];
-  for (; at + kQ4_0ColsElems <= K; at += kQ4_0ColsElems) {
-    UnpackQ4_0ColsGroup(row + at / kQK * sizeof(BlockQ4_0), blocks);
-    DecodeSymmetricLegacy<BlockQ4_0, false, 8>(blocks, kQ4_0ColsElems, shifted);
+  alignas(64) uint8_t blocks[kColsBlocks * sizeof(Block)];
+  for (; at + kColsElems <= K; at += kColsElems) {
+    UnpackColumnGroup(kPlain, row + at / kQK * sizeof(Block), blocks);
+    plain(blocks, kColsElems, shifted);
   }
-  DecodeSymmetricLegacy<BlockQ4_0, false, 8>(row + at / kQK * sizeof(BlockQ4_0), K - at, shifted);
-}
-
-// Q4_1 / Q5_1: float(q) * d + m. q * d is exact in f32 (at most 5 + 11
-// significant bits, and f16 values are never f32 subnormals), so the scalar
-// code rounds once, at the add, as fma(q, d, m) does: the same bits.
-template <class Block, bool kQh, class Sink>
-HWY_INLINE void DecodeAffineLegacy(const uint8_t* row, int64_t K, Sink& sink) {
-  const DF d;
-  DecodeLegacy<Block, kQh>(row, K, sink, [&](const uint8_t* blk, auto q) HWY_ATTR {
-    return hn::MulAdd(hn::ConvertTo(d, q), hn::Set(d, LoadF16(blk)), hn::Set(d, LoadF16(blk + 2)));
-  });
+  plain(row + at / kQK * sizeof(Block), K - at, shifted);
 }
 
 // Q4_K / Q5_K (kQ5: the 5th bit of element 64j + l at bit 2j of qh[l], of
@@ -441,6 +462,9 @@ enum class Path {
   kQ8_0,
   kQ4_0,
   kQ4_0Cols,
+  kQ4_1Cols,
+  kQ5_0Cols,
+  kQ5_1Cols,
   kQ4_1,
   kQ5_0,
   kQ5_1,
@@ -474,6 +498,12 @@ Path PathFor(const Matrix& W) {
       return 16 % N == 0 ? Path::kQ4_0 : Path::kGeneric;
     case DType::kQ4_0Cols:
       return 16 % N == 0 ? Path::kQ4_0Cols : Path::kGeneric;
+    case DType::kQ4_1Cols:
+      return 16 % N == 0 ? Path::kQ4_1Cols : Path::kGeneric;
+    case DType::kQ5_0Cols:
+      return 16 % N == 0 ? Path::kQ5_0Cols : Path::kGeneric;
+    case DType::kQ5_1Cols:
+      return 16 % N == 0 ? Path::kQ5_1Cols : Path::kGeneric;
     case DType::kQ4_1:
       return 16 % N == 0 ? Path::kQ4_1 : Path::kGeneric;
     case DType::kQ5_0:
@@ -511,7 +541,13 @@ HWY_INLINE void DecodeStorage(Path path, const uint8_t* row, int64_t K, Sink& si
     case Path::kQ4_0:
       return DecodeSymmetricLegacy<BlockQ4_0, false, 8>(row, K, sink);
     case Path::kQ4_0Cols:
-      return DecodeQ4_0Cols(row, K, sink);
+      return DecodeColumnGroups<DType::kQ4_0>(row, K, sink);
+    case Path::kQ4_1Cols:
+      return DecodeColumnGroups<DType::kQ4_1>(row, K, sink);
+    case Path::kQ5_0Cols:
+      return DecodeColumnGroups<DType::kQ5_0>(row, K, sink);
+    case Path::kQ5_1Cols:
+      return DecodeColumnGroups<DType::kQ5_1>(row, K, sink);
     case Path::kQ4_1:
       return DecodeAffineLegacy<BlockQ4_1, false>(row, K, sink);
     case Path::kQ5_0:
@@ -549,8 +585,8 @@ bool DecodeColumns(Path path, const Matrix& W, int64_t r, int64_t k0, int64_t KW
   const int64_t N = hn::Lanes(d);
   if (path == Path::kMlx || path == Path::kGeneric) return false;
   if (k0 % (2 * N) != 0 || KW % (2 * N) != 0 || !RowBytes(W.w.dtype, KW)) return false;
-  if (path == Path::kQ4_0Cols &&  // whole groups, or through the row's end
-      (k0 % kQ4_0ColsElems != 0 || (KW % kQ4_0ColsElems != 0 && k0 + KW != W.k)))
+  if (IsColumnGroups(W.w.dtype) &&  // whole groups, or through the row's end
+      (k0 % kColsElems != 0 || (KW % kColsElems != 0 && k0 + KW != W.k)))
     return false;
   const std::optional<size_t> skip = RowBytes(W.w.dtype, k0);
   if (!skip) return false;

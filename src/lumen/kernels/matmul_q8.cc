@@ -121,6 +121,9 @@ namespace {
 enum class Fmt {
   kQ4_0,
   kQ4_0C,
+  kQ4_1C,
+  kQ5_0C,
+  kQ5_1C,
   kQ4_1,
   kQ5_0,
   kQ5_1,
@@ -161,6 +164,12 @@ Geometry GeometryFor(const Matrix& W) {
       return {Fmt::kQ4_0, sizeof(BlockQ4_0), 8, 0, Order::kQuads};
     case DType::kQ4_0Cols:
       return {Fmt::kQ4_0C, sizeof(BlockQ4_0), 8, 0, Order::kBlockColumns};
+    case DType::kQ4_1Cols:
+      return {Fmt::kQ4_1C, sizeof(BlockQ4_1), 0, kQK, Order::kBlockColumns};
+    case DType::kQ5_0Cols:
+      return {Fmt::kQ5_0C, sizeof(BlockQ5_0), 16, 0, Order::kBlockColumns};
+    case DType::kQ5_1Cols:
+      return {Fmt::kQ5_1C, sizeof(BlockQ5_1), 0, kQK, Order::kBlockColumns};
     case DType::kQ4_1:
       return {Fmt::kQ4_1, sizeof(BlockQ4_1), 0, kQK, Order::kQuads};
     case DType::kQ5_0:
@@ -200,8 +209,8 @@ int64_t SourceIndex(Order order, int64_t nb, int64_t pos) {
     return base + 16 * (o % 64 / 4) + 4 * (o / 64) + o % 4;
   }
   if (order == Order::kBlockColumns) {  // groups of 16 blocks (core/repack.h), then quads
-    if (pos >= nb / kQ4_0ColsBlocks * kQ4_0ColsElems) return SourceIndex(Order::kQuads, nb, pos);
-    const int64_t o = pos % kQ4_0ColsElems,
+    if (pos >= nb / kColsBlocks * kColsElems) return SourceIndex(Order::kQuads, nb, pos);
+    const int64_t o = pos % kColsElems,
                   l = o % 64 / 4;  // record o / 64: dword o / 64 of a block
     return pos - o + kQK * l + 4 * (o / 64) + o % 4;
   }
@@ -282,7 +291,7 @@ constexpr int64_t kRecord = 64 * L + 64;
 // and each lane's block relative to the period's first.
 struct Period {
   int64_t len = 64, end = 0;
-  int32_t tab[kQ4_0ColsElems] = {};  // (kBlockColumns: the vector layout gathers dwords)
+  int32_t tab[kColsElems] = {};  // (kBlockColumns: the vector layout gathers dwords)
   alignas(64) int8_t gather[4][64] = {};
   uint64_t upper[4] = {};
   alignas(64) int32_t lane_block[4][16] = {};
@@ -294,11 +303,11 @@ Period PeriodOf(const Geometry& g, int64_t K) {
   const bool columns = g.order == Order::kColumns;
   const bool pairs = g.order == Order::kPairColumns;
   const bool blocks = g.order == Order::kBlockColumns;
-  p.len = g.order == Order::kNatural ? 64 : columns || pairs ? kQKK : blocks ? kQ4_0ColsElems : 128;
+  p.len = g.order == Order::kNatural ? 64 : columns || pairs ? kQKK : blocks ? kColsElems : 128;
   p.end = g.order == Order::kNatural ? K / 64 * 64
           : columns                  ? K
           : pairs                    ? nb / 8 * kQKK
-          : blocks                   ? nb / kQ4_0ColsBlocks * kQ4_0ColsElems
+          : blocks                   ? nb / kColsBlocks * kColsElems
           : g.order == Order::kQuads ? nb / 4 * 128
                                      : K / 128 * 128;
   for (int64_t o = 0; o < p.len; ++o) p.tab[o] = static_cast<int32_t>(SourceIndex(g.order, nb, o));
@@ -452,7 +461,7 @@ LUMEN_VNNI void PrepareBlockColumnsVnni(const Geometry& g, int levels, const Per
   const __m512i lane8 =
       _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
                          _mm512_set1_epi32(8));
-  for (int64_t base = 0; base < per.end; base += kQ4_0ColsElems) {
+  for (int64_t base = 0; base < per.end; base += kColsElems) {
     const __m512 d = _mm512_loadu_ps(dn + base / kQK);
     __m512i total = _mm512_setzero_si512();
     for (int j = 0; j < 8; ++j) {
@@ -468,6 +477,7 @@ LUMEN_VNNI void PrepareBlockColumnsVnni(const Geometry& g, int levels, const Per
       total = _mm512_add_epi32(total, _mm512_mullo_epi32(sum, neg_off));
       rec += (levels + 1) * 64;
     }
+    if (!corr) continue;  // (no offset: Q4_1, Q5_1)
     int32_t* out = corr + base / 4;
     _mm512_storeu_si512(out, total);
     for (int j = 1; j < 8; ++j) _mm512_storeu_si512(out + 16 * j, _mm512_setzero_si512());
@@ -651,6 +661,17 @@ constexpr int64_t CodesAt(Fmt f) {
 }
 constexpr int64_t HighBitsAt(Fmt f) { return f == Fmt::kQ5_0 ? 2 : f == Fmt::kQ5_1 ? 4 : 0; }
 constexpr bool HasMin(Fmt f) { return f == Fmt::kQ4_1 || f == Fmt::kQ5_1; }
+template <Fmt F>
+constexpr DType kPlainDType = F == Fmt::kQ4_0   ? DType::kQ4_0
+                              : F == Fmt::kQ4_1 ? DType::kQ4_1
+                              : F == Fmt::kQ5_0 ? DType::kQ5_0
+                                                : DType::kQ5_1;
+
+LUMEN_VNNI inline uint64_t LoadU64(const uint8_t* p) {
+  uint64_t v;
+  std::memcpy(&v, p, 8);
+  return v;
+}
 
 LUMEN_VNNI inline uint32_t LoadU32(const uint8_t* p) {
   uint32_t v;
@@ -843,7 +864,12 @@ LUMEN_VNNI void Rows(const Matrix& W, const Geometry& g, const Int8Rows& X, int6
                      int64_t ldy, int64_t n0, int64_t n1, std::span<const Span> spans) {
   constexpr int kAcc = 2;
   // Q4_0 column groups: the blocks after the last group are plain Q4_0.
-  constexpr Fmt FQ = F == Fmt::kQ4_0C ? Fmt::kQ4_0 : F;
+  constexpr Fmt FQ = F == Fmt::kQ4_0C   ? Fmt::kQ4_0
+                     : F == Fmt::kQ4_1C ? Fmt::kQ4_1
+                     : F == Fmt::kQ5_0C ? Fmt::kQ5_0
+                     : F == Fmt::kQ5_1C ? Fmt::kQ5_1
+                                        : F;
+  constexpr bool kGroups = FQ != F;
   // Without m (Q4_0, Q5_0, Q8_0) the codes are w + offset, and each row's
   // records carry -offset sum(x) per lane (Prepare), the dot's starting value.
   constexpr bool kMin = HasMin(FQ), kOffset = !kMin;
@@ -931,21 +957,26 @@ LUMEN_VNNI void Rows(const Matrix& W, const Geometry& g, const Int8Rows& X, int6
       // high nibbles record 4 + c, and a lane sums one block's 32 products,
       // so the lane work is paid once per 512 weights.
       auto cgroup = [&]<int A>(int64_t G, std::integral_constant<int, A>) LUMEN_VNNI {
-        const uint8_t* grp = row + G * kQ4_0ColsGroupBytes;
-        PrefetchAhead(grp, kQ4_0ColsGroupBytes, s.ahead);
-        const uint8_t* codes = grp + Q4_0ColsCodesAt(grp);
-        const __m512 d = _mm512_cvtph_ps(
-            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(grp + Q4_0ColsScalesAt(grp))));
-        const __m512i m = _mm512_set1_epi8(0x0F);
+        const uint8_t* grp = row + G * kColsBlocks * bb;
+        PrefetchAhead(grp, kColsBlocks * bb, s.ahead);
+        const ColsFields f = ColsFieldsAt(kPlainDType<FQ>, grp);
+        const __m512 d =
+            _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(grp + f.d)));
+        const __m512i m = _mm512_set1_epi8(0x0F), v16 = _mm512_set1_epi8(16);
         __m512i lo[4], hi[4];
         for (int c = 0; c < 4; ++c) {
-          const __m512i y = _mm512_loadu_si512(codes + 64 * c);
+          const __m512i y = _mm512_loadu_si512(grp + f.codes + 64 * c);
           lo[c] = _mm512_and_si512(y, m);
           hi[c] = _mm512_and_si512(_mm512_srli_epi16(y, 4), m);
+          if constexpr (HighBitsAt(FQ) != 0) {  // the 5th bits: the masks as they are
+            lo[c] = _mm512_mask_add_epi8(lo[c], LoadU64(grp + f.high + 8 * c), lo[c], v16);
+            hi[c] = _mm512_mask_add_epi8(hi[c], LoadU64(grp + f.high + 8 * (4 + c)), hi[c], v16);
+          }
         }
         for (int r = 0; r < MB; ++r) {
           const uint8_t* rec = x[r] + kRecord<L> * 8 * G;
-          const __m512i init = _mm512_loadu_si512(rp.corr[r] + 128 * G);
+          const __m512i init =
+              kOffset ? _mm512_loadu_si512(rp.corr[r] + 128 * G) : _mm512_setzero_si512();
           const __m512i i = Levels<L>(init, [&](__m512i a, int level) LUMEN_VNNI {
             for (int c = 0; c < 4; ++c) {
               a = _mm512_dpbusd_epi32(a, lo[c],
@@ -958,6 +989,10 @@ LUMEN_VNNI void Rows(const Matrix& W, const Geometry& g, const Int8Rows& X, int6
           const __m512 sd =
               _mm512_mul_ps(d, _mm512_load_ps(reinterpret_cast<const float*>(rec + 64 * L)));
           acc[r][A] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), sd, acc[r][A]);
+          if constexpr (kMin)  // m times each block's activation sum, lane by lane
+            acc[r][A] = _mm512_fmadd_ps(
+                _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(grp + f.m))),
+                _mm512_loadu_ps(rp.sums[r] + kColsBlocks * G), acc[r][A]);
         }
       };
       // A pair record, [block b | block b + 1] in natural order, into
@@ -985,9 +1020,9 @@ LUMEN_VNNI void Rows(const Matrix& W, const Geometry& g, const Int8Rows& X, int6
           }
         }
       };
-      if constexpr (F == Fmt::kQ4_0C) {
+      if constexpr (kGroups) {
         // Spans start on a group (BySpans); the quads after the groups are plain.
-        const int64_t groups_end = std::min(s.u1, nb / kQ4_0ColsBlocks * 4);
+        const int64_t groups_end = std::min(s.u1, nb / kColsBlocks * 4);
         int64_t u = s.u0;
         for (; u + 8 <= groups_end; u += 8) {
           cgroup(u / 4, std::integral_constant<int, 0>{});
@@ -1482,6 +1517,12 @@ void MatMulRowsLevels(const Matrix& W, const Int8Rows& X, float* Y, int64_t ldy,
           return Rows<Fmt::kQ4_0, MB, L>(W, g, X, m, Y, ldy, b, e, s);
         case Fmt::kQ4_0C:
           return Rows<Fmt::kQ4_0C, MB, L>(W, g, X, m, Y, ldy, b, e, s);
+        case Fmt::kQ4_1C:
+          return Rows<Fmt::kQ4_1C, MB, L>(W, g, X, m, Y, ldy, b, e, s);
+        case Fmt::kQ5_0C:
+          return Rows<Fmt::kQ5_0C, MB, L>(W, g, X, m, Y, ldy, b, e, s);
+        case Fmt::kQ5_1C:
+          return Rows<Fmt::kQ5_1C, MB, L>(W, g, X, m, Y, ldy, b, e, s);
         case Fmt::kQ4_1:
           return Rows<Fmt::kQ4_1, MB, L>(W, g, X, m, Y, ldy, b, e, s);
         case Fmt::kQ5_0:
@@ -1559,6 +1600,9 @@ bool Int8RouteSupports(const Matrix& W) {
   switch (W.w.dtype) {
     case DType::kQ4_0:
     case DType::kQ4_0Cols:
+    case DType::kQ4_1Cols:
+    case DType::kQ5_0Cols:
+    case DType::kQ5_1Cols:
     case DType::kQ4_1:
     case DType::kQ5_0:
     case DType::kQ5_1:

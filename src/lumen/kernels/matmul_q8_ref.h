@@ -76,8 +76,8 @@ inline void WeightParts(const Matrix& W, int64_t n, double* a, double* o) {
     bool min;
     int shift;  // signed types: q - shift
   };
-  auto legacy = [&](const Legacy& f) {
-    for (int64_t b = 0; b < K / kQK; ++b) {
+  auto legacy = [&](const Legacy& f, int64_t b0 = 0) {  // blocks b0 ..
+    for (int64_t b = b0; b < K / kQK; ++b) {
       const uint8_t* blk = row + b * f.bytes;
       const double d = HalfAt(blk), m = f.min ? HalfAt(blk + 2) : 0.0;
       for (int j = 0; j < kQK; ++j) {
@@ -86,35 +86,44 @@ inline void WeightParts(const Matrix& W, int64_t n, double* a, double* o) {
       }
     }
   };
+  // Column groups (core/repack.h): block l of a group of 16 is lane l of its
+  // fields; the blocks after the last group are plain.
+  auto groups = [&](const Legacy& f) {
+    const int64_t grouped = K / kColsElems * kColsBlocks;
+    for (int64_t b = 0; b < grouped; ++b) {
+      const uint8_t* g = row + b / kColsBlocks * kColsBlocks * f.bytes;
+      const int64_t l = b % kColsBlocks;
+      const ColsFields c = ColsFieldsAt(PlainOf(W.w.dtype), g);
+      const double d = HalfAt(g + c.d + 2 * l), m = f.min ? HalfAt(g + c.m + 2 * l) : 0.0;
+      for (int j = 0; j < kQK; ++j) {
+        const int byte = j % 16;  // byte j % 16 of the block: column byte / 4, lane l
+        const uint8_t v = g[c.codes + 64 * (byte / 4) + 4 * l + byte % 4];
+        int q = j < 16 ? v & 15 : v >> 4;
+        const int64_t bit = 64 * (j / 4) + 4 * l + j % 4;  // of the masks, little-endian
+        if (f.qh >= 0) q |= ((g[c.high + bit / 8] >> (bit % 8)) & 1) << 4;
+        a[b * kQK + j] = d * (q - f.shift);
+        o[b * kQK + j] = -m;
+      }
+    }
+    legacy(f, grouped);
+  };
   switch (W.w.dtype) {
     case DType::kQ4_0:
       return legacy({sizeof(BlockQ4_0), 2, -1, false, 8});
-    case DType::kQ4_0Cols: {  // groups of 16 blocks as columns (core/repack.h), then Q4_0
-      const int64_t grouped = K / kQ4_0ColsElems * kQ4_0ColsBlocks;
-      for (int64_t b = 0; b < K / kQK; ++b) {
-        if (b >= grouped) {
-          const uint8_t* blk = row + b * sizeof(BlockQ4_0);
-          for (int j = 0; j < kQK; ++j)
-            a[b * kQK + j] = double(HalfAt(blk)) * (LegacyCode(blk + 2, nullptr, j) - 8);
-          continue;
-        }
-        const uint8_t* g = row + b / kQ4_0ColsBlocks * kQ4_0ColsGroupBytes;
-        const int64_t l = b % kQ4_0ColsBlocks;
-        const double d = HalfAt(g + Q4_0ColsScalesAt(g) + 2 * l);
-        for (int j = 0; j < kQK; ++j) {
-          const int byte = j % 16;  // byte j % 16 of the block: column byte / 4, lane l
-          const uint8_t v = g[Q4_0ColsCodesAt(g) + 64 * (byte / 4) + 4 * l + byte % 4];
-          a[b * kQK + j] = d * ((j < 16 ? v & 15 : v >> 4) - 8);
-        }
-      }
-      return;
-    }
     case DType::kQ4_1:
       return legacy({sizeof(BlockQ4_1), 4, -1, true, 0});
     case DType::kQ5_0:
       return legacy({sizeof(BlockQ5_0), 6, 2, false, 16});
     case DType::kQ5_1:
       return legacy({sizeof(BlockQ5_1), 8, 4, true, 0});
+    case DType::kQ4_0Cols:
+      return groups({sizeof(BlockQ4_0), 2, -1, false, 8});
+    case DType::kQ4_1Cols:
+      return groups({sizeof(BlockQ4_1), 4, -1, true, 0});
+    case DType::kQ5_0Cols:
+      return groups({sizeof(BlockQ5_0), 6, 2, false, 16});
+    case DType::kQ5_1Cols:
+      return groups({sizeof(BlockQ5_1), 8, 4, true, 0});
     case DType::kQ8_0:
       for (int64_t b = 0; b < K / kQK; ++b) {
         const uint8_t* blk = row + b * sizeof(BlockQ8_0);

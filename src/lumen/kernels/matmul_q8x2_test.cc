@@ -43,6 +43,9 @@ struct Case {
 // Every weight type with an int8 kernel (Int8RouteSupports).
 constexpr Case kCases[] = {{DType::kQ4_0},
                            {DType::kQ4_0Cols},
+                           {DType::kQ4_1Cols},
+                           {DType::kQ5_0Cols},
+                           {DType::kQ5_1Cols},
                            {DType::kQ4_1},
                            {DType::kQ5_0},
                            {DType::kQ5_1},
@@ -309,12 +312,12 @@ TEST(MatMulInt8x2, ARowGivesTheSameBitsAloneAndInABatchAcrossSpans) {
 // Rows wider than 64 spans of 2048 take longer spans (BySpans): still the
 // same bits alone and in a batch, and within the oracle's bound. Q8_0's
 // spans of 17 units are rounded up to whole groups of 8 blocks (18), Q4_0
-// column groups' to whole groups of 16 (20).
+// column groups' to whole groups of 16 blocks (20).
 TEST(MatMulInt8x2, RowsPastSixtyFourSpansTakeLongerSpans) {
   std::mt19937 rng(41);
   const int64_t K = 139264, N = 5, M = 4;  // 68 x 2048
-  for (const Case& c : {Case{DType::kQ4_0}, Case{DType::kQ4_0Cols}, Case{DType::kQ8_0},
-                        Case{DType::kQ4_K}, Case{DType::kU32, 64}}) {
+  for (const Case& c : {Case{DType::kQ4_0}, Case{DType::kQ4_0Cols}, Case{DType::kQ5_1Cols},
+                        Case{DType::kQ8_0}, Case{DType::kQ4_K}, Case{DType::kU32, 64}}) {
     OwnedMatrix W = MakeX2(c, N, K, rng);
     SKIP_WITHOUT_VNNI(W.m);
     const std::vector<float> X = RandomActivations(M, K, rng);
@@ -366,14 +369,15 @@ TEST(MatMulInt8x2, ManyWithMixedOffsetGroupsMatchesSeparateProducts) {
 // hold them and others through unaligned loads, by the block's address
 // (LoadQuad, matmul_q8.cc): the same rows copied to every offset within a
 // line (contiguous, then with a stride that is not a multiple of 8) give the
-// same bits. Q4_0 column groups are laid out by their address (core/repack.h):
+// same bits. Column groups are laid out by their address (core/repack.h):
 // their rows are unpacked and repacked at the new address.
 TEST(MatMulInt8x2, EveryRowAddressGivesTheSameBits) {
   std::mt19937 rng(37);
   for (const Case& c : kCases) {
     if (c.t == DType::kU32) continue;  // MLX rows are read as whole 64-byte vectors
-    // Q4_0 columns: two groups, a quad, a pair and a half block.
-    const int64_t K = c.t == DType::kQ4_0Cols ? 1248 : BlockOf(c) == kQK ? 352 : 512, N = 9, M = 2;
+    // Column groups: two groups, a quad, a pair and a half block.
+    const bool cols = IsColumnGroups(c.t);
+    const int64_t K = cols ? 1248 : BlockOf(c) == kQK ? 352 : 512, N = 9, M = 2;
     OwnedMatrix W = MakeX2(c, N, K, rng);
     SKIP_WITHOUT_VNNI(W.m);
     const std::vector<float> X = RandomActivations(M, K, rng);
@@ -389,10 +393,12 @@ TEST(MatMulInt8x2, EveryRowAddressGivesTheSameBits) {
           const uint8_t* from = W.m.w.row<const uint8_t>(n);
           uint8_t* to = base + n * stride;
           std::memcpy(to, from, rb);
-          if (c.t != DType::kQ4_0Cols) continue;
-          for (int64_t g = 0; g < K / kQ4_0ColsElems; ++g)
-            UnpackQ4_0ColsGroup(from + g * kQ4_0ColsGroupBytes, to + g * kQ4_0ColsGroupBytes);
-          RepackQ4_0Cols(to, K);
+          if (!cols) continue;
+          const DType plain = PlainOf(c.t);
+          const int64_t gb = kColsBlocks * Info(plain).block_bytes;
+          for (int64_t g = 0; g < K / kColsElems; ++g)
+            UnpackColumnGroup(plain, from + g * gb, to + g * gb);
+          RepackColumnGroups(plain, to, K);
         }
         Matrix moved = W.m;
         moved.w = TensorView::Contiguous(base, c.t, {N, K});

@@ -182,28 +182,29 @@ TEST(MatMulTest, RowsBitIdenticalWhateverTheCallsRowCount) {
   hwy::SetSupportedTargetsForTest(0);
 }
 
-// Q4_0 repacked into column groups (core/repack.h) decodes to the same
-// values in the same chains: the exact route gives the Q4_0 rows' bits, at
-// decode rows and prefill rows, whole-row and K-blocked panels alike.
-TEST(MatMulTest, Q4_0ColumnsGiveTheQ4_0BitsOnTheExactRoute) {
+// The legacy formats repacked into column groups (core/repack.h) decode
+// to the same values in the same chains: the exact route gives the plain
+// rows' bits, at decode rows and prefill rows.
+TEST(MatMulTest, ColumnGroupsGiveThePlainBitsOnTheExactRoute) {
   std::mt19937 rng(13);
-  for (int64_t K : {512, 640, 1120, 4160})
-    for (int64_t M : {1, 3, 8, 40}) {
-      const int64_t N = 19;
-      Spec s;
-      s.dtype = DType::kQ4_0;
-      OwnedMatrix q = Make(s, N, K, rng);
-      Matrix cols = q.m;  // the same bytes, repacked in place after the Q4_0 product
-      const std::vector<float> X = RandomActivations(M, K, rng);
-      std::vector<float> want(M * N), got(M * N);
-      MatMul(q.m, X.data(), M, K, want.data(), N, nullptr);
-      for (int64_t n = 0; n < N; ++n)
-        RepackQ4_0Cols(const_cast<uint8_t*>(q.m.w.row<const uint8_t>(n)), K);
-      cols.w.dtype = DType::kQ4_0Cols;
-      MatMul(cols, X.data(), M, K, got.data(), N, nullptr);
-      EXPECT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * 4))
-          << "K=" << K << " M=" << M;
-    }
+  for (DType t : {DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1})
+    for (int64_t K : {512, 640, 1120, 4160})
+      for (int64_t M : {1, 3, 8, 40}) {
+        const int64_t N = 19;
+        Spec s;
+        s.dtype = t;
+        OwnedMatrix q = Make(s, N, K, rng);
+        Matrix cols = q.m;  // the same bytes, repacked in place after the plain product
+        const std::vector<float> X = RandomActivations(M, K, rng);
+        std::vector<float> want(M * N), got(M * N);
+        MatMul(q.m, X.data(), M, K, want.data(), N, nullptr);
+        for (int64_t n = 0; n < N; ++n)
+          RepackColumnGroups(t, const_cast<uint8_t*>(q.m.w.row<const uint8_t>(n)), K);
+        cols.w.dtype = ColumnGroupsOf(t);
+        MatMul(cols, X.data(), M, K, got.data(), N, nullptr);
+        EXPECT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * 4))
+            << Name(t) << " K=" << K << " M=" << M;
+      }
 }
 
 TEST(MatMulTest, FusedRoutesOnTheBestTarget) {

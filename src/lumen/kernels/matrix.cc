@@ -21,8 +21,8 @@ void DequantizeMatrixColumns(const Matrix& m, int64_t r, int64_t k0, int64_t k1,
   LUMEN_CHECK(k0 >= 0 && k0 <= k1 && k1 <= m.k && k0 % align == 0 &&
               (k1 % align == 0 || k1 == m.k));
   if (k0 == k1) return;
-  if (m.w.dtype == DType::kQ4_0Cols) {  // its groups decode from the row's start
-    DequantizeQ4_0ColsRange(m.w.row<const uint8_t>(r), m.k, k0, k1, dst);
+  if (IsColumnGroups(m.w.dtype)) {  // its groups decode from the row's start
+    DequantizeColumnGroups(PlainOf(m.w.dtype), m.w.row<const uint8_t>(r), m.k, k0, k1, dst);
     return;
   }
   if (m.mlx_bits == 0) {

@@ -1,5 +1,5 @@
 // Test helper for the kernel tests: random weight matrices in any storage
-// (every dtype, MLX affine, Q4_0 repacked in place as kQ4_0Cols) with their
+// (every dtype, MLX affine, the legacy formats' column groups) with their
 // own bytes, rows at misaligned addresses (stride = row bytes + 3) so no
 // kernel may assume aligned rows.
 #pragma once
@@ -39,10 +39,10 @@ inline OwnedMatrix Make(const Spec& s, int64_t N, int64_t K, std::mt19937& rng) 
     const size_t rb = *RowBytes(s.dtype, K), stride = rb + 3;
     o.bytes.assign(N * stride + 8, 0);
     uint8_t* base = o.bytes.data() + 1;
-    const bool cols = s.dtype == DType::kQ4_0Cols;
+    const DType plain = PlainOf(s.dtype);  // column groups: repacked where they lie
     for (int64_t n = 0; n < N; ++n) {
-      QuantizeRow(cols ? DType::kQ4_0 : s.dtype, &w[n * K], base + n * stride, K);
-      if (cols) RepackQ4_0Cols(base + n * stride, K);
+      QuantizeRow(plain, &w[n * K], base + n * stride, K);
+      if (plain != s.dtype) RepackColumnGroups(plain, base + n * stride, K);
     }
     o.m.w = TensorView::Contiguous(base, s.dtype, {N, K});
     o.m.w.stride[0] = static_cast<int64_t>(stride);
@@ -90,9 +90,10 @@ inline std::vector<float> RandomActivations(int64_t M, int64_t K, std::mt19937& 
 // MLX affine 4/8-bit at groups 32/64/128; `block` is the K granularity.
 inline std::vector<Spec> AllSpecs() {
   std::vector<Spec> v;
-  for (DType t : {DType::kF32, DType::kF16, DType::kBF16, DType::kQ4_0, DType::kQ4_1, DType::kQ5_0,
-                  DType::kQ5_1, DType::kQ8_0, DType::kQ2_K, DType::kQ3_K, DType::kQ4_K,
-                  DType::kQ5_K, DType::kQ6_K, DType::kQ4_0Cols}) {
+  for (DType t :
+       {DType::kF32, DType::kF16, DType::kBF16, DType::kQ4_0, DType::kQ4_1, DType::kQ5_0,
+        DType::kQ5_1, DType::kQ8_0, DType::kQ2_K, DType::kQ3_K, DType::kQ4_K, DType::kQ5_K,
+        DType::kQ6_K, DType::kQ4_0Cols, DType::kQ4_1Cols, DType::kQ5_0Cols, DType::kQ5_1Cols}) {
     Spec s;
     s.name = std::string(Name(t));
     s.dtype = t;

@@ -3,6 +3,7 @@
 
 #include "lumen/cli/common.h"
 #include "lumen/cli/verbs.h"
+#include "lumen/core/repack.h"
 
 namespace lumen::cli {
 namespace {
@@ -47,7 +48,7 @@ void Run(const ModelArgs& args, bool tensors) {
       shape += fmt::format("{}{}", i ? ", " : "", t.shape[i]);
     shape += "]";
     const std::string dtype = t.matrix.mlx_bits ? fmt::format("mlx{}", t.matrix.mlx_bits)
-                                                : std::string(Name(t.matrix.w.dtype));
+                                                : std::string(Name(PlainOf(t.matrix.w.dtype)));
     fmt::print("{:<40} {:>6} {:>18} {:>12}\n", t.name, dtype, shape, t.matrix.bytes());
   }
 }

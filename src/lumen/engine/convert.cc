@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <filesystem>
 
+#include "lumen/core/repack.h"
 #include "lumen/kernels/matrix.h"
 #include "lumen/model/forward.h"
 
@@ -75,7 +76,8 @@ std::vector<TensorPlan> PlansFor(const Model& m, OutputFormat format, model::Mod
     TensorPlan p;
     p.name = t.name;
     p.shape = t.shape;
-    p.source_dtype = t.matrix.mlx_bits ? DType::kF16 : t.matrix.w.dtype;
+    // (Column groups repacked at load are their plain format on disk.)
+    p.source_dtype = t.matrix.mlx_bits ? DType::kF16 : PlainOf(t.matrix.w.dtype);
     const kernels::Matrix mat = t.matrix;
     std::vector<int64_t> perm;
     int heads = 0;

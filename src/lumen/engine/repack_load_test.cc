@@ -9,10 +9,14 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "lumen/core/repack.h"
+#include "lumen/engine/convert.h"
 #include "lumen/engine/model.h"
 #include "lumen/engine/session.h"
 #include "lumen/engine/synth.h"
@@ -22,6 +26,11 @@ namespace lumen::engine {
 namespace {
 
 namespace fs = std::filesystem;
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+}
 
 std::vector<float> Logits(Model& m, std::span<const int32_t> ids) {
   SessionOptions o;
@@ -92,6 +101,15 @@ TEST(RepackLoad, ColumnGroupsOnlyForInt8RoutesInCopiedFilesWithTheMappedLogits) 
     // them by whole units.
     EXPECT_LE(diff, 2e-4 * scale) << "route " << route;
     EXPECT_GT(route, 0.0);
+
+    // Converted, the repacked model writes the plain type, byte for byte the
+    // file the mapped model writes.
+    const std::string from_copy = (dir / "copy.gguf").string(),
+                      from_map = (dir / "map.gguf").string();
+    ASSERT_TRUE(ConvertModel(*copied, OutputFormat::kGguf, from_copy, std::nullopt).ok());
+    ASSERT_TRUE(ConvertModel(*mapped, OutputFormat::kGguf, from_map, std::nullopt).ok());
+    EXPECT_EQ(ReadAll(from_map), ReadAll(from_copy));
+    EXPECT_EQ(fs::file_size(path), fs::file_size(from_copy));
   }
   fs::remove_all(dir);
 }

@@ -32,18 +32,26 @@
 // lane work is paid once per 256 weights (session 15). Activation rows are
 // laid out in the weights' byte order (SourceIndex), one 64-element record
 // per code vector, with each lane's block scale (f32).
-//   Q4_0, Q4_1, Q5_0, Q5_1: a quad of four blocks, gathered from two 64-byte
-//     loads by one vpermt2b into [blk0 qs | blk1 qs | blk2 qs | blk3 qs];
-//     its low nibbles are elements 0..15 of each block (block b in lanes
-//     4b..4b+3), its high nibbles elements 16..31 (Q5: the 5th bits from two
-//     64-bit lane masks of the four qh words, one masked byte add each). The
-//     last 1-3 blocks of a row: a natural pair [blk | blk + 1], a half.
+//   Q4_0, Q4_1, Q5_0, Q5_1 repacked at load (kQ4_0Cols ..., core/repack.h):
+//     groups of 16 blocks as four code columns, lane l of column c holding
+//     block l's code bytes 4c..4c+3: eight records per group (record j:
+//     dword j of every block), every lane one block, so the lane work is
+//     paid once per 512 weights, with no shuffles, and the 5th bits are
+//     byte masks as stored (session 16). The blocks after the last group
+//     are plain quads and pairs, as below.
+//   Q4_0, Q4_1, Q5_0, Q5_1 as the file has them: a quad of four blocks,
+//     gathered from two 64-byte loads by one vpermt2b into [blk0 qs | blk1
+//     qs | blk2 qs | blk3 qs]; its low nibbles are elements 0..15 of each
+//     block (block b in lanes 4b..4b+3), its high nibbles elements 16..31
+//     (Q5: the 5th bits from two 64-bit lane masks of the four qh words, one
+//     masked byte add each). The last 1-3 blocks of a row: a natural pair
+//     [blk | blk + 1], a half.
 //   Q8_0: groups of 8 blocks as four columns, lane l of column c holding
 //     block l % 8's codes 16 (l / 8) + 4c .. (one vpermt2d and a blend per
 //     column from four pair loads); the blocks after the last group in
 //     natural pairs [blk0 e0..31 | blk1 e0..31], an odd last block a half.
-//     (Block columns for the 4-bit formats, one block per lane from four
-//     quads, measured slower on one row: docs/reference/performance.md.)
+//     (Block columns built from the file's quads at run time measured slower
+//     on one row than quads, session 15; repacked at load they are faster.)
 //   K-quants: a super-block is four columns, one 16-element slice per lane
 //     (see SuperColumns).
 //   MLX 4-bit: 64 bytes are a twin as they are (low nibbles: the even

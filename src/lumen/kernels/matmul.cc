@@ -204,13 +204,13 @@ HWY_INLINE void DecodeAffineLegacy(const uint8_t* row, int64_t K, Sink& sink) {
 
 // Column groups of the legacy formats (core/repack.h): every value,
 // position and chain is the one of the row before it was repacked, so the
-// exact products are that row's bits. For Q4_0 and Q4_1 on 16-lane AVX-512
-// vectors the four columns are transposed in registers (a 4 x 4 dword
-// transpose per 128-bit block: block 4 k + j of the group is block k of
-// u[j]); otherwise each group is unpacked to its 16 plain blocks first
-// (stores a 16-byte load cannot forward from: that way the 512-token
-// prefill decoded Q4_0 columns 6% slower). K must end on a group or at the
-// row's end.
+// exact products are that row's bits. On 16-lane AVX-512 vectors the four
+// columns are transposed in registers (a 4 x 4 dword transpose per 128-bit
+// block: block 4 k + j of the group is block k of u[j]), and a Q5 block's
+// 5th bits are shifted out of the masks lane by lane; otherwise each group is unpacked to
+// its 16 plain blocks first (stores a 16-byte load cannot forward from:
+// that way the 512-token prefill decoded Q4_0 columns 6% slower, Q5_0 40%). K must end on a group
+// or at the row's end.
 template <DType kPlain, class Sink>
 HWY_INLINE void DecodeColumnGroups(const uint8_t* row, int64_t K, Sink& sink) {
   using Block = std::conditional_t<
@@ -229,10 +229,12 @@ HWY_INLINE void DecodeColumnGroups(const uint8_t* row, int64_t K, Sink& sink) {
   int64_t at = 0;
   auto shifted = [&](int64_t k, auto v, auto p) HWY_ATTR { sink(at + k, v, p); };
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
-  if constexpr (hn::MaxLanes(DF()) == 16 && !kQh) {
+  if constexpr (hn::MaxLanes(DF()) == 16) {
     const DF d;
     const DI di;
-    const auto k15 = hn::Set(di, 15), k8 = hn::Set(di, 8);
+    const auto k15 = hn::Set(di, 15), zero = hn::Set(di, kQh ? 16 : 8);
+    const __m512i lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512i e3 = _mm512_and_si512(lanes, _mm512_set1_epi32(3));
     for (; at + kColsElems <= K; at += kColsElems) {
       const uint8_t* g = row + at / kQK * sizeof(Block);
       const ColsFields f = ColsFieldsAt(kPlain, g);
@@ -242,20 +244,38 @@ HWY_INLINE void DecodeColumnGroups(const uint8_t* row, int64_t K, Sink& sink) {
       const __m512i t2 = _mm512_unpackhi_epi32(c[0], c[1]), t3 = _mm512_unpackhi_epi32(c[2], c[3]);
       const __m512i u[4] = {_mm512_unpacklo_epi64(t0, t1), _mm512_unpackhi_epi64(t0, t1),
                             _mm512_unpacklo_epi64(t2, t3), _mm512_unpackhi_epi64(t2, t3)};
+      // Q5_*: lane e of hb[2 s + h] holds bits 32 h .. 32 h + 31 of the mask
+      // of element e (s = 0) or 16 + e (s = 1) of every block (repack.h).
+      __m512i hb[4];
+      if constexpr (kQh) {
+        const __m512i mk = _mm512_loadu_si512(g + f.high), e4 = _mm512_srli_epi32(lanes, 2);
+        for (int i = 0; i < 4; ++i)
+          hb[i] = _mm512_permutexvar_epi32(
+              _mm512_add_epi32(_mm512_slli_epi32(e4, 1), _mm512_set1_epi32(8 * (i / 2) + i % 2)),
+              mk);
+      }
       auto blocks = [&]<int k>(std::integral_constant<int, k>) HWY_ATTR {
         for (int j = 0; j < 4; ++j) {
           const int64_t b = 4 * k + j;
           const hn::Vec<DI> q{_mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32(u[j], k))};
           const auto s = hn::Set(d, LoadF16(g + f.d + 2 * b));
           auto lo = hn::And(q, k15), hi = hn::ShiftRight<4>(q);
+          if constexpr (kQh) {  // bit 4 b + e % 4 of the mask, as DecodeLegacy's 16
+            const __m512i sh = _mm512_add_epi32(e3, _mm512_set1_epi32(4 * (b % 8)));
+            const __m512i one = _mm512_set1_epi32(1);
+            const __m512i l5 = _mm512_and_si512(_mm512_srlv_epi32(hb[b / 8], sh), one);
+            const __m512i h5 = _mm512_and_si512(_mm512_srlv_epi32(hb[2 + b / 8], sh), one);
+            lo = hn::Or(lo, hn::Vec<DI>{_mm512_slli_epi32(l5, 4)});
+            hi = hn::Or(hi, hn::Vec<DI>{_mm512_slli_epi32(h5, 4)});
+          }
           VF wl, wh;  // DecodeSymmetricLegacy's and DecodeAffineLegacy's arithmetic
           if constexpr (kMin) {
             const auto m = hn::Set(d, LoadF16(g + f.m + 2 * b));
             wl = hn::MulAdd(hn::ConvertTo(d, lo), s, m);
             wh = hn::MulAdd(hn::ConvertTo(d, hi), s, m);
           } else {
-            wl = hn::Mul(hn::ConvertTo(d, hn::Sub(lo, k8)), s);
-            wh = hn::Mul(hn::ConvertTo(d, hn::Sub(hi, k8)), s);
+            wl = hn::Mul(hn::ConvertTo(d, hn::Sub(lo, zero)), s);
+            wh = hn::Mul(hn::ConvertTo(d, hn::Sub(hi, zero)), s);
           }
           if (j % 2 == 0) {  // DecodeLegacy's chains: even blocks P0, P1, odd P2, P3
             shifted(kQK * b, wl, P0{});

@@ -30,7 +30,8 @@ namespace lumen {
 inline constexpr int64_t kColsBlocks = 16;      // blocks per group
 inline constexpr int64_t kColsElems = 16 * 32;  // elements per group
 
-// kQ4_0 -> kQ4_0Cols ... kQ5_1 -> kQ5_1Cols; kNone for every other type.
+// Whether `plain` has a column-group form (Q4_0, Q4_1, Q5_0, Q5_1), and it:
+// kQ4_0 -> kQ4_0Cols ... kQ5_1 -> kQ5_1Cols; any other type maps to itself.
 bool HasColumnGroups(DType plain);
 DType ColumnGroupsOf(DType plain);
 // The plain format of a column-group type, else t itself.

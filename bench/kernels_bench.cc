@@ -33,15 +33,15 @@ struct Weight {
   Matrix m;
 };
 
-// Weight "type" index -> storage; 7 = MLX 4-bit g64 (bf16 scales), 9 = Q4_0
-// repacked at load into column groups (core/repack.h).
-constexpr DType kTypes[] = {DType::kF32,  DType::kF16,     DType::kBF16, DType::kQ8_0,
-                            DType::kQ4_0, DType::kQ4_K,    DType::kQ6_K, DType::kU32,
-                            DType::kQ2_K, DType::kQ4_0Cols};
+// Weight "type" index -> storage; 7 = MLX 4-bit g64 (bf16 scales), 9 and 10 =
+// Q4_0 and Q4_K repacked at load into column groups (core/repack.h).
+constexpr DType kTypes[] = {DType::kF32,  DType::kF16,      DType::kBF16,    DType::kQ8_0,
+                            DType::kQ4_0, DType::kQ4_K,     DType::kQ6_K,    DType::kU32,
+                            DType::kQ2_K, DType::kQ4_0Cols, DType::kQ4_KCols};
 constexpr int kMlx = 7;
 const char* TypeName(int t) {
-  static const char* names[] = {"f32",  "f16",  "bf16",     "q8_0", "q4_0",
-                                "q4_k", "q6_k", "mlx4_g64", "q2_k", "q4_0_cols"};
+  static const char* names[] = {"f32",  "f16",      "bf16", "q8_0",      "q4_0",     "q4_k",
+                                "q6_k", "mlx4_g64", "q2_k", "q4_0_cols", "q4_k_cols"};
   return names[t];
 }
 
@@ -136,7 +136,9 @@ void BM_MatVec(benchmark::State& state) {
               65536, 2048, static_cast<int>(state.range(1)), 1);
 }
 BENCHMARK(BM_MatVec)->ArgsProduct({{0, 1, 2, 3, 4, 5, 6, 7}, {1, 2}, {0}, {1, 4}})->UseRealTime();
-BENCHMARK(BM_MatVec)->ArgsProduct({{3, 4, 5, 6, 7, 8, 9}, {1, 2}, {1, 2}, {1, 4}})->UseRealTime();
+BENCHMARK(BM_MatVec)
+    ->ArgsProduct({{3, 4, 5, 6, 7, 8, 9, 10}, {1, 2}, {1, 2}, {1, 4}})
+    ->UseRealTime();
 
 // The default decode route (int8x2) of one row from DRAM at the two widths
 // of a Llama layer: K = 2048 (q, k, v, o, gate, up) and K = 8192 (down),
@@ -146,7 +148,7 @@ void BM_DecodeK(benchmark::State& state) {
   TimeProduct(state, static_cast<int>(state.range(0)), ActRoute::kInt8x2, 1, (int64_t{1} << 27) / K,
               K, static_cast<int>(state.range(1)), 3);
 }
-BENCHMARK(BM_DecodeK)->ArgsProduct({{3, 4, 5, 6, 8, 9}, {1, 2}, {2048, 8192}})->UseRealTime();
+BENCHMARK(BM_DecodeK)->ArgsProduct({{3, 4, 5, 6, 8, 9, 10}, {1, 2}, {2048, 8192}})->UseRealTime();
 
 // Prefill / batched decode: Y[M, N] = X[M, K] W^T; K 2048 (q/o/gate/up) or 8192 (down).
 // range(4): 0 exact, 1 int8, 2 bf16, 3 int8x2.
@@ -164,7 +166,7 @@ BENCHMARK(BM_MatMul)->ArgsProduct({{3, 4}, {4, 8}, {1, 2}, {2048, 8192}, {1}})->
 // the last-level cache here (not DRAM), so this times the kernel: its compute
 // and its activation traffic (K = 8192 records outgrow L1 at 4 rows).
 BENCHMARK(BM_MatMul)
-    ->ArgsProduct({{3, 4, 5, 6, 7, 8, 9}, {1, 4}, {1, 2}, {2048, 8192}, {3}})
+    ->ArgsProduct({{3, 4, 5, 6, 7, 8, 9, 10}, {1, 4}, {1, 2}, {2048, 8192}, {3}})
     ->UseRealTime();
 // The same kernels with the weights in L2 (256 rows, at most 0.55 MB at
 // K = 2048): their compute ceiling at one row and at a batch step's four.
@@ -172,7 +174,7 @@ void BM_MatMulL2(benchmark::State& state) {
   TimeProduct(state, static_cast<int>(state.range(0)), ActRoute::kInt8x2, state.range(1), 256, 2048,
               1, 2);
 }
-BENCHMARK(BM_MatMulL2)->ArgsProduct({{3, 4, 5, 6, 7, 8, 9}, {1, 2, 4}})->UseRealTime();
+BENCHMARK(BM_MatMulL2)->ArgsProduct({{3, 4, 5, 6, 7, 8, 9, 10}, {1, 2, 4}})->UseRealTime();
 // The bf16 prefill route (matmul_bf16.h) beside the exact M=256 rows above.
 BENCHMARK(BM_MatMul)
     ->ArgsProduct({{0, 1, 2, 3, 4, 5, 6, 7}, {256}, {1, 2}, {2048}, {2}})
@@ -180,7 +182,9 @@ BENCHMARK(BM_MatMul)
 // The bf16 route at a prefill chunk's rows (128) and near the smallest it
 // takes: on an AMX machine these run the tiles (matmul_bf16_amx.h); the same
 // run with LUMEN_NO_AMX=1 gives the AVX512-BF16 kernel beside them.
-BENCHMARK(BM_MatMul)->ArgsProduct({{3, 4}, {5, 16, 128}, {1}, {2048, 8192}, {2}})->UseRealTime();
+BENCHMARK(BM_MatMul)
+    ->ArgsProduct({{3, 4, 5, 9, 10}, {5, 16, 128}, {1}, {2048, 8192}, {2}})
+    ->UseRealTime();
 
 // Every row of the ring and the query ~ U(-1, 1).
 void FillRandom(const KvRing& ring, int64_t row, std::vector<float>& q) {

@@ -1,6 +1,7 @@
 #include "lumen/core/repack.h"
 
 #include <algorithm>
+#include <cstddef>
 #include <cstring>
 
 #include "lumen/core/check.h"
@@ -9,12 +10,21 @@
 namespace lumen {
 namespace {
 
-// Where a plain block's fields are (-1: none), and its size.
+// Where a plain block's fields are (-1: none), its size and elements.
+// K-quants: qs and qh of a super-block, m the scales.
 struct Plain {
   int64_t bytes, qs, qh, m;
+  int64_t elems = kQK;
+  bool super() const { return elems == kQKK; }
+  int64_t per_group() const { return kColsElems / elems; }  // 16 blocks, 2 super-blocks
 };
 Plain PlainFields(DType t) {
   switch (t) {
+    case DType::kQ4_K:
+      return {sizeof(BlockQ4K), offsetof(BlockQ4K, qs), -1, offsetof(BlockQ4K, scales), kQKK};
+    case DType::kQ5_K:
+      return {sizeof(BlockQ5K), offsetof(BlockQ5K, qs), offsetof(BlockQ5K, qh),
+              offsetof(BlockQ5K, scales), kQKK};
     case DType::kQ4_0:
       return {sizeof(BlockQ4_0), 2, -1, -1};
     case DType::kQ4_1:
@@ -35,11 +45,64 @@ uint64_t LoadU64(const uint8_t* p) {
   return v;
 }
 
+// The 5-bit code of element e (0..255) of a Q4_K / Q5_K super-block, and
+// its inverse.
+int SuperCode(const Plain& p, const uint8_t* blk, int e) {
+  const int j = e / 32, l = e % 32;
+  int q = (blk[p.qs + 32 * (j / 2) + l] >> (4 * (j % 2))) & 15;
+  if (p.qh >= 0) q |= ((blk[p.qh + l] >> j) & 1) << 4;
+  return q;
+}
+void SetSuperCode(const Plain& p, uint8_t* blk, int e, int q) {
+  const int j = e / 32, l = e % 32;
+  blk[p.qs + 32 * (j / 2) + l] |= static_cast<uint8_t>((q & 15) << (4 * (j % 2)));
+  if (p.qh >= 0) blk[p.qh + l] |= static_cast<uint8_t>(((q >> 4) & 1) << j);
+}
+
+// Two super-blocks (at sb) as a group at grp (which may be where they were).
+void RepackSuperPair(const Plain& p, const uint8_t* sb, uint8_t* grp) {
+  uint8_t src[2 * sizeof(BlockQ5K)];
+  std::memcpy(src, sb, 2 * p.bytes);
+  const ColsFields f = ColsFieldsAt(p.qh >= 0 ? DType::kQ5_K : DType::kQ4_K, grp);
+  std::memset(grp + f.codes, 0, 256);
+  uint64_t masks[8] = {};
+  for (int64_t l = 0; l < kColsBlocks; ++l) {
+    const uint8_t* blk = src + l / 8 * p.bytes;
+    for (int j = 0; j < kQK; ++j) {
+      const int q = SuperCode(p, blk, static_cast<int>(32 * (l % 8) + j));
+      const int byte = j % 16;
+      grp[f.codes + 64 * (byte / 4) + 4 * l + byte % 4] |=
+          static_cast<uint8_t>((q & 15) << (4 * (j / 16)));
+      masks[j / 4] |= uint64_t((q >> 4) & 1) << (4 * l + j % 4);
+    }
+  }
+  if (f.high >= 0) std::memcpy(grp + f.high, masks, sizeof(masks));
+  for (int s = 0; s < 2; ++s) {
+    std::memcpy(grp + f.scales + 12 * s, src + s * p.bytes + p.m, 12);
+    std::memcpy(grp + f.d + 4 * s, src + s * p.bytes, 4);  // d, dmin
+  }
+}
+
+void UnpackSuperPair(const Plain& p, const uint8_t* grp, uint8_t* blocks) {
+  const ColsFields f = ColsFieldsAt(p.qh >= 0 ? DType::kQ5_K : DType::kQ4_K, grp);
+  std::memset(blocks, 0, 2 * p.bytes);
+  for (int s = 0; s < 2; ++s) {
+    std::memcpy(blocks + s * p.bytes + p.m, grp + f.scales + 12 * s, 12);
+    std::memcpy(blocks + s * p.bytes, grp + f.d + 4 * s, 4);
+  }
+  for (int64_t l = 0; l < kColsBlocks; ++l)
+    for (int j = 0; j < kQK; ++j) {
+      const int byte = j % 16;
+      int q = (grp[f.codes + 64 * (byte / 4) + 4 * l + byte % 4] >> (4 * (j / 16))) & 15;
+      if (f.high >= 0)
+        q |= static_cast<int>((LoadU64(grp + f.high + 8 * (j / 4)) >> (4 * l + j % 4)) & 1) << 4;
+      SetSuperCode(p, blocks + l / 8 * p.bytes, static_cast<int>(32 * (l % 8) + j), q);
+    }
+}
+
 }  // namespace
 
-bool HasColumnGroups(DType t) {
-  return t == DType::kQ4_0 || t == DType::kQ4_1 || t == DType::kQ5_0 || t == DType::kQ5_1;
-}
+bool HasColumnGroups(DType t) { return ColumnGroupsOf(t) != t; }
 
 DType ColumnGroupsOf(DType t) {
   switch (t) {
@@ -51,6 +114,10 @@ DType ColumnGroupsOf(DType t) {
       return DType::kQ5_0Cols;
     case DType::kQ5_1:
       return DType::kQ5_1Cols;
+    case DType::kQ4_K:
+      return DType::kQ4_KCols;
+    case DType::kQ5_K:
+      return DType::kQ5_KCols;
     default:
       return t;
   }
@@ -66,26 +133,23 @@ DType PlainOf(DType t) {
       return DType::kQ5_0;
     case DType::kQ5_1Cols:
       return DType::kQ5_1;
+    case DType::kQ4_KCols:
+      return DType::kQ4_K;
+    case DType::kQ5_KCols:
+      return DType::kQ5_K;
     default:
       return t;
   }
 }
 
-ColsFields ColsFieldsAt(DType plain, const void* group) {
-  const Plain p = PlainFields(plain);
-  const bool d_first = (reinterpret_cast<uintptr_t>(group) & 63) == 32;
-  const int64_t high = p.qh >= 0 ? 64 : 0;
-  ColsFields f;
-  f.codes = d_first ? 32 : 0;
-  f.high = high ? f.codes + 256 : -1;
-  f.d = d_first ? 0 : 256 + high;
-  f.m = p.m >= 0 ? 288 + high : -1;
-  return f;
-}
-
 void RepackColumnGroups(DType plain, uint8_t* row, int64_t K) {
-  LUMEN_CHECK(K % kQK == 0);
   const Plain p = PlainFields(plain);
+  LUMEN_CHECK(K % p.elems == 0);
+  if (p.super()) {
+    for (int64_t g = 0; g < K / kColsElems; ++g)
+      RepackSuperPair(p, row + 2 * g * p.bytes, row + 2 * g * p.bytes);
+    return;
+  }
   uint8_t blocks[kColsBlocks * sizeof(BlockQ5_1)];
   for (int64_t g = 0; g < K / kColsElems; ++g) {
     uint8_t* grp = row + g * kColsBlocks * p.bytes;
@@ -109,6 +173,7 @@ void RepackColumnGroups(DType plain, uint8_t* row, int64_t K) {
 
 void UnpackColumnGroup(DType plain, const uint8_t* g, uint8_t* blocks) {
   const Plain p = PlainFields(plain);
+  if (p.super()) return UnpackSuperPair(p, g, blocks);
   const ColsFields f = ColsFieldsAt(plain, g);
   for (int64_t l = 0; l < kColsBlocks; ++l) {
     uint8_t* blk = blocks + l * p.bytes;
@@ -125,20 +190,22 @@ void UnpackColumnGroup(DType plain, const uint8_t* g, uint8_t* blocks) {
 
 void DequantizeColumnGroups(DType plain, const uint8_t* row, int64_t K, int64_t k0, int64_t k1,
                             float* dst) {
-  LUMEN_CHECK(K % kQK == 0 && k0 % kQK == 0 && 0 <= k0 && k0 <= k1 && k1 <= K &&
-              (k1 % kQK == 0 || k1 == K));
-  const int64_t bb = PlainFields(plain).bytes;
+  const Plain p = PlainFields(plain);
+  const int64_t be = p.elems, bb = p.bytes;
+  LUMEN_CHECK(K % be == 0 && k0 % be == 0 && 0 <= k0 && k0 <= k1 && k1 <= K &&
+              (k1 % be == 0 || k1 == K));
   const int64_t end = K / kColsElems * kColsElems;  // where the plain blocks start
   uint8_t blocks[kColsBlocks * sizeof(BlockQ5_1)];
+  static_assert(sizeof(blocks) >= 2 * sizeof(BlockQ5K));
   int64_t i = k0;
   while (i < std::min(k1, end)) {
     const int64_t g = i / kColsElems * kColsElems;
     const int64_t e = std::min(k1, g + kColsElems);
-    UnpackColumnGroup(plain, row + g / kQK * bb, blocks);
-    DequantizeRow(plain, blocks + (i - g) / kQK * bb, dst + (i - k0), e - i);
+    UnpackColumnGroup(plain, row + g / be * bb, blocks);
+    DequantizeRow(plain, blocks + (i - g) / be * bb, dst + (i - k0), e - i);
     i = e;
   }
-  if (i < k1) DequantizeRow(plain, row + i / kQK * bb, dst + (i - k0), k1 - i);
+  if (i < k1) DequantizeRow(plain, row + i / be * bb, dst + (i - k0), k1 - i);
 }
 
 }  // namespace lumen

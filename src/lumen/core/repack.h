@@ -1,24 +1,29 @@
-// The legacy 32-element formats repacked at load for the int8 decode kernels
-// (DType::kQ4_0Cols, kQ4_1Cols, kQ5_0Cols, kQ5_1Cols: "column groups").
+// The 4- and 5-bit formats repacked at load for the int8 decode kernels
+// (DType::kQ4_0Cols .. kQ5_1Cols, kQ4_KCols, kQ5_KCols: "column groups").
 //
-// A row keeps its size. Its first nb / 16 * 16 blocks become groups of 16
-// blocks (512 elements, 16 block sizes: 288, 320, 352 or 384 bytes); the
-// blocks after the last group stay in the plain format, at the same offsets
-// as before. A group holds its 16 blocks' fields as arrays:
-//   codes  4 columns of 64 bytes: byte 4 l + i of column c is byte 4 c + i of
-//          block l's qs (low nibble: element 4 c + i, high: 16 + 4 c + i);
+// A row keeps its size. Its first K / 512 * 512 elements become groups of
+// 512 (16 legacy blocks, or two K-quant super-blocks: 16 sub-blocks of 32);
+// what follows the last group (legacy blocks, one super-block) stays in the
+// plain format, at the same offsets as before. A group holds the fields of
+// its 16 blocks (sub-blocks) as arrays:
+//   codes  4 columns of 64 bytes: byte 4 l + i of column c holds the codes of
+//          elements 4 c + i (low nibble) and 16 + 4 c + i (high nibble) of
+//          block l (for a legacy block: byte 4 c + i of its qs);
 //   high   (Q5_*) 8 little-endian 64-bit masks: bit 4 l + i of mask w is the
 //          5th bit of element 4 w + i of block l (masks 0-3 the low nibbles'
 //          elements of columns 0-3, masks 4-7 the high nibbles');
-//   d, m   16 f16 each (m: Q4_1, Q5_1), block l at 2 l.
+//   legacy: d, m  16 f16 each (m: Q4_1, Q5_1), block l at 2 l;
+//   K-quants: meta, 32 bytes: the 12 scale bytes of super-block 0, those of
+//          super-block 1, then d0, dmin0, d1, dmin1 (f16): sub-block l is
+//          sub-block l % 8 of super-block l / 8.
 // Each 32-bit lane of a column holds one block, so the int8 kernel pays its
 // per-lane work once per 512 weights with no shuffles, and the masks feed
 // its masked adds as they are (kernels/matmul_q8.cc). Order: codes, high,
-// d, m; but d first where the group starts 32 bytes past a 64-byte line, so
-// that in rows on 32-byte boundaries (GGUF's default alignment) the codes
-// and masks are whole cache lines. The layout depends on the address:
-// repacked bytes are only valid where they were repacked, and are never
-// copied or written to a file.
+// then d, m (meta); but d (meta) first where the group starts 32 bytes past a
+// 64-byte line, so that in rows on 32-byte boundaries (GGUF's default
+// alignment) the codes and masks are whole cache lines. The layout depends on
+// the address: repacked bytes are only valid where they were repacked, and
+// are never copied or written to a file.
 #pragma once
 
 #include <cstdint>
@@ -27,33 +32,55 @@
 
 namespace lumen {
 
-inline constexpr int64_t kColsBlocks = 16;      // blocks per group
+inline constexpr int64_t kColsBlocks = 16;      // blocks (sub-blocks) per group
 inline constexpr int64_t kColsElems = 16 * 32;  // elements per group
 
-// Whether `plain` has a column-group form (Q4_0, Q4_1, Q5_0, Q5_1), and it:
-// kQ4_0 -> kQ4_0Cols ... kQ5_1 -> kQ5_1Cols; any other type maps to itself.
+// Whether `plain` has a column-group form (Q4_0, Q4_1, Q5_0, Q5_1, Q4_K,
+// Q5_K), and it: kQ4_0 -> kQ4_0Cols ... kQ5_K -> kQ5_KCols; any other type
+// maps to itself.
 bool HasColumnGroups(DType plain);
 DType ColumnGroupsOf(DType plain);
 // The plain format of a column-group type, else t itself.
 DType PlainOf(DType t);
 inline bool IsColumnGroups(DType t) { return PlainOf(t) != t; }
 
-// Byte offsets of a group's fields (-1: the format has none).
+// Byte offsets of a group's fields (-1: the format has none). K-quants:
+// scales is the meta field, d its d0, dmin0, d1, dmin1.
 struct ColsFields {
-  int64_t codes, high, d, m;
+  int64_t codes, high, d, m, scales;
 };
-ColsFields ColsFieldsAt(DType plain, const void* group);
+// Inline: the kernels take it per group, and a call there would spill
+// every vector register (all are caller-saved).
+inline ColsFields ColsFieldsAt(DType plain, const void* group) {
+  const bool d_first = (reinterpret_cast<uintptr_t>(group) & 63) == 32;
+  const bool super = plain == DType::kQ4_K || plain == DType::kQ5_K;
+  const bool high = plain == DType::kQ5_0 || plain == DType::kQ5_1 || plain == DType::kQ5_K;
+  const bool min = plain == DType::kQ4_1 || plain == DType::kQ5_1;
+  const int64_t h = high ? 64 : 0;
+  ColsFields f;
+  f.codes = d_first ? 32 : 0;
+  f.high = high ? f.codes + 256 : -1;
+  f.d = d_first ? 0 : 256 + h;
+  f.m = min ? 288 + h : -1;
+  f.scales = -1;
+  if (super) {  // the meta field where a legacy group has d
+    f.scales = f.d;
+    f.d += 24;
+  }
+  return f;
+}
 
-// A row of K elements (K % 32 == 0) of `plain` rewritten in place as its
-// column groups.
+// A row of K elements (a whole number of blocks) of `plain` rewritten in
+// place as its column groups.
 void RepackColumnGroups(DType plain, uint8_t* row, int64_t K);
 
-// The 16 plain blocks of the group at g.
+// The plain blocks of the group at g (16 legacy blocks, 2 super-blocks).
 void UnpackColumnGroup(DType plain, const uint8_t* g, uint8_t* blocks);
 
 // dst[0..k1 - k0) = elements [k0, k1) of the column-group row of K elements
-// at row (k0 a multiple of 32; k1 too, or K): the values DequantizeRow(plain,
-// ...) gives for the row before it was repacked, bit for bit.
+// at row (k0 a multiple of the plain block; k1 too, or K): the values
+// DequantizeRow(plain, ...) gives for the row before it was repacked, bit for
+// bit.
 void DequantizeColumnGroups(DType plain, const uint8_t* row, int64_t K, int64_t k0, int64_t k1,
                             float* dst);
 

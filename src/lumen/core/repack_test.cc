@@ -1,7 +1,7 @@
 // Column groups (repack.h): repacking in place keeps every value of Q4_0,
-// Q4_1, Q5_0 and Q5_1 rows at any row address, for whole rows and any
-// block-aligned range; the codes and masks of rows on 32-byte boundaries are
-// whole cache lines; the fields sit where the header says.
+// Q4_1, Q5_0, Q5_1, Q4_K and Q5_K rows at any row address, for whole rows
+// and any block-aligned range; the codes and masks of rows on 32-byte
+// boundaries are whole cache lines; the fields sit where the header says.
 #include "lumen/core/repack.h"
 
 #include <gtest/gtest.h>
@@ -16,7 +16,9 @@
 namespace lumen {
 namespace {
 
-constexpr DType kPlain[] = {DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1};
+constexpr DType kLegacy[] = {DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1};
+constexpr DType kPlain[] = {DType::kQ4_0, DType::kQ4_1, DType::kQ5_0,
+                            DType::kQ5_1, DType::kQ4_K, DType::kQ5_K};
 
 TEST(ColumnGroups, KeepEveryValueAtEveryAddress) {
   std::mt19937 rng(5);
@@ -24,12 +26,16 @@ TEST(ColumnGroups, KeepEveryValueAtEveryAddress) {
   for (DType t : kPlain) {
     EXPECT_EQ(t, PlainOf(ColumnGroupsOf(t)));
     EXPECT_TRUE(IsColumnGroups(ColumnGroupsOf(t)));
-    const int64_t bb = Info(t).block_bytes, gb = kColsBlocks * bb;
-    // No group, one, one with quads after it, several with a pair and a half.
-    for (int64_t K : {96, 512, 544, 1248, 2048, 4160}) {
+    const int64_t be = Info(t).block_elems, bb = Info(t).block_bytes;
+    const int64_t gb = kColsElems / be * bb;
+    // Legacy: no group, one, one with quads after it, several with a pair
+    // and a half. K-quants: no group, one, one and a super-block, several.
+    const std::vector<int64_t> Ks = be == kQK ? std::vector<int64_t>{96, 512, 544, 1248, 2048, 4160}
+                                              : std::vector<int64_t>{256, 512, 768, 2048, 2816};
+    for (int64_t K : Ks) {
       std::vector<float> x(K), want(K), got(K);
       for (float& v : x) v = nd(rng);
-      const int64_t rb = K / kQK * bb;
+      const int64_t rb = K / be * bb;
       std::vector<uint8_t> plain(rb);
       QuantizeRow(t, x.data(), plain.data(), K);
       DequantizeRow(t, plain.data(), want.data(), K);
@@ -62,7 +68,7 @@ TEST(ColumnGroups, KeepEveryValueAtEveryAddress) {
         DequantizeRow(ColumnGroupsOf(t), row, got.data(), K);
         ASSERT_EQ(0, std::memcmp(want.data(), got.data(), K * 4));
         for (int i = 0; i < 8; ++i) {
-          int64_t k0 = rng() % (K / kQK + 1) * kQK, k1 = rng() % (K / kQK + 1) * kQK;
+          int64_t k0 = rng() % (K / be + 1) * be, k1 = rng() % (K / be + 1) * be;
           if (k0 > k1) std::swap(k0, k1);
           std::vector<float> part(k1 - k0 + 1, -1.0f);
           DequantizeColumnGroups(t, row, K, k0, k1, part.data());
@@ -80,7 +86,7 @@ TEST(ColumnGroups, KeepEveryValueAtEveryAddress) {
 // masks, or d first 32 bytes past a line.
 TEST(ColumnGroups, FieldsHoldOneBlockPerLane) {
   alignas(64) uint8_t buf[64 + 16 * sizeof(BlockQ5_1)];
-  for (DType t : kPlain)
+  for (DType t : kLegacy)
     for (int off : {0, 32}) {
       SCOPED_TRACE(testing::Message() << Name(t) << " offset " << off);
       const int64_t bb = Info(t).block_bytes;
@@ -124,6 +130,65 @@ TEST(ColumnGroups, FieldsHoldOneBlockPerLane) {
           EXPECT_EQ((j + l) % 3 == 0, (mask >> (4 * l + j % 4)) & 1) << "block " << l << " j " << j;
         }
       }
+    }
+}
+
+// K-quants: lane l is sub-block l % 8 of super-block l / 8, its codes in
+// the legacy columns (low nibble element 4 c + i, high 16 + 4 c + i), the
+// 5th bits in the legacy masks, then [scales 0 | scales 1 | d0 dmin0 d1 dmin1]
+// (the meta field where a legacy group has d).
+TEST(ColumnGroups, SuperBlocksHoldOneSubBlockPerLane) {
+  alignas(64) uint8_t buf[64 + 2 * sizeof(BlockQ5K)];
+  for (DType t : {DType::kQ4_K, DType::kQ5_K})
+    for (int off : {0, 32}) {
+      SCOPED_TRACE(testing::Message() << Name(t) << " offset " << off);
+      const bool five = t == DType::kQ5_K;
+      const int64_t bb = Info(t).block_bytes, qs = five ? 48 : 16;
+      // Code of element e of super-block s: (7 e + 3 s) % 16, plus 16 where
+      // (e + s) % 5 == 0 (Q5_K).
+      auto code = [&](int s, int e) {
+        return (7 * e + 3 * s) % 16 + (five && (e + s) % 5 == 0 ? 16 : 0);
+      };
+      uint8_t* row = buf + off;
+      std::memset(row, 0, 2 * bb);
+      for (int s = 0; s < 2; ++s) {
+        uint8_t* blk = row + s * bb;
+        blk[0] = static_cast<uint8_t>(10 + s);  // d
+        blk[1] = 0x3C;
+        blk[2] = static_cast<uint8_t>(20 + s);  // dmin
+        blk[3] = 0x3D;
+        for (int i = 0; i < 12; ++i) blk[4 + i] = static_cast<uint8_t>(40 * s + i);
+        for (int e = 0; e < 256; ++e) {  // GGUF: element 64 k + 32 h + l, nibble h of qs[32 k + l]
+          blk[qs + 32 * (e / 64) + e % 32] |=
+              static_cast<uint8_t>((code(s, e) & 15) << (4 * ((e / 32) % 2)));
+          if (five) blk[16 + e % 32] |= static_cast<uint8_t>((code(s, e) >> 4) << (e / 32));
+        }
+      }
+      RepackColumnGroups(t, row, kColsElems);
+      const ColsFields f = ColsFieldsAt(t, row);
+      EXPECT_EQ(off == 32 ? 32 : 0, f.codes);
+      EXPECT_EQ(five ? f.codes + 256 : -1, f.high);
+      EXPECT_EQ(off == 32 ? 0 : 256 + (five ? 64 : 0), f.scales);
+      EXPECT_EQ(f.scales + 24, f.d);
+      EXPECT_EQ(-1, f.m);
+      for (int s = 0; s < 2; ++s) {
+        for (int i = 0; i < 12; ++i) EXPECT_EQ(40 * s + i, row[f.scales + 12 * s + i]);
+        EXPECT_EQ(10 + s, row[f.d + 4 * s]);
+        EXPECT_EQ(0x3C, row[f.d + 4 * s + 1]);
+        EXPECT_EQ(20 + s, row[f.d + 4 * s + 2]);
+        EXPECT_EQ(0x3D, row[f.d + 4 * s + 3]);
+      }
+      for (int l = 0; l < 16; ++l)
+        for (int j = 0; j < 32; ++j) {
+          const int want = code(l / 8, 32 * (l % 8) + j);
+          const uint8_t byte = row[f.codes + 64 * ((j % 16) / 4) + 4 * l + j % 4];
+          EXPECT_EQ(want & 15, (byte >> (4 * (j / 16))) & 15) << "lane " << l << " j " << j;
+          if (five) {
+            uint64_t mask;
+            std::memcpy(&mask, row + f.high + 8 * (j / 4), 8);
+            EXPECT_EQ(want >> 4, (mask >> (4 * l + j % 4)) & 1) << "lane " << l << " j " << j;
+          }
+        }
     }
 }
 

@@ -1,4 +1,4 @@
-// The legacy formats' matrices repacked at load into column groups
+// The 4- and 5-bit formats' matrices repacked at load into column groups
 // (core/repack.h, Model::Finish): only for an int8 route in a copied file,
 // every matrix the forward reads (the tied embedding table too), and the
 // logits those of the same file mapped, where nothing is repacked, up to the
@@ -52,16 +52,19 @@ TEST(RepackLoad, ColumnGroupsOnlyForInt8RoutesInCopiedFilesWithTheMappedLogits) 
   if (!kernels::CpuHasVnni()) GTEST_SKIP() << "no AVX512-VNNI: the int8 routes do not run";
   const fs::path dir = fs::temp_directory_path() / ("lumen_repack_" + std::to_string(::getpid()));
   fs::create_directories(dir);
-  for (DType t : {DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1}) {
+  for (DType t :
+       {DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1, DType::kQ4_K, DType::kQ5_K}) {
     SCOPED_TRACE(std::string(Name(t)));
     const std::string path = (dir / (std::string(Name(t)) + ".gguf")).string();
     SynthOptions so;
     so.name = "tiny-llama";
     so.out = path;
     so.dtype = t;
-    // K = 640: a group and a quad; 1120: two groups, a pair and a half block.
-    so.dim = 640;
-    so.ffn = 1120;
+    // Legacy, K = 640: a group and a quad; 1120: two groups, a pair and a
+    // half block. K-quants, 768: a group and a super-block; 1280: two and one.
+    const bool super = Info(t).block_elems == 256;
+    so.dim = super ? 768 : 640;
+    so.ffn = super ? 1280 : 1120;
     so.heads = 4;
     so.kv_heads = 2;
     ASSERT_TRUE(Synthesize(so).ok());

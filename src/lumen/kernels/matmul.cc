@@ -206,7 +206,7 @@ HWY_INLINE void DecodeAffineLegacy(const uint8_t* row, int64_t K, Sink& sink) {
 // position and chain is the one of the row before it was repacked, so the
 // exact products are that row's bits. On 16-lane AVX-512 vectors the four
 // columns are transposed in registers (a 4 x 4 dword transpose per 128-bit
-// block: block 4 k + j of the group is block k of u[j]), and a Q5 block's
+// block: block 4 k + j of the group is 128-bit block k of u[j]), and a Q5 block's
 // 5th bits are shifted out of the masks lane by lane; otherwise each group is unpacked to
 // its 16 plain blocks first (stores a 16-byte load cannot forward from:
 // that way the 512-token prefill decoded Q4_0 columns 6% slower, Q5_0 40%). K must end on a group
@@ -254,42 +254,39 @@ HWY_INLINE void DecodeColumnGroups(const uint8_t* row, int64_t K, Sink& sink) {
               _mm512_add_epi32(_mm512_slli_epi32(e4, 1), _mm512_set1_epi32(8 * (i / 2) + i % 2)),
               mk);
       }
-      auto blocks = [&]<int k>(std::integral_constant<int, k>) HWY_ATTR {
-        for (int j = 0; j < 4; ++j) {
-          const int64_t b = 4 * k + j;
-          const hn::Vec<DI> q{_mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32(u[j], k))};
-          const auto s = hn::Set(d, LoadF16(g + f.d + 2 * b));
-          auto lo = hn::And(q, k15), hi = hn::ShiftRight<4>(q);
-          if constexpr (kQh) {  // bit 4 b + e % 4 of the mask, as DecodeLegacy's 16
-            const __m512i sh = _mm512_add_epi32(e3, _mm512_set1_epi32(4 * (b % 8)));
-            const __m512i one = _mm512_set1_epi32(1);
-            const __m512i l5 = _mm512_and_si512(_mm512_srlv_epi32(hb[b / 8], sh), one);
-            const __m512i h5 = _mm512_and_si512(_mm512_srlv_epi32(hb[2 + b / 8], sh), one);
-            lo = hn::Or(lo, hn::Vec<DI>{_mm512_slli_epi32(l5, 4)});
-            hi = hn::Or(hi, hn::Vec<DI>{_mm512_slli_epi32(h5, 4)});
-          }
-          VF wl, wh;  // DecodeSymmetricLegacy's and DecodeAffineLegacy's arithmetic
-          if constexpr (kMin) {
-            const auto m = hn::Set(d, LoadF16(g + f.m + 2 * b));
-            wl = hn::MulAdd(hn::ConvertTo(d, lo), s, m);
-            wh = hn::MulAdd(hn::ConvertTo(d, hi), s, m);
-          } else {
-            wl = hn::Mul(hn::ConvertTo(d, hn::Sub(lo, zero)), s);
-            wh = hn::Mul(hn::ConvertTo(d, hn::Sub(hi, zero)), s);
-          }
-          if (j % 2 == 0) {  // DecodeLegacy's chains: even blocks P0, P1, odd P2, P3
-            shifted(kQK * b, wl, P0{});
-            shifted(kQK * b + 16, wh, P1{});
-          } else {
-            shifted(kQK * b, wl, P2{});
-            shifted(kQK * b + 16, wh, P3{});
-          }
+      // Through a stack copy, so that block b is one widening load (the
+      // per-k lambdas this replaces were not inlined, and spilled).
+      alignas(64) uint8_t qs[4][64];
+      for (int j = 0; j < 4; ++j) _mm512_store_si512(qs[j], u[j]);
+      auto block = [&](int b, auto pa, auto pb) HWY_ATTR {
+        const hn::Vec<DI> q{_mm512_cvtepu8_epi32(
+            _mm_load_si128(reinterpret_cast<const __m128i*>(qs[b % 4] + 16 * (b / 4))))};
+        const auto s = hn::Set(d, LoadF16(g + f.d + 2 * b));
+        auto lo = hn::And(q, k15), hi = hn::ShiftRight<4>(q);
+        if constexpr (kQh) {  // bit 4 b + e % 4 of the mask, as DecodeLegacy's 16
+          const __m512i sh = _mm512_add_epi32(e3, _mm512_set1_epi32(4 * (b % 8)));
+          const __m512i one = _mm512_set1_epi32(1);
+          const __m512i l5 = _mm512_and_si512(_mm512_srlv_epi32(hb[b / 8], sh), one);
+          const __m512i h5 = _mm512_and_si512(_mm512_srlv_epi32(hb[2 + b / 8], sh), one);
+          lo = hn::Or(lo, hn::Vec<DI>{_mm512_slli_epi32(l5, 4)});
+          hi = hn::Or(hi, hn::Vec<DI>{_mm512_slli_epi32(h5, 4)});
         }
+        VF wl, wh;  // DecodeSymmetricLegacy's and DecodeAffineLegacy's arithmetic
+        if constexpr (kMin) {
+          const auto m = hn::Set(d, LoadF16(g + f.m + 2 * b));
+          wl = hn::MulAdd(hn::ConvertTo(d, lo), s, m);
+          wh = hn::MulAdd(hn::ConvertTo(d, hi), s, m);
+        } else {
+          wl = hn::Mul(hn::ConvertTo(d, hn::Sub(lo, zero)), s);
+          wh = hn::Mul(hn::ConvertTo(d, hn::Sub(hi, zero)), s);
+        }
+        shifted(kQK * b, wl, pa);
+        shifted(kQK * b + 16, wh, pb);
       };
-      blocks(std::integral_constant<int, 0>{});
-      blocks(std::integral_constant<int, 1>{});
-      blocks(std::integral_constant<int, 2>{});
-      blocks(std::integral_constant<int, 3>{});
+      for (int b = 0; b < 16; b += 2) {  // DecodeLegacy's chains: even blocks P0, P1, odd P2, P3
+        block(b, P0{}, P1{});
+        block(b + 1, P2{}, P3{});
+      }
     }
   }
 #endif
@@ -341,6 +338,106 @@ HWY_INLINE void DecodeQ4K5K(const uint8_t* row, int64_t K, Sink& sink) {
     sub(2, P0{}, P1{});
     sub(3, P2{}, P3{});
   }
+}
+
+// Q4_K / Q5_K column groups (core/repack.h): as DecodeColumnGroups, every
+// value, position and chain is the one of the row before it was repacked
+// (DecodeQ4K5K: sub-block 8 s + t feeds chain P0 / P1 / P2 / P3 for t % 4
+// = 0 / 1 / 2 / 3, elements 0-15 then 16-31), so the exact products are that
+// row's bits. On 16-lane AVX-512 vectors the columns are transposed in
+// registers (sub-block 4 k + j is 128-bit block k of u[j], the legacy
+// block's qs); otherwise each group is unpacked to its two super-blocks.
+template <bool kQ5, class Sink>
+HWY_INLINE void DecodeSuperColumnGroups(const uint8_t* row, int64_t K, Sink& sink) {
+  using Block = std::conditional_t<kQ5, BlockQ5K, BlockQ4K>;
+  constexpr DType kPlain = kQ5 ? DType::kQ5_K : DType::kQ4_K;
+  int64_t at = 0;
+  auto shifted = [&](int64_t k, auto v, auto p) HWY_ATTR { sink(at + k, v, p); };
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+  if constexpr (hn::MaxLanes(DF()) == 16) {
+    const DF d;
+    const DI di;
+    const auto k15 = hn::Set(di, 15);
+    const __m512i lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512i e3 = _mm512_and_si512(lanes, _mm512_set1_epi32(3));
+    for (; at + kColsElems <= K; at += kColsElems) {
+      const uint8_t* g = row + at / kQKK * sizeof(Block);
+      const ColsFields f = ColsFieldsAt(kPlain, g);
+      __m512i c[4];
+      for (int j = 0; j < 4; ++j) c[j] = _mm512_loadu_si512(g + f.codes + 64 * j);
+      const __m512i t0 = _mm512_unpacklo_epi32(c[0], c[1]), t1 = _mm512_unpacklo_epi32(c[2], c[3]);
+      const __m512i t2 = _mm512_unpackhi_epi32(c[0], c[1]), t3 = _mm512_unpackhi_epi32(c[2], c[3]);
+      const __m512i u[4] = {_mm512_unpacklo_epi64(t0, t1), _mm512_unpackhi_epi64(t0, t1),
+                            _mm512_unpacklo_epi64(t2, t3), _mm512_unpackhi_epi64(t2, t3)};
+      __m512i hb[4];  // as DecodeColumnGroups: lane e of hb[2 s + h], the masks' bits 32 h ..
+      if constexpr (kQ5) {
+        const __m512i mk = _mm512_loadu_si512(g + f.high), e4 = _mm512_srli_epi32(lanes, 2);
+        for (int i = 0; i < 4; ++i)
+          hb[i] = _mm512_permutexvar_epi32(
+              _mm512_add_epi32(_mm512_slli_epi32(e4, 1), _mm512_set1_epi32(8 * (i / 2) + i % 2)),
+              mk);
+      }
+      // The transposed columns through a stack copy, so that sub-block b is
+      // one widening load (a runtime extract index needs memory anyway).
+      alignas(64) uint8_t qs[4][64];
+      for (int j = 0; j < 4; ++j) _mm512_store_si512(qs[j], u[j]);
+      // DecodeQ4K5K's factors, d sc and -(dmin m), per sub-block: the 6-bit
+      // fields of both super-blocks unpacked as 32-bit words (ScalesMinsQ4K
+      // in matmul_q8.cc), lanes 0-7 sc, 8-15 m, times d and dmin exactly as
+      // the scalar dd * sc.
+      alignas(64) float scale[16], offset[16];
+      for (int sb = 0; sb < 2; ++sb) {
+        const __m128i w = _mm_loadu_si128(reinterpret_cast<const __m128i*>(g + f.scales + 12 * sb));
+        const __m128i low = _mm_srlv_epi32(_mm_shuffle_epi32(w, _MM_SHUFFLE(2, 1, 2, 0)),
+                                           _mm_set_epi32(4, 0, 0, 0));
+        const __m128i lo6 =
+            _mm_and_si128(low, _mm_set_epi32(0x0f0f0f0f, 0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f));
+        const __m128i top =
+            _mm_and_si128(_mm_srli_epi32(_mm_shuffle_epi32(w, _MM_SHUFFLE(1, 1, 0, 0)), 6),
+                          _mm_set_epi32(0x03030303, 0, 0x03030303, 0));
+        const __m512 sm =
+            _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_or_si128(lo6, _mm_slli_epi32(top, 4))));
+        const __m256 s8 = _mm512_castps512_ps256(sm), m8 = _mm512_extractf32x8_ps(sm, 1);
+        _mm256_store_ps(scale + 8 * sb,
+                        _mm256_mul_ps(s8, _mm256_set1_ps(LoadF16(g + f.d + 4 * sb))));
+        _mm256_store_ps(
+            offset + 8 * sb,
+            _mm256_xor_ps(_mm256_mul_ps(m8, _mm256_set1_ps(LoadF16(g + f.d + 4 * sb + 2))),
+                          _mm256_set1_ps(-0.0f)));
+      }
+      auto sub = [&](int b, auto chain) HWY_ATTR {  // sub-block b % 8 of super-block b / 8
+        const hn::Vec<DI> q{_mm512_cvtepu8_epi32(
+            _mm_load_si128(reinterpret_cast<const __m128i*>(qs[b % 4] + 16 * (b / 4))))};
+        auto lo = hn::And(q, k15), hi = hn::ShiftRight<4>(q);
+        if constexpr (kQ5) {
+          const __m512i sh = _mm512_add_epi32(e3, _mm512_set1_epi32(4 * (b % 8)));
+          const __m512i one = _mm512_set1_epi32(1);
+          const __m512i l5 = _mm512_and_si512(_mm512_srlv_epi32(hb[b / 8], sh), one);
+          const __m512i h5 = _mm512_and_si512(_mm512_srlv_epi32(hb[2 + b / 8], sh), one);
+          lo = hn::Or(lo, hn::Vec<DI>{_mm512_slli_epi32(l5, 4)});
+          hi = hn::Or(hi, hn::Vec<DI>{_mm512_slli_epi32(h5, 4)});
+        }
+        // DecodeQ4K5K's arithmetic: (d sc) q - dmin m, rounded once.
+        const auto d1 = hn::Set(d, scale[b]), o1 = hn::Set(d, offset[b]);
+        const int64_t k0 = kQK * b;
+        shifted(k0, hn::MulAdd(hn::ConvertTo(d, lo), d1, o1), chain);
+        shifted(k0 + 16, hn::MulAdd(hn::ConvertTo(d, hi), d1, o1), chain);
+      };
+      for (int b = 0; b < 16; b += 4) {  // DecodeQ4K5K's chain of sub-block t: t % 4
+        sub(b, P0{});
+        sub(b + 1, P1{});
+        sub(b + 2, P2{});
+        sub(b + 3, P3{});
+      }
+    }
+  }
+#endif
+  alignas(64) uint8_t blocks[2 * sizeof(Block)];
+  for (; at + kColsElems <= K; at += kColsElems) {
+    UnpackColumnGroup(kPlain, row + at / kQKK * sizeof(Block), blocks);
+    DecodeQ4K5K<kQ5>(blocks, kColsElems, shifted);
+  }
+  DecodeQ4K5K<kQ5>(row + at / kQKK * sizeof(Block), K - at, shifted);
 }
 
 // Q2_K / Q3_K 2-bit planes: in each 128-element half c of a super-block,
@@ -485,6 +582,8 @@ enum class Path {
   kQ4_1Cols,
   kQ5_0Cols,
   kQ5_1Cols,
+  kQ4KCols,
+  kQ5KCols,
   kQ4_1,
   kQ5_0,
   kQ5_1,
@@ -524,6 +623,10 @@ Path PathFor(const Matrix& W) {
       return 16 % N == 0 ? Path::kQ5_0Cols : Path::kGeneric;
     case DType::kQ5_1Cols:
       return 16 % N == 0 ? Path::kQ5_1Cols : Path::kGeneric;
+    case DType::kQ4_KCols:
+      return 32 % N == 0 ? Path::kQ4KCols : Path::kGeneric;
+    case DType::kQ5_KCols:
+      return 32 % N == 0 ? Path::kQ5KCols : Path::kGeneric;
     case DType::kQ4_1:
       return 16 % N == 0 ? Path::kQ4_1 : Path::kGeneric;
     case DType::kQ5_0:
@@ -568,6 +671,10 @@ HWY_INLINE void DecodeStorage(Path path, const uint8_t* row, int64_t K, Sink& si
       return DecodeColumnGroups<DType::kQ5_0>(row, K, sink);
     case Path::kQ5_1Cols:
       return DecodeColumnGroups<DType::kQ5_1>(row, K, sink);
+    case Path::kQ4KCols:
+      return DecodeSuperColumnGroups<false>(row, K, sink);
+    case Path::kQ5KCols:
+      return DecodeSuperColumnGroups<true>(row, K, sink);
     case Path::kQ4_1:
       return DecodeAffineLegacy<BlockQ4_1, false>(row, K, sink);
     case Path::kQ5_0:

@@ -140,20 +140,34 @@ enum class Fmt {
   kQ3K,
   kQ4K,
   kQ5K,
+  kQ4KC,
+  kQ5KC,
   kQ6K,
   kMlx4,
   kMlx8
 };
 
 // The activations' byte order within a 64-element record (see Layout).
-enum class Order { kNatural, kQuads, kBlockColumns, kPairColumns, kColumns, kEvenOdd, kWordTwins };
+// kBlockColumnsK: Q4_K / Q5_K column groups, as kBlockColumns up to the
+// last group, then a last odd super-block as kColumns.
+enum class Order {
+  kNatural,
+  kQuads,
+  kBlockColumns,
+  kBlockColumnsK,
+  kPairColumns,
+  kColumns,
+  kEvenOdd,
+  kWordTwins
+};
 
 // Orders whose several records of a period accumulate into the same lanes
 // (a quad's two, a Q8_0 group's four, a Q4_0 column group's eight): the
 // lane corrections of offset formats are summed into the period's first
 // record, where the kernel starts from them.
 constexpr bool SharesLanes(Order o) {
-  return o == Order::kQuads || o == Order::kBlockColumns || o == Order::kPairColumns;
+  return o == Order::kQuads || o == Order::kBlockColumns || o == Order::kBlockColumnsK ||
+         o == Order::kPairColumns;
 }
 
 struct Geometry {
@@ -194,6 +208,10 @@ Geometry GeometryFor(const Matrix& W) {
       return {Fmt::kQ4K, sizeof(BlockQ4K), 0, 32, Order::kColumns};
     case DType::kQ5_K:
       return {Fmt::kQ5K, sizeof(BlockQ5K), 0, 32, Order::kColumns};
+    case DType::kQ4_KCols:
+      return {Fmt::kQ4KC, sizeof(BlockQ4K), 0, 32, Order::kBlockColumnsK};
+    case DType::kQ5_KCols:
+      return {Fmt::kQ5KC, sizeof(BlockQ5K), 0, 32, Order::kBlockColumnsK};
     case DType::kQ6_K:
       return {Fmt::kQ6K, sizeof(BlockQ6K), 0, 16, Order::kColumns};
     default:  // callers check Int8RouteSupports first
@@ -216,8 +234,10 @@ int64_t SourceIndex(Order order, int64_t nb, int64_t pos) {
     const int64_t base = pos / kQKK * kQKK, o = pos % kQKK;
     return base + 16 * (o % 64 / 4) + 4 * (o / 64) + o % 4;
   }
-  if (order == Order::kBlockColumns) {  // groups of 16 blocks (core/repack.h), then quads
-    if (pos >= nb / kColsBlocks * kColsElems) return SourceIndex(Order::kQuads, nb, pos);
+  if (order == Order::kBlockColumns || order == Order::kBlockColumnsK) {
+    // Groups of 16 blocks (core/repack.h), then quads (a super-block's columns).
+    if (pos >= nb / kColsBlocks * kColsElems)
+      return SourceIndex(order == Order::kBlockColumns ? Order::kQuads : Order::kColumns, nb, pos);
     const int64_t o = pos % kColsElems,
                   l = o % 64 / 4;  // record o / 64: dword o / 64 of a block
     return pos - o + kQK * l + 4 * (o / 64) + o % 4;
@@ -310,7 +330,7 @@ Period PeriodOf(const Geometry& g, int64_t K) {
   Period p;
   const bool columns = g.order == Order::kColumns;
   const bool pairs = g.order == Order::kPairColumns;
-  const bool blocks = g.order == Order::kBlockColumns;
+  const bool blocks = g.order == Order::kBlockColumns || g.order == Order::kBlockColumnsK;
   p.len = g.order == Order::kNatural ? 64 : columns || pairs ? kQKK : blocks ? kColsElems : 128;
   p.end = g.order == Order::kNatural ? K / 64 * 64
           : columns                  ? K
@@ -495,7 +515,7 @@ LUMEN_VNNI void PrepareBlockColumnsVnni(const Geometry& g, int levels, const Per
 LUMEN_VNNI void PrepareRecordsVnni(const Geometry& g, int levels, const Period& per,
                                    const int8_t* q1, const int8_t* q2, const float* dn,
                                    uint8_t* rec, int32_t* corr) {
-  if (g.order == Order::kBlockColumns)
+  if (g.order == Order::kBlockColumns || g.order == Order::kBlockColumnsK)
     return PrepareBlockColumnsVnni(g, levels, per, q1, q2, dn, rec, corr);
   const int64_t P = per.len, nrec = P / 64;  // records per period: 1, 2 or 4
   __m512i idx[4], lane_blk[4];
@@ -867,6 +887,41 @@ LUMEN_VNNI inline __m512i LaneValues(Fn f) {
 // Q8_0's two pairs) of span s: quads (two records each), then with the last
 // span the row's last one to three blocks in natural order (a pair record,
 // a half record). Two accumulators per row so the FMA latency does not bind.
+// The codes of a column group (core/repack.h): column c's low nibbles
+// (lo[c], meeting record c) and high nibbles (hi[c], record 4 + c), the 5th
+// bits (kHigh) added by the masks as they are.
+template <bool kHigh>
+[[gnu::always_inline]] LUMEN_VNNI inline void GroupCodes(const uint8_t* grp, const ColsFields& f,
+                                                         __m512i (&lo)[4], __m512i (&hi)[4]) {
+  const __m512i m = _mm512_set1_epi8(0x0F), v16 = _mm512_set1_epi8(16);
+  for (int c = 0; c < 4; ++c) {
+    const __m512i y = _mm512_loadu_si512(grp + f.codes + 64 * c);
+    lo[c] = _mm512_and_si512(y, m);
+    hi[c] = _mm512_and_si512(_mm512_srli_epi16(y, 4), m);
+    if constexpr (kHigh) {
+      lo[c] = _mm512_mask_add_epi8(lo[c], LoadU64(grp + f.high + 8 * c), lo[c], v16);
+      hi[c] = _mm512_mask_add_epi8(hi[c], LoadU64(grp + f.high + 8 * (4 + c)), hi[c], v16);
+    }
+  }
+}
+
+// A column group's lane sums (one block each) against its eight records at
+// rec. The low and high nibbles sum in separate chains (integer sums: the
+// same bits): one chain of eight dependent vpdpbusd per level bound one row.
+template <int L>
+[[gnu::always_inline]] LUMEN_VNNI inline __m512i GroupDot(__m512i init, const __m512i (&lo)[4],
+                                                          const __m512i (&hi)[4],
+                                                          const uint8_t* rec) {
+  return Levels<L>(init, [&](__m512i a, int level) LUMEN_VNNI {
+    __m512i b = _mm512_setzero_si512();
+    for (int c = 0; c < 4; ++c) {
+      a = _mm512_dpbusd_epi32(a, lo[c], _mm512_load_si512(rec + kRecord<L> * c + 64 * level));
+      b = _mm512_dpbusd_epi32(b, hi[c], _mm512_load_si512(rec + kRecord<L> * (4 + c) + 64 * level));
+    }
+    return _mm512_add_epi32(a, b);
+  });
+}
+
 template <Fmt F, int MB, int L>
 LUMEN_VNNI void Rows(const Matrix& W, const Geometry& g, const Int8Rows& X, int64_t m0, float* Y,
                      int64_t ldy, int64_t n0, int64_t n1, std::span<const Span> spans) {
@@ -970,30 +1025,13 @@ LUMEN_VNNI void Rows(const Matrix& W, const Geometry& g, const Int8Rows& X, int6
         const ColsFields f = ColsFieldsAt(kPlainDType<FQ>, grp);
         const __m512 d =
             _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(grp + f.d)));
-        const __m512i m = _mm512_set1_epi8(0x0F), v16 = _mm512_set1_epi8(16);
         __m512i lo[4], hi[4];
-        for (int c = 0; c < 4; ++c) {
-          const __m512i y = _mm512_loadu_si512(grp + f.codes + 64 * c);
-          lo[c] = _mm512_and_si512(y, m);
-          hi[c] = _mm512_and_si512(_mm512_srli_epi16(y, 4), m);
-          if constexpr (HighBitsAt(FQ) != 0) {  // the 5th bits: the masks as they are
-            lo[c] = _mm512_mask_add_epi8(lo[c], LoadU64(grp + f.high + 8 * c), lo[c], v16);
-            hi[c] = _mm512_mask_add_epi8(hi[c], LoadU64(grp + f.high + 8 * (4 + c)), hi[c], v16);
-          }
-        }
+        GroupCodes<HighBitsAt(FQ) != 0>(grp, f, lo, hi);
         for (int r = 0; r < MB; ++r) {
           const uint8_t* rec = x[r] + kRecord<L> * 8 * G;
           const __m512i init =
               kOffset ? _mm512_loadu_si512(rp.corr[r] + 128 * G) : _mm512_setzero_si512();
-          const __m512i i = Levels<L>(init, [&](__m512i a, int level) LUMEN_VNNI {
-            for (int c = 0; c < 4; ++c) {
-              a = _mm512_dpbusd_epi32(a, lo[c],
-                                      _mm512_load_si512(rec + kRecord<L> * c + 64 * level));
-              a = _mm512_dpbusd_epi32(a, hi[c],
-                                      _mm512_load_si512(rec + kRecord<L> * (4 + c) + 64 * level));
-            }
-            return a;
-          });
+          const __m512i i = GroupDot<L>(init, lo, hi, rec);
           const __m512 sd =
               _mm512_mul_ps(d, _mm512_load_ps(reinterpret_cast<const float*>(rec + 64 * L)));
           acc[r][A] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), sd, acc[r][A]);
@@ -1116,15 +1154,16 @@ LUMEN_VNNI inline __m512i NibblePair(const uint8_t* p) {
 }
 
 // The 8 scales and 8 mins of a Q4_K super-block (GetScaleMinK4's 6-bit
-// fields, unpacked four at a time from the 12 bytes as 32-bit words) times d
-// and dmin: lanes 0-7 d sc_j, lanes 8-15 dmin m_j.
-LUMEN_VNNI inline __m512 ScalesMinsQ4K(const uint8_t* blk) {
-  // The three words w0, w1, w2 in 32-bit lanes (the load's fourth word is the
-  // first 4 code bytes, unused), then per lane: sc 0..3 = w0 & k6, sc 4..7 =
+// fields, unpacked four at a time from the 12 bytes at `scales` as 32-bit
+// words; 16 bytes are read) times d and dmin (the two f16 at dd): lanes 0-7
+// d sc_j, lanes 8-15 dmin m_j.
+LUMEN_VNNI inline __m512 ScalesMinsQ4K(const uint8_t* scales, const uint8_t* dd_at) {
+  // The three words w0, w1, w2 in 32-bit lanes (the load's fourth word is
+  // unused), then per lane: sc 0..3 = w0 & k6, sc 4..7 =
   // (w2 & k4) | ((w0 >> 6) & k2) << 4, m 0..3 = w1 & k6, m 4..7 = ((w2 >> 4)
   // & k4) | ((w1 >> 6) & k2) << 4. In vector lanes, not through a stack array,
   // whose four 32-bit stores and 128-bit load could not forward.
-  const __m128i w = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 4));
+  const __m128i w = _mm_loadu_si128(reinterpret_cast<const __m128i*>(scales));
   const __m128i low = _mm_srlv_epi32(_mm_shuffle_epi32(w, _MM_SHUFFLE(2, 1, 2, 0)),
                                      _mm_set_epi32(4, 0, 0, 0));  // w0, w2, w1, w2 >> 4
   const __m128i lo =
@@ -1136,7 +1175,7 @@ LUMEN_VNNI inline __m512 ScalesMinsQ4K(const uint8_t* blk) {
   const __m512 f = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(b));
   const __m512 dd =  // lanes 0-7 d, 8-15 dmin
       _mm512_permutexvar_ps(_mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0),
-                            _mm512_castps128_ps512(AdjacentHalves(blk)));
+                            _mm512_castps128_ps512(AdjacentHalves(dd_at)));
   return _mm512_mul_ps(f, dd);
 }
 
@@ -1162,7 +1201,7 @@ constexpr int SubBlock(Fmt f) { return f == Fmt::kQ4K || f == Fmt::kQ5K ? 32 : 1
 template <Fmt F>
 LUMEN_VNNI inline void SubScales(const uint8_t* blk, __m512* a, __m512* o) {
   if constexpr (F == Fmt::kQ4K || F == Fmt::kQ5K) {
-    const __m512 sm = ScalesMinsQ4K(blk);
+    const __m512 sm = ScalesMinsQ4K(blk + 4, blk);
     *a = sm;
     *o = _mm512_shuffle_f32x4(sm, sm, _MM_SHUFFLE(3, 2, 3, 2));  // lanes 8-15 to 0-7
   } else if constexpr (F == Fmt::kQ6K) {
@@ -1294,7 +1333,10 @@ LUMEN_VNNI inline __m512i ColumnDot(const __m512i (&u)[4], const uint8_t* rec) {
 template <Fmt F, int MB, int L>
 LUMEN_VNNI void RowsK(const Matrix& W, const Geometry& g, const Int8Rows& X, int64_t m0, float* Y,
                       int64_t ldy, int64_t n0, int64_t n1, std::span<const Span> spans) {
-  constexpr int kSubs = kQKK / SubBlock(F);  // 16 or 8 sub-blocks
+  // Q4_K / Q5_K column groups: a last odd super-block is plain.
+  constexpr Fmt FQ = F == Fmt::kQ4KC ? Fmt::kQ4K : F == Fmt::kQ5KC ? Fmt::kQ5K : F;
+  constexpr bool kGroups = FQ != F;
+  constexpr int kSubs = kQKK / SubBlock(FQ);  // 16 or 8 sub-blocks
   const RowPtrs<MB> rows(X, m0);
   const auto& x = rows.x;
   // Slice l's scale: sub-block l, or (sub-blocks of 32) l / 2.
@@ -1310,10 +1352,10 @@ LUMEN_VNNI void RowsK(const Matrix& W, const Geometry& g, const Int8Rows& X, int
         const uint8_t* blk = row + sb * g.block_bytes;
         PrefetchAhead(blk, g.block_bytes, s.ahead);
         __m512 a, o;
-        SubScales<F>(blk, &a, &o);
+        SubScales<FQ>(blk, &a, &o);
         if constexpr (kSubs == 8) a = _mm512_permutexvar_ps(halves, a);
         __m512i u[4];
-        SuperColumns<F>(blk, u);
+        SuperColumns<FQ>(blk, u);
         for (int r = 0; r < MB; ++r) {
           const uint8_t* rec = x[r] + kRecord<L> * 4 * sb;
           const __m512i i = ColumnDot<L>(u, rec);
@@ -1324,7 +1366,42 @@ LUMEN_VNNI void RowsK(const Matrix& W, const Geometry& g, const Int8Rows& X, int
                                    off[r]);
         }
       };
+      // Column group G (super-blocks 2 G, 2 G + 1, records 8 G ..; core/repack.h)
+      // into accumulator set A: lane l is sub-block l, so as in Rows' cgroup
+      // column c's low nibbles meet record c, its high nibbles record 4 + c,
+      // and the scales, offsets and conversion are paid once per 512 weights.
+      auto cgroup = [&]<int A>(int64_t G, std::integral_constant<int, A>) LUMEN_VNNI {
+        const uint8_t* grp = row + 2 * G * g.block_bytes;
+        PrefetchAhead(grp, 2 * g.block_bytes, s.ahead);
+        const ColsFields f = ColsFieldsAt(FQ == Fmt::kQ4K ? DType::kQ4_K : DType::kQ5_K, grp);
+        const __m512 s0 = ScalesMinsQ4K(grp + f.scales, grp + f.d);
+        const __m512 s1 = ScalesMinsQ4K(grp + f.scales + 12, grp + f.d + 4);
+        const __m512 a = _mm512_shuffle_f32x4(s0, s1, _MM_SHUFFLE(1, 0, 1, 0));
+        const __m512 o = _mm512_shuffle_f32x4(s0, s1, _MM_SHUFFLE(3, 2, 3, 2));
+        __m512i lo[4], hi[4];
+        GroupCodes<FQ == Fmt::kQ5K>(grp, f, lo, hi);
+        for (int r = 0; r < MB; ++r) {
+          const uint8_t* rec = x[r] + kRecord<L> * 8 * G;
+          const __m512i i = GroupDot<L>(_mm512_setzero_si512(), lo, hi, rec);
+          const __m512 sd =
+              _mm512_mul_ps(a, _mm512_load_ps(reinterpret_cast<const float*>(rec + 64 * L)));
+          acc[r][A] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), sd, acc[r][A]);
+          off[r] = _mm512_fmadd_ps(o, _mm512_loadu_ps(rows.sums[r] + kColsBlocks * G), off[r]);
+        }
+      };
       int64_t sb = s.u0;
+      if constexpr (kGroups) {
+        // Spans start on a group (BySpans); a last odd super-block is plain.
+        const int64_t groups_end = std::min(s.u1, W.k / kColsElems * 2);
+        for (; sb + 4 <= groups_end; sb += 4) {
+          cgroup(sb / 2, std::integral_constant<int, 0>{});
+          cgroup(sb / 2 + 1, std::integral_constant<int, 1>{});
+        }
+        if (sb < groups_end) {
+          cgroup(sb / 2, std::integral_constant<int, 0>{});
+          sb += 2;
+        }
+      }
       for (; sb + 2 <= s.u1; sb += 2) {
         super(sb, std::integral_constant<int, 0>{});
         super(sb + 1, std::integral_constant<int, 1>{});
@@ -1488,12 +1565,13 @@ inline constexpr int64_t kSpanK = 2048;
 template <class Run>
 void BySpans(const Matrix& W, const Geometry& g, int64_t M, int64_t n0, int64_t n1, Run run) {
   constexpr int kMaxSpans = 64;
-  const int64_t unit = g.order == Order::kColumns ? kQKK : 128;
+  const int64_t unit = g.order == Order::kColumns || g.order == Order::kBlockColumnsK ? kQKK : 128;
   const int64_t units = W.k / unit;
   // Rows past kMaxSpans x kSpanK elements take longer spans.
   int64_t per = std::max(kSpanK / unit, (units + kMaxSpans - 1) / kMaxSpans);
   if (g.order == Order::kPairColumns) per += per % 2;            // whole groups of 8 blocks
   if (g.order == Order::kBlockColumns) per = (per + 3) / 4 * 4;  // of 16 blocks
+  if (g.order == Order::kBlockColumnsK) per += per % 2;          // of 2 super-blocks
   Span spans[kMaxSpans];
   int count = 0;
   for (int64_t u = 0; u < units || count == 0; u += per) {
@@ -1547,6 +1625,10 @@ void MatMulRowsLevels(const Matrix& W, const Int8Rows& X, float* Y, int64_t ldy,
           return RowsK<Fmt::kQ4K, MB, L>(W, g, X, m, Y, ldy, b, e, s);
         case Fmt::kQ5K:
           return RowsK<Fmt::kQ5K, MB, L>(W, g, X, m, Y, ldy, b, e, s);
+        case Fmt::kQ4KC:
+          return RowsK<Fmt::kQ4KC, MB, L>(W, g, X, m, Y, ldy, b, e, s);
+        case Fmt::kQ5KC:
+          return RowsK<Fmt::kQ5KC, MB, L>(W, g, X, m, Y, ldy, b, e, s);
         case Fmt::kQ6K:
           return RowsK<Fmt::kQ6K, MB, L>(W, g, X, m, Y, ldy, b, e, s);
         case Fmt::kMlx4:
@@ -1621,6 +1703,8 @@ bool Int8RouteSupports(const Matrix& W) {
     case DType::kQ4_K:
     case DType::kQ5_K:
     case DType::kQ6_K:
+    case DType::kQ4_KCols:
+    case DType::kQ5_KCols:
       return W.k % kQKK == 0;
     default:
       return false;

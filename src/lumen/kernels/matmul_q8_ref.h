@@ -155,10 +155,35 @@ inline void WeightParts(const Matrix& W, int64_t n, double* a, double* o) {
       }
       return;
     case DType::kQ4_K:
-    case DType::kQ5_K: {
-      const bool five = W.w.dtype == DType::kQ5_K;
+    case DType::kQ5_K:
+    case DType::kQ4_KCols:
+    case DType::kQ5_KCols: {
+      const DType plain = PlainOf(W.w.dtype);
+      const bool five = plain == DType::kQ5_K;
       const int64_t bytes = five ? sizeof(BlockQ5K) : sizeof(BlockQ4K), qs = five ? 48 : 16;
-      for (int64_t sb = 0; sb < K / kQKK; ++sb) {
+      int64_t sb = 0;
+      // Column groups (core/repack.h): sub-block l of a group is sub-block
+      // l % 8 of super-block 2 g + l / 8, lane l of the columns and masks;
+      // scales, d and dmin in the meta field. A last odd super-block is plain.
+      for (; IsColumnGroups(W.w.dtype) && sb + 2 <= K / kQKK; sb += 2) {
+        const uint8_t* g = row + sb * bytes;
+        const ColsFields c = ColsFieldsAt(plain, g);
+        for (int64_t l = 0; l < 16; ++l) {
+          const int64_t h = l / 8;
+          const double d = HalfAt(g + c.d + 4 * h), dmin = HalfAt(g + c.d + 4 * h + 2);
+          uint8_t sc, m;
+          GetScaleMinK4(static_cast<int>(l % 8), g + c.scales + 12 * h, &sc, &m);
+          for (int j = 0; j < kQK; ++j) {
+            const int byte = j % 16;
+            int q = (g[c.codes + 64 * (byte / 4) + 4 * l + byte % 4] >> (4 * (j / 16))) & 15;
+            const int64_t bit = 64 * (j / 4) + 4 * l + j % 4;
+            if (five) q |= ((g[c.high + bit / 8] >> (bit % 8)) & 1) << 4;
+            a[sb * kQKK + 32 * l + j] = d * sc * q;
+            o[sb * kQKK + 32 * l + j] = dmin * m;
+          }
+        }
+      }
+      for (; sb < K / kQKK; ++sb) {
         const uint8_t* blk = row + sb * bytes;
         const double d = HalfAt(blk), dmin = HalfAt(blk + 2);
         for (int j = 0; j < 8; ++j) {

@@ -46,6 +46,8 @@ constexpr Case kCases[] = {{DType::kQ4_0},
                            {DType::kQ4_1Cols},
                            {DType::kQ5_0Cols},
                            {DType::kQ5_1Cols},
+                           {DType::kQ4_KCols},
+                           {DType::kQ5_KCols},
                            {DType::kQ4_1},
                            {DType::kQ5_0},
                            {DType::kQ5_1},
@@ -169,7 +171,7 @@ TEST(QuantizeBlocksQ8x2, SameBitsAsTheScalarBlockQuantizerAndWithinHalfAStep) {
 TEST(MatMulInt8x2, VectorLayoutHasTheScalarBytes) {
   std::mt19937 rng(31);
   for (const Case& c : kCases)
-    for (int64_t K : {32, 64, 96, 160, 192, 224, 256, 352, 448, 1152, 2048})
+    for (int64_t K : {32, 64, 96, 160, 192, 224, 256, 352, 448, 768, 1152, 2048})
       for (int64_t M : {1, 3}) {
         if (K % BlockOf(c) != 0) continue;
         OwnedMatrix W = MakeX2(c, 3, K, rng);
@@ -316,8 +318,9 @@ TEST(MatMulInt8x2, ARowGivesTheSameBitsAloneAndInABatchAcrossSpans) {
 TEST(MatMulInt8x2, RowsPastSixtyFourSpansTakeLongerSpans) {
   std::mt19937 rng(41);
   const int64_t K = 139264, N = 5, M = 4;  // 68 x 2048
-  for (const Case& c : {Case{DType::kQ4_0}, Case{DType::kQ4_0Cols}, Case{DType::kQ5_1Cols},
-                        Case{DType::kQ8_0}, Case{DType::kQ4_K}, Case{DType::kU32, 64}}) {
+  for (const Case& c :
+       {Case{DType::kQ4_0}, Case{DType::kQ4_0Cols}, Case{DType::kQ5_1Cols}, Case{DType::kQ8_0},
+        Case{DType::kQ4_K}, Case{DType::kQ4_KCols}, Case{DType::kU32, 64}}) {
     OwnedMatrix W = MakeX2(c, N, K, rng);
     SKIP_WITHOUT_VNNI(W.m);
     const std::vector<float> X = RandomActivations(M, K, rng);
@@ -375,9 +378,13 @@ TEST(MatMulInt8x2, EveryRowAddressGivesTheSameBits) {
   std::mt19937 rng(37);
   for (const Case& c : kCases) {
     if (c.t == DType::kU32) continue;  // MLX rows are read as whole 64-byte vectors
-    // Column groups: two groups, a quad, a pair and a half block.
+    // Column groups: two groups, a quad, a pair and a half block (legacy),
+    // two groups and a super-block (K-quants).
     const bool cols = IsColumnGroups(c.t);
-    const int64_t K = cols ? 1248 : BlockOf(c) == kQK ? 352 : 512, N = 9, M = 2;
+    const int64_t K = cols                ? (BlockOf(c) == kQK ? 1248 : 1280)
+                      : BlockOf(c) == kQK ? 352
+                                          : 512,
+                  N = 9, M = 2;
     OwnedMatrix W = MakeX2(c, N, K, rng);
     SKIP_WITHOUT_VNNI(W.m);
     const std::vector<float> X = RandomActivations(M, K, rng);
@@ -395,7 +402,7 @@ TEST(MatMulInt8x2, EveryRowAddressGivesTheSameBits) {
           std::memcpy(to, from, rb);
           if (!cols) continue;
           const DType plain = PlainOf(c.t);
-          const int64_t gb = kColsBlocks * Info(plain).block_bytes;
+          const int64_t gb = kColsElems / Info(plain).block_elems * Info(plain).block_bytes;
           for (int64_t g = 0; g < K / kColsElems; ++g)
             UnpackColumnGroup(plain, from + g * gb, to + g * gb);
           RepackColumnGroups(plain, to, K);

@@ -182,14 +182,16 @@ TEST(MatMulTest, RowsBitIdenticalWhateverTheCallsRowCount) {
   hwy::SetSupportedTargetsForTest(0);
 }
 
-// The legacy formats repacked into column groups (core/repack.h) decode
-// to the same values in the same chains: the exact route gives the plain
-// rows' bits, at decode rows and prefill rows.
+// The formats repacked into column groups (core/repack.h) decode to the
+// same values in the same chains: the exact route gives the plain rows'
+// bits, at decode rows and prefill rows.
 TEST(MatMulTest, ColumnGroupsGiveThePlainBitsOnTheExactRoute) {
   std::mt19937 rng(13);
-  for (DType t : {DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1})
-    for (int64_t K : {512, 640, 1120, 4160})
+  for (DType t :
+       {DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1, DType::kQ4_K, DType::kQ5_K})
+    for (int64_t K : {512, 640, 768, 1120, 2048, 4160, 4352})
       for (int64_t M : {1, 3, 8, 40}) {
+        if (K % Info(t).block_elems != 0) continue;
         const int64_t N = 19;
         Spec s;
         s.dtype = t;

@@ -202,15 +202,68 @@ HWY_INLINE void DecodeAffineLegacy(const uint8_t* row, int64_t K, Sink& sink) {
   });
 }
 
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+// A column group's codes block by block (core/repack.h), for the
+// decoders below on 16-lane vectors: the four columns transposed in
+// registers (a 4 x 4 dword transpose per 128-bit block: block b is 128-bit
+// block b / 4 of column b % 4) and kept on the stack, so that block b is one
+// widening load (per-block lambdas over the registers were not inlined, and
+// spilled); kHigh: the 5th bits shifted out of the masks lane by lane.
+template <bool kHigh>
+struct TransposedGroup {
+  alignas(64) uint8_t qs[4][64];
+  __m512i hb[4];  // lane e of hb[2 s + h]: bits 32 h .. of the mask of element 16 s + e
+
+  HWY_INLINE TransposedGroup(const uint8_t* g, const ColsFields& f) {
+    __m512i c[4];
+    for (int j = 0; j < 4; ++j) c[j] = _mm512_loadu_si512(g + f.codes + 64 * j);
+    const __m512i t0 = _mm512_unpacklo_epi32(c[0], c[1]), t1 = _mm512_unpacklo_epi32(c[2], c[3]);
+    const __m512i t2 = _mm512_unpackhi_epi32(c[0], c[1]), t3 = _mm512_unpackhi_epi32(c[2], c[3]);
+    _mm512_store_si512(qs[0], _mm512_unpacklo_epi64(t0, t1));
+    _mm512_store_si512(qs[1], _mm512_unpackhi_epi64(t0, t1));
+    _mm512_store_si512(qs[2], _mm512_unpacklo_epi64(t2, t3));
+    _mm512_store_si512(qs[3], _mm512_unpackhi_epi64(t2, t3));
+    if constexpr (kHigh) {
+      const __m512i mk = _mm512_loadu_si512(g + f.high);
+      const __m512i e4 = _mm512_srli_epi32(Lanes(), 2);
+      for (int i = 0; i < 4; ++i)
+        hb[i] = _mm512_permutexvar_epi32(
+            _mm512_add_epi32(_mm512_slli_epi32(e4, 1), _mm512_set1_epi32(8 * (i / 2) + i % 2)), mk);
+    }
+  }
+
+  static HWY_INLINE __m512i Lanes() {
+    return _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  }
+
+  // Block b's codes as int32 lanes: elements 0-15 (lo) and 16-31 (hi),
+  // with the 5th bit (bit 4 b + e % 4 of the mask) as DecodeLegacy's 16.
+  HWY_INLINE void Codes(int b, hn::Vec<DI>* lo, hn::Vec<DI>* hi) const {
+    const DI di;
+    const hn::Vec<DI> q{_mm512_cvtepu8_epi32(
+        _mm_load_si128(reinterpret_cast<const __m128i*>(qs[b % 4] + 16 * (b / 4))))};
+    *lo = hn::And(q, hn::Set(di, 15));
+    *hi = hn::ShiftRight<4>(q);
+    if constexpr (kHigh) {
+      const __m512i sh = _mm512_add_epi32(_mm512_and_si512(Lanes(), _mm512_set1_epi32(3)),
+                                          _mm512_set1_epi32(4 * (b % 8)));
+      const __m512i one = _mm512_set1_epi32(1);
+      const __m512i l5 = _mm512_and_si512(_mm512_srlv_epi32(hb[b / 8], sh), one);
+      const __m512i h5 = _mm512_and_si512(_mm512_srlv_epi32(hb[2 + b / 8], sh), one);
+      *lo = hn::Or(*lo, hn::Vec<DI>{_mm512_slli_epi32(l5, 4)});
+      *hi = hn::Or(*hi, hn::Vec<DI>{_mm512_slli_epi32(h5, 4)});
+    }
+  }
+};
+#endif
+
 // Column groups of the legacy formats (core/repack.h): every value,
 // position and chain is the one of the row before it was repacked, so the
-// exact products are that row's bits. On 16-lane AVX-512 vectors the four
-// columns are transposed in registers (a 4 x 4 dword transpose per 128-bit
-// block: block 4 k + j of the group is 128-bit block k of u[j]), and a Q5 block's
-// 5th bits are shifted out of the masks lane by lane; otherwise each group is unpacked to
-// its 16 plain blocks first (stores a 16-byte load cannot forward from:
-// that way the 512-token prefill decoded Q4_0 columns 6% slower, Q5_0 40%). K must end on a group
-// or at the row's end.
+// exact products are that row's bits. On 16-lane AVX-512 vectors the codes
+// come from a TransposedGroup; otherwise each group is unpacked to its 16
+// plain blocks first (stores a 16-byte load cannot forward from: that way
+// the 512-token prefill decoded Q4_0 columns 6% slower, Q5_0 40%). K must
+// end on a group or at the row's end.
 template <DType kPlain, class Sink>
 HWY_INLINE void DecodeColumnGroups(const uint8_t* row, int64_t K, Sink& sink) {
   using Block = std::conditional_t<
@@ -232,45 +285,15 @@ HWY_INLINE void DecodeColumnGroups(const uint8_t* row, int64_t K, Sink& sink) {
   if constexpr (hn::MaxLanes(DF()) == 16) {
     const DF d;
     const DI di;
-    const auto k15 = hn::Set(di, 15), zero = hn::Set(di, kQh ? 16 : 8);
-    const __m512i lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    const __m512i e3 = _mm512_and_si512(lanes, _mm512_set1_epi32(3));
+    const auto zero = hn::Set(di, kQh ? 16 : 8);
     for (; at + kColsElems <= K; at += kColsElems) {
       const uint8_t* g = row + at / kQK * sizeof(Block);
       const ColsFields f = ColsFieldsAt(kPlain, g);
-      __m512i c[4];
-      for (int j = 0; j < 4; ++j) c[j] = _mm512_loadu_si512(g + f.codes + 64 * j);
-      const __m512i t0 = _mm512_unpacklo_epi32(c[0], c[1]), t1 = _mm512_unpacklo_epi32(c[2], c[3]);
-      const __m512i t2 = _mm512_unpackhi_epi32(c[0], c[1]), t3 = _mm512_unpackhi_epi32(c[2], c[3]);
-      const __m512i u[4] = {_mm512_unpacklo_epi64(t0, t1), _mm512_unpackhi_epi64(t0, t1),
-                            _mm512_unpacklo_epi64(t2, t3), _mm512_unpackhi_epi64(t2, t3)};
-      // Q5_*: lane e of hb[2 s + h] holds bits 32 h .. 32 h + 31 of the mask
-      // of element e (s = 0) or 16 + e (s = 1) of every block (repack.h).
-      __m512i hb[4];
-      if constexpr (kQh) {
-        const __m512i mk = _mm512_loadu_si512(g + f.high), e4 = _mm512_srli_epi32(lanes, 2);
-        for (int i = 0; i < 4; ++i)
-          hb[i] = _mm512_permutexvar_epi32(
-              _mm512_add_epi32(_mm512_slli_epi32(e4, 1), _mm512_set1_epi32(8 * (i / 2) + i % 2)),
-              mk);
-      }
-      // Through a stack copy, so that block b is one widening load (the
-      // per-k lambdas this replaces were not inlined, and spilled).
-      alignas(64) uint8_t qs[4][64];
-      for (int j = 0; j < 4; ++j) _mm512_store_si512(qs[j], u[j]);
+      const TransposedGroup<kQh> group(g, f);
       auto block = [&](int b, auto pa, auto pb) HWY_ATTR {
-        const hn::Vec<DI> q{_mm512_cvtepu8_epi32(
-            _mm_load_si128(reinterpret_cast<const __m128i*>(qs[b % 4] + 16 * (b / 4))))};
         const auto s = hn::Set(d, LoadF16(g + f.d + 2 * b));
-        auto lo = hn::And(q, k15), hi = hn::ShiftRight<4>(q);
-        if constexpr (kQh) {  // bit 4 b + e % 4 of the mask, as DecodeLegacy's 16
-          const __m512i sh = _mm512_add_epi32(e3, _mm512_set1_epi32(4 * (b % 8)));
-          const __m512i one = _mm512_set1_epi32(1);
-          const __m512i l5 = _mm512_and_si512(_mm512_srlv_epi32(hb[b / 8], sh), one);
-          const __m512i h5 = _mm512_and_si512(_mm512_srlv_epi32(hb[2 + b / 8], sh), one);
-          lo = hn::Or(lo, hn::Vec<DI>{_mm512_slli_epi32(l5, 4)});
-          hi = hn::Or(hi, hn::Vec<DI>{_mm512_slli_epi32(h5, 4)});
-        }
+        hn::Vec<DI> lo, hi;
+        group.Codes(b, &lo, &hi);
         VF wl, wh;  // DecodeSymmetricLegacy's and DecodeAffineLegacy's arithmetic
         if constexpr (kMin) {
           const auto m = hn::Set(d, LoadF16(g + f.m + 2 * b));
@@ -344,9 +367,9 @@ HWY_INLINE void DecodeQ4K5K(const uint8_t* row, int64_t K, Sink& sink) {
 // value, position and chain is the one of the row before it was repacked
 // (DecodeQ4K5K: sub-block 8 s + t feeds chain P0 / P1 / P2 / P3 for t % 4
 // = 0 / 1 / 2 / 3, elements 0-15 then 16-31), so the exact products are that
-// row's bits. On 16-lane AVX-512 vectors the columns are transposed in
-// registers (sub-block 4 k + j is 128-bit block k of u[j], the legacy
-// block's qs); otherwise each group is unpacked to its two super-blocks.
+// row's bits. On 16-lane AVX-512 vectors the codes come from a
+// TransposedGroup (a sub-block's bytes are a legacy block's qs); otherwise
+// each group is unpacked to its two super-blocks.
 template <bool kQ5, class Sink>
 HWY_INLINE void DecodeSuperColumnGroups(const uint8_t* row, int64_t K, Sink& sink) {
   using Block = std::conditional_t<kQ5, BlockQ5K, BlockQ4K>;
@@ -356,31 +379,10 @@ HWY_INLINE void DecodeSuperColumnGroups(const uint8_t* row, int64_t K, Sink& sin
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
   if constexpr (hn::MaxLanes(DF()) == 16) {
     const DF d;
-    const DI di;
-    const auto k15 = hn::Set(di, 15);
-    const __m512i lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    const __m512i e3 = _mm512_and_si512(lanes, _mm512_set1_epi32(3));
     for (; at + kColsElems <= K; at += kColsElems) {
       const uint8_t* g = row + at / kQKK * sizeof(Block);
       const ColsFields f = ColsFieldsAt(kPlain, g);
-      __m512i c[4];
-      for (int j = 0; j < 4; ++j) c[j] = _mm512_loadu_si512(g + f.codes + 64 * j);
-      const __m512i t0 = _mm512_unpacklo_epi32(c[0], c[1]), t1 = _mm512_unpacklo_epi32(c[2], c[3]);
-      const __m512i t2 = _mm512_unpackhi_epi32(c[0], c[1]), t3 = _mm512_unpackhi_epi32(c[2], c[3]);
-      const __m512i u[4] = {_mm512_unpacklo_epi64(t0, t1), _mm512_unpackhi_epi64(t0, t1),
-                            _mm512_unpacklo_epi64(t2, t3), _mm512_unpackhi_epi64(t2, t3)};
-      __m512i hb[4];  // as DecodeColumnGroups: lane e of hb[2 s + h], the masks' bits 32 h ..
-      if constexpr (kQ5) {
-        const __m512i mk = _mm512_loadu_si512(g + f.high), e4 = _mm512_srli_epi32(lanes, 2);
-        for (int i = 0; i < 4; ++i)
-          hb[i] = _mm512_permutexvar_epi32(
-              _mm512_add_epi32(_mm512_slli_epi32(e4, 1), _mm512_set1_epi32(8 * (i / 2) + i % 2)),
-              mk);
-      }
-      // The transposed columns through a stack copy, so that sub-block b is
-      // one widening load (a runtime extract index needs memory anyway).
-      alignas(64) uint8_t qs[4][64];
-      for (int j = 0; j < 4; ++j) _mm512_store_si512(qs[j], u[j]);
+      const TransposedGroup<kQ5> group(g, f);
       // DecodeQ4K5K's factors, d sc and -(dmin m), per sub-block: the 6-bit
       // fields of both super-blocks unpacked as 32-bit words (ScalesMinsQ4K
       // in matmul_q8.cc), lanes 0-7 sc, 8-15 m, times d and dmin exactly as
@@ -406,17 +408,8 @@ HWY_INLINE void DecodeSuperColumnGroups(const uint8_t* row, int64_t K, Sink& sin
                           _mm256_set1_ps(-0.0f)));
       }
       auto sub = [&](int b, auto chain) HWY_ATTR {  // sub-block b % 8 of super-block b / 8
-        const hn::Vec<DI> q{_mm512_cvtepu8_epi32(
-            _mm_load_si128(reinterpret_cast<const __m128i*>(qs[b % 4] + 16 * (b / 4))))};
-        auto lo = hn::And(q, k15), hi = hn::ShiftRight<4>(q);
-        if constexpr (kQ5) {
-          const __m512i sh = _mm512_add_epi32(e3, _mm512_set1_epi32(4 * (b % 8)));
-          const __m512i one = _mm512_set1_epi32(1);
-          const __m512i l5 = _mm512_and_si512(_mm512_srlv_epi32(hb[b / 8], sh), one);
-          const __m512i h5 = _mm512_and_si512(_mm512_srlv_epi32(hb[2 + b / 8], sh), one);
-          lo = hn::Or(lo, hn::Vec<DI>{_mm512_slli_epi32(l5, 4)});
-          hi = hn::Or(hi, hn::Vec<DI>{_mm512_slli_epi32(h5, 4)});
-        }
+        hn::Vec<DI> lo, hi;
+        group.Codes(b, &lo, &hi);
         // DecodeQ4K5K's arithmetic: (d sc) q - dmin m, rounded once.
         const auto d1 = hn::Set(d, scale[b]), o1 = hn::Set(d, offset[b]);
         const int64_t k0 = kQK * b;

@@ -7,7 +7,7 @@ set -u
 cd "$(dirname "$0")/.."
 L=${LUMEN:-build/speed/lumen}
 M=${MODEL:-/tmp/m4.gguf}
-for r in exact int8; do
+for r in ${ROUTES:-exact int8}; do
   $L serve "$M" --port 18181 --parallel 4 --act-route $r > /tmp/serve_$r.log 2>&1 &
   P=$!
   for i in $(seq 60); do curl -sf 127.0.0.1:18181/health >/dev/null && break; sleep 0.5; done

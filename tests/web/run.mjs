@@ -136,7 +136,7 @@ check('http: starting a run is validated, confined and same-origin only', async 
   assert.equal(runs.data.find((r) => r.name === 'short').served, true);
   const info = await (await fetch(`${keyed.base}/lumen/info`, { headers: auth })).json();
   assert.equal(info.adapter, true);
-  assert.equal(info.act_route, 'exact');
+  assert.equal(info.act_route, 'int8x2+bf16');  // serve's default routes
 });
 
 // --- the pages ---------------------------------------------------------
@@ -324,8 +324,9 @@ check('status: model, architecture, memory and slots', async ({ page, base }) =>
   await page.waitForFunction(() => /llama/.test(document.querySelector('#status-model')?.textContent || ''));
   const mem = await page.textContent('#status-memory');
   assert.match(mem, /weights/);
-  await page.waitForFunction(() => /exact/.test(document.querySelector('#status-routes')?.textContent || ''));
-  assert.match(await page.textContent('#status-routes'), /activation route \(--act-route\)exact.*KV cache type \(--kv-type\)f16/);
+  // serve's default routes, as generate's (docs/reference/cli.md).
+  await page.waitForFunction(() => /int8x2/.test(document.querySelector('#status-routes')?.textContent || ''));
+  assert.match(await page.textContent('#status-routes'), /activation route \(--act-route\)int8x2\+bf16.*KV cache type \(--kv-type\)f16/);
   assert.match(await page.textContent('#status-serving'), /slots busy \/ total0 \/ 2/);
   // Some traffic, so the tokens/s chart has something to show.
   const t0 = Date.now();

@@ -24,7 +24,7 @@ struct ModelArgs {
   int64_t ctx = 0;
   // Route choices (cli/routes.h): empty means the preset's. The default preset
   // takes default_act_route (int8x2 decode + bf16 prefill; training and
-  // measuring verbs, and serve, set "exact").
+  // measuring verbs set "exact").
   std::string kv_type;
   std::string act_route;
   std::string default_act_route = "int8x2+bf16";

@@ -7,8 +7,8 @@
 //             KL to exact below a quarter of what Q8_0 weights cost):
 //             bf16 prefill products, int8x2 decode products (two int8
 //             activation levels, L2; exact where the weight type or CPU has
-//             no int8 kernel), f16 KV (serve keeps exact products, see
-//             cli/serve.cc)
+//             no int8 kernel), f16 KV; serve too (its prompt cache keeps
+//             whole prefill chunks on these routes, engine/scheduler.h)
 //   --tier l3 every L3 route: int8 decode + bf16 prefill, f16 KV
 //   --tier l2 no L3 route: exact products, f16 KV (the L2 int8x2 decode
 //             route only with --act-route int8x2)

@@ -121,6 +121,16 @@ void RunServe(CLI::App* cmd, ServeArgs& a) {
   a.model.adapter = adapter_flags->model_wide;
   auto m = LoadModel(a.model);
   if (!m.ok()) return ReportError(m.status());
+  // Embeddings take the exact products by default, as `lumen embed` does
+  // (they are held to sentence-transformers' vectors, embeddings_test.cc): an
+  // embedding model, or --pooling, with no route flag given is loaded again so.
+  const bool preset = a.model.act_route.empty() && a.model.tier.empty() && !a.model.exact;
+  if (preset && ((*m)->config().pooling != model::Pooling::kNone || !a.pooling.empty())) {
+    a.model.default_act_route = "exact";
+    m->reset();  // one copy of the weights at a time
+    m = LoadModel(a.model);
+    if (!m.ok()) return ReportError(m.status());
+  }
   const engine::Model& model = **m;
   AnnounceRoutes(a.model, model, "serve");
   engine::AdapterRegistry adapters(model);
@@ -244,12 +254,11 @@ void RunServe(CLI::App* cmd, ServeArgs& a) {
 void RegisterServe(CLI::App& app) {
   auto* cmd = app.add_subcommand("serve", "OpenAI / Anthropic / Responses HTTP server");
   auto a = std::make_shared<ServeArgs>();
-  // Exact products by default: the bf16 route applies to products of more than
-  // 4 rows, so a prompt-cache restore (which prefills only the new suffix) and a
-  // fresh prefill would round differently and the cache would no longer be
-  // L1 (EmbeddedServer.ChatCompletionAndStreamAgree caught it). --tier l3 or
-  // --act-route bf16 opt in.
-  a->model.default_act_route = "exact";
+  // The default routes (bf16 prefill, int8x2 decode), as generate and bench:
+  // their arithmetic depends on a product's row count, so the prompt cache
+  // restores whole prefill chunks only and a warm request gives the cold
+  // one's tokens bit for bit (engine/scheduler.h RestoreLength). --exact or
+  // --act-route exact keep the exact products (and the whole common prefix).
   AddModelArgs(cmd, a->model);
   // serve's --adapter repeats and may name adapters (SplitAdapterFlags).
   cmd->remove_option(cmd->get_option("--adapter"));

@@ -130,6 +130,7 @@ Status Model::Finish(const LoadOptions& opts) {
   }
   LUMEN_ASSIGN_OR_RETURN(weights_, model::BindWeights(config_, lookup));
   model::ForEachMatrix(weights_, [&](kernels::Matrix& m) { m.route = opts.act_route; });
+  act_route_ = opts.act_route;
   if (!opts.adapter_dir.empty()) {
     LUMEN_ASSIGN_OR_RETURN(Adapter a, LoadAdapter(opts.adapter_dir, config_));
     adapter_ = std::make_unique<Adapter>(std::move(a));

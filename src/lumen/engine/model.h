@@ -63,6 +63,8 @@ class Model {
   const std::string& format() const { return format_; }  // "gguf", "hf", "mlx", "llama2c"
   const std::vector<StoredTensor>& tensors() const { return tensors_; }
   const Adapter* adapter() const { return adapter_.get(); }
+  // The activation route every matrix was loaded with (LoadOptions::act_route).
+  kernels::ActRoute act_route() const { return act_route_; }
   int64_t parameter_count() const;
   size_t weight_bytes() const;  // bytes streamed per decoded token
   // Bytes of the model's files held as anonymous copies (core/buffer.h
@@ -90,6 +92,7 @@ class Model {
   std::string name_, format_;
   std::vector<StoredTensor> tensors_;
   std::unique_ptr<Adapter> adapter_;  // the weights' LoraMatrix entries point into it
+  kernels::ActRoute act_route_ = kernels::ActRoute::kExact;
 };
 
 }  // namespace lumen::engine

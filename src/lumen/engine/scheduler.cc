@@ -17,12 +17,14 @@ LUMEN_ROUTE(
      .tier = Tier::kL1,
      .oracle = "a fresh prefill of the whole prompt",
      .bound =
-         "identical tokens on the exact and int8 routes (the per-row arithmetic does not depend on "
-         "chunk boundaries; the bf16 route takes only products of more than 4 rows, so it does)",
-     .tests =
-         "SchedulerTest.PromptCacheReusesPrefix;EmbeddedServer.PromptCacheReusesConversationPrefix;"
-         "SessionTest.TruncateAndReappendReusesThePrefix;SessionTest."
-         "PiecewiseAppendEqualsOneAppend",
+         "identical tokens on the exact route (the whole common prefix kept); on int8 and bf16 "
+         "routes, whose arithmetic depends on a product's row count, whole kMaxChunk chunks kept "
+         "and the rest chunked as a fresh prefill: bit-identical logits (RestoreLength)",
+     .tests = "SchedulerTest.PromptCacheReusesPrefix;SchedulerTest.FastRoutesRestoreWholeChunks;"
+              "RestoreLength.KeepsWholeChunksOnFastRoutes;"
+              "EmbeddedServer.PromptCacheReusesConversationPrefix;"
+              "SessionTest.TruncateAndReappendReusesThePrefix;SessionTest."
+              "PiecewiseAppendEqualsOneAppend;SessionTest.WholeChunksGiveTheFreshPrefillBits",
      .when = "prompt_cache=on",
      .priority = 10});
 
@@ -129,10 +131,18 @@ std::unique_ptr<Session> Scheduler::TakeCached(const std::vector<int32_t>& promp
   if (best == cache_.end()) return nullptr;
   std::unique_ptr<Session> s = std::move(best->session);
   cache_.erase(best);
-  // Keep at least one prompt token to prefill: its logits start the decode.
-  const int64_t want = std::min<int64_t>(best_len, int64_t(prompt.size()) - 1);
-  *kept = s->Truncate(want);
+  const kernels::ActRoute route = model_.act_route();
+  const bool row_dependent = kernels::RouteHasInt8(route) || kernels::RouteHasBf16(route);
+  *kept = s->Truncate(
+      RestoreLength(int64_t(best_len), int64_t(prompt.size()), s->whole_chunks(), row_dependent));
   return s;
+}
+
+int64_t RestoreLength(int64_t common, int64_t prompt_len, int64_t whole_chunks,
+                      bool row_dependent) {
+  int64_t n = std::min(common, prompt_len - 1);
+  if (row_dependent) n = std::min(n - n % model::kMaxChunk, whole_chunks);
+  return std::max<int64_t>(n, 0);
 }
 
 void Scheduler::PutCached(std::unique_ptr<Session> s, std::string key) {

@@ -15,7 +15,7 @@
 //
 // Prompt cache: a finished job's Session (KV + token list) is kept in an LRU
 // bounded by bytes; a new job adopts the entry with the longest common prefix
-// (>= 1 token), truncates it there and prefills only the rest. An adopted entry
+// (>= 1 token), truncates it there (RestoreLength) and prefills only the rest. An adopted entry
 // leaves the cache (two concurrent jobs cannot share one KV). Entries are
 // keyed by the adapter set they were computed with (AdapterSet::key): a job
 // only adopts an entry of its own set.
@@ -76,6 +76,16 @@ struct JobEvent {
   int64_t cached_tokens = 0;      // prompt tokens taken from the prompt cache
   int64_t completion_tokens = 0;  // kDone
 };
+
+// How many tokens a job keeps of a cached session that shares `common`
+// tokens with its prompt of `prompt_len`: the common prefix less at least one
+// prompt token (its logits start the decode). On a route whose arithmetic
+// depends on a product's row count (`row_dependent`: any int8 or bf16 route)
+// a restored suffix chunked differently from a fresh prefill would round
+// differently, so only whole chunks are kept (Session::whole_chunks, rounded
+// down to kMaxChunk): the rest is then chunked exactly as a fresh prefill of
+// the prompt, and the job's tokens are the cold run's bit for bit.
+int64_t RestoreLength(int64_t common, int64_t prompt_len, int64_t whole_chunks, bool row_dependent);
 
 struct JobRequest {
   std::vector<int32_t> prompt;  // non-empty

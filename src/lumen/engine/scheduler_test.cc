@@ -145,6 +145,60 @@ TEST_F(SchedulerTest, PromptCacheReusesPrefix) {
   EXPECT_EQ(c2.ids, c3.ids);
 }
 
+TEST(RestoreLength, KeepsWholeChunksOnFastRoutes) {
+  // Exact route: the common prefix, less the prompt's last token.
+  EXPECT_EQ(RestoreLength(10, 20, 0, false), 10);
+  EXPECT_EQ(RestoreLength(20, 20, 0, false), 19);
+  EXPECT_EQ(RestoreLength(0, 1, 0, false), 0);
+  // int8 / bf16 routes: whole kMaxChunk chunks that the entry computed as such.
+  static_assert(model::kMaxChunk == 128);
+  EXPECT_EQ(RestoreLength(300, 400, 256, true), 256);
+  EXPECT_EQ(RestoreLength(300, 400, 128, true), 128);  // [128, 256) was not a whole chunk
+  EXPECT_EQ(RestoreLength(200, 400, 256, true), 128);  // the prefix ends inside a chunk
+  EXPECT_EQ(RestoreLength(127, 400, 256, true), 0);
+  EXPECT_EQ(RestoreLength(300, 300, 256, true), 256);
+  EXPECT_EQ(RestoreLength(256, 256, 256, true), 128);  // one prompt token must be prefilled
+}
+
+// On the default routes (bf16 prefill, int8x2 decode) a warm job keeps whole
+// chunks of the cached prompt and gives the cold job's tokens.
+TEST_F(SchedulerTest, FastRoutesRestoreWholeChunks) {
+  LoadOptions lo;
+  lo.act_route = kernels::ActRoute::kInt8x2Bf16;
+  auto fast = LoadDefaultModel(lo);
+  ASSERT_TRUE(fast.ok()) << fast.status().message();
+  std::vector<int32_t> p1 = Prompt("Once upon a time");
+  while (p1.size() < 290) {
+    const auto more = (*fast)->tokenizer().Encode(
+        " there was a little girl named Lily. She liked to play in the sun.", false);
+    p1.insert(p1.end(), more.begin(), more.end());
+  }
+  p1.resize(290);
+  auto p2 = p1;
+  for (int32_t t : (*fast)->tokenizer().Encode(" One day", false)) p2.push_back(t);
+  auto run = [&](Scheduler& s, const std::vector<int32_t>& p) {
+    Runner r;
+    Scheduler::SubmitError err;
+    JobRequest q = r.Make(p, 7, 12);
+    EXPECT_TRUE(s.Submit(std::move(q), &err));
+    return r.promise.get_future().get();
+  };
+  SchedulerOptions o;
+  o.prompt_cache_bytes = size_t(64) << 20;
+  o.session.ctx = 512;
+  auto warm = Scheduler::Create(**fast, o);
+  ASSERT_TRUE(warm.ok()) << warm.status().message();
+  EXPECT_EQ(run(**warm, p1).done.cached_tokens, 0);
+  const Collected w = run(**warm, p2);
+  EXPECT_EQ(w.done.cached_tokens, 256);  // [256, 290) was a partial chunk
+  o.prompt_cache_bytes = 0;
+  auto cold = Scheduler::Create(**fast, o);
+  ASSERT_TRUE(cold.ok()) << cold.status().message();
+  const Collected c = run(**cold, p2);
+  EXPECT_EQ(c.done.cached_tokens, 0);
+  EXPECT_EQ(w.ids, c.ids);
+}
+
 TEST_F(SchedulerTest, QueueBoundAndCancel) {
   SchedulerOptions o;
   o.parallel = 1;

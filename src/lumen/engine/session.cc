@@ -70,6 +70,7 @@ Status Session::Append(std::span<const int32_t> tokens, std::vector<float>* all_
       LUMEN_RETURN_IF_ERROR(
           forward_.Run(chunk, pos0 + off, cache_, model::LogitsFor::kLast, logits_.data(), lora_));
     }
+    if (pos0 + off == whole_chunks_ && len == model::kMaxChunk) whole_chunks_ += len;
     tokens_.insert(tokens_.end(), chunk.begin(), chunk.end());
     high_water_ = std::max<int64_t>(high_water_, tokens_.size());
     if (last && all_logits) std::copy(all_logits->end() - V, all_logits->end(), logits_.begin());
@@ -93,6 +94,7 @@ int64_t Session::Truncate(int64_t n) {
   // past n has evicted rows that position n still attends to.
   if (rings && high_water_ - n > model::kMaxChunk && n > 0) n = 0;
   tokens_.resize(n);
+  whole_chunks_ = std::min(whole_chunks_, n - n % model::kMaxChunk);
   if (n == 0) high_water_ = 0;
   return n;
 }

@@ -60,6 +60,12 @@ class Session {
   int64_t next_pos() const { return static_cast<int64_t>(tokens_.size()); }
   void CommitBatchToken(int32_t token, std::span<const float> logits);
   const std::vector<int32_t>& tokens() const { return tokens_; }
+  // Positions [0, whole_chunks()) were appended in whole kMaxChunk-token
+  // chunks starting at multiples of kMaxChunk: as a fresh prefill of any
+  // longer prompt appends them. On a route whose arithmetic depends on a
+  // product's row count (bf16 above 4 rows, int8 up to 8; matmul.h) only
+  // those positions carry the bits a fresh prefill would give them.
+  int64_t whole_chunks() const { return whole_chunks_; }
   int64_t ctx() const { return cache_.ctx(); }
   const Model& model() const { return model_; }
   const model::KvCache& cache() const { return cache_; }
@@ -72,6 +78,7 @@ class Session {
   std::vector<int32_t> tokens_;
   std::vector<float> logits_;
   int64_t high_water_ = 0;  // most positions ever written since the last reset
+  int64_t whole_chunks_ = 0;
   const model::LoraSet* lora_ = nullptr;
 };
 

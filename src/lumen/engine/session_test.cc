@@ -5,12 +5,15 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 
 #include <fmt/format.h>
 
 #include "lumen/engine/chat.h"
 #include "lumen/engine/default_model.h"
 #include "lumen/engine/generate.h"
+#include "lumen/engine/scheduler.h"
+#include "lumen/kernels/matmul_bf16.h"
 
 namespace lumen::engine {
 namespace {
@@ -76,6 +79,61 @@ TEST_F(SessionTest, PromptOverContextIsAnErrorNamingTheSizes) {
   ASSERT_FALSE(st.ok());
   EXPECT_NE(st.message().find("context size 4"), std::string::npos) << st.message();
   EXPECT_TRUE(s->tokens().empty());  // nothing half-appended
+}
+
+// On a route whose arithmetic depends on a product's row count (bf16 above 4
+// rows, the exact dot form at 4 or fewer) a position recomputed alone rounds
+// differently from the same position inside a prefill chunk. Keeping whole
+// chunks (the prompt cache's rule, RestoreLength) and appending the rest from
+// there gives the fresh prefill's logits bit for bit.
+TEST_F(SessionTest, WholeChunksGiveTheFreshPrefillBits) {
+  if (!kernels::CpuHasBf16()) GTEST_SKIP() << "no AVX512-BF16: the bf16 route falls back to exact";
+  LoadOptions lo;
+  lo.act_route = kernels::ActRoute::kBf16;
+  auto m = LoadDefaultModel(lo);
+  ASSERT_TRUE(m.ok()) << m.status().message();
+  std::vector<int32_t> ids;
+  while (ids.size() < 300) {
+    const auto more = (*m)->tokenizer().Encode(
+        "Once upon a time, there was a little dog named Max. He liked to run in the park. ", false);
+    ids.insert(ids.end(), more.begin(), more.end());
+  }
+  ids.resize(300);  // chunks [0, 128), [128, 256), [256, 300)
+  auto fresh = [&] {
+    SessionOptions o;
+    o.ctx = 512;
+    o.kv_dtype = DType::kF32;
+    auto s = Session::Create(**m, o);
+    EXPECT_TRUE(s.ok());
+    return std::move(*s);
+  };
+  auto bytes = [](std::span<const float> v) { return std::vector<float>(v.begin(), v.end()); };
+  auto cold = fresh();
+  ASSERT_TRUE(cold->Append(ids).ok());
+  EXPECT_EQ(cold->whole_chunks(), 256);
+  const std::vector<float> want = bytes(cold->logits());
+
+  // The same prompt again: 256 tokens kept, 44 appended as the cold run did.
+  auto warm = fresh();
+  ASSERT_TRUE(warm->Append(ids).ok());
+  const int64_t keep = RestoreLength(300, 300, warm->whole_chunks(), /*row_dependent=*/true);
+  ASSERT_EQ(keep, 256);
+  EXPECT_EQ(warm->Truncate(keep), 256);
+  ASSERT_TRUE(warm->Append(std::span(ids).subspan(256)).ok());
+  EXPECT_EQ(warm->whole_chunks(), 256);
+  const std::vector<float> got = bytes(warm->logits());
+  EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)), 0);
+
+  // The exact route's rule (all but the last token) recomputes that token
+  // alone, in the dot form: other bits, which is why the rule differs.
+  auto naive = fresh();
+  ASSERT_TRUE(naive->Append(ids).ok());
+  EXPECT_EQ(naive->Truncate(RestoreLength(300, 300, naive->whole_chunks(), false)), 299);
+  EXPECT_EQ(naive->whole_chunks(), 256);
+  ASSERT_TRUE(naive->Append(std::span(ids).subspan(299)).ok());
+  const std::vector<float> other = bytes(naive->logits());
+  EXPECT_NE(std::memcmp(other.data(), want.data(), want.size() * sizeof(float)), 0);
+  EXPECT_LE(MaxDiff(other, want), 0.1);  // the same distribution, within the bf16 route's bound
 }
 
 TEST_F(SessionTest, GenerateStopsAtStopStringAndMaxTokens) {

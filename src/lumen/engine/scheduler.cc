@@ -147,13 +147,13 @@ int64_t RestoreLength(int64_t common, int64_t prompt_len, int64_t whole_chunks,
 
 void Scheduler::PutCached(std::unique_ptr<Session> s, std::string key) {
   if (opts_.prompt_cache_bytes == 0 || !s || s->tokens().empty()) return;
-  if (s->cache().bytes() > opts_.prompt_cache_bytes) return;
+  if (s->touched_kv_bytes() > opts_.prompt_cache_bytes) return;
   s->SetLora(nullptr);  // its job's set may go; the key remembers which it was
   cache_.push_front({std::move(s), std::move(key)});
   size_t total = 0;
-  for (const auto& e : cache_) total += e.session->cache().bytes();
+  for (const auto& e : cache_) total += e.session->touched_kv_bytes();
   while (total > opts_.prompt_cache_bytes) {
-    total -= cache_.back().session->cache().bytes();
+    total -= cache_.back().session->touched_kv_bytes();
     cache_.pop_back();
   }
 }
@@ -271,7 +271,7 @@ void Scheduler::Finish(Slot& s, FinishReason why, const std::string& error) {
   s.session.reset();
   {
     size_t cache_bytes = 0;
-    for (const auto& c : cache_) cache_bytes += c.session->cache().bytes();
+    for (const auto& c : cache_) cache_bytes += c.session->touched_kv_bytes();
     std::lock_guard<std::mutex> lock(mu_);
     stats_.completion_tokens += s.generated;
     if (why == FinishReason::kCancelled)
@@ -469,7 +469,7 @@ void Scheduler::Loop() {
     }
     slots_.erase(std::remove(slots_.begin(), slots_.end(), nullptr), slots_.end());
     size_t cache_bytes = 0;
-    for (const auto& e : cache_) cache_bytes += e.session->cache().bytes();
+    for (const auto& e : cache_) cache_bytes += e.session->touched_kv_bytes();
     lock.lock();
     stats_.active_slots = static_cast<int>(slots_.size());
     stats_.queue_depth = static_cast<int>(queue_.size());

@@ -145,6 +145,37 @@ TEST_F(SchedulerTest, PromptCacheReusesPrefix) {
   EXPECT_EQ(c2.ids, c3.ids);
 }
 
+// An entry is counted by the KV its sequence touched, not the buffer sized
+// for the whole context (zeroed lazily): with a long context a budget below
+// one slot's allocation still holds short conversations.
+TEST_F(SchedulerTest, PromptCacheCountsTouchedKvNotTheWholeContext) {
+  SchedulerOptions o;
+  o.session.ctx = 512;
+  auto probe = Session::Create(*model_, o.session);
+  ASSERT_TRUE(probe.ok());
+  const size_t whole = (*probe)->cache().bytes();
+  EXPECT_EQ((*probe)->touched_kv_bytes(), 0u);
+  o.prompt_cache_bytes = whole / 4;  // less than one slot's buffer
+  auto s = Scheduler::Create(*model_, o);
+  ASSERT_TRUE(s.ok());
+  auto p1 = Prompt("Once upon a time there was a little girl named Lily");
+  auto run = [&](const std::vector<int32_t>& p) {
+    Runner r;
+    Scheduler::SubmitError err;
+    EXPECT_TRUE((*s)->Submit(r.Make(p, 0, 6), &err));
+    return r.promise.get_future().get();
+  };
+  EXPECT_EQ(run(p1).done.cached_tokens, 0);
+  const auto st = (*s)->stats();
+  EXPECT_EQ(st.cache_entries, 1);
+  // p1 and 5 of the 6 tokens (the last is sampled, never run): K and V rows.
+  EXPECT_EQ(st.cache_bytes, (*probe)->cache().BytesFor(int64_t(p1.size()) + 5));
+  EXPECT_LT(st.cache_bytes, whole / 4);
+  auto p2 = p1;
+  for (int32_t t : Prompt(" She liked")) p2.push_back(t);
+  EXPECT_EQ(run(p2).done.cached_tokens, int64_t(p1.size()));
+}
+
 TEST(RestoreLength, KeepsWholeChunksOnFastRoutes) {
   // Exact route: the common prefix, less the prompt's last token.
   EXPECT_EQ(RestoreLength(10, 20, 0, false), 10);

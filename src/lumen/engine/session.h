@@ -66,6 +66,10 @@ class Session {
   // product's row count (bf16 above 4 rows, int8 up to 8; matmul.h) only
   // those positions carry the bits a fresh prefill would give them.
   int64_t whole_chunks() const { return whole_chunks_; }
+  // KV bytes this session has touched: the rows of the most positions it
+  // ever held (its cache is allocated for ctx but zeroed lazily). The
+  // prompt cache counts entries by it.
+  size_t touched_kv_bytes() const { return cache_.BytesFor(most_positions_); }
   int64_t ctx() const { return cache_.ctx(); }
   const Model& model() const { return model_; }
   const model::KvCache& cache() const { return cache_; }
@@ -79,6 +83,7 @@ class Session {
   std::vector<float> logits_;
   int64_t high_water_ = 0;  // most positions ever written since the last reset
   int64_t whole_chunks_ = 0;
+  int64_t most_positions_ = 0;  // never lowered: Truncate keeps the pages
   const model::LoraSet* lora_ = nullptr;
 };
 

@@ -36,6 +36,14 @@ LUMEN_ROUTE(
      .when = "kv=q8_0",
      .priority = 10});
 
+size_t KvCache::BytesFor(int64_t positions) const {
+  const size_t row_bytes = *RowBytes(dtype_, row_elems_);
+  size_t n = 0;
+  for (const kernels::KvRing& r : rings_)
+    n += 2 * size_t(std::clamp<int64_t>(positions, 0, r.capacity)) * row_bytes;
+  return n;
+}
+
 Result<KvCache> KvCache::Create(const ModelConfig& c, int64_t ctx, DType dtype) {
   if (dtype != DType::kF16 && dtype != DType::kBF16 && dtype != DType::kF32 &&
       dtype != DType::kQ8_0)

@@ -26,6 +26,10 @@ class KvCache {
   int64_t ctx() const { return ctx_; }
   DType dtype() const { return dtype_; }
   size_t bytes() const { return buf_.size(); }
+  // Bytes that rows [0, positions) of every layer take (ring layers at most
+  // their capacity): what a sequence that reached `positions` has touched of
+  // the buffer, whose pages are zeroed lazily (AlignedBuffer).
+  size_t BytesFor(int64_t positions) const;
 
   // Copies positions [0, n) of every layer from `other` (same shape): prompt
   // cache restore. Ring layers copy the rows still held.

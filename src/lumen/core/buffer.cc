@@ -14,47 +14,45 @@
 
 namespace lumen {
 
-namespace {
-
-size_t RoundedBytes(size_t bytes) {
-  return (bytes + AlignedBuffer::kAlign - 1) / AlignedBuffer::kAlign * AlignedBuffer::kAlign;
-}
-
-// Frees what AlignedBuffer(bytes) allocated at p.
-void FreeAligned(void* p, size_t bytes) {
-  if (!p) return;
-  if (RoundedBytes(bytes) >= AlignedBuffer::kLazyZeroBytes)
-    munmap(p, RoundedBytes(bytes));
-  else
-    std::free(p);
-}
-
-}  // namespace
-
 AlignedBuffer::AlignedBuffer(size_t bytes) : size_(bytes) {
   if (bytes == 0) return;
-  const size_t rounded = RoundedBytes(bytes);
-  if (rounded >= kLazyZeroBytes) {  // page-aligned, zero pages on first touch
-    void* p = mmap(nullptr, rounded, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) throw std::bad_alloc();
-    data_ = p;
-    return;
-  }
+  const size_t rounded = (bytes + kAlign - 1) / kAlign * kAlign;
   data_ = std::aligned_alloc(kAlign, rounded);
   if (!data_) throw std::bad_alloc();
   std::memset(data_, 0, rounded);
 }
 
-AlignedBuffer::~AlignedBuffer() { FreeAligned(data_, size_); }
+AlignedBuffer AlignedBuffer::ZeroedOnTouch(size_t bytes) {
+  AlignedBuffer b;
+  if (bytes == 0) return b;
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) throw std::bad_alloc();
+  b.data_ = p;  // page-aligned
+  b.size_ = bytes;
+  b.mapped_ = true;
+  return b;
+}
+
+void AlignedBuffer::Free() {
+  if (mapped_)
+    munmap(data_, size_);
+  else
+    std::free(data_);
+}
+
+AlignedBuffer::~AlignedBuffer() { Free(); }
 
 AlignedBuffer::AlignedBuffer(AlignedBuffer&& o) noexcept
-    : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)) {}
+    : data_(std::exchange(o.data_, nullptr)),
+      size_(std::exchange(o.size_, 0)),
+      mapped_(std::exchange(o.mapped_, false)) {}
 
 AlignedBuffer& AlignedBuffer::operator=(AlignedBuffer&& o) noexcept {
   if (this != &o) {
-    FreeAligned(data_, size_);
+    Free();
     data_ = std::exchange(o.data_, nullptr);
     size_ = std::exchange(o.size_, 0);
+    mapped_ = std::exchange(o.mapped_, false);
   }
   return *this;
 }

@@ -15,14 +15,15 @@ namespace lumen {
 class AlignedBuffer {
  public:
   static constexpr size_t kAlign = 64;
-  // From this size the buffer is anonymous memory whose pages the kernel
-  // zeroes on first touch, not heap memory zeroed here: a server's KV cache
-  // of a long context (1.4 GB for a 1B model at 45k tokens) cost every new
-  // session a memset of all of it (0.7 s before its first token, 12 s for
-  // four at once), and only the positions a sequence reaches are touched.
-  static constexpr size_t kLazyZeroBytes = size_t{4} << 20;
   AlignedBuffer() = default;
   explicit AlignedBuffer(size_t bytes);  // zero-filled; aborts only on OOM
+  // Zero-filled too, but as anonymous pages the kernel zeroes on first
+  // touch: for a large buffer of which only a part is written, a KV cache
+  // allocated for a whole context (a server's 1.4 GB for a 1B model at 45k
+  // tokens cost every new session a memset of all of it: 0.7 s before its
+  // first token, 12 s for four at once). Not for per-call scratch, which
+  // would fault its pages in on every call.
+  static AlignedBuffer ZeroedOnTouch(size_t bytes);
   ~AlignedBuffer();
   AlignedBuffer(AlignedBuffer&& o) noexcept;
   AlignedBuffer& operator=(AlignedBuffer&& o) noexcept;
@@ -37,8 +38,10 @@ class AlignedBuffer {
   size_t size() const { return size_; }
 
  private:
+  void Free();
   void* data_ = nullptr;
   size_t size_ = 0;
+  bool mapped_ = false;  // ZeroedOnTouch: munmap, not free
 };
 
 // How a file's bytes are made resident.

@@ -158,32 +158,30 @@ size_t ResidentBytes() {
   return n == 2 ? size_t(resident) * size_t(sysconf(_SC_PAGESIZE)) : 0;
 }
 
-// Small and large buffers alike are zeroed, 64-byte aligned and move-only
-// owners; a large one is not touched until written (a server's KV cache of
-// a long context), so creating it costs no resident memory.
-TEST(Buffer, AlignedBufferZeroedAndLargeOnesUntouched) {
-  for (size_t bytes : {size_t{100}, size_t{1} << 20, AlignedBuffer::kLazyZeroBytes - 1,
-                       AlignedBuffer::kLazyZeroBytes, size_t{40} << 20}) {
-    const size_t before = ResidentBytes();
-    AlignedBuffer b(bytes);
-    const size_t after = ResidentBytes();
-    ASSERT_NE(b.data(), nullptr);
-    EXPECT_EQ(reinterpret_cast<uintptr_t>(b.data()) % AlignedBuffer::kAlign, 0u);
-    if (bytes >= AlignedBuffer::kLazyZeroBytes && before > 0)
-      EXPECT_LT(after - std::min(after, before), size_t{1} << 20) << bytes;
-    const auto* p = b.as<const unsigned char>();
-    EXPECT_EQ(p[0], 0);
-    EXPECT_EQ(p[bytes - 1], 0);
-    EXPECT_EQ(p[bytes / 2], 0);
-    b.as<unsigned char>()[bytes - 1] = 7;
-    AlignedBuffer moved(std::move(b));
-    EXPECT_EQ(b.data(), nullptr);
-    EXPECT_EQ(moved.as<unsigned char>()[bytes - 1], 7);
-    AlignedBuffer other(64);
-    other = std::move(moved);  // frees other's 64 bytes, takes the large one
-    EXPECT_EQ(other.size(), bytes);
-    EXPECT_EQ(other.as<unsigned char>()[bytes - 1], 7);
-  }
+// Both kinds are zeroed, 64-byte aligned, move-only owners; ZeroedOnTouch
+// (a KV cache of a long context) costs no resident memory until written.
+TEST(Buffer, AlignedBufferZeroedAndZeroedOnTouchUntouched) {
+  for (const bool lazy : {false, true})
+    for (size_t bytes : {size_t{100}, size_t{1} << 20, size_t{40} << 20}) {
+      const size_t before = ResidentBytes();
+      AlignedBuffer b = lazy ? AlignedBuffer::ZeroedOnTouch(bytes) : AlignedBuffer(bytes);
+      const size_t after = ResidentBytes();
+      ASSERT_NE(b.data(), nullptr);
+      EXPECT_EQ(reinterpret_cast<uintptr_t>(b.data()) % AlignedBuffer::kAlign, 0u);
+      if (lazy && before > 0) EXPECT_LT(after - std::min(after, before), size_t{1} << 20) << bytes;
+      const auto* p = b.as<const unsigned char>();
+      EXPECT_EQ(p[0], 0);
+      EXPECT_EQ(p[bytes - 1], 0);
+      EXPECT_EQ(p[bytes / 2], 0);
+      b.as<unsigned char>()[bytes - 1] = 7;
+      AlignedBuffer moved(std::move(b));
+      EXPECT_EQ(b.data(), nullptr);
+      EXPECT_EQ(moved.as<unsigned char>()[bytes - 1], 7);
+      AlignedBuffer other(64);
+      other = std::move(moved);  // frees other's 64 bytes, takes the large one
+      EXPECT_EQ(other.size(), bytes);
+      EXPECT_EQ(other.as<unsigned char>()[bytes - 1], 7);
+    }
 }
 
 TEST(Buffer, MappedFileErrorsNameThePath) {

@@ -64,7 +64,8 @@ Result<KvCache> KvCache::Create(const ModelConfig& c, int64_t ctx, DType dtype) 
     caps[l] = c.layer_sliding[l] ? std::min(ctx, c.sliding_window + kMaxChunk) : ctx;
     total += 2 * size_t(caps[l]) * row_bytes;
   }
-  kv.buf_ = AlignedBuffer(total);
+  // Allocated for the whole context, touched only as far as the sequence goes.
+  kv.buf_ = AlignedBuffer::ZeroedOnTouch(total);
   char* p = kv.buf_.as<char>();
   for (int l = 0; l < c.n_layers; ++l) {
     kernels::KvRing r;

@@ -220,6 +220,24 @@ TEST(Cli, ConvertRoundTripGgufHfGguf) {
   ExpectSameTensors(src, back);
 }
 
+// With -p the one positional is the model (llama.cpp users' habit), whether
+// it names a file or not; with -m and -p a positional is refused.
+TEST(Cli, GeneratePositionalIsTheModelWithPrompt) {
+  const std::string src = std::string(LUMEN_SOURCE_DIR) + "/models/stories260K.gguf";
+  CliRun want = Lumen("generate " + src + " \"Once upon a time\" -n 20 --temp 0");
+  ASSERT_EQ(want.code, 0) << want.err;
+  CliRun got = Lumen("generate " + src + " -p \"Once upon a time\" -n 20 --temp 0");
+  ASSERT_EQ(got.code, 0) << got.err;
+  EXPECT_EQ(got.out, want.out);
+  EXPECT_EQ(got.out.rfind("Once upon a time", 0), 0u) << got.out;
+  CliRun missing = Lumen("generate /nonexistent/m.gguf -p hi -n 2");
+  EXPECT_NE(missing.code, 0);
+  EXPECT_NE(missing.err.find("/nonexistent/m.gguf"), std::string::npos) << missing.err;
+  CliRun both = Lumen("generate -m " + src + " -p hi extra -n 2");
+  EXPECT_NE(both.code, 0);
+  EXPECT_NE(both.err.find("'extra'"), std::string::npos) << both.err;
+}
+
 TEST(Cli, ConvertToF16AndQ8) {
   const std::string src = std::string(LUMEN_SOURCE_DIR) + "/models/stories260K.gguf";
   for (const char* type : {"f16", "q8_0"}) {

@@ -44,7 +44,9 @@ void PrintStats(const engine::GenerateResult& r) {
                std::string(engine::FinishReasonName(r.finish)).c_str());
 }
 
-// One positional: a prompt, unless it names an existing model file/dir.
+// One positional: the model with -p (llama.cpp's `-p PROMPT` habit; it used
+// to become the prompt, the path's text run on the embedded model), else a
+// prompt unless it names an existing model file/dir.
 Status ResolvePositionals(GenerateArgs& a) {
   auto& p = a.positionals;
   if (p.size() > 2) return Error("expected at most MODEL and PROMPT");
@@ -53,10 +55,12 @@ Status ResolvePositionals(GenerateArgs& a) {
     a.prompt = p[1];
   } else if (p.size() == 1) {
     std::error_code ec;
-    if (a.model.model.empty() && std::filesystem::exists(p[0], ec) && !a.prompt.size())
+    if (a.model.model.empty() && (!a.prompt.empty() || std::filesystem::exists(p[0], ec)))
       a.model.model = p[0];
-    else
+    else if (a.prompt.empty())
       a.prompt = p[0];
+    else
+      return Errorf("'{}': --model and --prompt are both given; nothing is left for it", p[0]);
   }
   return Status::Ok();
 }

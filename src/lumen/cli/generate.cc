@@ -44,9 +44,8 @@ void PrintStats(const engine::GenerateResult& r) {
                std::string(engine::FinishReasonName(r.finish)).c_str());
 }
 
-// One positional: the model with -p (llama.cpp's `-p PROMPT` habit; it used
-// to become the prompt, the path's text run on the embedded model), else a
-// prompt unless it names an existing model file/dir.
+// One positional: the model when -p gives the prompt (llama.cpp users'
+// habit), else the prompt unless it names an existing model file/dir.
 Status ResolvePositionals(GenerateArgs& a) {
   auto& p = a.positionals;
   if (p.size() > 2) return Error("expected at most MODEL and PROMPT");

@@ -123,13 +123,11 @@ void RunServe(CLI::App* cmd, ServeArgs& a) {
   if (!m.ok()) return ReportError(m.status());
   // Embeddings take the exact products by default, as `lumen embed` does
   // (they are held to sentence-transformers' vectors, embeddings_test.cc): an
-  // embedding model, or --pooling, with no route flag given is loaded again so.
+  // embedding model, or --pooling, with no route flag given switches to them.
   const bool preset = a.model.act_route.empty() && a.model.tier.empty() && !a.model.exact;
   if (preset && ((*m)->config().pooling != model::Pooling::kNone || !a.pooling.empty())) {
     a.model.default_act_route = "exact";
-    m->reset();  // one copy of the weights at a time
-    m = LoadModel(a.model);
-    if (!m.ok()) return ReportError(m.status());
+    (*m)->SetActRoute(kernels::ActRoute::kExact);
   }
   const engine::Model& model = **m;
   AnnounceRoutes(a.model, model, "serve");

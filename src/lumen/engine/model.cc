@@ -106,6 +106,11 @@ int64_t Model::parameter_count() const {
   return n;
 }
 
+void Model::SetActRoute(kernels::ActRoute route) {
+  model::ForEachMatrix(weights_, [&](kernels::Matrix& m) { m.route = route; });
+  act_route_ = route;
+}
+
 size_t Model::weight_bytes() const {
   size_t n = 0;
   for (const auto& t : tensors_) n += t.matrix.bytes();
@@ -129,8 +134,7 @@ Status Model::Finish(const LoadOptions& opts) {
     if (n > 0) LUMEN_LOG_DEBUG("repacked {} matrices into column groups", n);
   }
   LUMEN_ASSIGN_OR_RETURN(weights_, model::BindWeights(config_, lookup));
-  model::ForEachMatrix(weights_, [&](kernels::Matrix& m) { m.route = opts.act_route; });
-  act_route_ = opts.act_route;
+  SetActRoute(opts.act_route);
   if (!opts.adapter_dir.empty()) {
     LUMEN_ASSIGN_OR_RETURN(Adapter a, LoadAdapter(opts.adapter_dir, config_));
     adapter_ = std::make_unique<Adapter>(std::move(a));

@@ -63,8 +63,12 @@ class Model {
   const std::string& format() const { return format_; }  // "gguf", "hf", "mlx", "llama2c"
   const std::vector<StoredTensor>& tensors() const { return tensors_; }
   const Adapter* adapter() const { return adapter_.get(); }
-  // The activation route every matrix was loaded with (LoadOptions::act_route).
+  // The activation route of every matrix (LoadOptions::act_route). Setting
+  // another after the load is exact for every route: matrices repacked into
+  // column groups for an int8 route decode to the plain values elsewhere
+  // (core/repack.h); an int8 route set later runs on the file's layout.
   kernels::ActRoute act_route() const { return act_route_; }
+  void SetActRoute(kernels::ActRoute route);
   int64_t parameter_count() const;
   size_t weight_bytes() const;  // bytes streamed per decoded token
   // Bytes of the model's files held as anonymous copies (core/buffer.h

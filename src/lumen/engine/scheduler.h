@@ -79,9 +79,11 @@ struct JobEvent {
 
 // How many tokens a job keeps of a cached session that shares `common`
 // tokens with its prompt of `prompt_len`: the common prefix less at least one
-// prompt token (its logits start the decode). On a route whose arithmetic
-// depends on a product's row count (`row_dependent`: any int8 or bf16 route)
-// a restored suffix chunked differently from a fresh prefill would round
+// prompt token (its logits start the decode). On a route that switches by a
+// product's row count (`row_dependent`: any int8 or bf16 route, where a
+// 1-token suffix takes another route than its place in a prefill chunk did,
+// not only the exact route's other summation order at 4 rows or fewer) a
+// restored suffix chunked differently from a fresh prefill would round
 // differently, so only whole chunks are kept (Session::whole_chunks, rounded
 // down to kMaxChunk): the rest is then chunked exactly as a fresh prefill of
 // the prompt, and the job's tokens are the cold run's bit for bit.

@@ -72,18 +72,21 @@ Status Session::Append(std::span<const int32_t> tokens, std::vector<float>* all_
     }
     if (pos0 + off == whole_chunks_ && len == model::kMaxChunk) whole_chunks_ += len;
     tokens_.insert(tokens_.end(), chunk.begin(), chunk.end());
-    high_water_ = std::max<int64_t>(high_water_, tokens_.size());
-    most_positions_ = std::max(most_positions_, high_water_);
+    NoteLength();
     if (last && all_logits) std::copy(all_logits->end() - V, all_logits->end(), logits_.begin());
   }
   return Status::Ok();
 }
 
+void Session::NoteLength() {
+  high_water_ = std::max<int64_t>(high_water_, tokens_.size());
+  most_positions_ = std::max(most_positions_, high_water_);
+}
+
 void Session::CommitBatchToken(int32_t token, std::span<const float> logits) {
   LUMEN_CHECK(logits.size() == logits_.size());
   tokens_.push_back(token);
-  high_water_ = std::max<int64_t>(high_water_, tokens_.size());
-  most_positions_ = std::max(most_positions_, high_water_);
+  NoteLength();
   std::copy(logits.begin(), logits.end(), logits_.begin());
 }
 

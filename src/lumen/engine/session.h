@@ -76,6 +76,7 @@ class Session {
 
  private:
   Session(const Model& m, model::KvCache cache);
+  void NoteLength();  // after tokens_ grew: the high-water marks
   const Model& model_;
   model::KvCache cache_;
   model::Forward forward_;

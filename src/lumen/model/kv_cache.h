@@ -28,7 +28,7 @@ class KvCache {
   size_t bytes() const { return buf_.size(); }
   // Bytes that rows [0, positions) of every layer take (ring layers at most
   // their capacity): what a sequence that reached `positions` has touched of
-  // the buffer, whose pages are zeroed lazily (AlignedBuffer).
+  // the buffer, whose pages are zeroed on first touch (AlignedBuffer::ZeroedOnTouch).
   size_t BytesFor(int64_t positions) const;
 
   // Copies positions [0, n) of every layer from `other` (same shape): prompt

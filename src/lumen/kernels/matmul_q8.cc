@@ -54,10 +54,16 @@
 //     on one row than quads, session 15; repacked at load they are faster.)
 //   K-quants: a super-block is four columns, one 16-element slice per lane
 //     (see SuperColumns).
-//   MLX 4-bit: 64 bytes are a twin as they are (low nibbles: the even
-//     elements of 128, high: the odd; lane l = elements 8l..8l+7, one group);
-//     8-bit: the even and the odd 4-byte words of 128 bytes. A row of 64 x odd
-//     elements ends in one 64-element record.
+//   MLX 4-bit: groups of 512 elements as Q4_0 column groups, built at run
+//     time: column c's lane l is dword c of activation block l (elements
+//     8c..8c+7 of the block's 32; low nibbles the even ones, high the odd),
+//     gathered from the group's four vectors by two vpermt2d and a blend, so
+//     the lane work is paid once per 512 weights (session 19: batch-4 step
+//     1.3x, one row 1.1x). The 128-element runs after the last group are
+//     twins: 64 bytes as they are (low nibbles: the even elements of 128,
+//     high: the odd; lane l = elements 8l..8l+7, one group). 8-bit: the even
+//     and the odd 4-byte words of 128 bytes. A row of 64 x odd elements ends
+//     in one 64-element record.
 // Q4_0/Q5_0/Q8_0 codes are unsigned (q standing for q - 8, q for q - 16,
 // q + 128) against signed activations: sum(w x) = sum(c x) - offset sum(x),
 // and Prepare stores each lane's correction (a quad's two records', a Q8_0
@@ -149,7 +155,9 @@ enum class Fmt {
 
 // The activations' byte order within a 64-element record (see Layout).
 // kBlockColumnsK: Q4_K / Q5_K column groups, as kBlockColumns up to the
-// last group, then a last odd super-block as kColumns.
+// last group, then a last odd super-block as kColumns. kMlxGroups: MLX
+// 4-bit, groups of 512 whose record j lane l holds bytes of block l as the
+// kernel's column j % 4 reads them (SourceIndex), then kEvenOdd twins.
 enum class Order {
   kNatural,
   kQuads,
@@ -158,7 +166,8 @@ enum class Order {
   kPairColumns,
   kColumns,
   kEvenOdd,
-  kWordTwins
+  kWordTwins,
+  kMlxGroups
 };
 
 // Orders whose several records of a period accumulate into the same lanes
@@ -179,7 +188,7 @@ struct Geometry {
 };
 
 Geometry GeometryFor(const Matrix& W) {
-  if (W.mlx_bits == 4) return {Fmt::kMlx4, 0, 0, W.mlx_group, Order::kEvenOdd};
+  if (W.mlx_bits == 4) return {Fmt::kMlx4, 0, 0, W.mlx_group, Order::kMlxGroups};
   if (W.mlx_bits == 8) return {Fmt::kMlx8, 0, 0, W.mlx_group, Order::kWordTwins};
   switch (W.w.dtype) {
     case DType::kQ4_0:
@@ -222,6 +231,12 @@ Geometry GeometryFor(const Matrix& W) {
 
 // Natural element index (within the row) of byte `pos` of the laid-out row.
 int64_t SourceIndex(Order order, int64_t nb, int64_t pos) {
+  if (order == Order::kMlxGroups) {  // groups of 512 (RowsMlx), then twins
+    if (pos >= nb / kColsBlocks * kColsElems) return SourceIndex(Order::kEvenOdd, nb, pos);
+    // Record j, lane l, byte i: column j % 4 of block l, its low (j < 4) or high nibbles.
+    const int64_t o = pos % kColsElems, j = o / 64, l = o % 64 / 4, i = o % 4;
+    return pos - o + kQK * l + 8 * (j % 4) + 2 * i + j / 4;
+  }
   if (order == Order::kEvenOdd || order == Order::kWordTwins) {  // MLX, see RowsMlx
     const int64_t K = nb * kQK, base = pos / 128 * 128, o = pos % 128, v = o / 64, b = o % 64;
     if (order == Order::kWordTwins)
@@ -330,7 +345,8 @@ Period PeriodOf(const Geometry& g, int64_t K) {
   Period p;
   const bool columns = g.order == Order::kColumns;
   const bool pairs = g.order == Order::kPairColumns;
-  const bool blocks = g.order == Order::kBlockColumns || g.order == Order::kBlockColumnsK;
+  const bool blocks = g.order == Order::kBlockColumns || g.order == Order::kBlockColumnsK ||
+                      g.order == Order::kMlxGroups;
   p.len = g.order == Order::kNatural ? 64 : columns || pairs ? kQKK : blocks ? kColsElems : 128;
   p.end = g.order == Order::kNatural ? K / 64 * 64
           : columns                  ? K
@@ -489,14 +505,31 @@ LUMEN_VNNI void PrepareBlockColumnsVnni(const Geometry& g, int levels, const Per
   const __m512i lane8 =
       _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
                          _mm512_set1_epi32(8));
+  // MLX groups: record j lane l is not dword j of block l but its bytes
+  // 8 (j % 4) + j / 4 + 2 i (SourceIndex), so each block's bytes are first
+  // put in that order (one byte permute per two blocks), then gathered alike.
+  const bool mlx = g.order == Order::kMlxGroups;
+  alignas(64) int8_t perm_idx[64], permuted[2][kColsElems];
+  for (int b = 0; b < 64; ++b) {
+    const int o = b % kQK, j = o / 4, i = o % 4;
+    perm_idx[b] = static_cast<int8_t>(b - o + 8 * (j % 4) + j / 4 + 2 * i);
+  }
+  const __m512i perm = _mm512_load_si512(perm_idx);
   for (int64_t base = 0; base < per.end; base += kColsElems) {
     const __m512 d = _mm512_loadu_ps(dn + base / kQK);
+    const int8_t* src[2] = {q[0] + base, levels == 2 ? q[1] + base : nullptr};
+    for (int l = 0; mlx && l < levels; ++l) {
+      for (int b = 0; b < kColsElems; b += 64)
+        _mm512_store_si512(permuted[l] + b,
+                           _mm512_permutexvar_epi8(perm, _mm512_loadu_si512(src[l] + b)));
+      src[l] = permuted[l];
+    }
     __m512i total = _mm512_setzero_si512();
     for (int j = 0; j < 8; ++j) {
       const __m512i idx = _mm512_add_epi32(lane8, _mm512_set1_epi32(j));
       __m512i sum = _mm512_setzero_si512();
       for (int l = 0; l < levels; ++l) {
-        const __m512i v = _mm512_i32gather_epi32(idx, q[l] + base, 4);
+        const __m512i v = _mm512_i32gather_epi32(idx, src[l], 4);
         _mm512_store_si512(rec + 64 * l, v);
         const __m512i t = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, v);
         sum = l == 0 ? t : _mm512_add_epi32(_mm512_slli_epi32(sum, 8), t);
@@ -515,7 +548,8 @@ LUMEN_VNNI void PrepareBlockColumnsVnni(const Geometry& g, int levels, const Per
 LUMEN_VNNI void PrepareRecordsVnni(const Geometry& g, int levels, const Period& per,
                                    const int8_t* q1, const int8_t* q2, const float* dn,
                                    uint8_t* rec, int32_t* corr) {
-  if (g.order == Order::kBlockColumns || g.order == Order::kBlockColumnsK)
+  if (g.order == Order::kBlockColumns || g.order == Order::kBlockColumnsK ||
+      g.order == Order::kMlxGroups)
     return PrepareBlockColumnsVnni(g, levels, per, q1, q2, dn, rec, corr);
   const int64_t P = per.len, nrec = P / 64;  // records per period: 1, 2 or 4
   __m512i idx[4], lane_blk[4];
@@ -1496,7 +1530,57 @@ LUMEN_VNNI void RowsMlx(const Matrix& W, const Int8Rows& X, int64_t m0, float* Y
           acc[r][A] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), sd, acc[r][A]);
         }
       };
+      // MLX 4-bit: group Q (elements 512 Q .. 512 Q + 511, records 8 Q ..)
+      // into accumulator A, as a Q4_0 column group: lane l is activation
+      // block l (32 elements, one dx, one MLX group or half or a quarter of
+      // one), column c its dword c (elements 8c .. 8c + 7), whose low nibbles
+      // meet record c and high nibbles record 4 + c (SourceIndex). The four
+      // columns are gathered from the group's four vectors at run time (two
+      // vpermt2d and a blend each), so the lane work is paid once per 512
+      // weights, not once per 128 as in a twin.
+      auto group = [&]<int A>(int64_t Q, std::integral_constant<int, A>) LUMEN_VNNI {
+        const uint8_t* c0 = codes + 256 * Q;
+        PrefetchAhead(c0, 256, s.ahead);
+        const __m512i v0 = _mm512_loadu_si512(c0), v1 = _mm512_loadu_si512(c0 + 64);
+        const __m512i v2 = _mm512_loadu_si512(c0 + 128), v3 = _mm512_loadu_si512(c0 + 192);
+        const __m512i k4 = _mm512_set1_epi8(0x0F);
+        __m512i lo[4], hi[4];
+        for (int c = 0; c < 4; ++c) {
+          // lane l <- dword 4 (l % 8) + c of [v0 | v1] (lanes 0-7) or [v2 | v3].
+          const __m512i idx = LaneValues([c](int l) { return 4 * (l % 8) + c; });
+          const __m512i col =
+              _mm512_mask_blend_epi32(0xFF00, _mm512_permutex2var_epi32(v0, idx, v1),
+                                      _mm512_permutex2var_epi32(v2, idx, v3));
+          lo[c] = _mm512_and_si512(col, k4);
+          hi[c] = _mm512_and_si512(_mm512_srli_epi16(col, 4), k4);
+        }
+        const float* sg = &sb[Q * (kColsElems / G)];
+        const __m512 sc = G == 32   ? _mm512_loadu_ps(sg)
+                          : G == 64 ? _mm512_permutexvar_ps(LaneValues([](int l) { return l / 2; }),
+                                                            _mm512_maskz_loadu_ps(0xFF, sg))
+                                    : _mm512_permutexvar_ps(LaneValues([](int l) { return l / 4; }),
+                                                            _mm512_maskz_loadu_ps(0xF, sg));
+        for (int r = 0; r < MB; ++r) {
+          const uint8_t* rec = x[r] + kRecord<L> * 8 * Q;
+          const __m512i i = GroupDot<L>(_mm512_setzero_si512(), lo, hi, rec);
+          const __m512 sd =
+              _mm512_mul_ps(sc, _mm512_load_ps(reinterpret_cast<const float*>(rec + 64 * L)));
+          acc[r][A] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), sd, acc[r][A]);
+        }
+      };
       int64_t t = s.u0;
+      if constexpr (F == Fmt::kMlx4) {
+        // Spans start on a group (BySpans); the twins after the last group.
+        const int64_t groups_end = std::min(s.u1, K / kColsElems * 4);
+        for (; t + 8 <= groups_end; t += 8) {
+          group(t / 4, std::integral_constant<int, 0>{});
+          group(t / 4 + 1, std::integral_constant<int, 1>{});
+        }
+        if (t < groups_end) {
+          group(t / 4, std::integral_constant<int, 0>{});
+          t += 4;
+        }
+      }
       for (; t + 2 <= s.u1; t += 2) {
         twin(t, std::integral_constant<int, 0>{});
         twin(t + 1, std::integral_constant<int, 1>{});
@@ -1568,9 +1652,10 @@ void BySpans(const Matrix& W, const Geometry& g, int64_t M, int64_t n0, int64_t 
   const int64_t units = W.k / unit;
   // Rows past kMaxSpans x kSpanK elements take longer spans.
   int64_t per = std::max(kSpanK / unit, (units + kMaxSpans - 1) / kMaxSpans);
-  if (g.order == Order::kPairColumns) per += per % 2;            // whole groups of 8 blocks
-  if (g.order == Order::kBlockColumns) per = (per + 3) / 4 * 4;  // of 16 blocks
-  if (g.order == Order::kBlockColumnsK) per += per % 2;          // of 2 super-blocks
+  if (g.order == Order::kPairColumns) per += per % 2;  // whole groups of 8 blocks
+  if (g.order == Order::kBlockColumns || g.order == Order::kMlxGroups)
+    per = (per + 3) / 4 * 4;                             // of 16 blocks
+  if (g.order == Order::kBlockColumnsK) per += per % 2;  // of 2 super-blocks
   Span spans[kMaxSpans];
   int count = 0;
   for (int64_t u = 0; u < units || count == 0; u += per) {

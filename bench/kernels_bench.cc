@@ -10,6 +10,7 @@
 // Run: build/<dir>/bench/lumen_bench_kernels --benchmark_filter=MatVec
 #include <benchmark/benchmark.h>
 
+#include <chrono>
 #include <cstring>
 #include <memory>
 #include <random>
@@ -35,13 +36,13 @@ struct Weight {
 
 // Weight "type" index -> storage; 7 = MLX 4-bit g64 (bf16 scales), 9 and 10 =
 // Q4_0 and Q4_K repacked at load into column groups (core/repack.h).
-constexpr DType kTypes[] = {DType::kF32,  DType::kF16,      DType::kBF16,    DType::kQ8_0,
-                            DType::kQ4_0, DType::kQ4_K,     DType::kQ6_K,    DType::kU32,
-                            DType::kQ2_K, DType::kQ4_0Cols, DType::kQ4_KCols};
+constexpr DType kTypes[] = {DType::kF32,  DType::kF16,      DType::kBF16,     DType::kQ8_0,
+                            DType::kQ4_0, DType::kQ4_K,     DType::kQ6_K,     DType::kU32,
+                            DType::kQ2_K, DType::kQ4_0Cols, DType::kQ4_KCols, DType::kQ3_K};
 constexpr int kMlx = 7;
 const char* TypeName(int t) {
-  static const char* names[] = {"f32",  "f16",      "bf16", "q8_0",      "q4_0",     "q4_k",
-                                "q6_k", "mlx4_g64", "q2_k", "q4_0_cols", "q4_k_cols"};
+  static const char* names[] = {"f32",  "f16",      "bf16", "q8_0",      "q4_0",      "q4_k",
+                                "q6_k", "mlx4_g64", "q2_k", "q4_0_cols", "q4_k_cols", "q3_k"};
   return names[t];
 }
 
@@ -175,6 +176,40 @@ void BM_MatMulL2(benchmark::State& state) {
               1, 2);
 }
 BENCHMARK(BM_MatMulL2)->ArgsProduct({{3, 4, 5, 6, 7, 8, 9, 10}, {1, 2, 4}})->UseRealTime();
+
+// What one weight row costs the int8x2 kernel at M activation rows, apart
+// from the work per call (quantizing and laying out the activations): the
+// same product at N = 256 and N = 1024 (both in L2, K = 2048) timed in turn,
+// row_ns = the difference over 768 rows, call_ns = what is left of the N =
+// 256 call. row_ns at M = 4 over row_ns at M = 1 bounds a batch-4 step's cost
+// where one row decodes at the kernel's rate, not the memory's.
+void BM_MatMulRowCost(benchmark::State& state) {
+  const int type = static_cast<int>(state.range(0));
+  const int64_t M = state.range(1), K = 2048, N1 = 256, N2 = 1024;
+  auto a = MakeWeight(type, N1, K), b = MakeWeight(type, N2, K);
+  a->m.route = b->m.route = ActRoute::kInt8x2;
+  std::vector<float> x(M * K), y(M * N2);
+  std::mt19937 rng(2);
+  for (auto& v : x) v = std::uniform_real_distribution<float>(-1, 1)(rng);
+  ThreadPool pool(1);
+  double t1 = 0, t2 = 0;
+  for (auto _ : state) {
+    const auto s0 = std::chrono::steady_clock::now();
+    MatMul(a->m, x.data(), M, K, y.data(), N1, &pool);
+    const auto s1 = std::chrono::steady_clock::now();
+    MatMul(b->m, x.data(), M, K, y.data(), N2, &pool);
+    const auto s2 = std::chrono::steady_clock::now();
+    benchmark::DoNotOptimize(y.data());
+    t1 += std::chrono::duration<double, std::nano>(s1 - s0).count();
+    t2 += std::chrono::duration<double, std::nano>(s2 - s1).count();
+  }
+  const double iters = static_cast<double>(state.iterations());
+  const double row_ns = (t2 - t1) / iters / static_cast<double>(N2 - N1);
+  state.counters["row_ns"] = row_ns;
+  state.counters["call_ns"] = t1 / iters - static_cast<double>(N1) * row_ns;
+  state.SetLabel(TypeName(type));
+}
+BENCHMARK(BM_MatMulRowCost)->ArgsProduct({{3, 4, 5, 6, 7, 8, 9, 10, 11}, {1, 4}})->UseRealTime();
 // The bf16 prefill route (matmul_bf16.h) beside the exact M=256 rows above.
 BENCHMARK(BM_MatMul)
     ->ArgsProduct({{0, 1, 2, 3, 4, 5, 6, 7}, {256}, {1, 2}, {2048}, {2}})

@@ -312,7 +312,11 @@ TEST(RouteKl, Int8x2DecodeGateOnEveryWeightType) {
   auto tiny = engine::Model::Load(so.out, lo);
   ASSERT_TRUE(tiny.ok()) << tiny.status().message();
   ExpectGateOnEachStorage(**tiny,
-                          {{DType::kQ2_K}, {DType::kQ3_K}, {DType::kQ5_K}, {DType::kF32, 8, 128}},
+                          {{DType::kQ2_K},
+                           {DType::kQ3_K},
+                           {DType::kQ5_K},
+                           {DType::kF32, 8, 128},
+                           {DType::kF32, 4, 64}},  // K = 512: a 512-weight group (RowsMlx)
                           {"the cat", "a b c d", "hello world", "one two three", "x y z"}, dir);
   fs::remove_all(dir);
 }

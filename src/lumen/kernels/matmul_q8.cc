@@ -509,8 +509,8 @@ LUMEN_VNNI void PrepareBlockColumnsVnni(const Geometry& g, int levels, const Per
   // 8 (j % 4) + j / 4 + 2 i (SourceIndex), so each block's bytes are first
   // put in that order (one byte permute per two blocks), then gathered alike.
   const bool mlx = g.order == Order::kMlxGroups;
-  alignas(64) int8_t perm_idx[64], permuted[2][kColsElems];
-  for (int b = 0; b < 64; ++b) {
+  alignas(64) int8_t perm_idx[64] = {}, permuted[2][kColsElems];
+  for (int b = 0; mlx && b < 64; ++b) {
     const int o = b % kQK, j = o / 4, i = o % 4;
     perm_idx[b] = static_cast<int8_t>(b - o + 8 * (j % 4) + j / 4 + 2 * i);
   }
@@ -955,6 +955,24 @@ template <int L>
   });
 }
 
+// Calls group(G, integral_constant<A>) for the groups of `per` units from
+// unit u (the start of a group) up to `end` (a group boundary), two at a
+// time into accumulator sets 0 and 1, a last odd one into set 0. Returns the
+// unit after the last group.
+template <class Group>
+[[gnu::always_inline]] LUMEN_VNNI inline int64_t EachGroup(int64_t u, int64_t end, int64_t per,
+                                                           Group group) {
+  for (; u + 2 * per <= end; u += 2 * per) {
+    group(u / per, std::integral_constant<int, 0>{});
+    group(u / per + 1, std::integral_constant<int, 1>{});
+  }
+  if (u < end) {
+    group(u / per, std::integral_constant<int, 0>{});
+    u += per;
+  }
+  return u;
+}
+
 template <Fmt F, int MB, int L>
 LUMEN_VNNI void Rows(const Matrix& W, const Geometry& g, const Int8Rows& X, int64_t m0, float* Y,
                      int64_t ldy, int64_t n0, int64_t n1, std::span<const Span> spans) {
@@ -1101,16 +1119,7 @@ LUMEN_VNNI void Rows(const Matrix& W, const Geometry& g, const Int8Rows& X, int6
       };
       if constexpr (kGroups) {
         // Spans start on a group (BySpans); the quads after the groups are plain.
-        const int64_t groups_end = std::min(s.u1, nb / kColsBlocks * 4);
-        int64_t u = s.u0;
-        for (; u + 8 <= groups_end; u += 8) {
-          cgroup(u / 4, std::integral_constant<int, 0>{});
-          cgroup(u / 4 + 1, std::integral_constant<int, 1>{});
-        }
-        if (u < groups_end) {
-          cgroup(u / 4, std::integral_constant<int, 0>{});
-          u += 4;
-        }
+        int64_t u = EachGroup(s.u0, std::min(s.u1, nb / kColsBlocks * 4), 4, cgroup);
         for (; u < s.u1; ++u) quad(u, std::integral_constant<int, 1>{});
       } else if constexpr (kQuads) {
         int64_t q = s.u0;
@@ -1121,16 +1130,7 @@ LUMEN_VNNI void Rows(const Matrix& W, const Geometry& g, const Int8Rows& X, int6
         if (q < s.u1) quad(q, std::integral_constant<int, 0>{});
       } else {
         // Spans start on a group (BySpans) and end on one or at the row's end.
-        const int64_t groups_end = std::min(s.u1, nb / 8 * 2);
-        int64_t u = s.u0;
-        for (; u + 4 <= groups_end; u += 4) {
-          group(u / 2, std::integral_constant<int, 0>{});
-          group(u / 2 + 1, std::integral_constant<int, 1>{});
-        }
-        if (u < groups_end) {
-          group(u / 2, std::integral_constant<int, 0>{});
-          u += 2;
-        }
+        int64_t u = EachGroup(s.u0, std::min(s.u1, nb / 8 * 2), 2, group);
         for (; u < s.u1; ++u) {
           pair(4 * u, 2 * u, std::integral_constant<int, 0>{});
           pair(4 * u + 2, 2 * u + 1, std::integral_constant<int, 1>{});
@@ -1423,18 +1423,8 @@ LUMEN_VNNI void RowsK(const Matrix& W, const Geometry& g, const Int8Rows& X, int
         }
       };
       int64_t sb = s.u0;
-      if constexpr (kGroups) {
-        // Spans start on a group (BySpans); a last odd super-block is plain.
-        const int64_t groups_end = std::min(s.u1, W.k / kColsElems * 2);
-        for (; sb + 4 <= groups_end; sb += 4) {
-          cgroup(sb / 2, std::integral_constant<int, 0>{});
-          cgroup(sb / 2 + 1, std::integral_constant<int, 1>{});
-        }
-        if (sb < groups_end) {
-          cgroup(sb / 2, std::integral_constant<int, 0>{});
-          sb += 2;
-        }
-      }
+      if constexpr (kGroups)  // spans start on a group (BySpans); a last odd super-block is plain
+        sb = EachGroup(sb, std::min(s.u1, W.k / kColsElems * 2), 2, cgroup);
       for (; sb + 2 <= s.u1; sb += 2) {
         super(sb, std::integral_constant<int, 0>{});
         super(sb + 1, std::integral_constant<int, 1>{});
@@ -1569,18 +1559,8 @@ LUMEN_VNNI void RowsMlx(const Matrix& W, const Int8Rows& X, int64_t m0, float* Y
         }
       };
       int64_t t = s.u0;
-      if constexpr (F == Fmt::kMlx4) {
-        // Spans start on a group (BySpans); the twins after the last group.
-        const int64_t groups_end = std::min(s.u1, K / kColsElems * 4);
-        for (; t + 8 <= groups_end; t += 8) {
-          group(t / 4, std::integral_constant<int, 0>{});
-          group(t / 4 + 1, std::integral_constant<int, 1>{});
-        }
-        if (t < groups_end) {
-          group(t / 4, std::integral_constant<int, 0>{});
-          t += 4;
-        }
-      }
+      if constexpr (F == Fmt::kMlx4)  // spans start on a group (BySpans); then twins
+        t = EachGroup(t, std::min(s.u1, K / kColsElems * 4), 4, group);
       for (; t + 2 <= s.u1; t += 2) {
         twin(t, std::integral_constant<int, 0>{});
         twin(t + 1, std::integral_constant<int, 1>{});

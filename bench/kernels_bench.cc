@@ -9,6 +9,8 @@
 // 64-row slab), larger than the 32 MiB L3, so bytes/s is DRAM read bandwidth.
 // Run: build/<dir>/bench/lumen_bench_kernels --benchmark_filter=MatVec
 #include <benchmark/benchmark.h>
+#include <immintrin.h>
+#include <sys/mman.h>
 
 #include <chrono>
 #include <cstring>
@@ -24,6 +26,7 @@
 #include "lumen/kernels/attention.h"
 #include "lumen/kernels/matmul.h"
 #include "lumen/kernels/norm.h"
+#include "lumen/kernels/roofline.h"
 #include "lumen/kernels/rope.h"
 
 namespace lumen::kernels {
@@ -46,13 +49,33 @@ const char* TypeName(int t) {
   return names[t];
 }
 
-std::unique_ptr<Weight> MakeWeight(int type, int64_t N, int64_t K) {
-  auto w = std::make_unique<Weight>();
+// Rows [0, N) of a [N, K] matrix of t at p: kSlab distinct rows quantized
+// from src (kSlab x K), the rest repeating them; column groups are laid out
+// by address, so they are repacked where they lie.
+constexpr int64_t kSlab = 64;
+void FillRows(DType t, const std::vector<float>& src, uint8_t* p, int64_t N, int64_t K) {
+  const DType plain = PlainOf(t);
+  const size_t rb = *RowBytes(t, K);
+  for (int64_t n = 0; n < N; ++n) {
+    if (n < kSlab)
+      QuantizeRow(plain, &src[n * K], p + n * rb, K);
+    else
+      std::memcpy(p + n * rb, p + (n % kSlab) * rb, rb);
+  }
+  for (int64_t n = 0; n < N && plain != t; ++n) RepackColumnGroups(plain, p + n * rb, K);
+}
+
+std::vector<float> SlabSource(int64_t K) {
   std::mt19937 rng(1);
   std::normal_distribution<float> nd(0, 0.02f);
-  constexpr int64_t kSlab = 64;  // distinct rows; the rest repeat them
   std::vector<float> src(kSlab * K);
   for (auto& v : src) v = nd(rng);
+  return src;
+}
+
+std::unique_ptr<Weight> MakeWeight(int type, int64_t N, int64_t K) {
+  auto w = std::make_unique<Weight>();
+  const std::vector<float> src = SlabSource(K);
   if (type == kMlx) {
     const int G = 64;
     const int64_t words = K / 8, groups = K / G;
@@ -83,18 +106,9 @@ std::unique_ptr<Weight> MakeWeight(int type, int64_t N, int64_t K) {
     w->m.mlx_group = G;
   } else {
     const DType t = kTypes[type];
-    const DType plain = PlainOf(t);  // column groups: laid out by address, repacked where they lie
-    const size_t rb = *RowBytes(t, K);
-    w->bytes = AlignedBuffer(N * rb);
-    uint8_t* p = w->bytes.as<uint8_t>();
-    for (int64_t n = 0; n < N; ++n) {
-      if (n < kSlab)
-        QuantizeRow(plain, &src[n * K], p + n * rb, K);
-      else
-        std::memcpy(p + n * rb, p + (n % kSlab) * rb, rb);
-    }
-    for (int64_t n = 0; n < N && plain != t; ++n) RepackColumnGroups(plain, p + n * rb, K);
-    w->m.w = TensorView::Contiguous(p, t, {N, K});
+    w->bytes = AlignedBuffer(N * *RowBytes(t, K));
+    FillRows(t, src, w->bytes.as<uint8_t>(), N, K);
+    w->m.w = TensorView::Contiguous(w->bytes.data(), t, {N, K});
   }
   w->m.n = N;
   w->m.k = K;
@@ -150,6 +164,130 @@ void BM_DecodeK(benchmark::State& state) {
               K, static_cast<int>(state.range(1)), 3);
 }
 BENCHMARK(BM_DecodeK)->ArgsProduct({{3, 4, 5, 6, 8, 9, 10}, {1, 2}, {2048, 8192}})->UseRealTime();
+
+constexpr size_t kHuge = size_t{2} << 20;
+
+// The first 2 MiB boundary in region (untouched anonymous memory of at
+// least bytes + kHuge), with bytes from there on transparent huge pages when
+// huge (as the engine's copied weights), else left on 4 KiB pages.
+uint8_t* HugeAligned(const AlignedBuffer& region, size_t bytes, bool huge) {
+  auto* base = region.as<uint8_t>();
+  uint8_t* p = base + ((kHuge - reinterpret_cast<uintptr_t>(base) % kHuge) % kHuge);
+  if (huge) ::madvise(p, bytes, MADV_HUGEPAGE);
+  return p;
+}
+
+// Decode against the memory's own rate: one activation row (int8x2) over a
+// 1 GiB matrix (K = 2048), larger than any cache here (the Xeon's L3 is
+// 480 MiB), beside a plain read of the same bytes (StreamRead, as `lumen
+// bench --membw`), the two timed in turn in every iteration. range(2): 1
+// puts the matrix on huge pages, as the engine's copied weights; 0 on 4 KiB
+// pages, as a mapped file. stream = the kernel's bytes/s over the read's:
+// what the kernel's access pattern and work leave of the bandwidth.
+void BM_DecodeStream(benchmark::State& state) {
+  const DType t = kTypes[state.range(0)];
+  const int threads = static_cast<int>(state.range(1));
+  constexpr int64_t K = 2048;
+  const size_t rb = *RowBytes(t, K);
+  const int64_t N = static_cast<int64_t>((size_t{1} << 30) / rb) / kSlab * kSlab;
+  const size_t bytes = static_cast<size_t>(N) * rb;
+  AlignedBuffer region = AlignedBuffer::ZeroedOnTouch(bytes + kHuge);
+  uint8_t* p = HugeAligned(region, bytes, state.range(2) == 1);
+  FillRows(t, SlabSource(K), p, N, K);
+  Matrix m;
+  m.w = TensorView::Contiguous(p, t, {N, K});
+  m.n = N;
+  m.k = K;
+  m.route = ActRoute::kInt8x2;
+  std::vector<float> x(K), y(N);
+  std::mt19937 rng(4);
+  for (auto& v : x) v = std::uniform_real_distribution<float>(-1, 1)(rng);
+  ThreadPool pool(threads);
+  const int64_t pages = static_cast<int64_t>(bytes / 4096);
+  double t_kernel = 0, t_read = 0;
+  uint64_t sink = 0;
+  for (auto _ : state) {
+    const auto s0 = std::chrono::steady_clock::now();
+    MatMul(m, x.data(), 1, K, y.data(), N, &pool);
+    const auto s1 = std::chrono::steady_clock::now();
+    pool.ParallelFor(pages, [&](int64_t b, int64_t e, int) {
+      const uint64_t v = StreamRead(p + b * 4096, static_cast<size_t>(e - b) * 4096);
+      if (v == 1) sink = v;  // keeps the read; never taken in practice
+    });
+    const auto s2 = std::chrono::steady_clock::now();
+    benchmark::DoNotOptimize(y.data());
+    t_kernel += std::chrono::duration<double>(s1 - s0).count();
+    t_read += std::chrono::duration<double>(s2 - s1).count();
+  }
+  benchmark::DoNotOptimize(sink);
+  const double iters = static_cast<double>(state.iterations());
+  state.counters["kernel_GBps"] = static_cast<double>(bytes) * iters / t_kernel / 1e9;
+  state.counters["read_GBps"] = static_cast<double>(bytes) * iters / t_read / 1e9;
+  state.counters["stream"] = t_read / t_kernel;
+  state.SetLabel(std::string(TypeName(static_cast<int>(state.range(0)))) +
+                 (state.range(2) ? " huge pages" : " 4 KiB pages"));
+}
+
+// What work per byte costs a stream on this machine, apart from any kernel:
+// a loop that reads 256 bytes per step (prefetching 4 KiB ahead, as the
+// decode kernels do) and runs `work` rounds of four vpdpbusd on them, in
+// four dependent chains. Timed over 1 GiB (from DRAM) beside a plain read of
+// the same bytes, and over 1 MiB (in L2) for the rate of its work alone.
+// stream = plain read time / loop time. Where the work alone runs well
+// above the memory's rate, a machine that overlapped them fully would keep
+// stream near 1.
+__attribute__((target("avx512f,avx512bw,avx512vnni"), noinline)) uint64_t ReadWithWork(
+    const uint8_t* p, size_t bytes, int work) {
+  __m512i a[4];
+  for (auto& v : a) v = _mm512_setzero_si512();
+  const __m512i k = _mm512_set1_epi8(3);
+  for (size_t i = 0; i < bytes; i += 256) {
+    for (int o = 0; o < 256; o += 64) __builtin_prefetch(p + i + 4096 + o, 0, 2);
+    for (int j = 0; j < 4; ++j) {
+      const __m512i v = _mm512_load_si512(p + i + 64 * j);
+      a[j] = _mm512_xor_si512(a[j], v);
+      for (int w = 0; w < work; ++w) a[j] = _mm512_dpbusd_epi32(a[j], v, k);
+    }
+  }
+  alignas(64) uint64_t v[8];  // (GCC 12's _mm512_reduce_add_epi64 warns)
+  _mm512_store_si512(v,
+                     _mm512_add_epi64(_mm512_add_epi64(a[0], a[1]), _mm512_add_epi64(a[2], a[3])));
+  uint64_t sum = 0;
+  for (uint64_t x : v) sum += x;
+  return sum;
+}
+void BM_StreamWithWork(benchmark::State& state) {
+  const int work = static_cast<int>(state.range(0));
+  constexpr size_t kBytes = size_t{1} << 30, kL2 = size_t{1} << 20;
+  AlignedBuffer region = AlignedBuffer::ZeroedOnTouch(kBytes + kHuge);
+  uint8_t* p = HugeAligned(region, kBytes, true);
+  std::memset(p, 1, kBytes);
+  double t_dram = 0, t_read = 0, t_l2 = 0;
+  uint64_t sink = 0;
+  for (auto _ : state) {
+    const auto s0 = std::chrono::steady_clock::now();
+    sink += ReadWithWork(p, kBytes, work);
+    const auto s1 = std::chrono::steady_clock::now();
+    sink += StreamRead(p, kBytes);
+    const auto s2 = std::chrono::steady_clock::now();
+    for (int j = 0; j < 256; ++j) sink += ReadWithWork(p + (j % 2) * 64, kL2, work);
+    const auto s3 = std::chrono::steady_clock::now();
+    t_dram += std::chrono::duration<double>(s1 - s0).count();
+    t_read += std::chrono::duration<double>(s2 - s1).count();
+    t_l2 += std::chrono::duration<double>(s3 - s2).count();
+  }
+  benchmark::DoNotOptimize(sink);
+  const double it = static_cast<double>(state.iterations());
+  state.counters["work_GBps"] = 256.0 * kL2 * it / t_l2 / 1e9;
+  state.counters["dram_GBps"] = kBytes * it / t_dram / 1e9;
+  state.counters["read_GBps"] = kBytes * it / t_read / 1e9;
+  state.counters["stream"] = t_read / t_dram;
+}
+BENCHMARK(BM_StreamWithWork)->Arg(0)->Arg(2)->Arg(4)->Arg(8)->Arg(16)->UseRealTime()->Iterations(4);
+BENCHMARK(BM_DecodeStream)
+    ->ArgsProduct({{3, 4, 9, 10}, {1, 2}, {0, 1}})
+    ->UseRealTime()
+    ->Iterations(6);
 
 // Prefill / batched decode: Y[M, N] = X[M, K] W^T; K 2048 (q/o/gate/up) or 8192 (down).
 // range(4): 0 exact, 1 int8, 2 bf16, 3 int8x2.

@@ -37,15 +37,17 @@ struct Weight {
   Matrix m;
 };
 
-// Weight "type" index -> storage; 7 = MLX 4-bit g64 (bf16 scales), 9 and 10 =
-// Q4_0 and Q4_K repacked at load into column groups (core/repack.h).
-constexpr DType kTypes[] = {DType::kF32,  DType::kF16,      DType::kBF16,     DType::kQ8_0,
-                            DType::kQ4_0, DType::kQ4_K,     DType::kQ6_K,     DType::kU32,
-                            DType::kQ2_K, DType::kQ4_0Cols, DType::kQ4_KCols, DType::kQ3_K};
+// Weight "type" index -> storage; 7 = MLX 4-bit g64 (bf16 scales), 9, 10 and
+// 12 = Q4_0, Q4_K and Q8_0 repacked at load into column groups (core/repack.h).
+constexpr DType kTypes[] = {DType::kF32,     DType::kF16,      DType::kBF16,     DType::kQ8_0,
+                            DType::kQ4_0,    DType::kQ4_K,     DType::kQ6_K,     DType::kU32,
+                            DType::kQ2_K,    DType::kQ4_0Cols, DType::kQ4_KCols, DType::kQ3_K,
+                            DType::kQ8_0Cols};
 constexpr int kMlx = 7;
 const char* TypeName(int t) {
-  static const char* names[] = {"f32",  "f16",      "bf16", "q8_0",      "q4_0",      "q4_k",
-                                "q6_k", "mlx4_g64", "q2_k", "q4_0_cols", "q4_k_cols", "q3_k"};
+  static const char* names[] = {"f32",       "f16",  "bf16",     "q8_0", "q4_0",
+                                "q4_k",      "q6_k", "mlx4_g64", "q2_k", "q4_0_cols",
+                                "q4_k_cols", "q3_k", "q8_0_cols"};
   return names[t];
 }
 
@@ -227,7 +229,7 @@ void BM_DecodeStream(benchmark::State& state) {
                  (state.range(2) ? " huge pages" : " 4 KiB pages"));
 }
 BENCHMARK(BM_DecodeStream)
-    ->ArgsProduct({{3, 4, 9, 10}, {1, 2}, {0, 1}})
+    ->ArgsProduct({{3, 4, 9, 10, 12}, {1, 2}, {0, 1}})
     ->UseRealTime()
     ->Iterations(6);
 
@@ -346,7 +348,9 @@ void BM_MatMulRowCost(benchmark::State& state) {
   state.counters["call_ns"] = t1 / iters - static_cast<double>(N1) * row_ns;
   state.SetLabel(TypeName(type));
 }
-BENCHMARK(BM_MatMulRowCost)->ArgsProduct({{3, 4, 5, 6, 7, 8, 9, 10, 11}, {1, 4}})->UseRealTime();
+BENCHMARK(BM_MatMulRowCost)
+    ->ArgsProduct({{3, 4, 5, 6, 7, 8, 9, 10, 11, 12}, {1, 4}})
+    ->UseRealTime();
 // The bf16 prefill route (matmul_bf16.h) beside the exact M=256 rows above.
 BENCHMARK(BM_MatMul)
     ->ArgsProduct({{0, 1, 2, 3, 4, 5, 6, 7}, {256}, {1, 2}, {2048}, {2}})

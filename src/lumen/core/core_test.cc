@@ -168,7 +168,9 @@ TEST(Buffer, AlignedBufferZeroedAndZeroedOnTouchUntouched) {
       const size_t after = ResidentBytes();
       ASSERT_NE(b.data(), nullptr);
       EXPECT_EQ(reinterpret_cast<uintptr_t>(b.data()) % AlignedBuffer::kAlign, 0u);
-      if (lazy && before > 0) EXPECT_LT(after - std::min(after, before), size_t{1} << 20) << bytes;
+      if (lazy && before > 0) {
+        EXPECT_LT(after - std::min(after, before), size_t{1} << 20) << bytes;
+      }
       const auto* p = b.as<const unsigned char>();
       EXPECT_EQ(p[0], 0);
       EXPECT_EQ(p[bytes - 1], 0);

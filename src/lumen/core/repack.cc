@@ -11,12 +11,16 @@ namespace lumen {
 namespace {
 
 // Where a plain block's fields are (-1: none), its size and elements.
-// K-quants: qs and qh of a super-block, m the scales.
+// K-quants: qs and qh of a super-block, m the scales. Q8_0: one code byte
+// per element (stored flipped to unsigned, so 8 columns).
 struct Plain {
   int64_t bytes, qs, qh, m;
   int64_t elems = kQK;
   bool super() const { return elems == kQKK; }
   int64_t per_group() const { return kColsElems / elems; }  // 16 blocks, 2 super-blocks
+  bool one_byte_codes() const { return bytes == sizeof(BlockQ8_0); }
+  int64_t columns() const { return one_byte_codes() ? 8 : 4; }
+  uint32_t flip() const { return one_byte_codes() ? 0x80808080u : 0; }  // of 4 codes
 };
 Plain PlainFields(DType t) {
   switch (t) {
@@ -33,6 +37,8 @@ Plain PlainFields(DType t) {
       return {sizeof(BlockQ5_0), 6, 2, -1};
     case DType::kQ5_1:
       return {sizeof(BlockQ5_1), 8, 4, 2};
+    case DType::kQ8_0:
+      return {sizeof(BlockQ8_0), 2, -1, -1};
     default:
       LUMEN_CHECK(false && "no column groups for this type");
       return {};
@@ -43,6 +49,14 @@ uint64_t LoadU64(const uint8_t* p) {
   uint64_t v;
   std::memcpy(&v, p, 8);
   return v;
+}
+
+// Four code bytes from src to dst, their bits xor flip (Q8_0's sign bits).
+void CopyCodes(const uint8_t* src, uint8_t* dst, uint32_t flip) {
+  uint32_t v;
+  std::memcpy(&v, src, 4);
+  v ^= flip;
+  std::memcpy(dst, &v, 4);
 }
 
 // The 5-bit code of element e (0..255) of a Q4_K / Q5_K super-block, and
@@ -118,6 +132,8 @@ DType ColumnGroupsOf(DType t) {
       return DType::kQ4_KCols;
     case DType::kQ5_K:
       return DType::kQ5_KCols;
+    case DType::kQ8_0:
+      return DType::kQ8_0Cols;
     default:
       return t;
   }
@@ -137,6 +153,8 @@ DType PlainOf(DType t) {
       return DType::kQ4_K;
     case DType::kQ5_KCols:
       return DType::kQ5_K;
+    case DType::kQ8_0Cols:
+      return DType::kQ8_0;
     default:
       return t;
   }
@@ -150,7 +168,7 @@ void RepackColumnGroups(DType plain, uint8_t* row, int64_t K) {
       RepackSuperPair(p, row + 2 * g * p.bytes, row + 2 * g * p.bytes);
     return;
   }
-  uint8_t blocks[kColsBlocks * sizeof(BlockQ5_1)];
+  uint8_t blocks[kColsBlocks * sizeof(BlockQ8_0)];  // the largest legacy block
   for (int64_t g = 0; g < K / kColsElems; ++g) {
     uint8_t* grp = row + g * kColsBlocks * p.bytes;
     std::memcpy(blocks, grp, kColsBlocks * p.bytes);
@@ -160,8 +178,8 @@ void RepackColumnGroups(DType plain, uint8_t* row, int64_t K) {
       const uint8_t* blk = blocks + l * p.bytes;
       std::memcpy(grp + f.d + 2 * l, blk, 2);
       if (f.m >= 0) std::memcpy(grp + f.m + 2 * l, blk + p.m, 2);
-      for (int c = 0; c < 4; ++c)
-        std::memcpy(grp + f.codes + 64 * c + 4 * l, blk + p.qs + 4 * c, 4);
+      for (int64_t c = 0; c < p.columns(); ++c)
+        CopyCodes(blk + p.qs + 4 * c, grp + f.codes + 64 * c + 4 * l, p.flip());
       if (p.qh < 0) continue;
       uint32_t h;
       std::memcpy(&h, blk + p.qh, 4);
@@ -179,7 +197,8 @@ void UnpackColumnGroup(DType plain, const uint8_t* g, uint8_t* blocks) {
     uint8_t* blk = blocks + l * p.bytes;
     std::memcpy(blk, g + f.d + 2 * l, 2);
     if (f.m >= 0) std::memcpy(blk + p.m, g + f.m + 2 * l, 2);
-    for (int c = 0; c < 4; ++c) std::memcpy(blk + p.qs + 4 * c, g + f.codes + 64 * c + 4 * l, 4);
+    for (int64_t c = 0; c < p.columns(); ++c)
+      CopyCodes(g + f.codes + 64 * c + 4 * l, blk + p.qs + 4 * c, p.flip());
     if (p.qh < 0) continue;
     uint32_t h = 0;
     for (int j = 0; j < kQK; ++j)
@@ -195,7 +214,7 @@ void DequantizeColumnGroups(DType plain, const uint8_t* row, int64_t K, int64_t 
   LUMEN_CHECK(K % be == 0 && k0 % be == 0 && 0 <= k0 && k0 <= k1 && k1 <= K &&
               (k1 % be == 0 || k1 == K));
   const int64_t end = K / kColsElems * kColsElems;  // where the plain blocks start
-  uint8_t blocks[kColsBlocks * sizeof(BlockQ5_1)];
+  uint8_t blocks[kColsBlocks * sizeof(BlockQ8_0)];  // the largest legacy block
   static_assert(sizeof(blocks) >= 2 * sizeof(BlockQ5K));
   int64_t i = k0;
   while (i < std::min(k1, end)) {

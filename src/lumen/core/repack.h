@@ -1,5 +1,6 @@
-// The 4- and 5-bit formats repacked at load for the int8 decode kernels
-// (DType::kQ4_0Cols .. kQ5_1Cols, kQ4_KCols, kQ5_KCols: "column groups").
+// The 4- and 5-bit formats and Q8_0 repacked at load for the int8 decode
+// kernels (DType::kQ4_0Cols .. kQ5_1Cols, kQ4_KCols, kQ5_KCols, kQ8_0Cols:
+// "column groups").
 //
 // A row keeps its size. Its first K / 512 * 512 elements become groups of
 // 512 (16 legacy blocks, or two K-quant super-blocks: 16 sub-blocks of 32);
@@ -8,7 +9,9 @@
 // its 16 blocks (sub-blocks) as arrays:
 //   codes  4 columns of 64 bytes: byte 4 l + i of column c holds the codes of
 //          elements 4 c + i (low nibble) and 16 + 4 c + i (high nibble) of
-//          block l (for a legacy block: byte 4 c + i of its qs);
+//          block l (for a legacy block: byte 4 c + i of its qs); Q8_0: 8
+//          columns, byte 4 l + i of column c the code of element 4 c + i of
+//          block l plus 128 (as an unsigned byte: the sign bit flipped);
 //   high   (Q5_*) 8 little-endian 64-bit masks: bit 4 l + i of mask w is the
 //          5th bit of element 4 w + i of block l (masks 0-3 the low nibbles'
 //          elements of columns 0-3, masks 4-7 the high nibbles');
@@ -17,13 +20,14 @@
 //          super-block 1, then d0, dmin0, d1, dmin1 (f16): sub-block l is
 //          sub-block l % 8 of super-block l / 8.
 // Each 32-bit lane of a column holds one block, so the int8 kernel pays its
-// per-lane work once per 512 weights with no shuffles, and the masks feed
-// its masked adds as they are (kernels/matmul_q8.cc). Order: codes, high,
-// then d, m (meta); but d (meta) first where the group starts 32 bytes past a
-// 64-byte line, so that in rows on 32-byte boundaries (GGUF's default
-// alignment) the codes and masks are whole cache lines. The layout depends on
-// the address: repacked bytes are only valid where they were repacked, and
-// are never copied or written to a file.
+// per-lane work once per 512 weights with no shuffles (and for Q8_0 no sign
+// flips), and the masks feed its masked adds as they are
+// (kernels/matmul_q8.cc). Order: codes, high, then d, m (meta); but d (meta)
+// first where the group starts 32 bytes past a 64-byte line, so that in rows
+// on 32-byte boundaries (GGUF's default alignment) the codes and masks are
+// whole cache lines. The layout depends on the address: repacked bytes are
+// only valid where they were repacked, and are never copied or written to a
+// file.
 #pragma once
 
 #include <cstdint>
@@ -36,8 +40,8 @@ inline constexpr int64_t kColsBlocks = 16;      // blocks (sub-blocks) per group
 inline constexpr int64_t kColsElems = 16 * 32;  // elements per group
 
 // Whether `plain` has a column-group form (Q4_0, Q4_1, Q5_0, Q5_1, Q4_K,
-// Q5_K), and it: kQ4_0 -> kQ4_0Cols ... kQ5_K -> kQ5_KCols; any other type
-// maps to itself.
+// Q5_K, Q8_0), and it: kQ4_0 -> kQ4_0Cols ... kQ8_0 -> kQ8_0Cols; any other
+// type maps to itself.
 bool HasColumnGroups(DType plain);
 DType ColumnGroupsOf(DType plain);
 // The plain format of a column-group type, else t itself.
@@ -56,11 +60,11 @@ inline ColsFields ColsFieldsAt(DType plain, const void* group) {
   const bool super = plain == DType::kQ4_K || plain == DType::kQ5_K;
   const bool high = plain == DType::kQ5_0 || plain == DType::kQ5_1 || plain == DType::kQ5_K;
   const bool min = plain == DType::kQ4_1 || plain == DType::kQ5_1;
-  const int64_t h = high ? 64 : 0;
+  const int64_t h = high ? 64 : 0, codes = plain == DType::kQ8_0 ? 512 : 256;
   ColsFields f;
   f.codes = d_first ? 32 : 0;
   f.high = high ? f.codes + 256 : -1;
-  f.d = d_first ? 0 : 256 + h;
+  f.d = d_first ? 0 : codes + h;
   f.m = min ? 288 + h : -1;
   f.scales = -1;
   if (super) {  // the meta field where a legacy group has d

@@ -1,5 +1,5 @@
 // Column groups (repack.h): repacking in place keeps every value of Q4_0,
-// Q4_1, Q5_0, Q5_1, Q4_K and Q5_K rows at any row address, for whole rows
+// Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q8_0 rows at any row address, for whole rows
 // and any block-aligned range; the codes and masks of rows on 32-byte
 // boundaries are whole cache lines; the fields sit where the header says.
 #include "lumen/core/repack.h"
@@ -17,8 +17,8 @@ namespace lumen {
 namespace {
 
 constexpr DType kLegacy[] = {DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1};
-constexpr DType kPlain[] = {DType::kQ4_0, DType::kQ4_1, DType::kQ5_0,
-                            DType::kQ5_1, DType::kQ4_K, DType::kQ5_K};
+constexpr DType kPlain[] = {DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1,
+                            DType::kQ4_K, DType::kQ5_K, DType::kQ8_0};
 
 TEST(ColumnGroups, KeepEveryValueAtEveryAddress) {
   std::mt19937 rng(5);
@@ -131,6 +131,37 @@ TEST(ColumnGroups, FieldsHoldOneBlockPerLane) {
         }
       }
     }
+}
+
+// Q8_0: byte 4 l + i of column c (of 8) is code 4 c + i of block l plus
+// 128 (the sign bit flipped), d after the 512 code bytes, or first 32
+// bytes past a line.
+TEST(ColumnGroups, Q8BlocksHoldOneBlockPerLaneFlipped) {
+  alignas(64) uint8_t buf[64 + 16 * sizeof(BlockQ8_0)];
+  for (int off : {0, 32}) {
+    SCOPED_TRACE(testing::Message() << "offset " << off);
+    uint8_t* row = buf + off;
+    auto code = [](int l, int j) { return static_cast<int8_t>((37 * l + 11 * j) % 256 - 128); };
+    for (int l = 0; l < 16; ++l) {
+      uint8_t* blk = row + l * sizeof(BlockQ8_0);
+      blk[0] = static_cast<uint8_t>(l);
+      blk[1] = 0x3C;
+      for (int j = 0; j < 32; ++j) blk[2 + j] = static_cast<uint8_t>(code(l, j));
+    }
+    RepackColumnGroups(DType::kQ8_0, row, kColsElems);
+    const ColsFields f = ColsFieldsAt(DType::kQ8_0, row);
+    EXPECT_EQ(off == 32 ? 32 : 0, f.codes);
+    EXPECT_EQ(off == 32 ? 0 : 512, f.d);
+    EXPECT_EQ(-1, f.high);
+    EXPECT_EQ(-1, f.m);
+    for (int l = 0; l < 16; ++l) {
+      EXPECT_EQ(l, row[f.d + 2 * l]);
+      EXPECT_EQ(0x3C, row[f.d + 2 * l + 1]);
+      for (int c = 0; c < 8; ++c)
+        for (int i = 0; i < 4; ++i)
+          EXPECT_EQ(code(l, 4 * c + i) + 128, row[f.codes + 64 * c + 4 * l + i]) << l << " " << c;
+    }
+  }
 }
 
 // K-quants: lane l is sub-block l % 8 of super-block l / 8, its codes in

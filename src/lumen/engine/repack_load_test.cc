@@ -52,8 +52,8 @@ TEST(RepackLoad, ColumnGroupsOnlyForInt8RoutesInCopiedFilesWithTheMappedLogits) 
   if (!kernels::CpuHasVnni()) GTEST_SKIP() << "no AVX512-VNNI: the int8 routes do not run";
   const fs::path dir = fs::temp_directory_path() / ("lumen_repack_" + std::to_string(::getpid()));
   fs::create_directories(dir);
-  for (DType t :
-       {DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1, DType::kQ4_K, DType::kQ5_K}) {
+  for (DType t : {DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1, DType::kQ4_K,
+                  DType::kQ5_K, DType::kQ8_0}) {
     SCOPED_TRACE(std::string(Name(t)));
     const std::string path = (dir / (std::string(Name(t)) + ".gguf")).string();
     SynthOptions so;

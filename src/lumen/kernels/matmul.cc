@@ -203,10 +203,24 @@ HWY_INLINE void DecodeAffineLegacy(const uint8_t* row, int64_t K, Sink& sink) {
 }
 
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+// Four 64-byte columns at cols (lane l of column c: dword c of block l)
+// transposed into qs, dword c of block b at qs[b % 4] + 16 (b / 4) + 4 c
+// (a 4 x 4 dword transpose per 128-bit block: block b is 128-bit block b / 4
+// of column b % 4).
+HWY_INLINE void TransposeColumns(const uint8_t* cols, uint8_t (&qs)[4][64]) {
+  __m512i c[4];
+  for (int j = 0; j < 4; ++j) c[j] = _mm512_loadu_si512(cols + 64 * j);
+  const __m512i t0 = _mm512_unpacklo_epi32(c[0], c[1]), t1 = _mm512_unpacklo_epi32(c[2], c[3]);
+  const __m512i t2 = _mm512_unpackhi_epi32(c[0], c[1]), t3 = _mm512_unpackhi_epi32(c[2], c[3]);
+  _mm512_store_si512(qs[0], _mm512_unpacklo_epi64(t0, t1));
+  _mm512_store_si512(qs[1], _mm512_unpackhi_epi64(t0, t1));
+  _mm512_store_si512(qs[2], _mm512_unpacklo_epi64(t2, t3));
+  _mm512_store_si512(qs[3], _mm512_unpackhi_epi64(t2, t3));
+}
+
 // A column group's codes block by block (core/repack.h), for the
 // decoders below on 16-lane vectors: the four columns transposed in
-// registers (a 4 x 4 dword transpose per 128-bit block: block b is 128-bit
-// block b / 4 of column b % 4) and kept on the stack, so that block b is one
+// registers (TransposeColumns) and kept on the stack, so that block b is one
 // widening load (per-block lambdas over the registers were not inlined, and
 // spilled); kHigh: the 5th bits shifted out of the masks lane by lane.
 template <bool kHigh>
@@ -215,14 +229,7 @@ struct TransposedGroup {
   __m512i hb[4];  // lane e of hb[2 s + h]: bits 32 h .. of the mask of element 16 s + e
 
   HWY_INLINE TransposedGroup(const uint8_t* g, const ColsFields& f) {
-    __m512i c[4];
-    for (int j = 0; j < 4; ++j) c[j] = _mm512_loadu_si512(g + f.codes + 64 * j);
-    const __m512i t0 = _mm512_unpacklo_epi32(c[0], c[1]), t1 = _mm512_unpacklo_epi32(c[2], c[3]);
-    const __m512i t2 = _mm512_unpackhi_epi32(c[0], c[1]), t3 = _mm512_unpackhi_epi32(c[2], c[3]);
-    _mm512_store_si512(qs[0], _mm512_unpacklo_epi64(t0, t1));
-    _mm512_store_si512(qs[1], _mm512_unpackhi_epi64(t0, t1));
-    _mm512_store_si512(qs[2], _mm512_unpacklo_epi64(t2, t3));
-    _mm512_store_si512(qs[3], _mm512_unpackhi_epi64(t2, t3));
+    TransposeColumns(g + f.codes, qs);
     if constexpr (kHigh) {
       const __m512i mk = _mm512_loadu_si512(g + f.high);
       const __m512i e4 = _mm512_srli_epi32(Lanes(), 2);
@@ -263,17 +270,24 @@ struct TransposedGroup {
 // come from a TransposedGroup; otherwise each group is unpacked to its 16
 // plain blocks first (stores a 16-byte load cannot forward from: that way
 // the 512-token prefill decoded Q4_0 columns 6% slower, Q5_0 40%). K must
-// end on a group or at the row's end.
+// end on a group or at the row's end. Q8_0's eight columns are two sets of
+// four: codes 0-15 of each block, then 16-31 (plus 128), as DecodeQ8_0
+// feeds its chains.
 template <DType kPlain, class Sink>
 HWY_INLINE void DecodeColumnGroups(const uint8_t* row, int64_t K, Sink& sink) {
   using Block = std::conditional_t<
       kPlain == DType::kQ4_0, BlockQ4_0,
-      std::conditional_t<kPlain == DType::kQ4_1, BlockQ4_1,
-                         std::conditional_t<kPlain == DType::kQ5_0, BlockQ5_0, BlockQ5_1>>>;
+      std::conditional_t<
+          kPlain == DType::kQ4_1, BlockQ4_1,
+          std::conditional_t<kPlain == DType::kQ5_0, BlockQ5_0,
+                             std::conditional_t<kPlain == DType::kQ5_1, BlockQ5_1, BlockQ8_0>>>>;
+  constexpr bool kQ8 = kPlain == DType::kQ8_0;
   constexpr bool kMin = kPlain == DType::kQ4_1 || kPlain == DType::kQ5_1;
   constexpr bool kQh = kPlain == DType::kQ5_0 || kPlain == DType::kQ5_1;
   auto plain = [](const uint8_t* r, int64_t n, auto& s) HWY_ATTR {
-    if constexpr (kMin) {
+    if constexpr (kQ8) {
+      DecodeQ8_0(r, n, s);
+    } else if constexpr (kMin) {
       DecodeAffineLegacy<Block, kQh>(r, n, s);
     } else {
       DecodeSymmetricLegacy<Block, kQh, kQh ? 16 : 8>(r, n, s);
@@ -286,7 +300,33 @@ HWY_INLINE void DecodeColumnGroups(const uint8_t* row, int64_t K, Sink& sink) {
     const DF d;
     const DI di;
     const auto zero = hn::Set(di, kQh ? 16 : 8);
-    for (; at + kColsElems <= K; at += kColsElems) {
+    for (; kQ8 && at + kColsElems <= K; at += kColsElems) {
+      const uint8_t* g = row + at / kQK * sizeof(Block);
+      const ColsFields f = ColsFieldsAt(kPlain, g);
+      alignas(64) uint8_t qs[2][4][64];  // codes 0-15, 16-31
+      TransposeColumns(g + f.codes, qs[0]);
+      TransposeColumns(g + f.codes + 256, qs[1]);
+      auto block = [&](int b, auto pa, auto pb) HWY_ATTR {
+        const auto s = hn::Set(d, LoadF16(g + f.d + 2 * b));
+        for (int h = 0; h < 2; ++h) {  // DecodeQ8_0's arithmetic
+          const hn::Vec<DI> q{_mm512_sub_epi32(
+              _mm512_cvtepu8_epi32(
+                  _mm_load_si128(reinterpret_cast<const __m128i*>(qs[h][b % 4] + 16 * (b / 4)))),
+              _mm512_set1_epi32(128))};
+          const VF w = hn::Mul(hn::ConvertTo(d, q), s);
+          if (h == 0) {
+            shifted(kQK * b, w, pa);
+          } else {
+            shifted(kQK * b + 16, w, pb);
+          }
+        }
+      };
+      for (int b = 0; b < 16; b += 2) {  // DecodeQ8_0's chains: even blocks P0, P1, odd P2, P3
+        block(b, P0{}, P1{});
+        block(b + 1, P2{}, P3{});
+      }
+    }
+    for (; !kQ8 && at + kColsElems <= K; at += kColsElems) {
       const uint8_t* g = row + at / kQK * sizeof(Block);
       const ColsFields f = ColsFieldsAt(kPlain, g);
       const TransposedGroup<kQh> group(g, f);
@@ -577,6 +617,7 @@ enum class Path {
   kQ5_1Cols,
   kQ4KCols,
   kQ5KCols,
+  kQ8_0Cols,
   kQ4_1,
   kQ5_0,
   kQ5_1,
@@ -620,6 +661,8 @@ Path PathFor(const Matrix& W) {
       return 32 % N == 0 ? Path::kQ4KCols : Path::kGeneric;
     case DType::kQ5_KCols:
       return 32 % N == 0 ? Path::kQ5KCols : Path::kGeneric;
+    case DType::kQ8_0Cols:
+      return 16 % N == 0 ? Path::kQ8_0Cols : Path::kGeneric;
     case DType::kQ4_1:
       return 16 % N == 0 ? Path::kQ4_1 : Path::kGeneric;
     case DType::kQ5_0:
@@ -668,6 +711,8 @@ HWY_INLINE void DecodeStorage(Path path, const uint8_t* row, int64_t K, Sink& si
       return DecodeSuperColumnGroups<false>(row, K, sink);
     case Path::kQ5KCols:
       return DecodeSuperColumnGroups<true>(row, K, sink);
+    case Path::kQ8_0Cols:
+      return DecodeColumnGroups<DType::kQ8_0>(row, K, sink);
     case Path::kQ4_1:
       return DecodeAffineLegacy<BlockQ4_1, false>(row, K, sink);
     case Path::kQ5_0:

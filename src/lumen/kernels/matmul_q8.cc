@@ -47,7 +47,13 @@
 //     (Q5: the 5th bits from two 64-bit lane masks of the four qh words, one
 //     masked byte add each). The last 1-3 blocks of a row: a natural pair
 //     [blk | blk + 1], a half.
-//   Q8_0: groups of 8 blocks as four columns, lane l of column c holding
+//   Q8_0 repacked at load (kQ8_0Cols): groups of 16 blocks as eight code
+//     columns, lane l of column c holding block l's codes 4c..4c+3, flipped
+//     to unsigned at load: the eight records of a Q4_0 column group meet
+//     the eight columns as they are loaded, so the group's work is eight
+//     loads and the dot products (session 21). The blocks after the last
+//     group are natural pairs, as below.
+//   Q8_0 as the file has it: groups of 8 blocks as four columns, lane l of column c holding
 //     block l % 8's codes 16 (l / 8) + 4c .. (one vpermt2d and a blend per
 //     column from four pair loads); the blocks after the last group in
 //     natural pairs [blk0 e0..31 | blk1 e0..31], an odd last block a half.
@@ -150,13 +156,15 @@ enum class Fmt {
   kQ4KC,
   kQ5KC,
   kQ6K,
+  kQ8_0C,
   kMlx4,
   kMlx8
 };
 
 // The activations' byte order within a 64-element record (see Layout).
 // kBlockColumnsK: Q4_K / Q5_K column groups, as kBlockColumns up to the
-// last group, then a last odd super-block as kColumns. kMlxGroups: MLX
+// last group, then a last odd super-block as kColumns. kBlockColumnsQ8:
+// Q8_0 column groups, as kBlockColumns up to the last group, then natural. kMlxGroups: MLX
 // 4-bit, groups of 512 whose record j lane l holds bytes of block l as the
 // kernel's column j % 4 reads them (SourceIndex), then kEvenOdd twins.
 enum class Order {
@@ -164,6 +172,7 @@ enum class Order {
   kQuads,
   kBlockColumns,
   kBlockColumnsK,
+  kBlockColumnsQ8,
   kPairColumns,
   kColumns,
   kEvenOdd,
@@ -177,7 +186,7 @@ enum class Order {
 // record, where the kernel starts from them.
 constexpr bool SharesLanes(Order o) {
   return o == Order::kQuads || o == Order::kBlockColumns || o == Order::kBlockColumnsK ||
-         o == Order::kPairColumns;
+         o == Order::kBlockColumnsQ8 || o == Order::kPairColumns;
 }
 
 struct Geometry {
@@ -210,6 +219,8 @@ Geometry GeometryFor(const Matrix& W) {
       return {Fmt::kQ5_1, sizeof(BlockQ5_1), 0, kQK, Order::kQuads};
     case DType::kQ8_0:
       return {Fmt::kQ8_0, sizeof(BlockQ8_0), 128, 0, Order::kPairColumns};
+    case DType::kQ8_0Cols:
+      return {Fmt::kQ8_0C, sizeof(BlockQ8_0), 128, 0, Order::kBlockColumnsQ8};
     case DType::kQ2_K:
       return {Fmt::kQ2K, sizeof(BlockQ2K), 0, 16, Order::kColumns};
     case DType::kQ3_K:
@@ -250,10 +261,15 @@ int64_t SourceIndex(Order order, int64_t nb, int64_t pos) {
     const int64_t base = pos / kQKK * kQKK, o = pos % kQKK;
     return base + 16 * (o % 64 / 4) + 4 * (o / 64) + o % 4;
   }
-  if (order == Order::kBlockColumns || order == Order::kBlockColumnsK) {
-    // Groups of 16 blocks (core/repack.h), then quads (a super-block's columns).
+  if (order == Order::kBlockColumns || order == Order::kBlockColumnsK ||
+      order == Order::kBlockColumnsQ8) {
+    // Groups of 16 blocks (core/repack.h), then quads (a super-block's
+    // columns; Q8_0: natural pairs).
     if (pos >= nb / kColsBlocks * kColsElems)
-      return SourceIndex(order == Order::kBlockColumns ? Order::kQuads : Order::kColumns, nb, pos);
+      return order == Order::kBlockColumnsQ8
+                 ? pos
+                 : SourceIndex(order == Order::kBlockColumns ? Order::kQuads : Order::kColumns, nb,
+                               pos);
     const int64_t o = pos % kColsElems,
                   l = o % 64 / 4;  // record o / 64: dword o / 64 of a block
     return pos - o + kQK * l + 4 * (o / 64) + o % 4;
@@ -347,7 +363,7 @@ Period PeriodOf(const Geometry& g, int64_t K) {
   const bool columns = g.order == Order::kColumns;
   const bool pairs = g.order == Order::kPairColumns;
   const bool blocks = g.order == Order::kBlockColumns || g.order == Order::kBlockColumnsK ||
-                      g.order == Order::kMlxGroups;
+                      g.order == Order::kBlockColumnsQ8 || g.order == Order::kMlxGroups;
   p.len = g.order == Order::kNatural ? 64 : columns || pairs ? kQKK : blocks ? kColsElems : 128;
   p.end = g.order == Order::kNatural ? K / 64 * 64
           : columns                  ? K
@@ -550,7 +566,7 @@ LUMEN_VNNI void PrepareRecordsVnni(const Geometry& g, int levels, const Period& 
                                    const int8_t* q1, const int8_t* q2, const float* dn,
                                    uint8_t* rec, int32_t* corr) {
   if (g.order == Order::kBlockColumns || g.order == Order::kBlockColumnsK ||
-      g.order == Order::kMlxGroups)
+      g.order == Order::kBlockColumnsQ8 || g.order == Order::kMlxGroups)
     return PrepareBlockColumnsVnni(g, levels, per, q1, q2, dn, rec, corr);
   const int64_t P = per.len, nrec = P / 64;  // records per period: 1, 2 or 4
   __m512i idx[4], lane_blk[4];
@@ -728,7 +744,8 @@ template <Fmt F>
 constexpr DType kPlainDType = F == Fmt::kQ4_0   ? DType::kQ4_0
                               : F == Fmt::kQ4_1 ? DType::kQ4_1
                               : F == Fmt::kQ5_0 ? DType::kQ5_0
-                                                : DType::kQ5_1;
+                              : F == Fmt::kQ5_1 ? DType::kQ5_1
+                                                : DType::kQ8_0;
 
 LUMEN_VNNI inline uint64_t LoadU64(const uint8_t* p) {
   uint64_t v;
@@ -983,6 +1000,7 @@ LUMEN_VNNI void Rows(const Matrix& W, const Geometry& g, const Int8Rows& X, int6
                      : F == Fmt::kQ4_1C ? Fmt::kQ4_1
                      : F == Fmt::kQ5_0C ? Fmt::kQ5_0
                      : F == Fmt::kQ5_1C ? Fmt::kQ5_1
+                     : F == Fmt::kQ8_0C ? Fmt::kQ8_0
                                         : F;
   constexpr bool kGroups = FQ != F;
   // Without m (Q4_0, Q5_0, Q8_0) the codes are w + offset, and each row's
@@ -990,7 +1008,7 @@ LUMEN_VNNI void Rows(const Matrix& W, const Geometry& g, const Int8Rows& X, int6
   constexpr bool kMin = HasMin(FQ), kOffset = !kMin;
   // Q8_0 stays in pairs: its quads (136 bytes, four unaligned 64-byte loads
   // and three permutes each) measured 5% slower than pairs on one thread.
-  constexpr bool kQuads = F != Fmt::kQ8_0;
+  constexpr bool kQuads = FQ != Fmt::kQ8_0;
   const int64_t K = W.k, nb = K / kQK, units = nb / 4, bb = g.block_bytes;
   const RowPtrs<MB> rp(X, m0);
   const auto& x = rp.x;
@@ -1069,16 +1087,24 @@ LUMEN_VNNI void Rows(const Matrix& W, const Geometry& g, const Int8Rows& X, int6
       };
       // Q4_0 column group G (units 4 G .. 4 G + 3, records 8 G ..; core/repack.h)
       // into accumulator set A: column c's low nibbles meet record c, its
-      // high nibbles record 4 + c, and a lane sums one block's 32 products,
-      // so the lane work is paid once per 512 weights.
+      // high nibbles record 4 + c (Q8_0: columns c and 4 + c), and a lane
+      // sums one block's 32 products, so the lane work is paid once per 512
+      // weights.
       auto cgroup = [&]<int A>(int64_t G, std::integral_constant<int, A>) LUMEN_VNNI {
         const uint8_t* grp = row + G * kColsBlocks * bb;
         PrefetchAhead(grp, kColsBlocks * bb, s.ahead);
         const ColsFields f = ColsFieldsAt(kPlainDType<FQ>, grp);
         const __m512 d =
             _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(grp + f.d)));
-        __m512i lo[4], hi[4];
-        GroupCodes<HighBitsAt(FQ) != 0>(grp, f, lo, hi);
+        __m512i lo[4], hi[4];  // Q8_0: columns 0-3 and 4-7 as they are (codes + 128)
+        if constexpr (FQ == Fmt::kQ8_0) {
+          for (int c = 0; c < 4; ++c) {
+            lo[c] = _mm512_loadu_si512(grp + f.codes + 64 * c);
+            hi[c] = _mm512_loadu_si512(grp + f.codes + 64 * (4 + c));
+          }
+        } else {
+          GroupCodes<HighBitsAt(FQ) != 0>(grp, f, lo, hi);
+        }
         for (int r = 0; r < MB; ++r) {
           const uint8_t* rec = x[r] + kRecord<L> * 8 * G;
           const __m512i init =
@@ -1121,7 +1147,14 @@ LUMEN_VNNI void Rows(const Matrix& W, const Geometry& g, const Int8Rows& X, int6
       if constexpr (kGroups) {
         // Spans start on a group (BySpans); the quads after the groups are plain.
         int64_t u = EachGroup(s.u0, std::min(s.u1, nb / kColsBlocks * 4), 4, cgroup);
-        for (; u < s.u1; ++u) quad(u, std::integral_constant<int, 1>{});
+        for (; u < s.u1; ++u) {
+          if constexpr (kQuads) {
+            quad(u, std::integral_constant<int, 1>{});
+          } else {  // Q8_0: natural pairs
+            pair(4 * u, 2 * u, std::integral_constant<int, 0>{});
+            pair(4 * u + 2, 2 * u + 1, std::integral_constant<int, 1>{});
+          }
+        }
       } else if constexpr (kQuads) {
         int64_t q = s.u0;
         for (; q + kAcc <= s.u1; q += kAcc) {
@@ -1696,7 +1729,8 @@ void BySpans(const Matrix& W, const Geometry& g, int64_t M, int64_t n0, int64_t 
   // Rows past kMaxSpans x kSpanK elements take longer spans.
   int64_t per = std::max(kSpanK / unit, (units + kMaxSpans - 1) / kMaxSpans);
   if (g.order == Order::kPairColumns) per += per % 2;  // whole groups of 8 blocks
-  if (g.order == Order::kBlockColumns || g.order == Order::kMlxGroups)
+  if (g.order == Order::kBlockColumns || g.order == Order::kBlockColumnsQ8 ||
+      g.order == Order::kMlxGroups)
     per = (per + 3) / 4 * 4;                             // of 16 blocks
   if (g.order == Order::kBlockColumnsK) per += per % 2;  // of 2 super-blocks
   Span spans[kMaxSpans];
@@ -1744,6 +1778,8 @@ void MatMulRowsLevels(const Matrix& W, const Int8Rows& X, float* Y, int64_t ldy,
           return Rows<Fmt::kQ5_1, MB, L>(W, g, X, m, Y, ldy, b, e, s);
         case Fmt::kQ8_0:
           return Rows<Fmt::kQ8_0, MB, L>(W, g, X, m, Y, ldy, b, e, s);
+        case Fmt::kQ8_0C:
+          return Rows<Fmt::kQ8_0C, MB, L>(W, g, X, m, Y, ldy, b, e, s);
         case Fmt::kQ2K:
           return RowsK<Fmt::kQ2K, MB, L>(W, g, X, m, Y, ldy, b, e, s);
         case Fmt::kQ3K:
@@ -1824,6 +1860,7 @@ bool Int8RouteSupports(const Matrix& W) {
     case DType::kQ5_0:
     case DType::kQ5_1:
     case DType::kQ8_0:
+    case DType::kQ8_0Cols:
       return W.k % kQK == 0;
     case DType::kQ2_K:
     case DType::kQ3_K:

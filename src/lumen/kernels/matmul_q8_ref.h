@@ -4,6 +4,7 @@
 // see them, w = a - o, from each format's code q (decoded here from the block
 // bytes, independently of the kernels):
 //   Q4_0, Q5_0, Q8_0   a = d (q - 8), d (q - 16), d q (signed), o = 0
+//                      (Q8_0 column groups: their stored byte minus 128)
 //   Q4_1, Q5_1         a = d q, o = -m (q unsigned)
 //   Q2_K               a = d (sc & 15) q, o = dmin (sc >> 4)   (sub-blocks of 16)
 //   Q3_K               a = d (sc - 32) q, o = 4 d (sc - 32)    (q = 0..7)
@@ -125,12 +126,23 @@ inline void WeightParts(const Matrix& W, int64_t n, double* a, double* o) {
     case DType::kQ5_1Cols:
       return groups({sizeof(BlockQ5_1), 8, 4, true, 0});
     case DType::kQ8_0:
+    case DType::kQ8_0Cols: {
+      // Column groups (core/repack.h): block l of a group of 16 is lane l of
+      // 8 columns, its codes plus 128; the blocks after the last group are plain.
+      const int64_t bb = sizeof(BlockQ8_0);
+      const int64_t grouped = W.w.dtype == DType::kQ8_0Cols ? K / kColsElems * kColsBlocks : 0;
       for (int64_t b = 0; b < K / kQK; ++b) {
-        const uint8_t* blk = row + b * sizeof(BlockQ8_0);
-        const double d = HalfAt(blk);
-        for (int j = 0; j < kQK; ++j) a[b * kQK + j] = d * static_cast<int8_t>(blk[2 + j]);
+        const uint8_t* g = row + b / kColsBlocks * kColsBlocks * bb;
+        const int64_t l = b % kColsBlocks;
+        const ColsFields c = ColsFieldsAt(DType::kQ8_0, g);
+        const uint8_t* blk = row + b * bb;
+        const double d = b < grouped ? HalfAt(g + c.d + 2 * l) : HalfAt(blk);
+        for (int j = 0; j < kQK; ++j)
+          a[b * kQK + j] = d * (b < grouped ? g[c.codes + 64 * (j / 4) + 4 * l + j % 4] - 128
+                                            : static_cast<int8_t>(blk[2 + j]));
       }
       return;
+    }
     case DType::kQ2_K:
       for (int64_t sb = 0; sb < K / kQKK; ++sb) {
         const uint8_t* blk = row + sb * sizeof(BlockQ2K);

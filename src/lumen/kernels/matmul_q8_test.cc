@@ -117,6 +117,7 @@ TEST(MatMulInt8, MatchesOracleAndExactBound) {
                         {DType::kQ5_1Cols},
                         {DType::kQ4_KCols},
                         {DType::kQ5_KCols},
+                        {DType::kQ8_0Cols},
                         {DType::kQ4_1},
                         {DType::kQ5_0},
                         {DType::kQ5_1},
@@ -215,7 +216,7 @@ TEST(MatMulInt8, RouteSelection) {
   for (DType t :
        {DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1, DType::kQ8_0, DType::kQ2_K,
         DType::kQ3_K, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K, DType::kQ4_0Cols, DType::kQ4_1Cols,
-        DType::kQ5_0Cols, DType::kQ5_1Cols, DType::kQ4_KCols, DType::kQ5_KCols})
+        DType::kQ5_0Cols, DType::kQ5_1Cols, DType::kQ4_KCols, DType::kQ5_KCols, DType::kQ8_0Cols})
     EXPECT_TRUE(Int8RouteSupports(MakeInt8(t, 8, 256, rng).m)) << Name(t);
   for (int bits : {4, 8})
     for (int g : {32, 64, 128})

@@ -90,10 +90,11 @@ inline std::vector<float> RandomActivations(int64_t M, int64_t K, std::mt19937& 
 // MLX affine 4/8-bit at groups 32/64/128; `block` is the K granularity.
 inline std::vector<Spec> AllSpecs() {
   std::vector<Spec> v;
-  for (DType t : {DType::kF32, DType::kF16, DType::kBF16, DType::kQ4_0, DType::kQ4_1, DType::kQ5_0,
-                  DType::kQ5_1, DType::kQ8_0, DType::kQ2_K, DType::kQ3_K, DType::kQ4_K,
-                  DType::kQ5_K, DType::kQ6_K, DType::kQ4_0Cols, DType::kQ4_1Cols, DType::kQ5_0Cols,
-                  DType::kQ5_1Cols, DType::kQ4_KCols, DType::kQ5_KCols}) {
+  for (DType t :
+       {DType::kF32,      DType::kF16,      DType::kBF16,     DType::kQ4_0,     DType::kQ4_1,
+        DType::kQ5_0,     DType::kQ5_1,     DType::kQ8_0,     DType::kQ2_K,     DType::kQ3_K,
+        DType::kQ4_K,     DType::kQ5_K,     DType::kQ6_K,     DType::kQ4_0Cols, DType::kQ4_1Cols,
+        DType::kQ5_0Cols, DType::kQ5_1Cols, DType::kQ4_KCols, DType::kQ5_KCols, DType::kQ8_0Cols}) {
     Spec s;
     s.name = std::string(Name(t));
     s.dtype = t;

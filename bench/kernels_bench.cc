@@ -154,7 +154,7 @@ void BM_MatVec(benchmark::State& state) {
 }
 BENCHMARK(BM_MatVec)->ArgsProduct({{0, 1, 2, 3, 4, 5, 6, 7}, {1, 2}, {0}, {1, 4}})->UseRealTime();
 BENCHMARK(BM_MatVec)
-    ->ArgsProduct({{3, 4, 5, 6, 7, 8, 9, 10}, {1, 2}, {1, 2}, {1, 4}})
+    ->ArgsProduct({{3, 4, 5, 6, 7, 8, 9, 10, 12}, {1, 2}, {1, 2}, {1, 4}})
     ->UseRealTime();
 
 // The default decode route (int8x2) of one row from DRAM at the two widths
@@ -306,7 +306,7 @@ BENCHMARK(BM_MatMul)->ArgsProduct({{3, 4}, {4, 8}, {1, 2}, {2048, 8192}, {1}})->
 // the last-level cache here (not DRAM), so this times the kernel: its compute
 // and its activation traffic (K = 8192 records outgrow L1 at 4 rows).
 BENCHMARK(BM_MatMul)
-    ->ArgsProduct({{3, 4, 5, 6, 7, 8, 9, 10}, {1, 4}, {1, 2}, {2048, 8192}, {3}})
+    ->ArgsProduct({{3, 4, 5, 6, 7, 8, 9, 10, 12}, {1, 4}, {1, 2}, {2048, 8192}, {3}})
     ->UseRealTime();
 // The same kernels with the weights in L2 (256 rows, at most 0.55 MB at
 // K = 2048): their compute ceiling at one row and at a batch step's four.

@@ -180,6 +180,13 @@ enum class Order {
   kMlxGroups
 };
 
+// Orders laid out in groups of 16 blocks (512 elements) up to their last
+// group: the column groups and the MLX 4-bit groups.
+constexpr bool GroupsOf16(Order o) {
+  return o == Order::kBlockColumns || o == Order::kBlockColumnsK || o == Order::kBlockColumnsQ8 ||
+         o == Order::kMlxGroups;
+}
+
 // Orders whose several records of a period accumulate into the same lanes
 // (a quad's two, a Q8_0 group's four, a Q4_0 column group's eight): the
 // lane corrections of offset formats are summed into the period's first
@@ -362,8 +369,7 @@ Period PeriodOf(const Geometry& g, int64_t K) {
   Period p;
   const bool columns = g.order == Order::kColumns;
   const bool pairs = g.order == Order::kPairColumns;
-  const bool blocks = g.order == Order::kBlockColumns || g.order == Order::kBlockColumnsK ||
-                      g.order == Order::kBlockColumnsQ8 || g.order == Order::kMlxGroups;
+  const bool blocks = GroupsOf16(g.order);
   p.len = g.order == Order::kNatural ? 64 : columns || pairs ? kQKK : blocks ? kColsElems : 128;
   p.end = g.order == Order::kNatural ? K / 64 * 64
           : columns                  ? K
@@ -565,9 +571,7 @@ LUMEN_VNNI void PrepareBlockColumnsVnni(const Geometry& g, int levels, const Per
 LUMEN_VNNI void PrepareRecordsVnni(const Geometry& g, int levels, const Period& per,
                                    const int8_t* q1, const int8_t* q2, const float* dn,
                                    uint8_t* rec, int32_t* corr) {
-  if (g.order == Order::kBlockColumns || g.order == Order::kBlockColumnsK ||
-      g.order == Order::kBlockColumnsQ8 || g.order == Order::kMlxGroups)
-    return PrepareBlockColumnsVnni(g, levels, per, q1, q2, dn, rec, corr);
+  if (GroupsOf16(g.order)) return PrepareBlockColumnsVnni(g, levels, per, q1, q2, dn, rec, corr);
   const int64_t P = per.len, nrec = P / 64;  // records per period: 1, 2 or 4
   __m512i idx[4], lane_blk[4];
   for (int64_t j = 0; j < nrec; ++j) {

@@ -180,5 +180,23 @@ TEST(EmbeddingsRefused, AModelWithoutPoolingIsA400AndTheCliFails) {
   EXPECT_NE(cli.err.find("is not an embedding model"), std::string::npos) << cli.err;
 }
 
+// serve --pooling (as embed --pooling) makes a generative model embed: the
+// served vector is the CLI's, bit for bit.
+TEST(EmbeddingsRefused, ServePoolingOverridesAModelWithoutPooling) {
+  ServerProcess s({"--ctx", "64", "--pooling", "mean"});
+  ASSERT_GT(s.port(), 0) << s.log();
+  auto r = Post(s.port(), "/v1/embeddings", {{"input", "hello"}});
+  ASSERT_EQ(r.status, 200) << r.body;
+  const json j = r.Json();
+  EXPECT_EQ(s.Stop(), 0);
+  auto cli = RunLumen("embed hello --pooling mean --json");
+  ASSERT_EQ(cli.code, 0) << cli.err;
+  const json c = json::parse(cli.out);
+  EXPECT_EQ(c["pooling"], "mean");
+  const std::vector<float> served = j["data"][0]["embedding"], printed = c["data"][0]["embedding"];
+  ASSERT_FALSE(served.empty());
+  EXPECT_EQ(served, printed);
+}
+
 }  // namespace
 }  // namespace lumen::testing

@@ -628,6 +628,38 @@ TEST(ServerLimits, QueueOverflowAndDisconnect) {
   EXPECT_EQ(st["active_slots"], 0);
   EXPECT_EQ(st["jobs"]["cancelled"], 1);
   EXPECT_EQ(Post(p, "/v1/chat/completions", Chat("hi", 2)).status, 200);
+
+  // More choices than the slots and the queue hold can never run: a 400 on
+  // n, not a 429 that an SDK would retry.
+  json two = Chat("hi", 2);
+  two["n"] = 2;
+  auto never = Post(p, "/v1/chat/completions", two);
+  EXPECT_EQ(never.status, 400) << never.body;
+  EXPECT_EQ(never.Json()["error"]["param"], "n");
+
+  // A non-streaming request whose client hangs up frees its slot too.
+  json quiet = Endless("/v1/chat/completions");
+  quiet["stream"] = false;
+  const int q = Connect(p);
+  const std::string qb = quiet.dump();
+  const std::string qr =
+      "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+      "application/json\r\nContent-Length: " +
+      std::to_string(qb.size()) + "\r\n\r\n" + qb;
+  ASSERT_EQ(send(q, qr.data(), qr.size(), MSG_NOSIGNAL), ssize_t(qr.size()));
+  for (auto until = Clock::now() + std::chrono::seconds(10); Clock::now() < until;) {
+    if (Request(p, "GET", "/stats").Json()["active_slots"] == 1) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  close(q);
+  for (auto until = Clock::now() + std::chrono::seconds(10); Clock::now() < until;) {
+    st = Request(p, "GET", "/stats").Json();
+    if (st["active_slots"] == 0 && st["jobs"]["cancelled"] == 2) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_EQ(st["active_slots"], 0);
+  EXPECT_EQ(st["jobs"]["cancelled"], 2);
+  EXPECT_EQ(Post(p, "/v1/chat/completions", Chat("hi", 2)).status, 200);
   EXPECT_EQ(server.Stop(), 0);
 }
 

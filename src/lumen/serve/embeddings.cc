@@ -55,11 +55,13 @@ bool EmbeddingService::Handle(const ojson& body, ojson* out, ApiError* err) {
     *err = std::move(e);
     return false;
   };
-  if (model_.config().pooling == model::Pooling::kNone) {
+  // serve --pooling overrides the model's pooling, and lets a generative model embed.
+  if (model_.config().pooling == model::Pooling::kNone && pooling_ == model::Pooling::kNone) {
     ApiError e = FieldError(
         "model", fmt::format("'{}' is not an embedding model: it names no pooling (GGUF "
                              "<arch>.pooling_type, or sentence-transformers modules.json); serve "
-                             "an embedding model such as Qwen3-Embedding for /v1/embeddings",
+                             "an embedding model such as Qwen3-Embedding for /v1/embeddings, or "
+                             "start the server with --pooling mean|cls|last",
                              model_name_));
     return fail(e);
   }

@@ -9,6 +9,11 @@ namespace lumen::serve {
 
 using ojson = nlohmann::ordered_json;
 
+ojson ToolArgumentsJson(const std::string& arguments) {
+  ojson j = ojson::parse(arguments, nullptr, false);
+  return j.is_discarded() ? ojson(arguments) : j;
+}
+
 std::string TypeName(const ojson& v) {
   switch (v.type()) {
     case ojson::value_t::null:

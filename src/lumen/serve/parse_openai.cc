@@ -50,9 +50,7 @@ Status ParseToolCalls(const ojson& v, const std::string& field, ojson* out) {
     ojson args = ojson::object();
     auto a = fn->find("arguments");
     if (a != fn->end() && a->is_string()) {
-      // Templates expect an object; OpenAI sends a JSON string.
-      args = ojson::parse(a->get<std::string>(), nullptr, false);
-      if (args.is_discarded()) return Errorf("{}.function.arguments: not valid JSON", at);
+      args = ToolArgumentsJson(a->get<std::string>());
     } else if (a != fn->end() && a->is_object()) {
       args = *a;
     } else if (a != fn->end() && !a->is_null()) {

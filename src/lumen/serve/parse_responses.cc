@@ -27,8 +27,7 @@ Status ConvertItem(const ojson& item, const std::string& at, GenRequest& r) {
     LUMEN_RETURN_IF_ERROR(ExpectString(item.value("call_id", ojson()), at + ".call_id", &call_id));
     LUMEN_RETURN_IF_ERROR(ExpectString(item.value("name", ojson()), at + ".name", &name));
     LUMEN_RETURN_IF_ERROR(ExpectString(item.value("arguments", ojson()), at + ".arguments", &args));
-    ojson a = ojson::parse(args, nullptr, false);
-    if (a.is_discarded()) return Errorf("{}.arguments: not valid JSON", at);
+    const ojson a = ToolArgumentsJson(args);
     ojson call = {
         {"id", call_id}, {"type", "function"}, {"function", {{"name", name}, {"arguments", a}}}};
     // Consecutive calls join one assistant turn.

@@ -97,5 +97,10 @@ Status ExpectString(const nlohmann::ordered_json& v, const std::string& field, s
 Status ExpectInt(const nlohmann::ordered_json& v, const std::string& field, int64_t lo, int64_t hi,
                  int64_t* out);
 std::string TypeName(const nlohmann::ordered_json& v);
+// A tool call's arguments string as the chat templates take them: the parsed
+// JSON, or the string itself where it is not JSON. OpenAI's field is any
+// string, and lumen's own replies carry a JSON prefix (or "") when max_tokens
+// cut a call, so a client that sends its history back must not be refused.
+nlohmann::ordered_json ToolArgumentsJson(const std::string& arguments);
 
 }  // namespace lumen::serve

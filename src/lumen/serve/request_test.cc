@@ -63,6 +63,27 @@ TEST(Request, ResponsesFunctionItems) {
   EXPECT_EQ(r->messages[2]["role"], "tool");
 }
 
+// A call cut by max_tokens comes back from lumen with a JSON prefix or "" as
+// its arguments; a client that sends that history back is not refused, on
+// either API, and the string reaches the template as it is.
+TEST(Request, ToolArgumentsThatAreNotJsonStayStrings) {
+  auto chat = ParseChatCompletions(ojson::parse(R"({"messages":[{"role":"user","content":"w?"},
+      {"role":"assistant","content":null,"tool_calls":[
+         {"id":"a","function":{"name":"f","arguments":"{\"city\": \"Par"}},
+         {"id":"b","function":{"name":"f","arguments":""}}]},
+      {"role":"tool","tool_call_id":"a","content":"ok"}]})"));
+  ASSERT_TRUE(chat.ok()) << chat.status().message();
+  const ojson& calls = chat->messages[1]["tool_calls"];
+  EXPECT_EQ(calls[0]["function"]["arguments"], ojson("{\"city\": \"Par"));
+  EXPECT_EQ(calls[1]["function"]["arguments"], ojson(""));
+  auto resp = ParseResponses(ojson::parse(R"({"input":[{"role":"user","content":"q"},
+      {"type":"function_call","call_id":"c1","name":"f","arguments":""},
+      {"type":"function_call_output","call_id":"c1","output":"42"}]})"));
+  ASSERT_TRUE(resp.ok()) << resp.status().message();
+  EXPECT_EQ(resp->messages[1]["tool_calls"][0]["function"]["arguments"], ojson(""));
+  EXPECT_EQ(ToolArgumentsJson(R"({"x":2})"), ojson({{"x", 2}}));
+}
+
 TEST(Request, ErrorsNameTheField) {
   struct Case {
     const char* body;
@@ -74,7 +95,7 @@ TEST(Request, ErrorsNameTheField) {
           {R"({"messages":[{"role":"user"}]})", "messages[0].content:"},
           {R"({"messages":[{"role":"user","content":"x"}],"max_tokens":-3})", "max_tokens:"},
           {R"({"messages":[{"role":"user","content":"x"}],"top_logprobs":3})", "top_logprobs:"},
-          {R"({"messages":[{"role":"assistant","content":null,"tool_calls":[{"function":{"name":"f","arguments":"{"}}]}]})",
+          {R"({"messages":[{"role":"assistant","content":null,"tool_calls":[{"function":{"name":"f","arguments":5}}]}]})",
            "messages[0].tool_calls[0].function.arguments:"},
       }) {
     auto r = ParseChatCompletions(ojson::parse(c.body));

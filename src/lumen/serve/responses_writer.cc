@@ -55,7 +55,8 @@ class ResponsesWriter : public ProtocolWriter {
         m["tool_calls"].push_back(
             {{"id", call.id},
              {"type", "function"},
-             {"function", {{"name", call.name}, {"arguments", ArgumentsJson(call.arguments)}}}});
+             {"function",
+              {{"name", call.name}, {"arguments", ToolArgumentsJson(call.arguments)}}}});
     }
     return m;
   }
@@ -126,10 +127,6 @@ class ResponsesWriter : public ProtocolWriter {
 
  private:
   // Stored arguments are an object when they parse, else the text as is.
-  static ojson ArgumentsJson(const std::string& arguments) {
-    ojson j = ojson::parse(arguments, nullptr, false);
-    return j.is_discarded() ? ojson(arguments) : j;
-  }
   std::string CallEvents(const CallDelta& d) {
     std::string out;
     const std::string item_id = "fc_" + x_.id.substr(5) + "_0";

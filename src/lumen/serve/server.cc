@@ -9,6 +9,7 @@
 #include "lumen/serve/admission.h"
 #include "lumen/serve/body.h"
 #include "lumen/serve/httplib_include.h"
+#include "lumen/serve/peer_socket.h"
 #include "lumen/serve/protocol.h"
 
 namespace lumen::serve {
@@ -431,6 +432,18 @@ void Server::HandleGenerate(Api api, const httplib::Request& req, httplib::Respo
     return SendError(res, *refused, shape, endpoint);
   }
 
+  // n choices run as n jobs: more than the slots and the queue hold can never
+  // be admitted, so that is the request's error (400), not a busy server (429).
+  const engine::SchedulerOptions& so = engine_.scheduler().options();
+  if (r.n > so.parallel + so.queue) {
+    ApiError e;
+    e.param = "n";
+    e.message = fmt::format(
+        "n: {} choices can never run here: the server has {} slots and a queue of {} "
+        "(--parallel, --queue), so at most {} choices per request",
+        r.n, so.parallel, so.queue, so.parallel + so.queue);
+    return SendError(res, e, shape, endpoint);
+  }
   engine::Scheduler::SubmitError serr;
   std::shared_ptr<RunState> run = engine_.Start(r, *prep, &serr);
   if (!run) {
@@ -508,11 +521,25 @@ void Server::HandleGenerate(Api api, const httplib::Request& req, httplib::Respo
   };
 
   if (!writer->info().req.stream) {
+    // A client that hangs up (an SDK's timeout) frees its slots as a stream's
+    // does: its socket is asked between events, at most every 200 ms.
+    const PeerSocket peer(req.remote_addr, req.remote_port, req.local_port);
+    auto asked = Clock::now();
     ChoiceEvent e;
     while (!run->finished()) {
-      if (!run->Pop(&e, std::chrono::milliseconds(200))) continue;
-      observe(e);
-      writer->Feed(e);
+      const bool got = run->Pop(&e, std::chrono::milliseconds(200));
+      if (got) {
+        observe(e);
+        writer->Feed(e);
+      }
+      if (!got || Clock::now() - asked >= std::chrono::milliseconds(200)) {
+        asked = Clock::now();
+        if (peer.Closed()) {
+          run->Cancel();
+          metrics_.CountRequest(endpoint, 499);  // nginx's "client closed request"
+          return;
+        }
+      }
     }
     if (!writer->error().empty()) {
       ApiError x;

@@ -220,6 +220,56 @@ TEST(Cli, ConvertRoundTripGgufHfGguf) {
   ExpectSameTensors(src, back);
 }
 
+// A Hugging Face write that fails leaves nothing behind and an existing
+// directory as it was; one that succeeds replaces the model in it (a stale
+// shard index would load beside the new weights) and keeps the user's files.
+TEST(Cli, ConvertToHfFailsCleanlyAndReplacesAModel) {
+  const std::string src = std::string(LUMEN_SOURCE_DIR) + "/models/stories260K.gguf";
+  const std::string l2c = Fixtures() + "/stories260K";
+  if (!fs::exists(l2c)) GTEST_SKIP() << "fixtures absent: " << l2c;
+  const std::string base = TempDir(), fresh = base + "/fresh", hf = base + "/hf";
+  const std::string bad =
+      "convert " + l2c + "/stories260K.bin {} --to hf --tokenizer " + l2c + "/tok512.bin";
+  auto with = [](std::string cmd, const std::string& out) {
+    return cmd.replace(cmd.find("{}"), 2, out);
+  };
+  auto leftovers = [&] {
+    int n = 0;
+    for (const auto& e : fs::directory_iterator(base))
+      n += e.path().filename().string().find(".partial-") != std::string::npos;
+    return n;
+  };
+  CliRun r = Lumen(with(bad, fresh));
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("write GGUF instead"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(fresh));
+  EXPECT_EQ(leftovers(), 0);
+
+  ASSERT_EQ(Lumen("convert " + src + " " + hf + " --to hf --type f32").code, 0);
+  std::ofstream(hf + "/README.md") << "mine";
+  std::ofstream(hf + "/model.safetensors.index.json") << "{}";
+  std::ofstream(hf + "/model-00001-of-00002.safetensors") << "old";
+  const std::string config = Slurp(hf + "/config.json");
+  for (const std::string& cmd :
+       {with(bad, hf), "convert " + src + " " + hf + " --to hf --type q8_0"}) {
+    CliRun f = Lumen(cmd);
+    EXPECT_EQ(f.code, 1) << cmd;
+    EXPECT_EQ(Slurp(hf + "/config.json"), config) << cmd;
+    EXPECT_TRUE(fs::exists(hf + "/model.safetensors.index.json")) << cmd;
+    EXPECT_EQ(leftovers(), 0) << cmd;
+  }
+
+  ASSERT_EQ(Lumen("convert " + src + " " + hf + " --to hf --type f32").code, 0);
+  EXPECT_FALSE(fs::exists(hf + "/model.safetensors.index.json"));
+  EXPECT_FALSE(fs::exists(hf + "/model-00001-of-00002.safetensors"));
+  EXPECT_EQ(Slurp(hf + "/README.md"), "mine");
+  EXPECT_EQ(leftovers(), 0);
+  CliRun g1 = Lumen("generate " + src + " \"Once upon a time\" -n 30 --temp 0");
+  CliRun g2 = Lumen("generate " + hf + " \"Once upon a time\" -n 30 --temp 0");
+  ASSERT_EQ(g2.code, 0) << g2.err;
+  EXPECT_EQ(g1.out, g2.out);
+}
+
 // With -p the one positional is the model (llama.cpp users' habit), whether
 // it names a file or not; with -m and -p a positional is refused.
 TEST(Cli, GeneratePositionalIsTheModelWithPrompt) {

@@ -1,5 +1,7 @@
 #include "lumen/engine/writer.h"
 
+#include <unistd.h>
+
 #include <filesystem>
 
 #include "lumen/core/buffer.h"
@@ -129,18 +131,67 @@ Status AddMlx(formats::SafetensorsWriter& w, const std::string& hf_weight, const
 
 }  // namespace
 
+namespace {
+
+// Moves the files of a finished staging directory into dir, replacing
+// same-named ones. A previous model's files that would load beside the new
+// ones and that this write did not make (weight shards and their index, a
+// sentence-transformers pooling, another tokenizer) go first, so dir never
+// holds two models; anything else of the user's stays.
+Status CommitStaged(const std::filesystem::path& staged, const std::filesystem::path& dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) return Errorf("{}: cannot create directory: {}", dir.string(), ec.message());
+  auto ours = [&](const fs::path& name) { return fs::exists(staged / name, ec); };
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string n = e.path().filename().string();
+    const bool model_file = (n.starts_with("model-") && n.ends_with(".safetensors")) ||
+                            n == "model.safetensors.index.json" || n == "modules.json" ||
+                            n == "1_Pooling" || n == "2_Normalize" ||
+                            n == "tokenizer_config.json" || n == "tokenizer.model";
+    if (model_file && !ours(n)) fs::remove_all(e.path(), ec);
+  }
+  for (const auto& e : fs::directory_iterator(staged, ec)) {
+    const fs::path to = dir / e.path().filename();
+    if (e.is_directory()) fs::remove_all(to, ec);
+    fs::rename(e.path(), to, ec);
+    if (ec)
+      return Errorf("{}: cannot move the written file into place: {}", to.string(), ec.message());
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+// Every file is written into a staging directory beside dir first, so a
+// failure (a vocabulary with no tokenizer.json form, a type Hugging Face
+// files do not hold, a full disk) leaves dir as it was, and no partial model
+// behind; then CommitStaged moves them in.
 Status WriteHfModel(const model::ModelConfig& config, const tokenize::Tokenizer& tok,
                     const std::vector<TensorPlan>& plans, const WriteOptions& opts,
-                    const std::string& dir) {
+                    const std::string& out_dir) {
   namespace fs = std::filesystem;
   const bool mlx = opts.mlx_bits != 0;
   if (mlx && (opts.mlx_bits != 4 && opts.mlx_bits != 8))
     return Errorf("MLX quantization: bits must be 4 or 8, got {}", opts.mlx_bits);
   if (mlx && (opts.mlx_group != 32 && opts.mlx_group != 64 && opts.mlx_group != 128))
     return Errorf("MLX quantization: group size must be 32, 64 or 128, got {}", opts.mlx_group);
+  fs::path target = fs::path(out_dir);
+  if (target.filename().empty()) target = target.parent_path();  // "out/"
+  const fs::path staged = target.string() + fmt::format(".partial-{}", ::getpid());
   std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec) return Errorf("{}: cannot create directory: {}", dir, ec.message());
+  fs::remove_all(staged, ec);
+  fs::create_directories(staged, ec);
+  if (ec) return Errorf("{}: cannot create directory: {}", staged.string(), ec.message());
+  struct Cleanup {
+    fs::path p;
+    ~Cleanup() {
+      std::error_code e;
+      fs::remove_all(p, e);
+    }
+  } cleanup{staged};
+  const std::string dir = staged.string();
   formats::SafetensorsWriter w;
   w.SetMetadata("format", mlx ? "mlx" : "pt");
   nlohmann::json quant = nlohmann::json::object();
@@ -179,7 +230,7 @@ Status WriteHfModel(const model::ModelConfig& config, const tokenize::Tokenizer&
   if (config.pooling != model::Pooling::kNone)
     LUMEN_RETURN_IF_ERROR(WriteSentenceTransformersPooling(dir, config.pooling, config.dim));
   LUMEN_RETURN_IF_ERROR(tok.ExportHf(dir));
-  return Status::Ok();
+  return CommitStaged(staged, target);
 }
 
 }  // namespace lumen::engine

@@ -503,7 +503,9 @@ Status Tokenizer::ExportHf(const std::string& dir) const {
       j["decoder"] = {{"type", "ByteLevel"}};
     } else {
       if (impl.flavor == Flavor::kLlama2c)
-        return Error("ExportHf: llama2.c vocabularies are not supported");
+        return Error(
+            "a llama2.c tokenizer.bin vocabulary has no Hugging Face tokenizer.json form; "
+            "write GGUF instead (an output path ending in .gguf)");
       json norms = json::array();
       if (impl.add_space_prefix)
         norms.push_back({{"type", "Prepend"}, {"prepend", "\xE2\x96\x81"}});

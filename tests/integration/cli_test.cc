@@ -270,6 +270,34 @@ TEST(Cli, ConvertToHfFailsCleanlyAndReplacesAModel) {
   EXPECT_EQ(g1.out, g2.out);
 }
 
+// Flags that once ran silently with another meaning: NaN numbers, logit
+// biases for ids the vocabulary lacks, a model or prompt given twice, text
+// beside --file, a directory as a text file. Each is refused, naming it; a
+// --ctx beyond the model's runs with a warning (as llama.cpp).
+TEST(Cli, AmbiguousOrImpossibleFlagsAreRefused) {
+  const std::string src = std::string(LUMEN_SOURCE_DIR) + "/models/stories260K.gguf";
+  auto refused = [](const std::string& args, const std::string& needle) {
+    CliRun r = Lumen(args);
+    EXPECT_NE(r.code, 0) << args;
+    EXPECT_NE(r.err.find(needle), std::string::npos) << args << "\n" << r.err;
+  };
+  refused("fit " + src + " --no-speed --memory-budget nan", "not a finite number");
+  refused("fit " + src + " --membw nan", "not a finite number");
+  refused("generate " + src + " hi -n 2 --logit-bias 99999+5",
+          "logit_bias.99999: token id out of range (vocabulary size 512)");
+  refused("generate -m " + src + " " + src + " hi -n 2", "--model is already given");
+  refused("generate -p hi " + src + " there -n 2", "--prompt is already given");
+  const std::string dir = TempDir();
+  std::ofstream(dir + "/t.txt") << "Once upon a time";
+  refused("tokenize " + src + " extra --file " + dir + "/t.txt", "'extra'");
+  refused("perplexity " + src + " --file " + dir, "is a directory");
+  CliRun wide = Lumen("generate " + src + " \"Once\" -n 2 --temp 0 --ctx 4096");
+  EXPECT_EQ(wide.code, 0) << wide.err;
+  EXPECT_NE(wide.err.find("--ctx 4096 exceeds the model's context of 512 tokens"),
+            std::string::npos)
+      << wide.err;
+}
+
 // With -p the one positional is the model (llama.cpp users' habit), whether
 // it names a file or not; with -m and -p a positional is refused.
 TEST(Cli, GeneratePositionalIsTheModelWithPrompt) {

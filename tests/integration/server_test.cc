@@ -637,7 +637,13 @@ TEST(ServerLimits, QueueOverflowAndDisconnect) {
   EXPECT_EQ(never.status, 400) << never.body;
   EXPECT_EQ(never.Json()["error"]["param"], "n");
 
-  // A non-streaming request whose client hangs up frees its slot too.
+  // A non-streaming request whose client hangs up frees its slot too. (The
+  // last request's slot is released just after its answer: wait for it, or
+  // this one could find the one slot taken and get a 429.)
+  for (auto until = Clock::now() + std::chrono::seconds(10); Clock::now() < until;) {
+    if (Request(p, "GET", "/stats").Json()["active_slots"] == 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
   json quiet = Endless("/v1/chat/completions");
   quiet["stream"] = false;
   const int q = Connect(p);

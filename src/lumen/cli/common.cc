@@ -1,9 +1,11 @@
 #include "lumen/cli/common.h"
 
+#include <cmath>
 #include <cstdio>
 
 #include "lumen/cli/routes.h"
 #include "lumen/cli/verbs.h"
+#include "lumen/core/log.h"
 #include "lumen/engine/default_model.h"
 #include "lumen/kernels/matrix.h"
 
@@ -39,6 +41,27 @@ void AddTierOptions(CLI::App* app, ModelArgs& args) {
       ->check(CLI::IsMember({"l1", "l2", "l3"}));
   app->add_flag("--show-routes", args.show_routes,
                 "print the resolved route of every graph node before running (lumen routes)");
+}
+
+void WarnBeyondModelContext(const engine::Model& model, int64_t ctx) {
+  const int64_t trained = model.config().max_ctx;
+  if (ctx > trained && trained > 0)
+    LUMEN_LOG_WARN(
+        "--ctx {} exceeds the model's context of {} tokens: positions past it are "
+        "extrapolated, and the KV cache is sized for all of them",
+        ctx, trained);
+}
+
+CLI::Validator FiniteRange(double lo, double hi) {
+  return CLI::Validator(
+      [lo, hi](std::string& text) -> std::string {
+        double v = 0;
+        if (!CLI::detail::lexical_cast(text, v)) return fmt::format("'{}' is not a number", text);
+        if (!std::isfinite(v) || v < lo || v > hi)
+          return fmt::format("{} is not a finite number in [{}, {}]", text, lo, hi);
+        return "";
+      },
+      fmt::format("FLOAT in [{} - {}]", lo, hi));
 }
 
 void AddKvTypeOption(CLI::App* app, std::string& kv_type) {

@@ -35,7 +35,14 @@ struct ModelArgs {
   std::string train_compute = "auto";  // the train graph's --compute (train/compute.h)
 };
 
+// A number in [lo, hi] that is finite. CLI11's Range and PositiveNumber
+// compare, and NaN passes every comparison; this refuses it by name.
+CLI::Validator FiniteRange(double lo, double hi);
+
 void AddModelArgs(CLI::App* app, ModelArgs& args, bool positional = true);
+// A --ctx beyond what the model was trained for runs (as in llama.cpp), with
+// a warning: positions past it are extrapolated and cost KV memory.
+void WarnBeyondModelContext(const engine::Model& model, int64_t ctx);
 // --kv-type and --act-route with their checks (AddModelArgs, and bench's own arguments).
 void AddKvTypeOption(CLI::App* app, std::string& kv_type);
 void AddActRouteOption(CLI::App* app, std::string& act_route);

@@ -36,8 +36,9 @@ void Run(ConvertArgs& a) {
 
 void RegisterConvert(CLI::App& app) {
   auto a = std::make_shared<ConvertArgs>();
-  auto* cmd =
-      app.add_subcommand("convert", "convert a model between GGUF, Hugging Face, MLX and llama2.c");
+  auto* cmd = app.add_subcommand(
+      "convert",
+      "convert a GGUF, Hugging Face, MLX or llama2.c model to GGUF or a Hugging Face directory");
   cmd->add_option("in", a->model.model, "input model")->required();
   cmd->add_option("out", a->out, "output: a .gguf path or a directory")->required();
   cmd->add_option("--to", a->to, "output format: gguf or hf (default: from the OUT name)");

@@ -37,6 +37,7 @@ Result<Loaded> Load(CLI::App* cmd, EvalArgs& a) {
   if (l.config.seed) a.opts.seed = *l.config.seed;
   LUMEN_ASSIGN_OR_RETURN(auto text, eval::ReadPrompts(a.prompts));
   LUMEN_ASSIGN_OR_RETURN(l.model, LoadModel(a.model));
+  LUMEN_RETURN_IF_ERROR(sample::ValidateForVocab(l.config, l.model->tokenizer().vocab_size()));
   LUMEN_ASSIGN_OR_RETURN(l.prompts, eval::EncodePrompts(*l.model, text));
   return l;
 }

@@ -98,10 +98,10 @@ void RegisterFit(CLI::App& app) {
       ->check(CLI::Range(1, 1 << 16));
   cmd->add_option("--memory-budget", a->budget_gb,
                   "memory budget in GB (1e9 bytes; default: MemAvailable from /proc/meminfo)")
-      ->check(CLI::PositiveNumber);
+      ->check(FiniteRange(1e-9, 1e9));
   cmd->add_option("--membw", a->membw_gbs,
                   "memory bandwidth in GB/s to predict with (default: measured once, cached)")
-      ->check(CLI::PositiveNumber);
+      ->check(FiniteRange(1e-6, 1e6));
   cmd->add_flag("--remeasure", a->remeasure, "measure the bandwidth again and update the cache");
   cmd->add_flag("--no-speed", a->no_speed, "skip the bandwidth and speed prediction");
   cmd->add_flag("--json", a->json, "print the report as one JSON object (the server's GET /fit)");

@@ -50,6 +50,11 @@ Status ResolvePositionals(GenerateArgs& a) {
   auto& p = a.positionals;
   if (p.size() > 2) return Error("expected at most MODEL and PROMPT");
   if (p.size() == 2) {
+    if (!a.model.model.empty() || !a.prompt.empty())
+      return Errorf("'{}' '{}': {} already given; give the model and prompt once each", p[0], p[1],
+                    !a.model.model.empty() && !a.prompt.empty() ? "--model and --prompt are"
+                    : !a.model.model.empty()                    ? "--model is"
+                                                                : "--prompt is");
     a.model.model = p[0];
     a.prompt = p[1];
   } else if (p.size() == 1) {
@@ -75,6 +80,8 @@ Result<Runtime> Start(CLI::App* cmd, GenerateArgs& a) {
   Runtime rt;
   LUMEN_ASSIGN_OR_RETURN(sample::SamplerConfig cfg, BuildSamplerConfig(cmd, a.sampler, {}));
   LUMEN_ASSIGN_OR_RETURN(rt.model, LoadModel(a.model));
+  LUMEN_RETURN_IF_ERROR(sample::ValidateForVocab(cfg, rt.model->tokenizer().vocab_size()));
+  WarnBeyondModelContext(*rt.model, a.model.ctx);
   AnnounceRoutes(a.model, *rt.model, "generate");
   LUMEN_ASSIGN_OR_RETURN(engine::SessionOptions sopts, SessionOptionsFrom(a.model));
   LUMEN_ASSIGN_OR_RETURN(rt.session, engine::Session::Create(*rt.model, sopts));

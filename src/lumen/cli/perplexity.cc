@@ -4,6 +4,7 @@
 // vocabulary (eval/perplexity.h defines every number; this file only prints).
 #include <fmt/format.h>
 
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -25,16 +26,21 @@ struct PplArgs {
 };
 
 void Run(const PplArgs& a) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(a.file, ec))
+    return ReportError(Errorf("--file {}: is a directory, not a text file", a.file));
   std::ifstream f(a.file, std::ios::binary);
   if (!f) return ReportError(Errorf("--file {}: cannot be read", a.file));
   std::stringstream ss;
   ss << f.rdbuf();
+  if (f.bad()) return ReportError(Errorf("--file {}: read failed", a.file));
   const std::string text = ss.str();
   auto so = SessionOptionsFrom(a.model);
   if (!so.ok()) return ReportError(so.status());
   auto m = LoadModel(a.model);
   if (!m.ok()) return ReportError(m.status());
   AnnounceRoutes(a.model, **m, "generate");
+  WarnBeyondModelContext(**m, a.model.ctx);
   std::unique_ptr<engine::Model> base;
   if (!a.base.empty()) {
     ModelArgs b = a.model;

@@ -276,16 +276,16 @@ void RegisterServe(CLI::App& app) {
   cmd->add_option("--cors", a->cors,
                   "allow browser requests from this origin (e.g. http://localhost:3000 or *)");
   cmd->add_option("--max-body-mb", a->max_body_mb, "largest request body in MiB")
-      ->check(CLI::Range(0.001, 4096.0));
+      ->check(FiniteRange(0.001, 4096.0));
   cmd->add_option("--prompt-cache-mb", a->prompt_cache_mb, "KV kept for prefix reuse, MiB (0: off)")
-      ->check(CLI::Range(0.0, 1048576.0));
+      ->check(FiniteRange(0.0, 1048576.0));
   cmd->add_option("--chat-template", a->chat_template,
                   "Jinja chat template file (overrides the model's)");
   cmd->add_option("--alias", a->alias, "model name reported to clients");
   cmd->add_option("--store-entries", a->store_entries, "Responses store: most responses kept")
       ->check(CLI::Range(0, 1 << 24));
   cmd->add_option("--store-mb", a->store_mb, "Responses store: most MiB kept")
-      ->check(CLI::Range(0.0, 1048576.0));
+      ->check(FiniteRange(0.0, 1048576.0));
   cmd->add_option("--store-ttl", a->store_ttl_s, "Responses store: seconds a response is kept")
       ->check(CLI::Range(1, 1 << 30));
   cmd->add_flag("--no-ui", a->no_ui, "do not serve the web app at / (docs/reference/web.md)");
@@ -300,7 +300,7 @@ void RegisterServe(CLI::App& app) {
   cmd->add_option("--memory-budget", a->memory_budget_gb,
                   "memory budget in GB (1e9 bytes) that weights + --parallel x (KV + scratch) "
                   "must fit, checked at start (default: MemAvailable; see lumen fit)")
-      ->check(CLI::PositiveNumber);
+      ->check(FiniteRange(1e-9, 1e9));
   cmd->add_flag("--clamp-max-tokens", a->clamp_max_tokens,
                 "cut a max_tokens that does not fit beside the prompt to the room left (as "
                 "llama-server does) instead of refusing the request with "

@@ -65,6 +65,11 @@ void RegisterTokenize(CLI::App& app) {
       auto t = ReadFile(a->file);
       if (!t.ok()) return ReportError(t.status());
       text = *t;
+      if (a->pos.size() > 1)
+        return ReportError(
+            Errorf("tokenize: '{}': the text comes from --file {}; give MODEL "
+                   "alone with it",
+                   a->pos[1], a->file));
       if (!a->pos.empty()) a->model.model = a->pos[0];
     } else if (a->pos.size() == 2) {
       a->model.model = a->pos[0];

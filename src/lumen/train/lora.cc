@@ -46,8 +46,12 @@ Result<LoraLayout> LoraLayout::Make(const model::ModelConfig& c, const LoraConfi
   if (cfg.targets == 0 || cfg.targets > 0x7f) return Error("--targets: no target selected");
   if (cfg.num_layers < 0 || cfg.num_layers > c.n_layers)
     return Errorf("--num-layers {}: the model has {} layers", cfg.num_layers, c.n_layers);
-  if (cfg.dropout < 0 || cfg.dropout >= 1)
+  if (!(cfg.dropout >= 0 && cfg.dropout < 1))  // NaN too
     return Errorf("--dropout {}: must be in [0, 1)", cfg.dropout);
+  if (!std::isfinite(cfg.alpha) || cfg.alpha <= 0)
+    return Errorf("--alpha {}: must be a positive finite number", cfg.alpha);
+  if (!std::isfinite(cfg.scale) || cfg.scale < 0)
+    return Errorf("--scale {}: must be a positive finite number (0: alpha / rank)", cfg.scale);
   LoraLayout L;
   L.cfg = cfg;
   L.first_layer = cfg.num_layers ? c.n_layers - cfg.num_layers : 0;

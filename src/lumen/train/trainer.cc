@@ -349,7 +349,38 @@ Result<TrainResult> Train(const engine::Model& model, const TrainOptions& opts) 
   const size_t baseline = (anon > copied ? anon - copied : 0) + CodeRss();
   if (o.batch_size < 1) return Errorf("--batch-size {}: must be at least 1", o.batch_size);
   if (o.grad_accum < 1) return Errorf("--grad-accum {}: must be at least 1", o.grad_accum);
-  if (!(o.lr > 0)) return Errorf("--lr {}: must be positive", o.lr);
+  if (!(o.lr > 0) || !std::isfinite(o.lr))
+    return Errorf("--lr {}: must be a positive finite number", o.lr);
+  // Counts below their floor and non-finite rates are refused here, before
+  // the output directory exists, rather than meeting them as a non-finite
+  // gradient (or a silent fallback) steps later.
+  if (o.iters < 0) return Errorf("--iters {}: must be 0 (use --epochs) or more", o.iters);
+  if (o.epochs < 1) return Errorf("--epochs {}: must be at least 1", o.epochs);
+  if (o.warmup < 0) return Errorf("--warmup {}: must be 0 or more", o.warmup);
+  if (o.steps_per_report < 1)
+    return Errorf("--steps-per-report {}: must be at least 1", o.steps_per_report);
+  if (o.steps_per_eval < 0)
+    return Errorf("--steps-per-eval {}: must be 0 (at the end) or more", o.steps_per_eval);
+  if (o.save_every < 0) return Errorf("--save-every {}: must be 0 (off) or more", o.save_every);
+  if (o.val_size < 0) return Errorf("--val-size {}: must be 0 or more", o.val_size);
+  if (o.memory_budget_mb < 0)
+    return Errorf("--memory-budget {}: must be 0 (off) or more MB", o.memory_budget_mb);
+  if (o.mlp_chunk < 0) return Errorf("--mlp-chunk {}: must be 0 (off) or more", o.mlp_chunk);
+  if (o.control_every < 0)
+    return Errorf("--control-every {}: must be 0 (each evaluation) or more", o.control_every);
+  auto finite_at_least = [](double v, double lo) { return std::isfinite(v) && v >= lo; };
+  if (!finite_at_least(o.grad_clip, 0))
+    return Errorf("--grad-clip {}: must be 0 (off) or a positive finite number", o.grad_clip);
+  if (!finite_at_least(o.weight_decay, 0))
+    return Errorf("--weight-decay {}: must be 0 or a positive finite number", o.weight_decay);
+  if (!finite_at_least(o.eps, 0) || o.eps == 0)
+    return Errorf("--eps {}: must be a positive finite number", o.eps);
+  if (!finite_at_least(o.beta1, 0) || o.beta1 >= 1 || !finite_at_least(o.beta2, 0) || o.beta2 >= 1)
+    return Errorf("--betas {} {}: each must be in [0, 1)", o.beta1, o.beta2);
+  if (!finite_at_least(o.lora_plus_ratio, 0) || o.lora_plus_ratio == 0)
+    return Errorf("--lora-plus-ratio {}: must be a positive finite number", o.lora_plus_ratio);
+  if (!finite_at_least(o.ce_skip_eps, 0))
+    return Errorf("--ce-skip-eps {}: must be 0 (off) or a positive finite number", o.ce_skip_eps);
   LUMEN_RETURN_IF_ERROR(ValidateCompute(o.compute));
   if (o.out_dir.empty()) return Error("--out: an adapter directory is required");
   LUMEN_ASSIGN_OR_RETURN(LoraLayout layout, LoraLayout::Make(c, o.lora));

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <limits>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -306,6 +307,29 @@ TEST(TrainRun, BadInputsGiveClearErrorsAndNoOutput) {
   o.method = Method::kSft;
   o.data_dir = (dir.path() / "missing").string();
   expect_error(o, "not a directory");
+  o.data_dir = DataDir("style");
+  // Counts below their floor and non-finite numbers, before anything is
+  // written (they once ran anyway, fell back silently, or failed steps later
+  // as a "non-finite gradient").
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const auto with = [&](auto set) {
+    TrainOptions b = o;
+    set(b);
+    return b;
+  };
+  expect_error(with([](TrainOptions& b) { b.iters = -3; }), "--iters -3");
+  expect_error(with([](TrainOptions& b) { b.epochs = 0; }), "--epochs 0");
+  expect_error(with([](TrainOptions& b) { b.warmup = -5; }), "--warmup -5");
+  expect_error(with([](TrainOptions& b) { b.save_every = -1; }), "--save-every -1");
+  expect_error(with([](TrainOptions& b) { b.steps_per_report = 0; }), "--steps-per-report 0");
+  expect_error(with([](TrainOptions& b) { b.memory_budget_mb = -1; }), "--memory-budget -1");
+  expect_error(with([&](TrainOptions& b) { b.grad_clip = -1; }), "--grad-clip -1");
+  expect_error(with([&](TrainOptions& b) { b.weight_decay = nan; }), "--weight-decay nan");
+  expect_error(with([&](TrainOptions& b) { b.lr = std::numeric_limits<double>::infinity(); }),
+               "--lr inf");
+  expect_error(with([&](TrainOptions& b) { b.beta1 = 1.0; }), "--betas 1 0.999");
+  expect_error(with([&](TrainOptions& b) { b.lora.alpha = float(nan); }), "--alpha nan");
+  expect_error(with([&](TrainOptions& b) { b.lora.scale = -1.0f; }), "--scale -1");
   // --skip-bad-rows counts and continues.
   o.data_dir = DataWith(dir.path() / "d3", {R"({"prompt": "One day", "completion": " Tom ran."})",
                                             "{not json", R"({"text": "x"})"})

@@ -231,10 +231,60 @@ TEST_F(EmbeddedServer, AnthropicMessages) {
   EXPECT_EQ(delta["usage"]["output_tokens"], 6);
 }
 
+// With a prompt-cache hit the stream's final usage (message_delta, which
+// Anthropic's SDKs fold into the message) is the body's: input_tokens
+// without the cache reads.
+TEST_F(EmbeddedServer, AnthropicStreamUsageIsTheBodysWithACacheHit) {
+  json req = {{"max_tokens", 4},
+              {"temperature", 0},
+              {"messages", {{{"role", "user"}, {"content", LongStory() + " Then?"}}}}};
+  ASSERT_EQ(Post(port(), "/v1/messages", req).status, 200);  // fills the cache
+  const json body = Post(port(), "/v1/messages", req).Json();
+  ASSERT_GT(body["usage"]["cache_read_input_tokens"].get<int>(), 0) << body.dump();
+  req["stream"] = true;
+  json delta;
+  for (const auto& e : ParseSse(Post(port(), "/v1/messages", req).body))
+    if (e.event == "message_delta") delta = json::parse(e.data);
+  EXPECT_EQ(delta["usage"], body["usage"]);
+}
+
+// With tools offered (the text held for call parsing, or streamed as call
+// pieces) the stream carries the body's logprobs, each token once.
+TEST_F(EmbeddedServer, ChatStreamKeepsLogprobsWithTools) {
+  const json tools =
+      json::array({{{"type", "function"},
+                    {"function", {{"name", "get_w"}, {"parameters", {{"type", "object"}}}}}}});
+  for (const char* choice : {"auto", "required"}) {
+    json req = {{"messages", {{{"role", "user"}, {"content", "Hello"}}}},
+                {"max_tokens", 6},
+                {"temperature", 0},
+                {"logprobs", true},
+                {"tools", tools},
+                {"tool_choice", choice}};
+    const json body = Post(port(), "/v1/chat/completions", req).Json();
+    const json& want = body["choices"][0]["logprobs"]["content"];
+    ASSERT_FALSE(want.empty()) << choice << body.dump();
+    req["stream"] = true;
+    json got = json::array();
+    for (const auto& e : ParseSse(Post(port(), "/v1/chat/completions", req).body)) {
+      if (e.data == "[DONE]") continue;
+      const json d = json::parse(e.data);
+      for (const auto& c : d["choices"])
+        if (c["logprobs"].is_object())
+          for (const auto& t : c["logprobs"]["content"]) got.push_back(t);
+    }
+    EXPECT_EQ(got, want) << choice;
+  }
+}
+
 TEST_F(EmbeddedServer, ResponsesWithPreviousResponseId) {
-  auto r1 = Post(port(), "/v1/responses", {{"input", LongStory()}, {"max_output_tokens", 5}});
+  auto r1 = Post(port(), "/v1/responses",
+                 {{"input", LongStory()}, {"max_output_tokens", 5}, {"instructions", "Be brief."}});
   ASSERT_EQ(r1.status, 200) << r1.body;
   json j1 = r1.Json();
+  EXPECT_EQ(j1["instructions"], "Be brief.");  // echoed, as OpenAI does
+  EXPECT_EQ(j1["status"], "incomplete");
+  EXPECT_EQ(j1["output"][0]["status"], "incomplete");
   EXPECT_EQ(j1["object"], "response");
   EXPECT_EQ(j1["output"][0]["type"], "message");
   EXPECT_EQ(j1["output"][0]["content"][0]["type"], "output_text");
@@ -260,7 +310,12 @@ TEST_F(EmbeddedServer, ResponsesWithPreviousResponseId) {
   EXPECT_EQ(ev[1].event, "response.in_progress");
   EXPECT_EQ(ev[2].event, "response.output_item.added");
   EXPECT_EQ(ev[3].event, "response.content_part.added");
-  EXPECT_EQ(ev.back().event, "response.completed");
+  // Cut by max_output_tokens: OpenAI ends such a stream with
+  // response.incomplete, and marks the response and its message item so.
+  EXPECT_EQ(ev.back().event, "response.incomplete");
+  const json last = json::parse(ev.back().data)["response"];
+  EXPECT_EQ(last["status"], "incomplete");
+  EXPECT_EQ(last["output"][0]["status"], "incomplete");
   std::string text;
   for (size_t i = 0; i < ev.size(); ++i) {
     json d = json::parse(ev[i].data);
@@ -559,6 +614,21 @@ TEST(ServerLimits, AuthCorsAndBodySize) {
   auto pre = Request(p, "OPTIONS", "/v1/chat/completions", "", {"Origin: http://example.test"});
   EXPECT_EQ(pre.status, 204);
   EXPECT_NE(pre.Header("Access-Control-Allow-Headers").find("x-api-key"), std::string::npos);
+  // A browser SDK's preflight is granted the headers it asks for.
+  const std::string asked = "x-stainless-os, anthropic-dangerous-direct-browser-access";
+  auto sdk = Request(p, "OPTIONS", "/v1/messages", "",
+                     {"Origin: http://example.test", "Access-Control-Request-Method: POST",
+                      "Access-Control-Request-Headers: " + asked});
+  EXPECT_EQ(sdk.status, 204);
+  EXPECT_EQ(sdk.Header("Access-Control-Allow-Headers"), asked) << sdk.headers;
+  // The auth scheme is case-insensitive (RFC 7235).
+  EXPECT_EQ(Post(p, "/v1/chat/completions", Chat("hi", 2), {"Authorization: bearer sekret"}).status,
+            200);
+  // Another method on a POST endpoint is a 405 naming the method.
+  auto get = Request(p, "GET", "/v1/chat/completions", "", {"x-api-key: sekret"});
+  EXPECT_EQ(get.status, 405) << get.body;
+  EXPECT_EQ(get.Header("Allow"), "POST");
+  EXPECT_NE(get.body.find("method not allowed"), std::string::npos) << get.body;
   // 1 KiB limit.
   auto big =
       Post(p, "/v1/chat/completions", Chat(std::string(4000, 'a'), 2), {"x-api-key: sekret"});

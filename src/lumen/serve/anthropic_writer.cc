@@ -89,7 +89,17 @@ class MessagesWriter : public ProtocolWriter {
          {"delta",
           {{"stop_reason", AnthropicStop(c)},
            {"stop_sequence", c.stop_matched.empty() ? ojson() : ojson(c.stop_matched)}}},
-         {"usage", {{"output_tokens", c.completion_tokens}}}});
+         {"usage", Usage(c)}});
+  }
+  // Anthropic's input_tokens leave out cache reads. message_start goes out
+  // before the prompt cache is looked up, so it counts the whole prompt;
+  // message_delta's usage is cumulative and carries the final counts, the
+  // non-streaming body's.
+  static ojson Usage(const ChoiceState& c) {
+    return {{"input_tokens", c.prompt_tokens - c.cached_tokens},
+            {"cache_read_input_tokens", c.cached_tokens},
+            {"cache_creation_input_tokens", 0},
+            {"output_tokens", c.completion_tokens}};
   }
   std::string CallEvents(const CallDelta& d) {
     std::string out;
@@ -135,11 +145,7 @@ class MessagesWriter : public ProtocolWriter {
             {"content", std::move(content)},
             {"stop_reason", std::move(stop_reason)},
             {"stop_sequence", std::move(stop_sequence)},
-            {"usage",
-             {{"input_tokens", c.prompt_tokens - c.cached_tokens},
-              {"cache_read_input_tokens", c.cached_tokens},
-              {"cache_creation_input_tokens", 0},
-              {"output_tokens", c.completion_tokens}}}};
+            {"usage", Usage(c)}};
   }
   bool text_open_ = false;
 };

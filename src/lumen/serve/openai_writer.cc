@@ -1,6 +1,8 @@
 // OpenAI chat.completion(.chunk) and text_completion bodies and SSE chunks.
 #include "lumen/serve/protocol.h"
 
+#include <utility>
+
 namespace lumen::serve {
 
 using ojson = nlohmann::ordered_json;
@@ -91,15 +93,24 @@ class ChatWriter : public ProtocolWriter {
                      {"code", nullptr}}}};
       return Sse(err);
     }
+    // With tools offered the text is held (parsed for calls at the end) or
+    // streamed as call pieces, and no chunk carried logprobs: they all go
+    // with the first chunk sent here, so the stream holds the body's.
+    ojson lp;
+    if ((forced() || tools()) && x_.req.logprobs) {
+      lp = {{"content", ojson::array()}};
+      for (const auto& t : c.tokens) lp["content"].push_back(LogprobEntry(t));
+    }
     if (forced()) {
       out += CallChunks(index, ForcedDelta(index, true));
     } else if (tools()) {
       if (!c.reply.content.empty())
-        out += Chunk(index, {{"content", c.reply.content}}, ojson(), ojson());
+        out += Chunk(index, {{"content", c.reply.content}}, std::exchange(lp, ojson()), ojson());
       if (!c.reply.calls.empty())
-        out += Chunk(index, {{"tool_calls", ToolCallsJson(c.reply, true)}}, ojson(), ojson());
+        out += Chunk(index, {{"tool_calls", ToolCallsJson(c.reply, true)}},
+                     std::exchange(lp, ojson()), ojson());
     }
-    return out + Chunk(index, ojson::object(), ojson(), OpenAIFinish(c));
+    return out + Chunk(index, ojson::object(), std::move(lp), OpenAIFinish(c));
   }
 
  private:

@@ -77,6 +77,7 @@ Result<GenRequest> ParseResponses(const ojson& body) {
     std::string ins;
     LUMEN_RETURN_IF_ERROR(ExpectString(body["instructions"], "instructions", &ins));
     r.messages.push_back({{"role", "system"}, {"content", ins}});
+    r.instructions = ins;
   }
   auto in = body.find("input");
   if (in == body.end() || in->is_null()) return Error("input: missing");

@@ -65,6 +65,7 @@ struct GenRequest {
   // Responses API.
   std::string previous_response_id;
   bool store = true;
+  std::optional<std::string> instructions;  // echoed in the response object
 };
 
 // Parsers: `body` is the parsed JSON body. Errors start with the field path.

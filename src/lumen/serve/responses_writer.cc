@@ -3,7 +3,8 @@
 // response.content_part.added, response.output_text.delta,
 // response.output_text.done, response.content_part.done,
 // response.output_item.done, function_call_arguments.delta/done,
-// response.completed), each with a sequence_number.
+// response.completed, or response.incomplete when max_output_tokens cut
+// it), each with a sequence_number.
 #include "lumen/serve/protocol.h"
 
 namespace lumen::serve {
@@ -27,14 +28,14 @@ class ResponsesWriter : public ProtocolWriter {
   std::string StreamEnd() override {
     const ChoiceState& c = choices_[0];
     if (!c.error.empty()) return "";
-    return Event("response.completed", {{"response", Body()}});
+    const ojson body = Body();
+    return Event(body["status"] == "incomplete" ? "response.incomplete" : "response.completed",
+                 {{"response", body}});
   }
 
   ojson Body() override {
     const ChoiceState& c = choices_[0];
-    const bool incomplete =
-        (c.finish == engine::FinishReason::kLength || c.finish == engine::FinishReason::kContext) &&
-        (c.reply.calls.empty() || c.reply.truncated);
+    const bool incomplete = Incomplete(c);
     ojson r = Response(incomplete ? "incomplete" : "completed", Output(c));
     if (incomplete) r["incomplete_details"] = {{"reason", "max_output_tokens"}};
     r["output_text"] = c.reply.content;
@@ -105,7 +106,7 @@ class ResponsesWriter : public ProtocolWriter {
                                                   {"content_index", 0},
                                                   {"part", TextPart(c.reply.content)}});
       out += Event("response.output_item.done",
-                   {{"output_index", 0}, {"item", MessageItem(c.reply.content, "completed")}});
+                   {{"output_index", 0}, {"item", MessageItem(c.reply.content, Done(c))}});
       index = 1;
     }
     for (size_t i = 0; i < c.reply.calls.size(); ++i, ++index) {
@@ -158,9 +159,19 @@ class ResponsesWriter : public ProtocolWriter {
   static ojson TextPart(const std::string& text) {
     return {{"type", "output_text"}, {"text", text}, {"annotations", ojson::array()}};
   }
+  // Cut by max_output_tokens (or the context): the response is "incomplete",
+  // and so is its message item, as OpenAI marks them.
+  static bool Incomplete(const ChoiceState& c) {
+    return (c.finish == engine::FinishReason::kLength ||
+            c.finish == engine::FinishReason::kContext) &&
+           (c.reply.calls.empty() || c.reply.truncated);
+  }
+  static const char* Done(const ChoiceState& c) {
+    return Incomplete(c) ? "incomplete" : "completed";
+  }
   ojson MessageItem(const std::string& text, const char* status) const {
     ojson content = ojson::array();
-    if (std::string(status) == "completed") content.push_back(TextPart(text));
+    if (std::string(status) != "in_progress") content.push_back(TextPart(text));
     return {{"type", "message"},
             {"id", MsgId()},
             {"status", status},
@@ -177,7 +188,7 @@ class ResponsesWriter : public ProtocolWriter {
   ojson Output(const ChoiceState& c) const {
     ojson out = ojson::array();
     if (!c.reply.content.empty() || c.reply.calls.empty())
-      out.push_back(MessageItem(c.reply.content, "completed"));
+      out.push_back(MessageItem(c.reply.content, Done(c)));
     for (size_t i = 0; i < c.reply.calls.size(); ++i) out.push_back(CallItem(c.reply.calls[i], i));
     return out;
   }
@@ -197,7 +208,7 @@ class ResponsesWriter : public ProtocolWriter {
             {"status", status},
             {"error", nullptr},
             {"incomplete_details", nullptr},
-            {"instructions", nullptr},
+            {"instructions", x_.req.instructions ? ojson(*x_.req.instructions) : ojson()},
             {"max_output_tokens", x_.req.max_tokens ? ojson(*x_.req.max_tokens) : ojson()},
             {"model", x_.model},
             {"output", std::move(output)},

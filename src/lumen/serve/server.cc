@@ -1,7 +1,10 @@
 #include "lumen/serve/server.h"
 
+#include <strings.h>
+
 #include <ctime>
 #include <random>
+#include <set>
 #include <thread>
 
 #include "lumen/core/log.h"
@@ -182,7 +185,17 @@ void Server::Routes() {
                            {"Access-Control-Allow-Methods", "GET, POST, OPTIONS"},
                            {"Vary", "Origin"}});
   }
-  h.Options(R"(/.*)", [](const httplib::Request&, httplib::Response& res) { res.status = 204; });
+  // A preflight is granted the headers it asks for: the browser SDKs send
+  // their own (openai-node's x-stainless-*, Anthropic's
+  // anthropic-dangerous-direct-browser-access), beyond the fixed list.
+  h.Options(R"(/.*)", [this](const httplib::Request& req, httplib::Response& res) {
+    const std::string asked = req.get_header_value("Access-Control-Request-Headers");
+    if (!opts_.cors_origin.empty() && !asked.empty()) {
+      res.headers.erase("Access-Control-Allow-Headers");
+      res.set_header("Access-Control-Allow-Headers", asked);
+    }
+    res.status = 204;
+  });
 
   h.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
     if (opts_.api_key.empty() || req.method == "OPTIONS" || req.path == "/health" ||
@@ -190,7 +203,8 @@ void Server::Routes() {
       return httplib::Server::HandlerResponse::Unhandled;
     std::string got;
     const std::string auth = req.get_header_value("Authorization");
-    if (auth.rfind("Bearer ", 0) == 0) got = auth.substr(7);
+    // The scheme is case-insensitive (RFC 7235).
+    if (auth.size() > 7 && strncasecmp(auth.c_str(), "Bearer ", 7) == 0) got = auth.substr(7);
     if (got != opts_.api_key) got = req.get_header_value("x-api-key");
     if (got == opts_.api_key) return httplib::Server::HandlerResponse::Unhandled;
     ApiError e;
@@ -206,6 +220,15 @@ void Server::Routes() {
              httplib::Response& res) -> httplib::Server::HandlerResponse {
         if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
         ApiError e;
+        // The generation and embedding endpoints exist for POST only: another
+        // method on them is a 405 that says so, not a missing endpoint.
+        static const std::set<std::string, std::less<>> kPostOnly = {
+            "/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/responses",
+            "/v1/embeddings"};
+        if (res.status == 404 && req.method != "POST" && kPostOnly.contains(req.path)) {
+          res.status = 405;
+          res.set_header("Allow", "POST");
+        }
         e.status = res.status;
         if (res.status == 404)
           e.message =
@@ -214,7 +237,12 @@ void Server::Routes() {
           e.message = fmt::format("body: exceeds the limit of {} bytes (--max-body-mb)",
                                   opts_.max_body_bytes);
         else if (res.status == 405)
-          e.message = fmt::format("{} {}: method not allowed", req.method, req.path);
+          e.message = fmt::format("{} {}: method not allowed (use POST)", req.method, req.path);
+        else if (res.status == 400)
+          e.message = fmt::format(
+              "{} {}: the request could not be read (malformed headers, or a body sent "
+              "without Content-Length or chunked encoding)",
+              req.method, req.path);
         else
           e.message = fmt::format("HTTP {}", res.status);
         res.set_content(ErrorBody(e, ShapeForPath(req.path)), "application/json");

@@ -270,6 +270,22 @@ TEST(Cli, ConvertToHfFailsCleanlyAndReplacesAModel) {
   EXPECT_EQ(g1.out, g2.out);
 }
 
+// A Hugging Face directory whose tokenizer is larger than the model's
+// vocabulary (another model's tokenizer.json) is refused at load, naming
+// both counts, instead of failing mid-generation on the first such id.
+TEST(Cli, HfTokenizerBeyondTheVocabularyIsRefused) {
+  const std::string tok = Fixtures() + "/tokenizers/qwen3/tokenizer.json";
+  if (!fs::exists(tok)) GTEST_SKIP() << "fixtures absent: " << tok;
+  const std::string src = std::string(LUMEN_SOURCE_DIR) + "/models/stories260K.gguf";
+  const std::string hf = TempDir() + "/hf";
+  ASSERT_EQ(Lumen("convert " + src + " " + hf + " --to hf --type f32").code, 0);
+  fs::copy_file(tok, hf + "/tokenizer.json", fs::copy_options::overwrite_existing);
+  fs::remove(hf + "/tokenizer_config.json");
+  CliRun r = Lumen("generate " + hf + " hi -n 2");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.err.find("but config.json's vocab_size is 512"), std::string::npos) << r.err;
+}
+
 // Flags that once ran silently with another meaning: NaN numbers, logit
 // biases for ids the vocabulary lacks, a model or prompt given twice, text
 // beside --file, a directory as a text file. Each is refused, naming it; a

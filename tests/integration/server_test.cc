@@ -277,12 +277,29 @@ TEST_F(EmbeddedServer, ChatStreamKeepsLogprobsWithTools) {
   }
 }
 
+// An empty reply with tools offered: the body holds one empty text block,
+// and the stream opens and closes the same block.
+TEST_F(EmbeddedServer, AnthropicEmptyReplyWithToolsStreamsItsBlock) {
+  json req = {{"max_tokens", 8},
+              {"temperature", 0},
+              {"stop_sequences", {" "}},
+              {"tools", {{{"name", "get_w"}, {"input_schema", {{"type", "object"}}}}}},
+              {"messages", {{{"role", "user"}, {"content", "Once upon a time"}}}}};
+  const json body = Post(port(), "/v1/messages", req).Json();
+  ASSERT_EQ(body["content"], json::parse(R"([{"type":"text","text":""}])")) << body.dump();
+  req["stream"] = true;
+  std::vector<std::string> blocks;
+  for (const auto& e : ParseSse(Post(port(), "/v1/messages", req).body))
+    if (e.event == "content_block_start")
+      blocks.push_back(json::parse(e.data)["content_block"]["type"]);
+  EXPECT_EQ(blocks, std::vector<std::string>{"text"});
+}
+
 TEST_F(EmbeddedServer, ResponsesWithPreviousResponseId) {
-  auto r1 = Post(port(), "/v1/responses",
-                 {{"input", LongStory()}, {"max_output_tokens", 5}, {"instructions", "Be brief."}});
+  auto r1 = Post(port(), "/v1/responses", {{"input", LongStory()}, {"max_output_tokens", 5}});
   ASSERT_EQ(r1.status, 200) << r1.body;
   json j1 = r1.Json();
-  EXPECT_EQ(j1["instructions"], "Be brief.");  // echoed, as OpenAI does
+  EXPECT_EQ(j1["instructions"], nullptr);
   EXPECT_EQ(j1["status"], "incomplete");
   EXPECT_EQ(j1["output"][0]["status"], "incomplete");
   EXPECT_EQ(j1["object"], "response");
@@ -297,6 +314,10 @@ TEST_F(EmbeddedServer, ResponsesWithPreviousResponseId) {
   // The second prompt holds the first turn, the reply and the new input.
   EXPECT_GT(j2["usage"]["input_tokens"].get<int>(), j1["usage"]["input_tokens"].get<int>() + 3);
   EXPECT_GT(j2["usage"]["input_tokens_details"]["cached_tokens"].get<int>(), 0);
+  // instructions are echoed, as OpenAI does (and apply to that response only).
+  auto brief = Post(port(), "/v1/responses",
+                    {{"input", "Hi"}, {"max_output_tokens", 2}, {"instructions", "Be brief."}});
+  EXPECT_EQ(brief.Json()["instructions"], "Be brief.") << brief.body;
   auto missing =
       Post(port(), "/v1/responses", {{"input", "x"}, {"previous_response_id", "resp_nope"}});
   EXPECT_EQ(missing.status, 404);

@@ -212,6 +212,14 @@ Status Model::InitHf(const LoadOptions& opts) {
   if (hf.generation_config()) generation_config_ = *hf.generation_config();
   if (!hf.tokenizer_json_path()) return Error("no tokenizer.json in the model directory");
   LUMEN_ASSIGN_OR_RETURN(tokenize::Tokenizer tok, tokenize::Tokenizer::FromHf(hf.dir()));
+  // A config may pad the vocabulary past the tokenizer (Qwen's 151936 rows
+  // for 151665 tokens); a tokenizer past the embedding rows is another
+  // model's, and would fail mid-generation on the first such id.
+  if (tok.vocab_size() > config_.vocab_size)
+    return Errorf(
+        "tokenizer.json has {} tokens but config.json's vocab_size is {}: ids from {} on have "
+        "no embedding row (a tokenizer from another model?)",
+        tok.vocab_size(), config_.vocab_size, config_.vocab_size);
   tokenizer_.emplace(std::move(tok));
   return Finish(opts);
 }

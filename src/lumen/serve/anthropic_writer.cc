@@ -57,12 +57,15 @@ class MessagesWriter : public ProtocolWriter {
     if (text_open_) {
       out += SseEvent("content_block_stop", {{"type", "content_block_stop"}, {"index", 0}});
       index = 1;
-    } else if (!c.reply.content.empty()) {
+    } else if (!c.reply.content.empty() || c.reply.calls.empty()) {
+      // Text, or nothing at all: the body then holds one empty text block,
+      // and so does the stream.
       out += BlockStart(0, {{"type", "text"}, {"text", ""}});
-      out += SseEvent("content_block_delta",
-                      {{"type", "content_block_delta"},
-                       {"index", 0},
-                       {"delta", {{"type", "text_delta"}, {"text", c.reply.content}}}});
+      if (!c.reply.content.empty())
+        out += SseEvent("content_block_delta",
+                        {{"type", "content_block_delta"},
+                         {"index", 0},
+                         {"delta", {{"type", "text_delta"}, {"text", c.reply.content}}}});
       out += SseEvent("content_block_stop", {{"type", "content_block_stop"}, {"index", 0}});
       index = 1;
     }

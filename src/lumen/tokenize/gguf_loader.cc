@@ -312,6 +312,15 @@ Result<Tokenizer> Tokenizer::FromLlama2c(const std::string& path, int vocab_size
   };
   int32_t max_len = 0;
   if (!read(&max_len, 4)) return Errorf("{}: too short for the header", path);
+  // A SentencePiece .model (a protobuf: field 1, a length-delimited piece,
+  // tag 0x0a) is the file people reach for beside a llama2.c model; say so
+  // rather than fail on a "token length" read from protobuf bytes.
+  if (data.size() >= 2 && uint8_t(data[0]) == 0x0a && (max_len < 1 || max_len > (1 << 16)))
+    return Errorf(
+        "{}: not a llama2.c tokenizer.bin (it reads as a SentencePiece .model, which lumen "
+        "does not load): pass the tokenizer.bin that llama2.c's export writes, or use a GGUF "
+        "or Hugging Face model",
+        path);
   auto impl = std::make_shared<TokenizerImpl>();
   impl->flavor = Flavor::kLlama2c;
   impl->name = path;

@@ -253,6 +253,17 @@ TEST(Export, GgufAndHfRoundTripsEncodeIdentically) {
   }
 }
 
+// The SentencePiece .model beside a llama2.c model is named for what it is,
+// not read as token lengths.
+TEST(Tokenizer, ASentencePieceModelIsNotALlama2cTokenizer) {
+  const std::string p = Fixtures() + "/stories260K/tok512.model";
+  if (!fs::exists(p)) GTEST_SKIP() << "fixtures absent: " << p;
+  auto r = Tokenizer::FromLlama2c(p, 512);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("reads as a SentencePiece .model"), std::string::npos)
+      << r.status().message();
+}
+
 TEST(Tokenizer, AddSpecialFollowsPostProcessor) {
   for (auto [name, bos] :
        {std::pair<const char*, int>{"llama3_1", 128000}, {"gemma3", 2}, {"qwen3", -1}}) {

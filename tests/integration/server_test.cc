@@ -196,6 +196,18 @@ TEST_F(EmbeddedServer, Completions) {
   ASSERT_GE(ev.size(), 2u);
   EXPECT_EQ(ev.back().data, "[DONE]");
   EXPECT_EQ(json::parse(ev[0].data)["object"], "text_completion");
+  // Streamed logprobs carry the body's text_offset, echo included.
+  json req = {{"prompt", "Once upon"}, {"max_tokens", 5},  {"echo", true},
+              {"logprobs", 1},         {"temperature", 0}, {"stream", true}};
+  json offsets = json::array();
+  for (const auto& e : ParseSse(Post(port(), "/v1/completions", req).body)) {
+    if (e.data == "[DONE]") continue;
+    const json d = json::parse(e.data);
+    const json& lp = d["choices"][0]["logprobs"];
+    if (lp.is_object())
+      for (const auto& o : lp["text_offset"]) offsets.push_back(o);
+  }
+  EXPECT_EQ(offsets, j["choices"][0]["logprobs"]["text_offset"]);
 }
 
 TEST_F(EmbeddedServer, AnthropicMessages) {

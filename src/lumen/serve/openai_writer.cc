@@ -226,7 +226,16 @@ class CompletionWriter : public ProtocolWriter {
       ojson e = LogprobEntry(*tok);
       ojson top = ojson::object();
       for (const auto& a : e["top_logprobs"]) top[a["token"].get<std::string>()] = a["logprob"];
-      lp = {{"tokens", {e["token"]}}, {"token_logprobs", {e["logprob"]}}, {"top_logprobs", {top}}};
+      // The body's text_offset, counted the same way (bytes from the start
+      // of the returned text, the prompt's first with echo).
+      if (offsets_.empty())
+        offsets_.assign(size_t(x_.req.n), x_.req.echo ? x_.prep.prompt_text.size() : 0);
+      size_t& off = offsets_[size_t(index)];
+      lp = {{"tokens", {e["token"]}},
+            {"token_logprobs", {e["logprob"]}},
+            {"top_logprobs", {top}},
+            {"text_offset", {off}}};
+      off += e["token"].get<std::string>().size();
     }
     return Chunk(index, text, lp, ojson());
   }
@@ -243,6 +252,7 @@ class CompletionWriter : public ProtocolWriter {
   }
 
  private:
+  std::vector<size_t> offsets_;  // per choice: the next streamed token's text_offset
   ojson Base() const {
     return {
         {"id", x_.id}, {"object", "text_completion"}, {"created", x_.created}, {"model", x_.model}};

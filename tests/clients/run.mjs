@@ -179,10 +179,13 @@ check("openai: responses with previous_response_id", async ({ openai }) => {
   for await (const ev of stream) {
     types.push(ev.type);
     if (ev.type === "response.output_text.delta") delta += ev.delta;
-    if (ev.type === "response.completed") done = ev.response;
+    if (ev.type === "response.incomplete") done = ev.response;
   }
+  // max_output_tokens cut it: OpenAI ends such a stream with response.incomplete.
   assert.equal(types[0], "response.created");
-  assert.equal(types.at(-1), "response.completed");
+  assert.equal(types.at(-1), "response.incomplete");
+  assert.equal(done.status, "incomplete");
+  assert.equal(done.incomplete_details.reason, "max_output_tokens");
   assert.equal(done.output[0].content[0].text, delta);
 });
 

@@ -129,10 +129,6 @@ Status AddMlx(formats::SafetensorsWriter& w, const std::string& hf_weight, const
   return w.Add(module + ".biases", DType::kF16, {rows, groups}, std::move(biases));
 }
 
-}  // namespace
-
-namespace {
-
 // Moves the files of a finished staging directory into dir, replacing
 // same-named ones. A previous model's files that would load beside the new
 // ones and that this write did not make (weight shards and their index, a
@@ -143,15 +139,16 @@ Status CommitStaged(const std::filesystem::path& staged, const std::filesystem::
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) return Errorf("{}: cannot create directory: {}", dir.string(), ec.message());
-  auto ours = [&](const fs::path& name) { return fs::exists(staged / name, ec); };
   for (const auto& e : fs::directory_iterator(dir, ec)) {
     const std::string n = e.path().filename().string();
     const bool model_file = (n.starts_with("model-") && n.ends_with(".safetensors")) ||
                             n == "model.safetensors.index.json" || n == "modules.json" ||
                             n == "1_Pooling" || n == "2_Normalize" ||
                             n == "tokenizer_config.json" || n == "tokenizer.model";
-    if (model_file && !ours(n)) fs::remove_all(e.path(), ec);
+    std::error_code ignored;  // a stale file that stays is overwritten or unread
+    if (model_file && !fs::exists(staged / n, ignored)) fs::remove_all(e.path(), ignored);
   }
+  if (ec) return Errorf("{}: cannot list the directory: {}", dir.string(), ec.message());
   for (const auto& e : fs::directory_iterator(staged, ec)) {
     const fs::path to = dir / e.path().filename();
     if (e.is_directory()) fs::remove_all(to, ec);
@@ -159,6 +156,7 @@ Status CommitStaged(const std::filesystem::path& staged, const std::filesystem::
     if (ec)
       return Errorf("{}: cannot move the written file into place: {}", to.string(), ec.message());
   }
+  if (ec) return Errorf("{}: cannot list the directory: {}", staged.string(), ec.message());
   return Status::Ok();
 }
 

@@ -23,7 +23,6 @@ class PeerSocket {
   // True once the client has closed its end (an orderly FIN or a reset)
   // and sent nothing more; false while it is open, or when unknown.
   bool Closed() const;
-  bool found() const { return fd_ >= 0; }
 
  private:
   int fd_ = -1;

@@ -28,9 +28,8 @@ class ResponsesWriter : public ProtocolWriter {
   std::string StreamEnd() override {
     const ChoiceState& c = choices_[0];
     if (!c.error.empty()) return "";
-    const ojson body = Body();
-    return Event(body["status"] == "incomplete" ? "response.incomplete" : "response.completed",
-                 {{"response", body}});
+    return Event(Incomplete(c) ? "response.incomplete" : "response.completed",
+                 {{"response", Body()}});
   }
 
   ojson Body() override {
@@ -127,7 +126,6 @@ class ResponsesWriter : public ProtocolWriter {
   }
 
  private:
-  // Stored arguments are an object when they parse, else the text as is.
   std::string CallEvents(const CallDelta& d) {
     std::string out;
     const std::string item_id = "fc_" + x_.id.substr(5) + "_0";

@@ -4,7 +4,7 @@
 
 #include <ctime>
 #include <random>
-#include <set>
+#include <string_view>
 #include <thread>
 
 #include "lumen/core/log.h"
@@ -69,6 +69,16 @@ const char* EndpointName(Api api) {
       return "/v1/responses";
   }
   return "?";
+}
+
+constexpr Api kGenerateApis[] = {Api::kChat, Api::kCompletions, Api::kMessages, Api::kResponses};
+constexpr const char* kEmbeddingsPath = "/v1/embeddings";
+
+// The generation and embedding endpoints, which exist for POST only.
+bool PostOnly(std::string_view path) {
+  for (Api api : kGenerateApis)
+    if (path == EndpointName(api)) return true;
+  return path == kEmbeddingsPath;
 }
 
 ErrorShape ShapeForPath(const std::string& path) {
@@ -220,12 +230,9 @@ void Server::Routes() {
              httplib::Response& res) -> httplib::Server::HandlerResponse {
         if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
         ApiError e;
-        // The generation and embedding endpoints exist for POST only: another
-        // method on them is a 405 that says so, not a missing endpoint.
-        static const std::set<std::string, std::less<>> kPostOnly = {
-            "/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/responses",
-            "/v1/embeddings"};
-        if (res.status == 404 && req.method != "POST" && kPostOnly.contains(req.path)) {
+        // Another method on a POST endpoint is a 405 that says so, not a
+        // missing endpoint.
+        if (res.status == 404 && req.method != "POST" && PostOnly(req.path)) {
           res.status = 405;
           res.set_header("Allow", "POST");
         }
@@ -350,10 +357,10 @@ void Server::Routes() {
   ui.model_name = opts_.model_name;
   ui.opts = opts_.ui;
   RegisterWebUi(h, ui);
-  h.Post("/v1/embeddings", [this](const httplib::Request& req, httplib::Response& res) {
+  h.Post(kEmbeddingsPath, [this](const httplib::Request& req, httplib::Response& res) {
     HandleEmbeddings(req, res);
   });
-  for (Api api : {Api::kChat, Api::kCompletions, Api::kMessages, Api::kResponses}) {
+  for (Api api : kGenerateApis) {
     h.Post(EndpointName(api), [this, api](const httplib::Request& req, httplib::Response& res) {
       HandleGenerate(api, req, res);
     });
@@ -555,18 +562,16 @@ void Server::HandleGenerate(Api api, const httplib::Request& req, httplib::Respo
     auto asked = Clock::now();
     ChoiceEvent e;
     while (!run->finished()) {
-      const bool got = run->Pop(&e, std::chrono::milliseconds(200));
-      if (got) {
+      if (run->Pop(&e, std::chrono::milliseconds(200))) {
         observe(e);
         writer->Feed(e);
       }
-      if (!got || Clock::now() - asked >= std::chrono::milliseconds(200)) {
-        asked = Clock::now();
-        if (peer.Closed()) {
-          run->Cancel();
-          metrics_.CountRequest(endpoint, 499);  // nginx's "client closed request"
-          return;
-        }
+      if (Clock::now() - asked < std::chrono::milliseconds(200)) continue;
+      asked = Clock::now();
+      if (peer.Closed()) {
+        run->Cancel();
+        metrics_.CountRequest(endpoint, 499);  // nginx's "client closed request"
+        return;
       }
     }
     if (!writer->error().empty()) {

@@ -349,11 +349,13 @@ Result<TrainResult> Train(const engine::Model& model, const TrainOptions& opts) 
   const size_t baseline = (anon > copied ? anon - copied : 0) + CodeRss();
   if (o.batch_size < 1) return Errorf("--batch-size {}: must be at least 1", o.batch_size);
   if (o.grad_accum < 1) return Errorf("--grad-accum {}: must be at least 1", o.grad_accum);
-  if (!(o.lr > 0) || !std::isfinite(o.lr))
-    return Errorf("--lr {}: must be a positive finite number", o.lr);
   // Counts below their floor and non-finite rates are refused here, before
   // the output directory exists, rather than meeting them as a non-finite
   // gradient (or a silent fallback) steps later.
+  auto nonneg = [](double v) { return std::isfinite(v) && v >= 0; };  // NaN fails
+  auto positive = [](double v) { return std::isfinite(v) && v > 0; };
+  auto unit = [&](double v) { return nonneg(v) && v < 1; };
+  if (!positive(o.lr)) return Errorf("--lr {}: must be a positive finite number", o.lr);
   if (o.iters < 0) return Errorf("--iters {}: must be 0 (use --epochs) or more", o.iters);
   if (o.epochs < 1) return Errorf("--epochs {}: must be at least 1", o.epochs);
   if (o.warmup < 0) return Errorf("--warmup {}: must be 0 or more", o.warmup);
@@ -368,18 +370,16 @@ Result<TrainResult> Train(const engine::Model& model, const TrainOptions& opts) 
   if (o.mlp_chunk < 0) return Errorf("--mlp-chunk {}: must be 0 (off) or more", o.mlp_chunk);
   if (o.control_every < 0)
     return Errorf("--control-every {}: must be 0 (each evaluation) or more", o.control_every);
-  auto finite_at_least = [](double v, double lo) { return std::isfinite(v) && v >= lo; };
-  if (!finite_at_least(o.grad_clip, 0))
+  if (!nonneg(o.grad_clip))
     return Errorf("--grad-clip {}: must be 0 (off) or a positive finite number", o.grad_clip);
-  if (!finite_at_least(o.weight_decay, 0))
+  if (!nonneg(o.weight_decay))
     return Errorf("--weight-decay {}: must be 0 or a positive finite number", o.weight_decay);
-  if (!finite_at_least(o.eps, 0) || o.eps == 0)
-    return Errorf("--eps {}: must be a positive finite number", o.eps);
-  if (!finite_at_least(o.beta1, 0) || o.beta1 >= 1 || !finite_at_least(o.beta2, 0) || o.beta2 >= 1)
+  if (!positive(o.eps)) return Errorf("--eps {}: must be a positive finite number", o.eps);
+  if (!unit(o.beta1) || !unit(o.beta2))
     return Errorf("--betas {} {}: each must be in [0, 1)", o.beta1, o.beta2);
-  if (!finite_at_least(o.lora_plus_ratio, 0) || o.lora_plus_ratio == 0)
+  if (!positive(o.lora_plus_ratio))
     return Errorf("--lora-plus-ratio {}: must be a positive finite number", o.lora_plus_ratio);
-  if (!finite_at_least(o.ce_skip_eps, 0))
+  if (!nonneg(o.ce_skip_eps))
     return Errorf("--ce-skip-eps {}: must be 0 (off) or a positive finite number", o.ce_skip_eps);
   LUMEN_RETURN_IF_ERROR(ValidateCompute(o.compute));
   if (o.out_dir.empty()) return Error("--out: an adapter directory is required");

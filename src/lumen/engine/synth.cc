@@ -272,6 +272,7 @@ Status Synthesize(const SynthOptions& o) {
   wo.chat_template = tok.chat_template();
   wo.mlx_bits = o.mlx_bits;
   wo.mlx_group = o.mlx_group;
+  wo.threads = o.threads;
   if (o.mlx_bits && gguf) return Error("synth: MLX quantization needs --format hf");
   if (!gguf) return WriteHfModel(c, tok, plans, wo, o.out);
 

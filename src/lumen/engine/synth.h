@@ -26,6 +26,7 @@ struct SynthOptions {
   // every third in between).
   bool q4_k_m = false;
   uint64_t seed = 1;
+  int threads = 0;  // encoding threads (WriteOptions::threads); the file does not depend on it
   // Shape overrides (0: keep the named shape's).
   int layers = 0, dim = 0, ffn = 0, heads = 0, kv_heads = 0, vocab = 0;
   int64_t ctx = 0;

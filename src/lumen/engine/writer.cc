@@ -7,6 +7,7 @@
 #include "lumen/core/buffer.h"
 #include "lumen/core/progress.h"
 #include "lumen/core/quant.h"
+#include "lumen/core/thread_pool.h"
 #include "lumen/engine/embed.h"
 #include "lumen/formats/gguf.h"
 #include "lumen/formats/safetensors.h"
@@ -16,8 +17,15 @@
 namespace lumen::engine {
 namespace {
 
-// Encodes every row of `p` as `dtype` into one contiguous byte string.
-Result<std::string> Encode(const TensorPlan& p, DType dtype) {
+// Encodes every row of `p` as `dtype` into one contiguous byte string, the
+// rows split over `pool` (each row's bytes depend on that row alone, so the
+// result is the same for any thread count; the K-quant fits search a grid of
+// scales per sub-block and take minutes for a 1B model on one thread).
+int EncodeThreads(const WriteOptions& opts) {
+  return opts.threads > 0 ? opts.threads : ThreadPool::DefaultThreads();
+}
+
+Result<std::string> Encode(const TensorPlan& p, DType dtype, ThreadPool& pool) {
   const int64_t cols = p.shape.back();
   int64_t rows = 1;
   for (size_t i = 0; i + 1 < p.shape.size(); ++i) rows *= p.shape[i];
@@ -26,11 +34,13 @@ Result<std::string> Encode(const TensorPlan& p, DType dtype) {
     return Errorf("tensor '{}': {} columns is not a whole number of {} blocks", p.name, cols,
                   Name(dtype));
   std::string out(*rb * rows, '\0');
-  std::vector<float> buf(cols);
-  for (int64_t r = 0; r < rows; ++r) {
-    p.row(r, buf.data());
-    QuantizeRow(dtype, buf.data(), out.data() + r * *rb, cols);
-  }
+  pool.ParallelFor(rows, [&](int64_t b, int64_t e, int) {
+    std::vector<float> buf(cols);
+    for (int64_t r = b; r < e; ++r) {
+      p.row(r, buf.data());
+      QuantizeRow(dtype, buf.data(), out.data() + r * *rb, cols);
+    }
+  });
   return out;
 }
 
@@ -88,6 +98,7 @@ Status WriteGgufModel(const model::ModelConfig& config, const tokenize::Tokenize
   LUMEN_RETURN_IF_ERROR(tok.ExportGguf(w));
   if (!opts.chat_template.empty()) w.SetString("tokenizer.chat_template", opts.chat_template);
   Progress progress("writing " + path, static_cast<int64_t>(plans.size() + freqs.size()));
+  ThreadPool pool(EncodeThreads(opts));
   std::vector<const TensorPlan*> all;
   for (const auto& p : freqs) all.push_back(&p);  // llama.cpp's converter writes it first
   for (const auto& p : plans) all.push_back(&p);
@@ -99,7 +110,7 @@ Status WriteGgufModel(const model::ModelConfig& config, const tokenize::Tokenize
     // K-quants need 256-wide rows; fall back like llama.cpp does for odd shapes.
     if (!RowBytes(dt, p.shape.back()))
       dt = RowBytes(DType::kQ8_0, p.shape.back()) ? DType::kQ8_0 : DType::kF16;
-    LUMEN_ASSIGN_OR_RETURN(std::string bytes, Encode(p, dt));
+    LUMEN_ASSIGN_OR_RETURN(std::string bytes, Encode(p, dt, pool));
     LUMEN_RETURN_IF_ERROR(w.AddTensor(p.name, dt, p.shape, std::move(bytes)));
     progress.Advance();
   }
@@ -194,6 +205,7 @@ Status WriteHfModel(const model::ModelConfig& config, const tokenize::Tokenizer&
   w.SetMetadata("format", mlx ? "mlx" : "pt");
   nlohmann::json quant = nlohmann::json::object();
   DType float_type = DType::kF32;
+  ThreadPool pool(EncodeThreads(opts));
   for (const auto& p : plans) {
     DType dt = opts.dtype.value_or(p.source_dtype);
     if (dt != DType::kF32 && dt != DType::kF16 && dt != DType::kBF16) {
@@ -210,7 +222,7 @@ Status WriteHfModel(const model::ModelConfig& config, const tokenize::Tokenizer&
       }
       quant[module] = false;  // mlx-lm leaves such modules unquantized
     }
-    LUMEN_ASSIGN_OR_RETURN(std::string bytes, Encode(p, dt));
+    LUMEN_ASSIGN_OR_RETURN(std::string bytes, Encode(p, dt, pool));
     LUMEN_RETURN_IF_ERROR(w.Add(hf, dt, p.shape, std::move(bytes)));
   }
   LUMEN_RETURN_IF_ERROR(w.Write(dir + "/model.safetensors"));

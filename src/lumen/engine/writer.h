@@ -1,7 +1,8 @@
 // Writing models: GGUF or a Hugging Face directory (optionally MLX-quantized) from a list of tensor
 // plans, each producing its rows as f32 on demand. `lumen convert` builds plans from a loaded Model
 // (with the layout transforms between conventions); `lumen synth` builds them from a seeded RNG.
-// Rows are encoded to the target dtype one at a time, so no whole tensor is ever held dequantized.
+// Rows are encoded to the target dtype one at a time per thread, so no whole tensor is ever held
+// dequantized.
 #pragma once
 
 #include <functional>
@@ -34,6 +35,9 @@ struct WriteOptions {
   // 0 = off) in groups of mlx_group along each row.
   int mlx_bits = 0;
   int mlx_group = 64;
+  // Threads that encode a tensor's rows (0: ThreadPool::DefaultThreads()).
+  // The bytes written do not depend on it.
+  int threads = 0;
 };
 
 // `config` must already be in the target file's conventions (rope_style and

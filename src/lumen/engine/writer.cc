@@ -100,6 +100,7 @@ Status WriteGgufModel(const model::ModelConfig& config, const tokenize::Tokenize
   Progress progress("writing " + path, static_cast<int64_t>(plans.size() + freqs.size()));
   ThreadPool pool(EncodeThreads(opts));
   std::vector<const TensorPlan*> all;
+  all.reserve(freqs.size() + plans.size());
   for (const auto& p : freqs) all.push_back(&p);  // llama.cpp's converter writes it first
   for (const auto& p : plans) all.push_back(&p);
   for (const TensorPlan* pp : all) {

@@ -21,6 +21,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <numeric>
 #include <random>
 
@@ -617,6 +618,53 @@ TEST_F(QuantTypes, MlxMatchesDequantized) {
     EXPECT_LE(diff, 2e-2 * scale) << "mlx" << bits;
     std::printf("mlx%d max|q - deq| = %.3g (max|logit| %.3g)\n", bits, diff, scale);
   }
+}
+
+// The writer encodes a tensor's rows on several threads: the files must be
+// the bytes one thread writes, for every output kind. Tiny256 with 61 x 8
+// vocabulary rows, so three threads get chunks of unequal length; each file
+// under its own directory with the same stem (the stem is general.name).
+SynthOptions TinyThreads(const std::string& quant, int threads, const fs::path& dir) {
+  SynthOptions o = Tiny256();
+  o.vocab = 61 * 8;
+  o.threads = threads;
+  EXPECT_TRUE(ParseSynthQuant(quant, o).ok()) << quant;
+  fs::create_directories(dir);
+  o.out = (dir / (o.format == OutputFormat::kHf ? "hf" : "m.gguf")).string();
+  return o;
+}
+
+std::string FileBytes(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+TEST(WriterThreads, GgufBytesDoNotDependOnTheThreadCount) {
+  const fs::path tmp = TempDir("writer_gguf");
+  for (const char* quant : {"q4_k_m", "q3_k", "q6_k", "q8_0", "f16"}) {
+    ASSERT_TRUE(Synthesize(TinyThreads(quant, 1, tmp / "one")).ok()) << quant;
+    ASSERT_TRUE(Synthesize(TinyThreads(quant, 3, tmp / "three")).ok()) << quant;
+    const std::string one = FileBytes(tmp / "one" / "m.gguf");
+    ASSERT_GT(one.size(), 100000u) << quant;
+    EXPECT_TRUE(one == FileBytes(tmp / "three" / "m.gguf")) << quant;
+  }
+  fs::remove_all(tmp);
+}
+
+TEST(WriterThreads, HfBytesDoNotDependOnTheThreadCount) {
+  const fs::path tmp = TempDir("writer_hf");
+  for (const char* quant : {"bf16", "mlx4"}) {
+    SynthOptions a = TinyThreads(quant, 1, tmp / "one"), b = TinyThreads(quant, 3, tmp / "three");
+    a.format = b.format = OutputFormat::kHf;
+    a.out = (tmp / "one" / "hf").string();
+    b.out = (tmp / "three" / "hf").string();
+    ASSERT_TRUE(Synthesize(a).ok()) << quant;
+    ASSERT_TRUE(Synthesize(b).ok()) << quant;
+    const std::string one = FileBytes(tmp / "one" / "hf" / "model.safetensors");
+    ASSERT_GT(one.size(), 100000u) << quant;
+    EXPECT_TRUE(one == FileBytes(tmp / "three" / "hf" / "model.safetensors")) << quant;
+  }
+  fs::remove_all(tmp);
 }
 
 }  // namespace

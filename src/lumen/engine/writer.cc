@@ -17,14 +17,14 @@
 namespace lumen::engine {
 namespace {
 
-// Encodes every row of `p` as `dtype` into one contiguous byte string, the
-// rows split over `pool` (each row's bytes depend on that row alone, so the
-// result is the same for any thread count; the K-quant fits search a grid of
-// scales per sub-block and take minutes for a 1B model on one thread).
 int EncodeThreads(const WriteOptions& opts) {
   return opts.threads > 0 ? opts.threads : ThreadPool::DefaultThreads();
 }
 
+// Encodes every row of `p` as `dtype` into one contiguous byte string, the
+// rows split over `pool` (each row's bytes depend on that row alone, so the
+// result is the same for any thread count; the K-quant fits search a grid of
+// scales per sub-block and take minutes for a 1B model on one thread).
 Result<std::string> Encode(const TensorPlan& p, DType dtype, ThreadPool& pool) {
   const int64_t cols = p.shape.back();
   int64_t rows = 1;

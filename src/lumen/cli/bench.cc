@@ -1,6 +1,7 @@
 // lumen bench [MODEL]: prefill/decode speed, TTFT, peak RSS and the roofline
 // (engine/bench.h measures; this file only prints). lumen bench --membw: the
 // machine's read bandwidth alone.
+#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <string>
@@ -61,8 +62,11 @@ void RunBenchVerb(BenchArgs& a) {
   margs.exact = a.routes.exact;
   margs.tier = a.routes.tier;
   margs.show_routes = a.routes.show_routes;
+  const auto load_start = std::chrono::steady_clock::now();
   auto model = LoadModel(margs);
   if (!model.ok()) return ReportError(model.status());
+  const double load_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
   AnnounceRoutes(margs, **model, "generate");
   auto sopts = SessionOptionsFrom(margs);
   if (!sopts.ok()) return ReportError(sopts.status());
@@ -79,6 +83,7 @@ void RunBenchVerb(BenchArgs& a) {
   for (const auto& s : r.kernel_routes) std::printf(" [%s]", s.c_str());
   std::printf("\nweights: %.3f GB total, %.3f GB read per decoded token; KV cache %.1f MB\n",
               r.weight_bytes_total / gb, r.weight_bytes_per_token / gb, r.kv_bytes / 1e6);
+  std::printf("load: %.2f s (open, copy or map, load-time repack; one run)\n", load_s);
   if (a.opts.membw) PrintMembw(r.membw);
   const double bw = r.membw.all_threads.median * gb;
   const double roof = bw > 0 ? bw / r.weight_bytes_per_token : 0;

@@ -51,6 +51,16 @@ uint64_t LoadU64(const uint8_t* p) {
   return v;
 }
 
+uint32_t LoadU32(const uint8_t* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+// Bit 0 of each of x's four bytes as a nibble (byte i -> bit i): the
+// multiply moves byte i's bit to bit 24 + i, with no two terms on one bit.
+uint32_t Nibble(uint32_t x) { return (x & 0x01010101u) * 0x01020408u >> 24 & 15; }
+
 // Four code bytes from src to dst, their bits xor flip (Q8_0's sign bits).
 void CopyCodes(const uint8_t* src, uint8_t* dst, uint32_t flip) {
   uint32_t v;
@@ -59,14 +69,8 @@ void CopyCodes(const uint8_t* src, uint8_t* dst, uint32_t flip) {
   std::memcpy(dst, &v, 4);
 }
 
-// The 5-bit code of element e (0..255) of a Q4_K / Q5_K super-block, and
-// its inverse.
-int SuperCode(const Plain& p, const uint8_t* blk, int e) {
-  const int j = e / 32, l = e % 32;
-  int q = (blk[p.qs + 32 * (j / 2) + l] >> (4 * (j % 2))) & 15;
-  if (p.qh >= 0) q |= ((blk[p.qh + l] >> j) & 1) << 4;
-  return q;
-}
+// Sets the 5-bit code q of element e (0..255) of a zeroed Q4_K / Q5_K
+// super-block.
 void SetSuperCode(const Plain& p, uint8_t* blk, int e, int q) {
   const int j = e / 32, l = e % 32;
   blk[p.qs + 32 * (j / 2) + l] |= static_cast<uint8_t>((q & 15) << (4 * (j % 2)));
@@ -74,21 +78,30 @@ void SetSuperCode(const Plain& p, uint8_t* blk, int e, int q) {
 }
 
 // Two super-blocks (at sb) as a group at grp (which may be where they were).
+// Sub-blocks 2 m and 2 m + 1 share qs[32 m, 32 m + 32) (low, high nibbles),
+// so lane l's four code words take their nibbles from the bytes 4 c and
+// 16 + 4 c of its pair, four at a time.
 void RepackSuperPair(const Plain& p, const uint8_t* sb, uint8_t* grp) {
   uint8_t src[2 * sizeof(BlockQ5K)];
   std::memcpy(src, sb, 2 * p.bytes);
   const ColsFields f = ColsFieldsAt(p.qh >= 0 ? DType::kQ5_K : DType::kQ4_K, grp);
-  std::memset(grp + f.codes, 0, 256);
+  constexpr uint32_t kLow = 0x0F0F0F0Fu;
   uint64_t masks[8] = {};
   for (int64_t l = 0; l < kColsBlocks; ++l) {
     const uint8_t* blk = src + l / 8 * p.bytes;
-    for (int j = 0; j < kQK; ++j) {
-      const int q = SuperCode(p, blk, static_cast<int>(32 * (l % 8) + j));
-      const int byte = j % 16;
-      grp[f.codes + 64 * (byte / 4) + 4 * l + byte % 4] |=
-          static_cast<uint8_t>((q & 15) << (4 * (j / 16)));
-      masks[j / 4] |= uint64_t((q >> 4) & 1) << (4 * l + j % 4);
+    const int s = static_cast<int>(l % 8);
+    const uint8_t* qs = blk + p.qs + 32 * (s / 2);
+    for (int c = 0; c < 4; ++c) {
+      uint32_t lo, hi;
+      std::memcpy(&lo, qs + 4 * c, 4);
+      std::memcpy(&hi, qs + 16 + 4 * c, 4);
+      const uint32_t w =
+          s % 2 == 0 ? (lo & kLow) | (hi & kLow) << 4 : (lo >> 4 & kLow) | (hi & ~kLow);
+      std::memcpy(grp + f.codes + 64 * c + 4 * l, &w, 4);
     }
+    if (p.qh < 0) continue;
+    for (int w = 0; w < 8; ++w)
+      masks[w] |= uint64_t{Nibble(LoadU32(blk + p.qh + 4 * w) >> s)} << (4 * l);
   }
   if (f.high >= 0) std::memcpy(grp + f.high, masks, sizeof(masks));
   for (int s = 0; s < 2; ++s) {
@@ -181,9 +194,8 @@ void RepackColumnGroups(DType plain, uint8_t* row, int64_t K) {
       for (int64_t c = 0; c < p.columns(); ++c)
         CopyCodes(blk + p.qs + 4 * c, grp + f.codes + 64 * c + 4 * l, p.flip());
       if (p.qh < 0) continue;
-      uint32_t h;
-      std::memcpy(&h, blk + p.qh, 4);
-      for (int j = 0; j < kQK; ++j) masks[j / 4] |= uint64_t{(h >> j) & 1} << (4 * l + j % 4);
+      const uint32_t h = LoadU32(blk + p.qh);
+      for (int w = 0; w < 8; ++w) masks[w] |= uint64_t{h >> (4 * w) & 15} << (4 * l);
     }
     if (f.high >= 0) std::memcpy(grp + f.high, masks, sizeof(masks));
   }

@@ -59,9 +59,10 @@ Status NotSafetensors(const std::string& path, const Status& why) {
 // per-lane work once per 512 weights with no shuffles. Only in a copied file (no second copy: the
 // memory is the file's), with an int8 route on a CPU that runs it, and not
 // under LUMEN_REPACK=0. Every other reader decodes the new type to the same
-// values (the exact route to the same bits). Returns the matrices rewritten.
+// values (the exact route to the same bits). Rows are rewritten on the
+// pool's threads. Returns the matrices rewritten.
 int RepackColumnGroupsForInt8(formats::GgufFile& gg, std::vector<StoredTensor>& tensors,
-                              kernels::ActRoute route) {
+                              kernels::ActRoute route, ThreadPool& pool) {
   const char* env = std::getenv("LUMEN_REPACK");
   if (!kernels::RouteHasInt8(route) || !kernels::CpuHasVnni() ||
       (env != nullptr && std::string_view(env) == "0"))
@@ -75,7 +76,9 @@ int RepackColumnGroupsForInt8(formats::GgufFile& gg, std::vector<StoredTensor>& 
     const auto stride = static_cast<size_t>(m.w.row<const uint8_t>(1) - m.w.row<const uint8_t>(0));
     const size_t len = (static_cast<size_t>(m.n) - 1) * stride + rb;
     const bool done = gg.RewriteInPlace(m.w.data, len, [&](uint8_t* p) {
-      for (int64_t n = 0; n < m.n; ++n) RepackColumnGroups(plain, p + n * stride, m.k);
+      pool.ParallelFor(m.n, [&](int64_t n0, int64_t n1, int) {
+        for (int64_t n = n0; n < n1; ++n) RepackColumnGroups(plain, p + n * stride, m.k);
+      });
     });
     if (!done) return count;  // the file is mapped, not copied: none can be
     m.w.dtype = ColumnGroupsOf(plain);
@@ -129,8 +132,10 @@ Status Model::Finish(const LoadOptions& opts) {
     if (it == sources_->index.end()) return kernels::Matrix{};
     return tensors_[it->second].matrix;
   };
+  pool_ =
+      std::make_unique<ThreadPool>(opts.threads > 0 ? opts.threads : ThreadPool::DefaultThreads());
   if (sources_->gguf) {
-    const int n = RepackColumnGroupsForInt8(*sources_->gguf, tensors_, opts.act_route);
+    const int n = RepackColumnGroupsForInt8(*sources_->gguf, tensors_, opts.act_route, *pool_);
     if (n > 0) LUMEN_LOG_DEBUG("repacked {} matrices into column groups", n);
   }
   LUMEN_ASSIGN_OR_RETURN(weights_, model::BindWeights(config_, lookup));
@@ -140,8 +145,6 @@ Status Model::Finish(const LoadOptions& opts) {
     adapter_ = std::make_unique<Adapter>(std::move(a));
     AttachAdapter(*adapter_, weights_);
   }
-  pool_ =
-      std::make_unique<ThreadPool>(opts.threads > 0 ? opts.threads : ThreadPool::DefaultThreads());
   if (chat_template_.empty()) chat_template_ = tokenizer_->chat_template();
   return Status::Ok();
 }

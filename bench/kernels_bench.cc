@@ -37,17 +37,17 @@ struct Weight {
   Matrix m;
 };
 
-// Weight "type" index -> storage; 7 = MLX 4-bit g64 (bf16 scales), 9, 10 and
-// 12 = Q4_0, Q4_K and Q8_0 repacked at load into column groups (core/repack.h).
-constexpr DType kTypes[] = {DType::kF32,     DType::kF16,      DType::kBF16,     DType::kQ8_0,
-                            DType::kQ4_0,    DType::kQ4_K,     DType::kQ6_K,     DType::kU32,
-                            DType::kQ2_K,    DType::kQ4_0Cols, DType::kQ4_KCols, DType::kQ3_K,
-                            DType::kQ8_0Cols};
+// Weight "type" index -> storage; 7 = MLX 4-bit g64 (bf16 scales), 9, 10, 12
+// and 13 = Q4_0, Q4_K, Q8_0 and Q6_K repacked at load (core/repack.h).
+constexpr DType kTypes[] = {DType::kF32,      DType::kF16,      DType::kBF16,     DType::kQ8_0,
+                            DType::kQ4_0,     DType::kQ4_K,     DType::kQ6_K,     DType::kU32,
+                            DType::kQ2_K,     DType::kQ4_0Cols, DType::kQ4_KCols, DType::kQ3_K,
+                            DType::kQ8_0Cols, DType::kQ6_KCols};
 constexpr int kMlx = 7;
 const char* TypeName(int t) {
-  static const char* names[] = {"f32",       "f16",  "bf16",     "q8_0", "q4_0",
-                                "q4_k",      "q6_k", "mlx4_g64", "q2_k", "q4_0_cols",
-                                "q4_k_cols", "q3_k", "q8_0_cols"};
+  static const char* names[] = {"f32",       "f16",  "bf16",      "q8_0",     "q4_0",
+                                "q4_k",      "q6_k", "mlx4_g64",  "q2_k",     "q4_0_cols",
+                                "q4_k_cols", "q3_k", "q8_0_cols", "q6_k_cols"};
   return names[t];
 }
 
@@ -154,7 +154,7 @@ void BM_MatVec(benchmark::State& state) {
 }
 BENCHMARK(BM_MatVec)->ArgsProduct({{0, 1, 2, 3, 4, 5, 6, 7}, {1, 2}, {0}, {1, 4}})->UseRealTime();
 BENCHMARK(BM_MatVec)
-    ->ArgsProduct({{3, 4, 5, 6, 7, 8, 9, 10, 12}, {1, 2}, {1, 2}, {1, 4}})
+    ->ArgsProduct({{3, 4, 5, 6, 7, 8, 9, 10, 12, 13}, {1, 2}, {1, 2}, {1, 4}})
     ->UseRealTime();
 
 // The default decode route (int8x2) of one row from DRAM at the two widths
@@ -165,7 +165,9 @@ void BM_DecodeK(benchmark::State& state) {
   TimeProduct(state, static_cast<int>(state.range(0)), ActRoute::kInt8x2, 1, (int64_t{1} << 27) / K,
               K, static_cast<int>(state.range(1)), 3);
 }
-BENCHMARK(BM_DecodeK)->ArgsProduct({{3, 4, 5, 6, 8, 9, 10}, {1, 2}, {2048, 8192}})->UseRealTime();
+BENCHMARK(BM_DecodeK)
+    ->ArgsProduct({{3, 4, 5, 6, 8, 9, 10, 13}, {1, 2}, {2048, 8192}})
+    ->UseRealTime();
 
 constexpr size_t kHuge = size_t{2} << 20;
 
@@ -306,7 +308,7 @@ BENCHMARK(BM_MatMul)->ArgsProduct({{3, 4}, {4, 8}, {1, 2}, {2048, 8192}, {1}})->
 // the last-level cache here (not DRAM), so this times the kernel: its compute
 // and its activation traffic (K = 8192 records outgrow L1 at 4 rows).
 BENCHMARK(BM_MatMul)
-    ->ArgsProduct({{3, 4, 5, 6, 7, 8, 9, 10, 12}, {1, 4}, {1, 2}, {2048, 8192}, {3}})
+    ->ArgsProduct({{3, 4, 5, 6, 7, 8, 9, 10, 12, 13}, {1, 4}, {1, 2}, {2048, 8192}, {3}})
     ->UseRealTime();
 // The same kernels with the weights in L2 (256 rows, at most 0.55 MB at
 // K = 2048): their compute ceiling at one row and at a batch step's four.
@@ -314,7 +316,7 @@ void BM_MatMulL2(benchmark::State& state) {
   TimeProduct(state, static_cast<int>(state.range(0)), ActRoute::kInt8x2, state.range(1), 256, 2048,
               1, 2);
 }
-BENCHMARK(BM_MatMulL2)->ArgsProduct({{3, 4, 5, 6, 7, 8, 9, 10}, {1, 2, 4}})->UseRealTime();
+BENCHMARK(BM_MatMulL2)->ArgsProduct({{3, 4, 5, 6, 7, 8, 9, 10, 13}, {1, 2, 4}})->UseRealTime();
 
 // What one weight row costs the int8x2 kernel at M activation rows, apart
 // from the work per call (quantizing and laying out the activations): the
@@ -349,7 +351,7 @@ void BM_MatMulRowCost(benchmark::State& state) {
   state.SetLabel(TypeName(type));
 }
 BENCHMARK(BM_MatMulRowCost)
-    ->ArgsProduct({{3, 4, 5, 6, 7, 8, 9, 10, 11, 12}, {1, 4}})
+    ->ArgsProduct({{3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13}, {1, 4}})
     ->UseRealTime();
 // The bf16 prefill route (matmul_bf16.h) beside the exact M=256 rows above.
 BENCHMARK(BM_MatMul)

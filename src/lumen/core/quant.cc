@@ -365,7 +365,8 @@ void DequantizeRow(DType t, const void* src_v, float* dst, int64_t n) {
     case DType::kQ5_1Cols:
     case DType::kQ4_KCols:
     case DType::kQ5_KCols:
-    case DType::kQ8_0Cols:  // a whole row (repack.h)
+    case DType::kQ8_0Cols:
+    case DType::kQ6_KCols:  // a whole row (repack.h)
       DequantizeColumnGroups(PlainOf(t), src, n, 0, n, dst);
       return;
   }

@@ -77,6 +77,15 @@ void SetSuperCode(const Plain& p, uint8_t* blk, int e, int q) {
   if (p.qh >= 0) blk[p.qh + l] |= static_cast<uint8_t>(((q >> 4) & 1) << j);
 }
 
+// Sets the 6-bit code q of element e = 128 h + i (0..255) of a zeroed
+// plain Q6_K super-block: low 4 bits nibble i / 64 of ql[64 h + i % 64], top
+// 2 bits 2 (i / 32) of qh[32 h + i % 32].
+void SetQ6Code(uint8_t* blk, int e, int q) {
+  const int h = e / 128, i = e % 128;
+  blk[64 * h + i % 64] |= static_cast<uint8_t>((q & 15) << (4 * (i / 64)));
+  blk[128 + 32 * h + i % 32] |= static_cast<uint8_t>(((q >> 4) & 3) << (2 * (i / 32)));
+}
+
 // Two super-blocks (at sb) as a group at grp (which may be where they were).
 // Sub-blocks 2 m and 2 m + 1 share qs[32 m, 32 m + 32) (low, high nibbles),
 // so lane l's four code words take their nibbles from the bytes 4 c and
@@ -147,6 +156,8 @@ DType ColumnGroupsOf(DType t) {
       return DType::kQ5_KCols;
     case DType::kQ8_0:
       return DType::kQ8_0Cols;
+    case DType::kQ6_K:
+      return DType::kQ6_KCols;
     default:
       return t;
   }
@@ -168,12 +179,57 @@ DType PlainOf(DType t) {
       return DType::kQ5_K;
     case DType::kQ8_0Cols:
       return DType::kQ8_0;
+    case DType::kQ6_KCols:
+      return DType::kQ6_K;
     default:
       return t;
   }
 }
 
+void RepackQ6Slices(const uint8_t* src, uint8_t* dst) {
+  uint8_t blk[sizeof(BlockQ6K)];
+  std::memcpy(blk, src, sizeof(blk));
+  std::memcpy(dst + 192, blk + 192, sizeof(blk) - 192);  // scales, d
+  // Slice l, column j: the 4 codes of elements 16 l + 4 j + b (b = 0..3) are
+  // 4 consecutive bytes of ql (one nibble) and of qh (one 2-bit field), so
+  // each moves as a 32-bit word.
+  for (int l = 0; l < 16; ++l) {
+    const int h = l / 8, s = l % 8;
+    uint32_t low[2] = {}, top = 0;
+    for (int j = 0; j < 4; ++j) {
+      const int i = 16 * s + 4 * j;  // the element's index in its half
+      uint32_t ql, qh;
+      std::memcpy(&ql, blk + 64 * h + i % 64, 4);
+      std::memcpy(&qh, blk + 128 + 32 * h + i % 32, 4);
+      low[j % 2] |= (ql >> (4 * (i / 64)) & 0x0F0F0F0Fu) << (4 * (j / 2));
+      top |= (qh >> (2 * (i / 32)) & 0x03030303u) << (2 * j);
+    }
+    std::memcpy(dst + 4 * l, &low[0], 4);
+    std::memcpy(dst + 64 + 4 * l, &low[1], 4);
+    std::memcpy(dst + 128 + 4 * l, &top, 4);
+  }
+}
+
+void UnpackQ6Slices(const uint8_t* src, uint8_t* dst) {
+  uint8_t g[sizeof(BlockQ6K)];
+  std::memcpy(g, src, sizeof(g));
+  std::memset(dst, 0, 192);
+  std::memcpy(dst + 192, g + 192, sizeof(g) - 192);
+  for (int e = 0; e < kQKK; ++e) {
+    const int j = e % 16 / 4, byte = 4 * (e / 16) + e % 4;
+    const int q =
+        ((g[64 * (j % 2) + byte] >> (4 * (j / 2))) & 15) | (((g[128 + byte] >> (2 * j)) & 3) << 4);
+    SetQ6Code(dst, e, q);
+  }
+}
+
 void RepackColumnGroups(DType plain, uint8_t* row, int64_t K) {
+  if (plain == DType::kQ6_K) {
+    LUMEN_CHECK(K % kQKK == 0);
+    for (int64_t b = 0; b < K / kQKK; ++b)
+      RepackQ6Slices(row + b * sizeof(BlockQ6K), row + b * sizeof(BlockQ6K));
+    return;
+  }
   const Plain p = PlainFields(plain);
   LUMEN_CHECK(K % p.elems == 0);
   if (p.super()) {
@@ -202,6 +258,11 @@ void RepackColumnGroups(DType plain, uint8_t* row, int64_t K) {
 }
 
 void UnpackColumnGroup(DType plain, const uint8_t* g, uint8_t* blocks) {
+  if (plain == DType::kQ6_K) {
+    for (int s = 0; s < 2; ++s)
+      UnpackQ6Slices(g + s * sizeof(BlockQ6K), blocks + s * sizeof(BlockQ6K));
+    return;
+  }
   const Plain p = PlainFields(plain);
   if (p.super()) return UnpackSuperPair(p, g, blocks);
   const ColsFields f = ColsFieldsAt(plain, g);
@@ -221,6 +282,16 @@ void UnpackColumnGroup(DType plain, const uint8_t* g, uint8_t* blocks) {
 
 void DequantizeColumnGroups(DType plain, const uint8_t* row, int64_t K, int64_t k0, int64_t k1,
                             float* dst) {
+  if (plain == DType::kQ6_K) {  // every super-block repacked alone
+    LUMEN_CHECK(K % kQKK == 0 && k0 % kQKK == 0 && 0 <= k0 && k0 <= k1 && k1 <= K &&
+                (k1 % kQKK == 0 || k1 == K));
+    uint8_t blk[sizeof(BlockQ6K)];
+    for (int64_t i = k0; i < k1; i += kQKK) {
+      UnpackQ6Slices(row + i / kQKK * sizeof(BlockQ6K), blk);
+      DequantizeRow(DType::kQ6_K, blk, dst + (i - k0), std::min<int64_t>(kQKK, k1 - i));
+    }
+    return;
+  }
   const Plain p = PlainFields(plain);
   const int64_t be = p.elems, bb = p.bytes;
   LUMEN_CHECK(K % be == 0 && k0 % be == 0 && 0 <= k0 && k0 <= k1 && k1 <= K &&

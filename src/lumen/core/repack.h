@@ -1,6 +1,6 @@
-// The 4- and 5-bit formats and Q8_0 repacked at load for the int8 decode
-// kernels (DType::kQ4_0Cols .. kQ5_1Cols, kQ4_KCols, kQ5_KCols, kQ8_0Cols:
-// "column groups").
+// The 4- and 5-bit formats, Q8_0 and Q6_K repacked at load for the int8
+// decode kernels (DType::kQ4_0Cols .. kQ5_1Cols, kQ4_KCols, kQ5_KCols,
+// kQ8_0Cols, kQ6_KCols: "column groups").
 //
 // A row keeps its size. Its first K / 512 * 512 elements become groups of
 // 512 (16 legacy blocks, or two K-quant super-blocks: 16 sub-blocks of 32);
@@ -28,6 +28,16 @@
 // whole cache lines. The layout depends on the address: repacked bytes are
 // only valid where they were repacked, and are never copied or written to a
 // file.
+//
+// Q6_K is repacked one super-block at a time, in place and whatever the
+// address (every super-block of the row, 210 bytes each as before): the
+// 6-bit code of element 16 l + 4 j + b (16-element slice l = the sub-block,
+// column j, byte b) has its low 4 bits in byte 4 l + b of vector j % 2
+// (bytes 0-63, 64-127), in the low nibble for j < 2 and the high nibble
+// after, and its top 2 bits at bits 2 j of byte 128 + 4 l + b; the scales
+// and d stay at 192 and 208. The int8 kernel's four columns (lane l = slice
+// l) are then a mask or a shift and a mask of three loads, where the file's
+// order needs eight dword permutes and eight variable shifts.
 #pragma once
 
 #include <cstdint>
@@ -40,8 +50,8 @@ inline constexpr int64_t kColsBlocks = 16;      // blocks (sub-blocks) per group
 inline constexpr int64_t kColsElems = 16 * 32;  // elements per group
 
 // Whether `plain` has a column-group form (Q4_0, Q4_1, Q5_0, Q5_1, Q4_K,
-// Q5_K, Q8_0), and it: kQ4_0 -> kQ4_0Cols ... kQ8_0 -> kQ8_0Cols; any other
-// type maps to itself.
+// Q5_K, Q8_0, Q6_K), and it: kQ4_0 -> kQ4_0Cols ... kQ6_K -> kQ6_KCols; any
+// other type maps to itself.
 bool HasColumnGroups(DType plain);
 DType ColumnGroupsOf(DType plain);
 // The plain format of a column-group type, else t itself.
@@ -78,8 +88,14 @@ inline ColsFields ColsFieldsAt(DType plain, const void* group) {
 // place as its column groups.
 void RepackColumnGroups(DType plain, uint8_t* row, int64_t K);
 
-// The plain blocks of the group at g (16 legacy blocks, 2 super-blocks).
+// The plain blocks of the group at g (16 legacy blocks, 2 super-blocks;
+// Q6_K: 2 super-blocks, each repacked alone).
 void UnpackColumnGroup(DType plain, const uint8_t* g, uint8_t* blocks);
+
+// Q6_K: the super-block at src in the layout above, into dst (210 bytes
+// each; src == dst allowed), and back.
+void RepackQ6Slices(const uint8_t* src, uint8_t* dst);
+void UnpackQ6Slices(const uint8_t* src, uint8_t* dst);
 
 // dst[0..k1 - k0) = elements [k0, k1) of the column-group row of K elements
 // at row (k0 a multiple of the plain block; k1 too, or K): the values

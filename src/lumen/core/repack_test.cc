@@ -1,7 +1,8 @@
 // Column groups (repack.h): repacking in place keeps every value of Q4_0,
-// Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q8_0 rows at any row address, for whole rows
-// and any block-aligned range; the codes and masks of rows on 32-byte
-// boundaries are whole cache lines; the fields sit where the header says.
+// Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q8_0 and Q6_K rows at any row address, for
+// whole rows and any block-aligned range; the codes and masks of rows on
+// 32-byte boundaries are whole cache lines; the fields sit where the header
+// says.
 #include "lumen/core/repack.h"
 
 #include <gtest/gtest.h>
@@ -19,6 +20,21 @@ namespace {
 constexpr DType kLegacy[] = {DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1};
 constexpr DType kPlain[] = {DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1,
                             DType::kQ4_K, DType::kQ5_K, DType::kQ8_0};
+
+// `tries` random parts [k0, k1) (multiples of `block`) of the repacked row
+// decode to want's values, and nothing past k1 is written.
+void ExpectPartsDecode(DType plain, const uint8_t* row, int64_t K, int64_t block,
+                       const std::vector<float>& want, std::mt19937& rng, int tries) {
+  for (int i = 0; i < tries; ++i) {
+    int64_t k0 = rng() % (K / block + 1) * block, k1 = rng() % (K / block + 1) * block;
+    if (k0 > k1) std::swap(k0, k1);
+    std::vector<float> part(k1 - k0 + 1, -1.0f);
+    DequantizeColumnGroups(plain, row, K, k0, k1, part.data());
+    EXPECT_EQ(0, std::memcmp(want.data() + k0, part.data(), (k1 - k0) * 4))
+        << "[" << k0 << ", " << k1 << ")";
+    EXPECT_EQ(-1.0f, part[k1 - k0]);
+  }
+}
 
 TEST(ColumnGroups, KeepEveryValueAtEveryAddress) {
   std::mt19937 rng(5);
@@ -67,15 +83,7 @@ TEST(ColumnGroups, KeepEveryValueAtEveryAddress) {
         }
         DequantizeRow(ColumnGroupsOf(t), row, got.data(), K);
         ASSERT_EQ(0, std::memcmp(want.data(), got.data(), K * 4));
-        for (int i = 0; i < 8; ++i) {
-          int64_t k0 = rng() % (K / be + 1) * be, k1 = rng() % (K / be + 1) * be;
-          if (k0 > k1) std::swap(k0, k1);
-          std::vector<float> part(k1 - k0 + 1, -1.0f);
-          DequantizeColumnGroups(t, row, K, k0, k1, part.data());
-          EXPECT_EQ(0, std::memcmp(want.data() + k0, part.data(), (k1 - k0) * 4))
-              << "[" << k0 << ", " << k1 << ")";
-          EXPECT_EQ(-1.0f, part[k1 - k0]);
-        }
+        ExpectPartsDecode(t, row, K, be, want, rng, 8);
       }
     }
   }
@@ -221,6 +229,64 @@ TEST(ColumnGroups, SuperBlocksHoldOneSubBlockPerLane) {
           }
         }
     }
+}
+
+// Q6_K: every super-block repacked alone, whatever the row's length and
+// address; the values (whole rows, super-block ranges) and the plain bytes
+// come back.
+TEST(ColumnGroups, Q6SlicesKeepEveryValueAtEveryAddress) {
+  std::mt19937 rng(6);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  const DType t = DType::kQ6_K;
+  EXPECT_EQ(DType::kQ6_KCols, ColumnGroupsOf(t));
+  EXPECT_EQ(t, PlainOf(DType::kQ6_KCols));
+  const int64_t bb = sizeof(BlockQ6K);
+  for (int64_t K : {256, 768, 2816}) {
+    std::vector<float> x(K), want(K), got(K);
+    for (float& v : x) v = nd(rng);
+    const int64_t nb = K / kQKK, rb = nb * bb;
+    std::vector<uint8_t> plain(rb);
+    QuantizeRow(t, x.data(), plain.data(), K);
+    DequantizeRow(t, plain.data(), want.data(), K);
+    std::vector<uint8_t> buf(rb + 64);
+    for (int off = 0; off < 64; off += 7) {
+      SCOPED_TRACE(testing::Message() << "K=" << K << " offset " << off);
+      uint8_t* row = buf.data() + off;
+      std::memcpy(row, plain.data(), rb);
+      RepackColumnGroups(t, row, K);
+      for (int64_t b = 0; b < nb; ++b) {
+        EXPECT_NE(0, std::memcmp(row + b * bb, plain.data() + b * bb, 192)) << "b=" << b;
+        EXPECT_EQ(0, std::memcmp(row + b * bb + 192, plain.data() + b * bb + 192, bb - 192));
+        uint8_t back[sizeof(BlockQ6K)];
+        UnpackQ6Slices(row + b * bb, back);
+        EXPECT_EQ(0, std::memcmp(back, plain.data() + b * bb, bb)) << "b=" << b;
+      }
+      DequantizeRow(DType::kQ6_KCols, row, got.data(), K);
+      ASSERT_EQ(0, std::memcmp(want.data(), got.data(), K * 4));
+      ExpectPartsDecode(t, row, K, kQKK, want, rng, 4);
+    }
+  }
+}
+
+// Q6_K slices: element 16 l + 4 j + b's low 4 bits in byte 4 l + b of
+// vector j % 2 (nibble j / 2), its top 2 bits at bits 2 j of byte 128 + 4 l
+// + b; the scales and d where they were.
+TEST(ColumnGroups, Q6SlicesHoldOneSubBlockPerLane) {
+  uint8_t blk[sizeof(BlockQ6K)] = {};
+  auto code = [](int e) { return (7 * e + 3) % 64; };
+  for (int e = 0; e < 256; ++e) {        // GGUF: e = 128 h + i; ql[64 h + i % 64] nibble i / 64,
+    const int h = e / 128, i = e % 128;  // qh[32 h + i % 32] bits 2 (i / 32)
+    blk[64 * h + i % 64] |= static_cast<uint8_t>((code(e) & 15) << (4 * (i / 64)));
+    blk[128 + 32 * h + i % 32] |= static_cast<uint8_t>((code(e) >> 4) << (2 * (i / 32)));
+  }
+  for (int i = 0; i < 18; ++i) blk[192 + i] = static_cast<uint8_t>(200 + i);
+  RepackColumnGroups(DType::kQ6_K, blk, kQKK);
+  for (int i = 0; i < 18; ++i) EXPECT_EQ(200 + i, blk[192 + i]);
+  for (int e = 0; e < 256; ++e) {
+    const int l = e / 16, j = e % 16 / 4, b = e % 4;
+    EXPECT_EQ(code(e) & 15, (blk[64 * (j % 2) + 4 * l + b] >> (4 * (j / 2))) & 15) << "e=" << e;
+    EXPECT_EQ(code(e) >> 4, (blk[128 + 4 * l + b] >> (2 * j)) & 3) << "e=" << e;
+  }
 }
 
 }  // namespace

@@ -54,7 +54,7 @@ Status NotSafetensors(const std::string& path, const Status& why) {
   return Errorf("{}: not a safetensors file: {}", path, reason);
 }
 
-// Q4_0, Q4_1, Q5_0, Q5_1, Q4_K and Q5_K matrices rewritten in place as column groups
+// Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q8_0 and Q6_K matrices rewritten in place as column groups
 // (core/repack.h) for the int8 decode kernels, which then pay their
 // per-lane work once per 512 weights with no shuffles. Only in a copied file (no second copy: the
 // memory is the file's), with an int8 route on a CPU that runs it, and not

@@ -53,7 +53,7 @@ TEST(RepackLoad, ColumnGroupsOnlyForInt8RoutesInCopiedFilesWithTheMappedLogits) 
   const fs::path dir = fs::temp_directory_path() / ("lumen_repack_" + std::to_string(::getpid()));
   fs::create_directories(dir);
   for (DType t : {DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1, DType::kQ4_K,
-                  DType::kQ5_K, DType::kQ8_0}) {
+                  DType::kQ5_K, DType::kQ8_0, DType::kQ6_K}) {
     SCOPED_TRACE(std::string(Name(t)));
     const std::string path = (dir / (std::string(Name(t)) + ".gguf")).string();
     SynthOptions so;

@@ -576,6 +576,69 @@ HWY_INLINE void DecodeQ6K(const uint8_t* row, int64_t K, Sink& sink) {
   }
 }
 
+// Q6_K slices (core/repack.h): every value, position and chain is
+// DecodeQ6K's (elements 128 h + l + 32 c, l = 0 and 16, slice 8 h + l / 16
+// + 2 c, feed chain c, in that order), so the exact products are the plain
+// row's bits. On 16-lane AVX-512 vectors a super-block's four columns are
+// rebuilt as the int8 kernel does and turned into slices by a 4x4 dword
+// transpose in each 128-bit lane (lane k of r[s] is slice 4 k + s);
+// otherwise each super-block is unpacked to its plain bytes.
+template <class Sink>
+HWY_INLINE void DecodeQ6Slices(const uint8_t* row, int64_t K, Sink& sink) {
+  int64_t at = 0;
+  auto shifted = [&](int64_t k, auto v, auto p) HWY_ATTR { sink(at + k, v, p); };
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+  if constexpr (hn::MaxLanes(DF()) == 16) {
+    const DF d;
+    const DI di;
+    const auto k32 = hn::Set(di, 32);
+    const __m512i k4 = _mm512_set1_epi8(0x0F), k30 = _mm512_set1_epi8(0x30);
+    alignas(64) uint8_t r[4][64];
+    for (; at < K; at += kQKK) {
+      const uint8_t* g = row + at / kQKK * sizeof(BlockQ6K);
+      const __m512i va = _mm512_loadu_si512(g), vb = _mm512_loadu_si512(g + 64);
+      const __m512i h = _mm512_loadu_si512(g + 128);
+      // Column j: its low 4 bits | its top 2 bits (bits 2 j of h) at bits 4-5.
+      const __m512i u0 =
+          _mm512_ternarylogic_epi32(_mm512_and_si512(va, k4), _mm512_slli_epi16(h, 4), k30, 0xF8);
+      const __m512i u1 =
+          _mm512_ternarylogic_epi32(_mm512_and_si512(vb, k4), _mm512_slli_epi16(h, 2), k30, 0xF8);
+      const __m512i u2 =
+          _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi16(va, 4), k4), h, k30, 0xF8);
+      const __m512i u3 = _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi16(vb, 4), k4),
+                                                   _mm512_srli_epi16(h, 2), k30, 0xF8);
+      const __m512i t0 = _mm512_unpacklo_epi32(u0, u1), t1 = _mm512_unpackhi_epi32(u0, u1);
+      const __m512i t2 = _mm512_unpacklo_epi32(u2, u3), t3 = _mm512_unpackhi_epi32(u2, u3);
+      _mm512_store_si512(r[0], _mm512_unpacklo_epi64(t0, t2));
+      _mm512_store_si512(r[1], _mm512_unpackhi_epi64(t0, t2));
+      _mm512_store_si512(r[2], _mm512_unpacklo_epi64(t1, t3));
+      _mm512_store_si512(r[3], _mm512_unpackhi_epi64(t1, t3));
+      const int8_t* sc = reinterpret_cast<const int8_t*>(g + 192);
+      const float dd = LoadF16(g + 208);
+      auto slice = [&](int s, int64_t k, auto chain) HWY_ATTR {
+        const auto q = LoadU8(r[s % 4] + 16 * (s / 4));
+        shifted(k, hn::Mul(hn::ConvertTo(d, hn::Sub(q, k32)), hn::Set(d, dd * sc[s])), chain);
+      };
+      for (int half = 0; half < 2; ++half)
+        for (int l = 0; l < 32; l += 16) {
+          const int s = 8 * half + l / 16;
+          const int64_t k = 128 * half + l;
+          slice(s, k, P0{});
+          slice(s + 2, k + 32, P1{});
+          slice(s + 4, k + 64, P2{});
+          slice(s + 6, k + 96, P3{});
+        }
+    }
+    return;
+  }
+#endif
+  alignas(64) uint8_t blk[sizeof(BlockQ6K)];
+  for (; at < K; at += kQKK) {
+    UnpackQ6Slices(row + at / kQKK * sizeof(BlockQ6K), blk);
+    DecodeQ6K(blk, kQKK, shifted);
+  }
+}
+
 // MLX affine rows. ss/bb: the row's per-group scales and biases as f32.
 template <class Sink>
 HWY_INLINE void DecodeMlx(const Matrix& W, int64_t r, const float* ss, const float* bb,
@@ -618,6 +681,7 @@ enum class Path {
   kQ4KCols,
   kQ5KCols,
   kQ8_0Cols,
+  kQ6KCols,
   kQ4_1,
   kQ5_0,
   kQ5_1,
@@ -663,6 +727,8 @@ Path PathFor(const Matrix& W) {
       return 32 % N == 0 ? Path::kQ5KCols : Path::kGeneric;
     case DType::kQ8_0Cols:
       return 16 % N == 0 ? Path::kQ8_0Cols : Path::kGeneric;
+    case DType::kQ6_KCols:
+      return 16 % N == 0 ? Path::kQ6KCols : Path::kGeneric;
     case DType::kQ4_1:
       return 16 % N == 0 ? Path::kQ4_1 : Path::kGeneric;
     case DType::kQ5_0:
@@ -713,6 +779,8 @@ HWY_INLINE void DecodeStorage(Path path, const uint8_t* row, int64_t K, Sink& si
       return DecodeSuperColumnGroups<true>(row, K, sink);
     case Path::kQ8_0Cols:
       return DecodeColumnGroups<DType::kQ8_0>(row, K, sink);
+    case Path::kQ6KCols:
+      return DecodeQ6Slices(row, K, sink);
     case Path::kQ4_1:
       return DecodeAffineLegacy<BlockQ4_1, false>(row, K, sink);
     case Path::kQ5_0:

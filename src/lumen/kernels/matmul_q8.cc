@@ -156,6 +156,7 @@ enum class Fmt {
   kQ4KC,
   kQ5KC,
   kQ6K,
+  kQ6KC,
   kQ8_0C,
   kMlx4,
   kMlx8
@@ -242,6 +243,8 @@ Geometry GeometryFor(const Matrix& W) {
       return {Fmt::kQ5KC, sizeof(BlockQ5K), 0, 32, Order::kBlockColumnsK};
     case DType::kQ6_K:
       return {Fmt::kQ6K, sizeof(BlockQ6K), 0, 16, Order::kColumns};
+    case DType::kQ6_KCols:  // the same activation layout: only the weights' bytes move
+      return {Fmt::kQ6KC, sizeof(BlockQ6K), 0, 16, Order::kColumns};
     default:  // callers check Int8RouteSupports first
       LUMEN_CHECK(false);
       return {};
@@ -763,12 +766,19 @@ LUMEN_VNNI inline uint32_t LoadU32(const uint8_t* p) {
   return v;
 }
 
-// Bytes of one block of a legacy format.
+// Bytes of one block (super-block) of a format, plain or in column groups.
 template <Fmt F>
-constexpr int kBlockBytes = F == Fmt::kQ4_0   ? sizeof(BlockQ4_0)
-                            : F == Fmt::kQ4_1 ? sizeof(BlockQ4_1)
-                            : F == Fmt::kQ5_0 ? sizeof(BlockQ5_0)
-                                              : sizeof(BlockQ5_1);
+constexpr int kBlockBytes = F == Fmt::kQ4_0 || F == Fmt::kQ4_0C   ? sizeof(BlockQ4_0)
+                            : F == Fmt::kQ4_1 || F == Fmt::kQ4_1C ? sizeof(BlockQ4_1)
+                            : F == Fmt::kQ5_0 || F == Fmt::kQ5_0C ? sizeof(BlockQ5_0)
+                            : F == Fmt::kQ5_1 || F == Fmt::kQ5_1C ? sizeof(BlockQ5_1)
+                            : F == Fmt::kQ8_0 || F == Fmt::kQ8_0C ? sizeof(BlockQ8_0)
+                            : F == Fmt::kQ2K                      ? sizeof(BlockQ2K)
+                            : F == Fmt::kQ3K                      ? sizeof(BlockQ3K)
+                            : F == Fmt::kQ4K || F == Fmt::kQ4KC   ? sizeof(BlockQ4K)
+                            : F == Fmt::kQ5K || F == Fmt::kQ5KC   ? sizeof(BlockQ5K)
+                            : F == Fmt::kQ6K || F == Fmt::kQ6KC   ? sizeof(BlockQ6K)
+                                                                  : 0;
 
 // A quad (four consecutive blocks of a 4- or 5-bit format, 72 to 96 bytes)
 // is read as two 64-byte tables and every 2-byte field gathered from them
@@ -1432,6 +1442,17 @@ template <Fmt F>
             _mm512_mask_add_epi8(u[j], _mm512_test_epi8_mask(h, hbit), u[j], _mm512_set1_epi8(4));
       }
     }
+  } else if constexpr (F == Fmt::kQ6KC) {
+    // Q6_K slices (core/repack.h): column j's low 4 bits are a nibble of
+    // vector j % 2, its top 2 bits bits 2 j of the third; moved to bits 4-5
+    // and joined by one ternary op (a | (b & 0x30)).
+    const __m512i va = _mm512_loadu_si512(blk), vb = _mm512_loadu_si512(blk + 64);
+    const __m512i h = _mm512_loadu_si512(blk + 128), k30 = _mm512_set1_epi8(0x30);
+    u[0] = _mm512_ternarylogic_epi32(_mm512_and_si512(va, k4), _mm512_slli_epi16(h, 4), k30, 0xF8);
+    u[1] = _mm512_ternarylogic_epi32(_mm512_and_si512(vb, k4), _mm512_slli_epi16(h, 2), k30, 0xF8);
+    u[2] = _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi16(va, 4), k4), h, k30, 0xF8);
+    u[3] = _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi16(vb, 4), k4),
+                                     _mm512_srli_epi16(h, 2), k30, 0xF8);
   } else {  // Q6_K: element e = 128 h + i: low 4 bits nibble (i / 64) of
             // ql[64 h + 32 ((i / 32) % 2) + i % 32], high 2 bits 2 (i / 32) of
             // qh[32 h + i % 32]. Slice l: h = l / 8, i / 32 = (l % 8) / 2.
@@ -1468,9 +1489,13 @@ LUMEN_VNNI inline __m512i ColumnDot(const __m512i (&u)[4], const uint8_t* rec) {
 template <Fmt F, int MB, int L>
 LUMEN_VNNI void RowsK(const Matrix& W, const Geometry& g, const Int8Rows& X, int64_t m0, float* Y,
                       int64_t ldy, int64_t n0, int64_t n1, std::span<const Span> spans) {
-  // Q4_K / Q5_K column groups: a last odd super-block is plain.
-  constexpr Fmt FQ = F == Fmt::kQ4KC ? Fmt::kQ4K : F == Fmt::kQ5KC ? Fmt::kQ5K : F;
-  constexpr bool kGroups = FQ != F;
+  // Q4_K / Q5_K column groups: a last odd super-block is plain. Q6_K
+  // slices: every super-block is Q6_K's but for where its codes lie.
+  constexpr Fmt FQ = F == Fmt::kQ4KC   ? Fmt::kQ4K
+                     : F == Fmt::kQ5KC ? Fmt::kQ5K
+                     : F == Fmt::kQ6KC ? Fmt::kQ6K
+                                       : F;
+  constexpr bool kGroups = F == Fmt::kQ4KC || F == Fmt::kQ5KC;
   constexpr int kSubs = kQKK / SubBlock(FQ);  // 16 or 8 sub-blocks
   const RowPtrs<MB> rows(X, m0);
   const auto& x = rows.x;
@@ -1490,7 +1515,7 @@ LUMEN_VNNI void RowsK(const Matrix& W, const Geometry& g, const Int8Rows& X, int
         SubScales<FQ>(blk, &a, &o);
         if constexpr (kSubs == 8) a = _mm512_permutexvar_ps(halves, a);
         __m512i u[4];
-        SuperColumns<FQ>(blk, u);
+        SuperColumns<F == Fmt::kQ6KC ? F : FQ>(blk, u);
         for (int r = 0; r < MB; ++r) {
           const uint8_t* rec = x[r] + kRecord<L> * 4 * sb;
           const __m512i i = ColumnDot<L>(u, rec);
@@ -1798,6 +1823,8 @@ void MatMulRowsLevels(const Matrix& W, const Int8Rows& X, float* Y, int64_t ldy,
           return RowsK<Fmt::kQ5KC, MB, L>(W, g, X, m, Y, ldy, b, e, s);
         case Fmt::kQ6K:
           return RowsK<Fmt::kQ6K, MB, L>(W, g, X, m, Y, ldy, b, e, s);
+        case Fmt::kQ6KC:
+          return RowsK<Fmt::kQ6KC, MB, L>(W, g, X, m, Y, ldy, b, e, s);
         case Fmt::kMlx4:
           return RowsMlx<Fmt::kMlx4, MB, L>(W, X, m, Y, ldy, b, e, s);
         case Fmt::kMlx8:
@@ -1873,6 +1900,7 @@ bool Int8RouteSupports(const Matrix& W) {
     case DType::kQ6_K:
     case DType::kQ4_KCols:
     case DType::kQ5_KCols:
+    case DType::kQ6_KCols:
       return W.k % kQKK == 0;
     default:
       return false;

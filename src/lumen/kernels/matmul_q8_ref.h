@@ -213,15 +213,23 @@ inline void WeightParts(const Matrix& W, int64_t n, double* a, double* o) {
       return;
     }
     case DType::kQ6_K:
+    case DType::kQ6_KCols:
       for (int64_t sb = 0; sb < K / kQKK; ++sb) {
         const uint8_t* blk = row + sb * sizeof(BlockQ6K);
         const double d = HalfAt(blk + 208);
         const int8_t* sc = reinterpret_cast<const int8_t*>(blk + 192);
         for (int e = 0; e < kQKK; ++e) {
-          const int h = e / 128, i = e % 128, l = i % 32, part = i / 32;
-          const uint8_t lo = blk[64 * h + l + (part % 2) * 32];
-          const int low = part < 2 ? (lo & 15) : (lo >> 4);
-          const int high = (blk[128 + 32 * h + l] >> (2 * part)) & 3;
+          int low, high;
+          if (W.w.dtype == DType::kQ6_KCols) {  // slices (core/repack.h): column j, byte 4 l + b
+            const int j = e % 16 / 4, byte = 4 * (e / 16) + e % 4;
+            low = (blk[64 * (j % 2) + byte] >> (4 * (j / 2))) & 15;
+            high = (blk[128 + byte] >> (2 * j)) & 3;
+          } else {
+            const int h = e / 128, i = e % 128, l = i % 32, part = i / 32;
+            const uint8_t lo = blk[64 * h + l + (part % 2) * 32];
+            low = part < 2 ? (lo & 15) : (lo >> 4);
+            high = (blk[128 + 32 * h + l] >> (2 * part)) & 3;
+          }
           const double as = d * sc[e / 16];
           a[sb * kQKK + e] = as * (low | (high << 4));
           o[sb * kQKK + e] = 32 * as;

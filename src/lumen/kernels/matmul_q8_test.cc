@@ -118,6 +118,7 @@ TEST(MatMulInt8, MatchesOracleAndExactBound) {
                         {DType::kQ4_KCols},
                         {DType::kQ5_KCols},
                         {DType::kQ8_0Cols},
+                        {DType::kQ6_KCols},
                         {DType::kQ4_1},
                         {DType::kQ5_0},
                         {DType::kQ5_1},
@@ -213,10 +214,10 @@ TEST(MatMulInt8, RouteSelection) {
   EXPECT_FALSE(Int8RouteSupports(MakeInt8(DType::kU32, 8, 96, rng, 32).m));
   EXPECT_FALSE(Int8RouteSupports(MakeInt8(DType::kU32, 8, 96, rng, 32, DType::kF16, 8).m));
   // Every quantized type the engine loads has one.
-  for (DType t :
-       {DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1, DType::kQ8_0, DType::kQ2_K,
-        DType::kQ3_K, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K, DType::kQ4_0Cols, DType::kQ4_1Cols,
-        DType::kQ5_0Cols, DType::kQ5_1Cols, DType::kQ4_KCols, DType::kQ5_KCols, DType::kQ8_0Cols})
+  for (DType t : {DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1, DType::kQ8_0,
+                  DType::kQ2_K, DType::kQ3_K, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K,
+                  DType::kQ4_0Cols, DType::kQ4_1Cols, DType::kQ5_0Cols, DType::kQ5_1Cols,
+                  DType::kQ4_KCols, DType::kQ5_KCols, DType::kQ8_0Cols, DType::kQ6_KCols})
     EXPECT_TRUE(Int8RouteSupports(MakeInt8(t, 8, 256, rng).m)) << Name(t);
   for (int bits : {4, 8})
     for (int g : {32, 64, 128})

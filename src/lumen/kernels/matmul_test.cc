@@ -188,7 +188,7 @@ TEST(MatMulTest, RowsBitIdenticalWhateverTheCallsRowCount) {
 TEST(MatMulTest, ColumnGroupsGiveThePlainBitsOnTheExactRoute) {
   std::mt19937 rng(13);
   for (DType t : {DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1, DType::kQ4_K,
-                  DType::kQ5_K, DType::kQ8_0})
+                  DType::kQ5_K, DType::kQ8_0, DType::kQ6_K})
     for (int64_t K : {512, 640, 768, 1120, 2048, 4160, 4352})
       for (int64_t M : {1, 3, 8, 40}) {
         if (K % Info(t).block_elems != 0) continue;

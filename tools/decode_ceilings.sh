@@ -21,7 +21,7 @@ for x in "$B" "$L"; do
 done
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-filter='BM_MatMul/([3-9]|10|12)/1/1/2048/3/|BM_MatVec/([3-9]|10|12)/[12]/2/1/'
+filter='BM_MatMul/([3-9]|10|12|13)/1/1/2048/3/|BM_MatVec/([3-9]|10|12|13)/[12]/2/1/'
 for ((i = 0; i < R; i++)); do
   "$B" --benchmark_filter="$filter" --benchmark_min_time=0.3 2>/dev/null |
     sed -n 's/^\(BM_[^ ]*\) .*bytes\/s=\([0-9.]*\)G\/s.*/\1 \2/p' >> "$tmp/all"
@@ -31,7 +31,7 @@ done
 /usr/bin/python3 - "$tmp/all" <<'PY'
 import collections, statistics, sys
 names = {3: "Q8_0", 4: "Q4_0", 5: "Q4_K", 6: "Q6_K", 7: "MLX 4-bit", 8: "Q2_K", 9: "Q4_0 column groups",
-         10: "Q4_K column groups", 12: "Q8_0 column groups"}
+         10: "Q4_K column groups", 12: "Q8_0 column groups", 13: "Q6_K slices"}
 v = collections.defaultdict(list)
 for line in open(sys.argv[1]):
     key, val = line.split()

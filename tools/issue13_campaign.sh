@@ -5,7 +5,7 @@
 #   batch.txt  batch-4 aggregate over a single stream, 2 threads, 3 rounds
 #   depth.md   decode at depth 8192 against llama.cpp (Q4_0, 2 threads)
 #   mlx.txt    MLX 4/8-bit (lumen only), 1 and 2 threads
-#   rss.txt    peak RSS against weights + KV, every type
+#   rss.txt    peak RSS against weights + KV, and the load time, every type
 #   membw.txt  read bandwidth before and after
 #   ceilings.md  the decode kernel's rate from cache and from DRAM, every
 #              int8x2 type (tools/decode_ceilings.sh; BENCH= the kernel bench)
@@ -47,7 +47,7 @@ done > "$O/mlx.txt"
 for t in $types mlx4 mlx8; do
   f=/tmp/pb_$t.gguf
   [ -e "$f" ] || f=/tmp/pb_$t
-  echo "$t $($L bench "$f" --prompt 512 --gen 32 --repeat 1 -t 2 --no-membw 2>&1 | grep 'peak RSS')"
+  echo "$t $($L bench "$f" --prompt 512 --gen 32 --repeat 1 -t 2 --no-membw 2>&1 | grep -E '^load: |peak RSS' | tr '\n' ' ')"
 done > "$O/rss.txt"
 BENCH=${BENCH:-build/dev/bench/lumen_bench_kernels} LUMEN=$L ROUNDS=5 \
   tools/decode_ceilings.sh > "$O/ceilings.md" 2>&1

@@ -101,9 +101,7 @@ void RepackSuperPair(const Plain& p, const uint8_t* sb, uint8_t* grp) {
     const int s = static_cast<int>(l % 8);
     const uint8_t* qs = blk + p.qs + 32 * (s / 2);
     for (int c = 0; c < 4; ++c) {
-      uint32_t lo, hi;
-      std::memcpy(&lo, qs + 4 * c, 4);
-      std::memcpy(&hi, qs + 16 + 4 * c, 4);
+      const uint32_t lo = LoadU32(qs + 4 * c), hi = LoadU32(qs + 16 + 4 * c);
       const uint32_t w =
           s % 2 == 0 ? (lo & kLow) | (hi & kLow) << 4 : (lo >> 4 & kLow) | (hi & ~kLow);
       std::memcpy(grp + f.codes + 64 * c + 4 * l, &w, 4);
@@ -198,9 +196,7 @@ void RepackQ6Slices(const uint8_t* src, uint8_t* dst) {
     uint32_t low[2] = {}, top = 0;
     for (int j = 0; j < 4; ++j) {
       const int i = 16 * s + 4 * j;  // the element's index in its half
-      uint32_t ql, qh;
-      std::memcpy(&ql, blk + 64 * h + i % 64, 4);
-      std::memcpy(&qh, blk + 128 + 32 * h + i % 32, 4);
+      const uint32_t ql = LoadU32(blk + 64 * h + i % 64), qh = LoadU32(blk + 128 + 32 * h + i % 32);
       low[j % 2] |= (ql >> (4 * (i / 64)) & 0x0F0F0F0Fu) << (4 * (j / 2));
       top |= (qh >> (2 * (i / 32)) & 0x03030303u) << (2 * j);
     }

@@ -766,19 +766,12 @@ LUMEN_VNNI inline uint32_t LoadU32(const uint8_t* p) {
   return v;
 }
 
-// Bytes of one block (super-block) of a format, plain or in column groups.
+// Bytes of one block of a legacy format.
 template <Fmt F>
-constexpr int kBlockBytes = F == Fmt::kQ4_0 || F == Fmt::kQ4_0C   ? sizeof(BlockQ4_0)
-                            : F == Fmt::kQ4_1 || F == Fmt::kQ4_1C ? sizeof(BlockQ4_1)
-                            : F == Fmt::kQ5_0 || F == Fmt::kQ5_0C ? sizeof(BlockQ5_0)
-                            : F == Fmt::kQ5_1 || F == Fmt::kQ5_1C ? sizeof(BlockQ5_1)
-                            : F == Fmt::kQ8_0 || F == Fmt::kQ8_0C ? sizeof(BlockQ8_0)
-                            : F == Fmt::kQ2K                      ? sizeof(BlockQ2K)
-                            : F == Fmt::kQ3K                      ? sizeof(BlockQ3K)
-                            : F == Fmt::kQ4K || F == Fmt::kQ4KC   ? sizeof(BlockQ4K)
-                            : F == Fmt::kQ5K || F == Fmt::kQ5KC   ? sizeof(BlockQ5K)
-                            : F == Fmt::kQ6K || F == Fmt::kQ6KC   ? sizeof(BlockQ6K)
-                                                                  : 0;
+constexpr int kBlockBytes = F == Fmt::kQ4_0   ? sizeof(BlockQ4_0)
+                            : F == Fmt::kQ4_1 ? sizeof(BlockQ4_1)
+                            : F == Fmt::kQ5_0 ? sizeof(BlockQ5_0)
+                                              : sizeof(BlockQ5_1);
 
 // A quad (four consecutive blocks of a 4- or 5-bit format, 72 to 96 bytes)
 // is read as two 64-byte tables and every 2-byte field gathered from them

@@ -1230,14 +1230,34 @@ void Bf16Panels(RowDecoder& dec, const uint16_t* xb, const uint16_t* xpacked, in
   const DF d;
   const int64_t N = hn::Lanes(d);
   const int64_t K = dec.W.k, ldp = (K + N - 1) / N * N;
-  AlignedBuffer row_buf(ldp * sizeof(float));
-  float* row = row_buf.as<float>();
   // Half of L2 for the panel; a multiple of the tile height (4 rows
   // for AVX-512, two 16-row A tiles for AMX).
   const int64_t tile = xpacked ? 2 * kAmxRows : 4;
   const int64_t P = std::clamp<int64_t>((512 * 1024 / (ld * 2)) / tile * tile, tile, 128);
   AlignedBuffer panel_buf(P * ld * sizeof(uint16_t));  // zero-filled: rows past np stay finite
   uint16_t* panel = panel_buf.as<uint16_t>();
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+  // Each decoded vector rounded straight into the panel: the instruction
+  // ToBf16Padded uses (same bits), without the f32 row's store and reload
+  // (a quarter of the panel decode). Inline asm because Highway 1.0's AVX3
+  // target does not enable AVX512-BF16; this route runs only where the CPU
+  // has it (UsesBf16Route). Decoders cover [0, ldp) with zeros past K.
+  uint16_t* dst = panel;
+  auto store = [&](int64_t k, VF w, auto) HWY_ATTR {
+    __m256i h;
+    asm("vcvtneps2bf16 %1, %0" : "=v"(h) : "v"(w.raw));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + k), h);
+  };
+  for (int64_t n = n0; n < n1; n += P) {
+    const int64_t np = std::min(P, n1 - n);
+    for (int64_t i = 0; i < np; ++i) {
+      dst = panel + i * ld;
+      dec.Decode(n + i, store);
+      std::fill(dst + ldp, dst + ld, uint16_t{0});
+    }
+#else
+  AlignedBuffer row_buf(ldp * sizeof(float));
+  float* row = row_buf.as<float>();
   auto store = [&](int64_t k, VF w, auto) HWY_ATTR { hn::Store(w, d, row + k); };
   for (int64_t n = n0; n < n1; n += P) {
     const int64_t np = std::min(P, n1 - n);
@@ -1245,6 +1265,7 @@ void Bf16Panels(RowDecoder& dec, const uint16_t* xb, const uint16_t* xpacked, in
       dec.Decode(n + i, store);
       ToBf16Padded(row, K, ld, panel + i * ld);
     }
+#endif
     if (xpacked) {
       AmxBf16PanelProduct(panel, np, xpacked, M, ld, Y, ldy, n);
     } else {

@@ -99,6 +99,47 @@ TEST(ThreadPool, CoversRangeExactlyOnce) {
   }
 }
 
+// The dynamic split: every index once, in units that start at multiples of
+// the grain and are whole but for the last, with valid thread indexes; and a
+// slow thread takes fewer units (the point of it): while thread 1 sleeps on
+// its first unit, the others take the rest.
+TEST(ThreadPool, DynamicCoversRangeInGrainUnitsAndRebalances) {
+  for (int threads : {1, 2, 3, 8}) {
+    ThreadPool pool(threads);
+    for (int64_t n : {0, 1, 5, 64, 1001}) {
+      for (int64_t grain : {1, 4, 128}) {
+        std::vector<std::atomic<int>> hits(n);
+        std::atomic<int> bad{0};
+        pool.ParallelForDynamic(
+            n,
+            [&](int64_t b, int64_t e, int thread) {
+              if (b % grain != 0 || (e - b != grain && e != n) || thread < 0 || thread >= threads)
+                ++bad;
+              for (int64_t i = b; i < e; ++i) hits[i]++;
+            },
+            grain);
+        ASSERT_EQ(bad.load(), 0) << threads << " " << n << " " << grain;
+        for (int64_t i = 0; i < n; ++i)
+          ASSERT_EQ(hits[i].load(), 1) << threads << " " << n << " " << grain;
+      }
+    }
+  }
+  ThreadPool pool(2);
+  std::atomic<int> by_sleeper{0}, units{0};
+  pool.ParallelForDynamic(
+      64,
+      [&](int64_t, int64_t, int thread) {
+        ++units;
+        if (thread == 1) {
+          ++by_sleeper;
+          std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        }
+      },
+      1);
+  EXPECT_EQ(units.load(), 64);
+  EXPECT_LE(by_sleeper.load(), 2);  // a static split would give it 32
+}
+
 // Back-to-back calls (workers still spinning) and calls after a pause long
 // enough that every worker has gone to sleep on the condition variable: each
 // call must see its own fn and range, and every chunk must run exactly once.

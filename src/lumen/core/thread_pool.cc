@@ -71,10 +71,7 @@ void ThreadPool::WorkerLoop(int index) {
     }
     if (stop_.load(std::memory_order_acquire)) return;
     seen = generation_.load(std::memory_order_acquire);
-    const Fn* fn = fn_;
-    const int64_t begin = std::min(n_, index * chunk_);
-    const int64_t end = std::min(n_, begin + chunk_);
-    if (begin < end) (*fn)(begin, end, index);
+    Share(index);
     if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
       std::lock_guard<std::mutex> lock(mu_);
       done_cv_.notify_one();
@@ -82,7 +79,27 @@ void ThreadPool::WorkerLoop(int index) {
   }
 }
 
-void ThreadPool::ParallelFor(int64_t n, const Fn& fn, int64_t grain) {
+void ThreadPool::Share(int index) {
+  if (!dynamic_) {
+    const int64_t begin = std::min(n_, index * chunk_);
+    const int64_t end = std::min(n_, begin + chunk_);
+    if (begin < end) (*fn_)(begin, end, index);
+    return;
+  }
+  for (;;) {
+    const int64_t begin = next_.fetch_add(chunk_, std::memory_order_relaxed);
+    if (begin >= n_) return;
+    (*fn_)(begin, std::min(n_, begin + chunk_), index);
+  }
+}
+
+void ThreadPool::ParallelFor(int64_t n, const Fn& fn, int64_t grain) { Run(n, fn, grain, false); }
+
+void ThreadPool::ParallelForDynamic(int64_t n, const Fn& fn, int64_t grain) {
+  Run(n, fn, grain, true);
+}
+
+void ThreadPool::Run(int64_t n, const Fn& fn, int64_t grain, bool dynamic) {
   if (n <= 0) return;
   grain = std::max<int64_t>(1, grain);
   const int64_t units = (n + grain - 1) / grain;
@@ -90,7 +107,7 @@ void ThreadPool::ParallelFor(int64_t n, const Fn& fn, int64_t grain) {
     fn(0, n, 0);
     return;
   }
-  const int64_t chunk = (units + size() - 1) / size() * grain;
+  const int64_t chunk = dynamic ? grain : (units + size() - 1) / size() * grain;
   using Clock = std::chrono::steady_clock;
   const Clock::time_point t0 = Clock::now();
   if (last_end_ != Clock::time_point{})
@@ -100,11 +117,13 @@ void ThreadPool::ParallelFor(int64_t n, const Fn& fn, int64_t grain) {
     fn_ = &fn;
     n_ = n;
     chunk_ = chunk;
+    dynamic_ = dynamic;
+    next_.store(0, std::memory_order_relaxed);
     pending_.store(static_cast<int>(workers_.size()), std::memory_order_relaxed);
     generation_.fetch_add(1, std::memory_order_release);
   }
   start_cv_.notify_all();
-  fn(0, std::min(n, chunk), 0);
+  Share(0);
   const Clock::time_point t1 = Clock::now();
   auto done = [&] { return pending_.load(std::memory_order_acquire) == 0; };
   if (!Spin(done)) {

@@ -36,6 +36,13 @@ class ThreadPool {
   // of `grain` (except the last) so SIMD kernels keep aligned tiles.
   void ParallelFor(int64_t n, const Fn& fn, int64_t grain = 1);
 
+  // Calls fn over [0, n) in units of `grain` (the last may be shorter) that the
+  // threads take first come, first served, so a thread slowed by the machine
+  // (a busy sibling, a stolen vCPU) takes fewer. Which thread runs which unit
+  // varies between calls: only for work whose results do not depend on it
+  // (thread indexes per-thread scratch only).
+  void ParallelForDynamic(int64_t n, const Fn& fn, int64_t grain);
+
   // LUMEN_THREADS if set and valid, else the online CPU count.
   static int DefaultThreads();
 
@@ -56,12 +63,17 @@ class ThreadPool {
 
  private:
   void WorkerLoop(int index);
+  void Run(int64_t n, const Fn& fn, int64_t grain, bool dynamic);
+  // This thread's share of the current call: its chunk, or units taken from next_.
+  void Share(int index);
 
   std::vector<std::thread> workers_;
   std::mutex mu_;
   std::condition_variable start_cv_, done_cv_;
   const Fn* fn_ = nullptr;
   int64_t n_ = 0, chunk_ = 0;
+  bool dynamic_ = false;          // chunk_ is then the unit
+  std::atomic<int64_t> next_{0};  // the next unit's first index (dynamic)
   // Written under mu_ (so sleepers cannot miss a change); read lock-free by
   // spinners. fn_, n_ and chunk_ are published by the release of generation_.
   std::atomic<uint64_t> generation_{0};

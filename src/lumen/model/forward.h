@@ -106,6 +106,10 @@ class Forward {
   void RowLora(int l, int target, std::span<const BatchRow> rows, const float* x, int64_t ldx,
                float* y, int64_t ldy);
   const kernels::RopeTable& Rope(bool sliding, int64_t seq_len);
+  // fn(t) for every row t in [0, T): split across the pool for a prefill
+  // chunk's rows, inline for a decode step's few (a hand-off costs more).
+  template <class Fn>
+  void ForRows(int64_t T, const Fn& fn);
 
   const ModelConfig& c_;
   const Weights& w_;

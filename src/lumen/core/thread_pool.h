@@ -2,7 +2,8 @@
 //
 // ParallelFor(n, fn) splits [0, n) into one contiguous chunk per thread and calls
 // fn(begin, end, thread_index); the caller's thread takes chunk 0, so a pool of
-// size 1 runs inline with no synchronization. Size defaults to LUMEN_THREADS or
+// size 1 runs inline with no synchronization. ParallelForDynamic instead hands
+// out grain-sized units first come, first served. Size defaults to LUMEN_THREADS or
 // the number of online CPUs. Not reentrant: fn must not call ParallelFor.
 // A decode step makes ~100 ParallelFor calls a few hundred microseconds apart,
 // so workers and the caller spin briefly (bounded, a few hundred microseconds)
@@ -75,7 +76,8 @@ class ThreadPool {
   bool dynamic_ = false;          // chunk_ is then the unit
   std::atomic<int64_t> next_{0};  // the next unit's first index (dynamic)
   // Written under mu_ (so sleepers cannot miss a change); read lock-free by
-  // spinners. fn_, n_ and chunk_ are published by the release of generation_.
+  // spinners. fn_, n_, chunk_, dynamic_ and next_ are published by the release of
+  // generation_.
   std::atomic<uint64_t> generation_{0};
   std::atomic<int> pending_{0};
   std::atomic<bool> stop_{false};

@@ -1247,30 +1247,29 @@ void Bf16Panels(RowDecoder& dec, const uint16_t* xb, const uint16_t* xpacked, in
   // (a quarter of the panel decode). Inline asm because Highway 1.0's AVX3
   // target does not enable AVX512-BF16; this route runs only where the CPU
   // has it (UsesBf16Route). Decoders cover [0, ldp) with zeros past K.
-  uint16_t* dst = panel;
+  uint16_t* dst = nullptr;
   auto store = [&](int64_t k, VF w, auto) HWY_ATTR {
     __m256i h;
     asm("vcvtneps2bf16 %1, %0" : "=v"(h) : "v"(w.raw));
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + k), h);
   };
-  for (int64_t n = n0; n < n1; n += P) {
-    const int64_t np = std::min(P, n1 - n);
-    for (int64_t i = 0; i < np; ++i) {
-      dst = panel + i * ld;
-      dec.Decode(n + i, store);
-      std::fill(dst + ldp, dst + ld, uint16_t{0});
-    }
+  auto decode_row = [&](int64_t r, uint16_t* out) HWY_ATTR {
+    dst = out;
+    dec.Decode(r, store);
+    std::fill(out + ldp, out + ld, uint16_t{0});
+  };
 #else
   AlignedBuffer row_buf(ldp * sizeof(float));
   float* row = row_buf.as<float>();
   auto store = [&](int64_t k, VF w, auto) HWY_ATTR { hn::Store(w, d, row + k); };
+  auto decode_row = [&](int64_t r, uint16_t* out) HWY_ATTR {
+    dec.Decode(r, store);
+    ToBf16Padded(row, K, ld, out);
+  };
+#endif
   for (int64_t n = n0; n < n1; n += P) {
     const int64_t np = std::min(P, n1 - n);
-    for (int64_t i = 0; i < np; ++i) {
-      dec.Decode(n + i, store);
-      ToBf16Padded(row, K, ld, panel + i * ld);
-    }
-#endif
+    for (int64_t i = 0; i < np; ++i) decode_row(n + i, panel + i * ld);
     if (xpacked) {
       AmxBf16PanelProduct(panel, np, xpacked, M, ld, Y, ldy, n);
     } else {
@@ -1703,17 +1702,17 @@ void TransposedOnPool(const Matrix& W, const float* dY, int64_t M, float* dX, co
   });
 }
 
-// The bf16 route over the pool: X rounded to bf16 and, where the AMX tiles
-// take the product, packed into their layout once per call for every thread
-// and product, then W's rows split as RowsOnPool does. Each thread used to
-// do both for every product it ran (QKV: three times), T times the work on T
-// threads; on 2 threads the 512-token prefill did not measurably change (the
-// AMX tiles and the panel decode bound it). One copy per X layout among the
-// products (MLX 4-bit reorders X).
 // Weight rows per unit of the bf16 route's dynamic split: a multiple of every
 // panel tile, small enough for 8+ units per thread in a 2048-row product.
 constexpr int64_t kBf16Unit = 128;
 
+// The bf16 route over the pool: X rounded to bf16 and, where the AMX tiles
+// take the product, packed into their layout once per call for every thread
+// and product, then W's rows in first-come units (below). Each thread used to
+// do both for every product it ran (QKV: three times), T times the work on T
+// threads; on 2 threads the 512-token prefill did not measurably change (the
+// AMX tiles and the panel decode bound it). One copy per X layout among the
+// products (MLX 4-bit reorders X).
 void Bf16OnPool(std::span<const MatMulOut> outs, const float* X, int64_t M, int64_t ldx,
                 ThreadPool* pool) {
   const int64_t K = outs[0].w->k;

@@ -92,7 +92,7 @@ Forward::Forward(const ModelConfig& c, const Weights& w, ThreadPool* pool)
 
 template <class Fn>
 void Forward::ForRows(int64_t T, const Fn& fn) {
-  if (pool_ && pool_->size() > 1 && T >= kParallelRows) {
+  if (pool_ && T >= kParallelRows) {
     pool_->ParallelFor(T, [&](int64_t b, int64_t e, int) {
       for (int64_t t = b; t < e; ++t) fn(t);
     });
@@ -196,16 +196,12 @@ void Forward::AttentionBlock(int l, std::span<const BatchRow> rows) {
   };
   const int threads = pool_ ? pool_->size() : 1;
   if (T >= threads) {
-    if (pool_ && threads > 1) {
-      // Rows dealt round-robin: a causal chunk's later rows see more positions,
-      // so contiguous halves would leave the first thread waiting.
-      pool_->ParallelFor(threads, [&](int64_t b, int64_t e, int thread) {
-        for (int64_t i = b; i < e; ++i)
-          for (int64_t t = i; t < T; t += threads) attend(t, t + 1, thread);
-      });
-    } else {
+    // Rows taken one at a time, first come: a causal chunk's later rows see
+    // more positions, so contiguous halves would leave the first thread waiting.
+    if (pool_)
+      pool_->ParallelForDynamic(T, attend, 1);
+    else
       attend(0, T, 0);
-    }
   } else if (position_split_ && max_pos + 1 >= kSplitAttention &&
              std::all_of(rows.begin(), rows.end(), [&](const BatchRow& r) {
                return kernels::AttendSplitSupported(shape, r.cache->layer(l).dtype);

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <vector>
 
 #include "lumen/core/buffer.h"
@@ -99,22 +100,23 @@ TEST(ThreadPool, CoversRangeExactlyOnce) {
   }
 }
 
-// The dynamic split: every index once, in units that start at multiples of
-// the grain and are whole but for the last, with valid thread indexes; and a
-// slow thread takes fewer units (the point of it): while thread 1 sleeps on
-// its first unit, the others take the rest.
-TEST(ThreadPool, DynamicCoversRangeInGrainUnitsAndRebalances) {
+// run(pool, n, fn, grain) over pools of 1-8 threads and ranges with and
+// without a remainder: every index once, every call non-empty and starting
+// at a multiple of the grain, ending on one or at n (whole_units: exactly one
+// grain long but for the last), with a valid thread index.
+template <class Run>
+void ExpectEachIndexOnceInGrainCalls(const Run& run, bool whole_units) {
   for (int threads : {1, 2, 3, 8}) {
     ThreadPool pool(threads);
     for (int64_t n : {0, 1, 5, 64, 1001}) {
       for (int64_t grain : {1, 4, 128}) {
         std::vector<std::atomic<int>> hits(n);
         std::atomic<int> bad{0};
-        pool.ParallelForDynamic(
-            n,
+        run(
+            pool, n,
             [&](int64_t b, int64_t e, int thread) {
-              if (b % grain != 0 || (e - b != grain && e != n) || thread < 0 || thread >= threads)
-                ++bad;
+              const bool ends = whole_units ? e - b == grain || e == n : e % grain == 0 || e == n;
+              if (b % grain != 0 || !(b < e) || !ends || thread < 0 || thread >= threads) ++bad;
               for (int64_t i = b; i < e; ++i) hits[i]++;
             },
             grain);
@@ -124,6 +126,16 @@ TEST(ThreadPool, DynamicCoversRangeInGrainUnitsAndRebalances) {
       }
     }
   }
+}
+
+// The dynamic split: every index once, in units that start at multiples of
+// the grain and are whole but for the last, with valid thread indexes; and a
+// slow thread takes fewer units (the point of it): while thread 1 sleeps on
+// its first unit, the others take the rest.
+TEST(ThreadPool, DynamicCoversRangeInGrainUnitsAndRebalances) {
+  ExpectEachIndexOnceInGrainCalls([](ThreadPool& pool, int64_t n, const ThreadPool::Fn& fn,
+                                     int64_t grain) { pool.ParallelForDynamic(n, fn, grain); },
+                                  /*whole_units=*/true);
   ThreadPool pool(2);
   std::atomic<int> by_sleeper{0}, units{0};
   pool.ParallelForDynamic(
@@ -138,6 +150,45 @@ TEST(ThreadPool, DynamicCoversRangeInGrainUnitsAndRebalances) {
       1);
   EXPECT_EQ(units.load(), 64);
   EXPECT_LE(by_sleeper.load(), 2);  // a static split would give it 32
+}
+
+// The stealing split: every index once, in calls that start at multiples of
+// the grain and end on one or at n, with valid thread indexes; each chunk's
+// owner runs it from its front (its first call is the first half of its
+// chunk, the rest in order); and while thread 1 sleeps in its first half,
+// thread 0 takes the rest of thread 1's chunk from the back.
+TEST(ThreadPool, StealingCoversRangeKeepsChunksAndRebalances) {
+  ExpectEachIndexOnceInGrainCalls([](ThreadPool& pool, int64_t n, const ThreadPool::Fn& fn,
+                                     int64_t grain) { pool.ParallelForStealing(n, fn, grain); },
+                                  /*whole_units=*/false);
+  ThreadPool pool(2);
+  std::mutex mu;
+  std::vector<std::pair<int64_t, int64_t>> calls[2];
+  pool.ParallelForStealing(
+      64,
+      [&](int64_t b, int64_t e, int thread) {
+        {
+          std::lock_guard<std::mutex> lock(mu);
+          calls[thread].emplace_back(b, e);
+        }
+        // Thread 0's own chunk takes 32 ms, long enough for the worker to
+        // start; thread 1 then sleeps through its first call.
+        std::this_thread::sleep_for(std::chrono::milliseconds(thread == 1 ? 100 : e - b));
+      },
+      1);
+  int64_t own0 = 0, stolen = 0, by1 = 0;
+  for (auto [b, e] : calls[0]) (b < 32 ? own0 : stolen) += e - b;
+  for (auto [b, e] : calls[1]) by1 += e - b;
+  EXPECT_EQ(own0, 32);
+  ASSERT_FALSE(calls[0].empty());
+  EXPECT_EQ(calls[0].front(), std::make_pair(int64_t{0}, int64_t{16}));  // half its chunk
+  for (size_t i = 1; i < calls[0].size() && calls[0][i].first < 32; ++i)
+    EXPECT_EQ(calls[0][i].first, calls[0][i - 1].second);  // then the rest, in order
+  EXPECT_LE(by1, 16);                                      // a static split would give it 32
+  EXPECT_EQ(stolen + by1, 32);
+  if (!calls[1].empty()) {
+    EXPECT_EQ(calls[1].front(), std::make_pair(int64_t{32}, int64_t{48}));
+  }
 }
 
 // Back-to-back calls (workers still spinning) and calls after a pause long

@@ -44,7 +44,7 @@ int ThreadPool::DefaultThreads() {
   return n > 0 ? static_cast<int>(n) : 1;
 }
 
-ThreadPool::ThreadPool(int num_threads) {
+ThreadPool::ThreadPool(int num_threads) : chunks_(std::max(1, num_threads)) {
   const int n = std::max(1, num_threads);
   for (int i = 1; i < n; ++i) workers_.emplace_back([this, i] { WorkerLoop(i); });
 }
@@ -80,7 +80,8 @@ void ThreadPool::WorkerLoop(int index) {
 }
 
 void ThreadPool::Share(int index) {
-  if (!dynamic_) {
+  if (split_ == Split::kStealing) return ShareStealing(index);
+  if (split_ == Split::kStatic) {
     const int64_t begin = std::min(n_, index * chunk_);
     const int64_t end = std::min(n_, begin + chunk_);
     if (begin < end) (*fn_)(begin, end, index);
@@ -93,13 +94,55 @@ void ThreadPool::Share(int index) {
   }
 }
 
-void ThreadPool::ParallelFor(int64_t n, const Fn& fn, int64_t grain) { Run(n, fn, grain, false); }
+namespace {
 
-void ThreadPool::ParallelForDynamic(int64_t n, const Fn& fn, int64_t grain) {
-  Run(n, fn, grain, true);
+constexpr uint64_t Pack(uint64_t front, uint64_t back) { return front | back << 32; }
+constexpr uint64_t Front(uint64_t u) { return u & 0xffffffffu; }
+constexpr uint64_t Back(uint64_t u) { return u >> 32; }
+
+}  // namespace
+
+void ThreadPool::ShareStealing(int index) {
+  auto run = [&](uint64_t u0, uint64_t u1) {
+    (*fn_)(int64_t(u0) * grain_, std::min(n_, int64_t(u1) * grain_), index);
+  };
+  std::atomic<uint64_t>& mine = chunks_[index].units;
+  uint64_t cur = mine.load(std::memory_order_relaxed);
+  while (Front(cur) < Back(cur)) {
+    const uint64_t left = Back(cur) - Front(cur);
+    const uint64_t take = std::min<uint64_t>(
+        left, std::max<uint64_t>(left / 2, static_cast<uint64_t>(kMinPieceUnits)));
+    if (!mine.compare_exchange_weak(cur, Pack(Front(cur) + take, Back(cur)),
+                                    std::memory_order_relaxed))
+      continue;  // cur reloaded: another thread took a unit from the back
+    run(Front(cur), Front(cur) + take);
+    cur = mine.load(std::memory_order_relaxed);
+  }
+  for (int v = 1; v < size(); ++v) {
+    std::atomic<uint64_t>& theirs = chunks_[(index + v) % size()].units;
+    uint64_t t = theirs.load(std::memory_order_relaxed);
+    while (Front(t) < Back(t)) {
+      if (!theirs.compare_exchange_weak(t, Pack(Front(t), Back(t) - 1), std::memory_order_relaxed))
+        continue;
+      run(Back(t) - 1, Back(t));
+      t = theirs.load(std::memory_order_relaxed);
+    }
+  }
 }
 
-void ThreadPool::Run(int64_t n, const Fn& fn, int64_t grain, bool dynamic) {
+void ThreadPool::ParallelFor(int64_t n, const Fn& fn, int64_t grain) {
+  Run(n, fn, grain, Split::kStatic);
+}
+
+void ThreadPool::ParallelForDynamic(int64_t n, const Fn& fn, int64_t grain) {
+  Run(n, fn, grain, Split::kDynamic);
+}
+
+void ThreadPool::ParallelForStealing(int64_t n, const Fn& fn, int64_t grain) {
+  Run(n, fn, grain, Split::kStealing);
+}
+
+void ThreadPool::Run(int64_t n, const Fn& fn, int64_t grain, Split split) {
   if (n <= 0) return;
   grain = std::max<int64_t>(1, grain);
   const int64_t units = (n + grain - 1) / grain;
@@ -107,7 +150,9 @@ void ThreadPool::Run(int64_t n, const Fn& fn, int64_t grain, bool dynamic) {
     fn(0, n, 0);
     return;
   }
-  const int64_t chunk = dynamic ? grain : (units + size() - 1) / size() * grain;
+  if (split == Split::kStealing && units >= (int64_t{1} << 32)) split = Split::kStatic;
+  const int64_t per = (units + size() - 1) / size();  // units per chunk
+  const int64_t chunk = split == Split::kDynamic ? grain : per * grain;
   using Clock = std::chrono::steady_clock;
   const Clock::time_point t0 = Clock::now();
   if (last_end_ != Clock::time_point{})
@@ -117,8 +162,13 @@ void ThreadPool::Run(int64_t n, const Fn& fn, int64_t grain, bool dynamic) {
     fn_ = &fn;
     n_ = n;
     chunk_ = chunk;
-    dynamic_ = dynamic;
+    grain_ = grain;
+    split_ = split;
     next_.store(0, std::memory_order_relaxed);
+    if (split == Split::kStealing)
+      for (int i = 0; i < size(); ++i)
+        chunks_[i].units.store(Pack(std::min(units, i * per), std::min(units, (i + 1) * per)),
+                               std::memory_order_relaxed);
     pending_.store(static_cast<int>(workers_.size()), std::memory_order_relaxed);
     generation_.fetch_add(1, std::memory_order_release);
   }

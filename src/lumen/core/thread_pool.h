@@ -3,8 +3,10 @@
 // ParallelFor(n, fn) splits [0, n) into one contiguous chunk per thread and calls
 // fn(begin, end, thread_index); the caller's thread takes chunk 0, so a pool of
 // size 1 runs inline with no synchronization. ParallelForDynamic instead hands
-// out grain-sized units first come, first served. Size defaults to LUMEN_THREADS or
-// the number of online CPUs. Not reentrant: fn must not call ParallelFor.
+// out grain-sized units first come, first served; ParallelForStealing keeps the
+// chunks but lets a thread that is done take units from the end of another's.
+// Size defaults to LUMEN_THREADS or the number of online CPUs. Not reentrant:
+// fn must not call ParallelFor.
 // A decode step makes ~100 ParallelFor calls a few hundred microseconds apart,
 // so workers and the caller spin briefly (bounded, a few hundred microseconds)
 // before sleeping on a condition variable: a futex wake-up per call was a fixed
@@ -44,6 +46,15 @@ class ThreadPool {
   // (thread indexes per-thread scratch only).
   void ParallelForDynamic(int64_t n, const Fn& fn, int64_t grain);
 
+  // ParallelFor's chunks, each run from its front in a few long calls (half
+  // of what is left, at least kMinPieceUnits units), while a thread done with
+  // its own takes single units from the back of one still running. For work
+  // that streams memory (a decode step's products: one long run per thread is
+  // what the prefetchers want) on a machine where one thread can fall behind
+  // the others for a while; the same restriction as ParallelForDynamic.
+  void ParallelForStealing(int64_t n, const Fn& fn, int64_t grain);
+  static constexpr int64_t kMinPieceUnits = 2;
+
   // LUMEN_THREADS if set and valid, else the online CPU count.
   static int DefaultThreads();
 
@@ -64,20 +75,30 @@ class ThreadPool {
 
  private:
   void WorkerLoop(int index);
-  void Run(int64_t n, const Fn& fn, int64_t grain, bool dynamic);
-  // This thread's share of the current call: its chunk, or units taken from next_.
+  enum class Split { kStatic, kDynamic, kStealing };
+  void Run(int64_t n, const Fn& fn, int64_t grain, Split split);
+  // This thread's share of the current call: its chunk, units taken from
+  // next_, or its chunk's pieces and then units stolen from the others'.
   void Share(int index);
+  void ShareStealing(int index);
+  // A chunk's units not yet taken, [front, back) packed as front | back << 32:
+  // its owner takes pieces from the front, others single units from the back,
+  // each by one compare-exchange, so no unit is taken twice.
+  struct alignas(64) Chunk {
+    std::atomic<uint64_t> units{0};
+  };
 
   std::vector<std::thread> workers_;
   std::mutex mu_;
   std::condition_variable start_cv_, done_cv_;
   const Fn* fn_ = nullptr;
-  int64_t n_ = 0, chunk_ = 0;
-  bool dynamic_ = false;          // chunk_ is then the unit
+  int64_t n_ = 0, chunk_ = 0, grain_ = 1;
+  Split split_ = Split::kStatic;  // kDynamic: chunk_ is the unit
   std::atomic<int64_t> next_{0};  // the next unit's first index (dynamic)
+  std::vector<Chunk> chunks_;     // one per thread (stealing)
   // Written under mu_ (so sleepers cannot miss a change); read lock-free by
-  // spinners. fn_, n_, chunk_, dynamic_ and next_ are published by the release of
-  // generation_.
+  // spinners. fn_, n_, chunk_, grain_, split_, next_ and chunks_ are published
+  // by the release of generation_.
   std::atomic<uint64_t> generation_{0};
   std::atomic<int> pending_{0};
   std::atomic<bool> stop_{false};

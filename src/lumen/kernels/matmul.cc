@@ -1684,12 +1684,17 @@ void ForEachSlice(std::span<const MatMulOut> outs, int64_t b, int64_t e, const F
 
 // W's rows against X (lr null: the plain product), contiguous row ranges
 // per thread (each thread streams its own part of W); grain 16 keeps the
-// prefill panels (4 rows) and cache lines whole.
+// prefill panels (4 rows) and cache lines whole. Decode-sized products (M
+// up to 8) let a thread that is done take rows from the end of another's
+// range (ParallelForStealing); larger ones keep one call per thread, as the
+// exact route's prefill prepares X per call.
 void RowsOnPool(const Matrix& W, const float* X, int64_t M, int64_t ldx, float* Y, int64_t ldy,
                 const LowRank* lr, ThreadPool* pool) {
-  Split(pool, W.n, 32, 16, [&](int64_t b, int64_t e, int) {
+  auto rows = [&](int64_t b, int64_t e, int) {
     HWY_DYNAMIC_DISPATCH(MatMulRows)(W, X, M, ldx, Y, ldy, b, e, lr);
-  });
+  };
+  if (pool && W.n >= 32 && M <= 8) return pool->ParallelForStealing(W.n, rows, 16);
+  Split(pool, W.n, 32, 16, rows);
 }
 
 // dX += dY W (+ the epilogue), K split across threads: each thread

@@ -1959,7 +1959,10 @@ void MatMulManyInt8(std::span<const MatMulOut> outs, const float* X, int64_t M, 
     }
   };
   if (pool && total >= 32) {
-    pool->ParallelFor(total, fn, 16);
+    // Each thread streams its own range of the weights from its front; one
+    // that is done takes 16-row units from the end of another's (a thread
+    // of this guest can fall behind for a while).
+    pool->ParallelForStealing(total, fn, 16);
   } else {
     fn(0, total, 0);
   }

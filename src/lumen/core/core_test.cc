@@ -142,14 +142,14 @@ TEST(ThreadPool, DynamicCoversRangeInGrainUnitsAndRebalances) {
       64,
       [&](int64_t, int64_t, int thread) {
         ++units;
-        if (thread == 1) {
-          ++by_sleeper;
-          std::this_thread::sleep_for(std::chrono::milliseconds(50));
-        }
+        if (thread == 1) ++by_sleeper;
+        // 1 ms a unit on thread 0, so the worker starts before the units
+        // run out (with instant units thread 0 took all 64 alone).
+        std::this_thread::sleep_for(std::chrono::milliseconds(thread == 1 ? 50 : 1));
       },
       1);
   EXPECT_EQ(units.load(), 64);
-  EXPECT_LE(by_sleeper.load(), 2);  // a static split would give it 32
+  EXPECT_LE(by_sleeper.load(), 3);  // a static split would give it 32
 }
 
 // The stealing split: every index once, in calls that start at multiples of
@@ -172,8 +172,10 @@ TEST(ThreadPool, StealingCoversRangeKeepsChunksAndRebalances) {
           calls[thread].emplace_back(b, e);
         }
         // Thread 0's own chunk takes 32 ms, long enough for the worker to
-        // start; thread 1 then sleeps through its first call.
-        std::this_thread::sleep_for(std::chrono::milliseconds(thread == 1 ? 100 : e - b));
+        // start; thread 1 then sleeps through its first call, long enough
+        // that it cannot be done before thread 0 (which would let it steal
+        // from thread 0's chunk) unless thread 0 stalls for 160 ms.
+        std::this_thread::sleep_for(std::chrono::milliseconds(thread == 1 ? 200 : e - b));
       },
       1);
   int64_t own0 = 0, stolen = 0, by1 = 0;

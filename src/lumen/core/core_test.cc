@@ -4,6 +4,7 @@
 #include <chrono>
 #include <thread>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdio>
@@ -103,13 +104,15 @@ TEST(ThreadPool, CoversRangeExactlyOnce) {
 // run(pool, n, fn, grain) over pools of 1-8 threads and ranges with and
 // without a remainder: every index once, every call non-empty and starting
 // at a multiple of the grain, ending on one or at n (whole_units: exactly one
-// grain long but for the last), with a valid thread index.
+// grain long but for the last), with a valid thread index. A grain below 1
+// is taken as 1.
 template <class Run>
 void ExpectEachIndexOnceInGrainCalls(const Run& run, bool whole_units) {
   for (int threads : {1, 2, 3, 8}) {
     ThreadPool pool(threads);
     for (int64_t n : {0, 1, 5, 64, 1001}) {
-      for (int64_t grain : {1, 4, 128}) {
+      for (int64_t asked : {-3, 0, 1, 4, 128}) {
+        const int64_t grain = std::max<int64_t>(asked, 1);
         std::vector<std::atomic<int>> hits(n);
         std::atomic<int> bad{0};
         run(
@@ -119,10 +122,10 @@ void ExpectEachIndexOnceInGrainCalls(const Run& run, bool whole_units) {
               if (b % grain != 0 || !(b < e) || !ends || thread < 0 || thread >= threads) ++bad;
               for (int64_t i = b; i < e; ++i) hits[i]++;
             },
-            grain);
-        ASSERT_EQ(bad.load(), 0) << threads << " " << n << " " << grain;
+            asked);
+        ASSERT_EQ(bad.load(), 0) << threads << " " << n << " " << asked;
         for (int64_t i = 0; i < n; ++i)
-          ASSERT_EQ(hits[i].load(), 1) << threads << " " << n << " " << grain;
+          ASSERT_EQ(hits[i].load(), 1) << threads << " " << n << " " << asked;
       }
     }
   }

@@ -1662,10 +1662,13 @@ HWY_EXPORT(FusedPath);
 
 namespace {
 
-// fn over [0, n): split across the pool in multiples of grain when there is
-// one and n reaches min_n, else inline on the caller's thread.
-void Split(ThreadPool* pool, int64_t n, int64_t min_n, int64_t grain, const ThreadPool::Fn& fn) {
-  if (pool && n >= min_n) return pool->ParallelFor(n, fn, grain);
+// fn over [0, n): split across the pool in multiples of grain by `how`
+// (contiguous chunks, first-come units, or chunks with stolen tails) when
+// there is a pool and n reaches min_n, else inline on the caller's thread.
+using PoolSplit = void (ThreadPool::*)(int64_t, const ThreadPool::Fn&, int64_t);
+void Split(ThreadPool* pool, int64_t n, int64_t min_n, int64_t grain, const ThreadPool::Fn& fn,
+           PoolSplit how = &ThreadPool::ParallelFor) {
+  if (pool && n >= min_n) return (pool->*how)(n, fn, grain);
   fn(0, n, 0);
 }
 
@@ -1693,8 +1696,8 @@ void RowsOnPool(const Matrix& W, const float* X, int64_t M, int64_t ldx, float* 
   auto rows = [&](int64_t b, int64_t e, int) {
     HWY_DYNAMIC_DISPATCH(MatMulRows)(W, X, M, ldx, Y, ldy, b, e, lr);
   };
-  if (pool && W.n >= 32 && M <= 8) return pool->ParallelForStealing(W.n, rows, 16);
-  Split(pool, W.n, 32, 16, rows);
+  Split(pool, W.n, 32, 16, rows,
+        M <= 8 ? &ThreadPool::ParallelForStealing : &ThreadPool::ParallelFor);
 }
 
 // dX += dY W (+ the epilogue), K split across threads: each thread
@@ -1765,8 +1768,7 @@ void Bf16OnPool(std::span<const MatMulOut> outs, const float* X, int64_t M, int6
   // Units of kBf16Unit rows taken first come, first served: a row's output
   // does not depend on which thread computes it, and a static half each left
   // the faster thread waiting 9-12% of a two-thread prefill on a KVM guest.
-  if (pool && total >= 32) return pool->ParallelForDynamic(total, rows, kBf16Unit);
-  rows(0, total, 0);
+  Split(pool, total, 32, kBf16Unit, rows, &ThreadPool::ParallelForDynamic);
 }
 
 }  // namespace

@@ -456,8 +456,15 @@ void Scheduler::Loop() {
     lock.unlock();
     for (auto& s : slots_)
       if (!s->done && s->job->cancelled()) Finish(*s, FinishReason::kCancelled);
-    PrefillStep();
-    DecodeStep();
+    // A step that throws (a defect, or memory running out) ends the jobs in
+    // flight with an error the clients see; the server and the queue go on.
+    try {
+      PrefillStep();
+      DecodeStep();
+    } catch (const std::exception& x) {
+      for (auto& s : slots_)
+        Finish(*s, FinishReason::kCancelled, std::string("internal error: ") + x.what());
+    }
     // Finished slots leave; their sessions go to the prompt cache.
     size_t kv_active = 0;
     for (auto& sp : slots_) {

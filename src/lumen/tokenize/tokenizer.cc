@@ -223,13 +223,20 @@ int ByteFallbackValue(std::string_view t) {
   return b < 0 ? a : a * 16 + b;
 }
 
+// The ids Decode leaves out. HF drops what is special; SentencePiece and
+// llama.cpp drop control tokens (always, for llama2.c's format).
+bool Drops(const TokenizerImpl& impl, int32_t id, bool skip_special) {
+  if (id < 0 || id >= int32_t(impl.model.pieces.size())) return true;
+  if (impl.flavor == Flavor::kHf) return skip_special && impl.is_special[id];
+  return impl.token_type[id] == kTypeControl && (skip_special || impl.flavor == Flavor::kLlama2c);
+}
+
 std::string DecodeHf(const TokenizerImpl& impl, std::span<const int32_t> ids, bool skip_special) {
   std::vector<std::string> toks;
   std::vector<uint8_t> is_added;
   toks.reserve(ids.size());
   for (int32_t id : ids) {
-    if (id < 0 || id >= int32_t(impl.model.pieces.size())) continue;
-    if (skip_special && impl.is_special[id]) continue;
+    if (Drops(impl, id, skip_special)) continue;
     toks.push_back(impl.model.pieces[id]);
     is_added.push_back(impl.token_type[id] == kTypeControl ||
                        impl.token_type[id] == kTypeUserDefined);
@@ -298,7 +305,8 @@ std::string DecodeHf(const TokenizerImpl& impl, std::span<const int32_t> ids, bo
       case DecoderKind::kFuse: {
         std::string all;
         for (auto& t : toks) all += t;
-        toks.assign(1, std::move(all));
+        toks.clear();
+        toks.push_back(std::move(all));
         is_added.assign(1, 0);
         break;
       }
@@ -334,9 +342,8 @@ std::string DecodeSpm(const TokenizerImpl& impl, std::span<const int32_t> ids, b
   std::string bytes;
   bool first = true;
   for (int32_t id : ids) {
-    if (id < 0 || id >= int32_t(impl.model.pieces.size())) continue;
+    if (Drops(impl, id, skip_special)) continue;
     int32_t type = impl.token_type[id];
-    if (type == kTypeControl && (skip_special || llama2c)) continue;
     const std::string& p = impl.model.pieces[id];
     if (type == kTypeByte) {
       int b = ByteFallbackValue(p);
@@ -415,6 +422,10 @@ std::string Tokenizer::Decode(std::span<const int32_t> ids, bool skip_special) c
   return DecodeSpm(*impl_, ids, skip_special);
 }
 
+bool Tokenizer::DecodeDrops(int32_t id, bool skip_special) const {
+  return Drops(*impl_, id, skip_special);
+}
+
 std::string_view Tokenizer::Piece(int32_t id) const {
   if (id < 0 || id >= vocab_size()) return {};
   return impl_->model.pieces[id];
@@ -467,13 +478,19 @@ bool Tokenizer::adds_bos() const {
 StreamingDetokenizer::StreamingDetokenizer(const Tokenizer& tok, bool skip_special)
     : tok_(&tok), skip_special_(skip_special) {}
 
-// True when the raw bytes of the last tokens end in a proper prefix of a
-// multi-byte UTF-8 character (a lead byte followed by fewer continuation
-// bytes than it announces), i.e. the next token may still complete it.
+// True when the raw bytes of the last tokens the decode keeps end in a proper
+// prefix of a multi-byte UTF-8 character (a lead byte followed by fewer
+// continuation bytes than it announces), i.e. the next token may still
+// complete it. Dropped tokens (skipped specials) are passed over: the bytes
+// around them join.
 bool StreamingDetokenizer::EndsIncomplete(const std::vector<int32_t>& ids) const {
   std::string tail;
-  for (size_t i = ids.size() >= 4 ? ids.size() - 4 : 0; i < ids.size(); ++i)
-    tail += tok_->TokenBytes(ids[i]);
+  int kept = 0;
+  for (size_t i = ids.size(); i-- > 0 && kept < 4;) {
+    if (tok_->DecodeDrops(ids[i], skip_special_)) continue;
+    tail.insert(0, tok_->TokenBytes(ids[i]));
+    ++kept;
+  }
   const size_t n = tail.size();
   for (size_t back = 1; back <= 3 && back <= n; ++back) {
     const auto c = static_cast<unsigned char>(tail[n - back]);
@@ -501,17 +518,24 @@ std::string StreamingDetokenizer::Push(int32_t id) {
     size_t sp = text.rfind(' ', end);
     if (sp != std::string::npos && end - sp <= 4) end = sp;
   }
-  if (end < emitted_) end = emitted_;
-  std::string out = text.substr(emitted_, end - emitted_);
+  return Take(text, end);
+}
+
+// What was sent cannot be taken back. Should a decode ever rewrite text
+// already sent (no known tokenizer does, AnyIdSequenceStreamsToTheWholeDecode
+// looks for one), the stream goes on from the first whole character past
+// what was sent rather than repeat, split a character or fail.
+std::string StreamingDetokenizer::Take(const std::string& text, size_t end) {
+  size_t from = emitted_;
+  while (from < text.size() && (static_cast<unsigned char>(text[from]) & 0xC0) == 0x80) ++from;
+  if (end <= from) return "";
   emitted_ = end;
-  return out;
+  return text.substr(from, end - from);
 }
 
 std::string StreamingDetokenizer::Flush() {
-  std::string text = tok_->Decode(ids_, skip_special_);
-  std::string out = emitted_ <= text.size() ? text.substr(emitted_) : std::string();
-  emitted_ = text.size();
-  return out;
+  const std::string text = tok_->Decode(ids_, skip_special_);
+  return Take(text, text.size());
 }
 
 }  // namespace lumen::tokenize

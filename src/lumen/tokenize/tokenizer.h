@@ -59,6 +59,10 @@ class Tokenizer {
                               bool parse_special = true) const;
   // Ids out of range are skipped. skip_special drops special/control tokens.
   std::string Decode(std::span<const int32_t> ids, bool skip_special = false) const;
+  // Whether Decode leaves this id out altogether (out of range, or a special
+  // token that skip_special or the llama2.c format drops): the bytes on either
+  // side of it then join.
+  bool DecodeDrops(int32_t id, bool skip_special) const;
 
   // The vocabulary entry as stored (byte-level alphabet, "▁", "<0x0A>" ...).
   std::string_view Piece(int32_t id) const;
@@ -101,6 +105,7 @@ class StreamingDetokenizer {
 
  private:
   bool EndsIncomplete(const std::vector<int32_t>& ids) const;
+  std::string Take(const std::string& text, size_t end);
 
   const Tokenizer* tok_;
   bool skip_special_;

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <random>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -223,6 +224,40 @@ TEST(Synthetic, RoundTripsAndIsDeterministic) {
         dec, kind == SyntheticKind::kSpm
                  ? "<|im_start|> user\nOnce upon a time, Lily played. 42 \xF0\x9F\x98\x80<|im_end|>"
                  : text);
+  }
+}
+
+// Streaming decode of any id sequence (random ids: invalid UTF-8 splits,
+// special tokens, clean-up rules) returns valid UTF-8 pieces whose sum is the
+// whole decode, for every fixture and synthetic tokenizer and both skip modes.
+TEST(StreamingDetokenizer, AnyIdSequenceStreamsToTheWholeDecode) {
+  std::vector<const Tokenizer*> toks;
+  for (const char* n : {"qwen3", "llama3_1", "gemma3", "llama2", "tok512"})
+    if (const Tokenizer* t = Load(n)) toks.push_back(t);
+  std::vector<Tokenizer> synth;
+  for (SyntheticKind kind : {SyntheticKind::kByteBpe, SyntheticKind::kSpm}) {
+    auto t = MakeSyntheticTokenizer(kind, 512, 1);
+    ASSERT_TRUE(t.ok());
+    synth.push_back(std::move(*t));
+  }
+  for (const Tokenizer& t : synth) toks.push_back(&t);
+  std::mt19937 rng(7);
+  for (const Tokenizer* tok : toks) {
+    for (int trial = 0; trial < 300; ++trial) {
+      std::vector<int32_t> ids(1 + rng() % 40);
+      for (auto& id : ids) id = int32_t(rng() % uint32_t(tok->vocab_size()));
+      for (bool skip : {false, true}) {
+        StreamingDetokenizer sd(*tok, skip);
+        std::string streamed;
+        for (int32_t id : ids) {
+          std::string part = sd.Push(id);
+          ASSERT_TRUE(IsValidUtf8(part)) << Show(ids);
+          streamed += part;
+        }
+        streamed += sd.Flush();
+        ASSERT_EQ(streamed, tok->Decode(ids, skip)) << Show(ids);
+      }
+    }
   }
 }
 

@@ -3,8 +3,9 @@
 # binaries (or wrapper scripts that add flags) on one model. Runs
 # `BIN bench MODEL ARGS --no-membw` for each BIN in turn, N rounds, so drift
 # in the machine's speed lands on every binary alike, and prints each one's
-# median and per-round prefill and decode tok/s. On a noisy host, a change is
-# real only when the per-round figures separate, not just the medians.
+# median and per-round prefill, decode and (with --batch) batch aggregate
+# tok/s. On a noisy host, a change is real only when the per-round figures
+# separate, not just the medians.
 #   tools/ab_bench.sh 6 /tmp/pb_q4_k.gguf "--prompt 512 --gen 1 --repeat 1 -t 1" /tmp/old /tmp/new
 set -euo pipefail
 if [ $# -lt 4 ]; then
@@ -27,7 +28,8 @@ for ((i = 0; i < rounds; ++i)); do
       { echo "ab_bench: $b bench failed:" >&2; echo "$out" >&2; exit 1; }
     pre=$(echo "$out" | sed -n 's/^prefill: \([0-9.]*\) tok\/s.*/\1/p')
     dec=$(echo "$out" | sed -n 's/^decode: \([0-9.]*\) tok\/s.*/\1/p')
-    echo "${pre:-nan} ${dec:-nan}" >>"$tmp/$j"
+    bat=$(echo "$out" | sed -n 's/^batch [0-9]* aggregate: \([0-9.]*\) tok\/s.*/\1/p')
+    echo "${pre:-nan} ${dec:-nan} ${bat:-nan}" >>"$tmp/$j"
   done
 done
 for j in "${!bins[@]}"; do
@@ -35,7 +37,7 @@ for j in "${!bins[@]}"; do
 import math, statistics, sys
 rows = [l.split() for l in open(sys.argv[2])]
 out = []
-for name, col in (("prefill", 0), ("decode", 1)):
+for name, col in (("prefill", 0), ("decode", 1), ("batch aggregate", 2)):
     v = [float(r[col]) for r in rows]
     if all(math.isnan(x) for x in v):
         continue

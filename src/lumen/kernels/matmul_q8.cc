@@ -502,8 +502,9 @@ void Prepare(const Geometry& g, const float* X, int64_t M, int64_t ldx, int64_t 
 #if defined(__x86_64__)
 
 // GCC 12's AVX-512 intrinsics pass _mm512_undefined_* as the unused merge
-// source, which -Wmaybe-uninitialized reports at every inlined use.
+// source, which -W(maybe-)uninitialized reports at every inlined use.
 #pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
 }  // namespace
@@ -965,18 +966,33 @@ template <bool kHigh>
 }
 
 // A column group's lane sums (one block each) against its eight records at
-// rec. (Split into low- and high-nibble chains it measured the same, as the
-// two-accumulator column dot did in session 15.)
+// rec, in two accumulator chains per level (low nibbles, high nibbles): with
+// one chain of eight a 4-row step waits on vpdpbusd latency (session 27, a
+// 4-row weight row in L2: Q4_0 1.16x, Q4_K 1.06x, one row and the other
+// formats the same; session 15 had measured only one row).
 template <int L>
 [[gnu::always_inline]] LUMEN_VNNI inline __m512i GroupDot(__m512i init, const __m512i (&lo)[4],
                                                           const __m512i (&hi)[4],
                                                           const uint8_t* rec) {
   return Levels<L>(init, [&](__m512i a, int level) LUMEN_VNNI {
+    __m512i b = _mm512_setzero_si512();
     for (int c = 0; c < 4; ++c) {
       a = _mm512_dpbusd_epi32(a, lo[c], _mm512_load_si512(rec + kRecord<L> * c + 64 * level));
-      a = _mm512_dpbusd_epi32(a, hi[c], _mm512_load_si512(rec + kRecord<L> * (4 + c) + 64 * level));
+      b = _mm512_dpbusd_epi32(b, hi[c], _mm512_load_si512(rec + kRecord<L> * (4 + c) + 64 * level));
     }
-    return a;
+    return _mm512_add_epi32(a, b);
+  });
+}
+
+// The lane sums of four columns u (a K-quant super-block, a Q8_0 group of
+// 8 blocks) against their four records at rec, plus init. (Split in two
+// chains as GroupDot is, Q2_K and Q6_K lost 4-5%: session 27.)
+template <int L>
+LUMEN_VNNI inline __m512i ColumnDot(__m512i init, const __m512i (&u)[4], const uint8_t* rec) {
+  return Levels<L>(init, [&](__m512i acc, int level) LUMEN_VNNI {
+    for (int j = 0; j < 4; ++j)
+      acc = _mm512_dpbusd_epi32(acc, u[j], _mm512_load_si512(rec + kRecord<L> * j + 64 * level));
+    return acc;
   });
 }
 
@@ -1081,12 +1097,7 @@ LUMEN_VNNI void Rows(const Matrix& W, const Geometry& g, const Int8Rows& X, int6
         for (int r = 0; r < MB; ++r) {
           const uint8_t* rec = x[r] + kRecord<L> * 4 * G;
           const __m512i init = _mm512_loadu_si512(rp.corr[r] + 64 * G);
-          const __m512i i = Levels<L>(init, [&](__m512i a, int level) LUMEN_VNNI {
-            for (int c = 0; c < 4; ++c)
-              a = _mm512_dpbusd_epi32(a, col[c],
-                                      _mm512_load_si512(rec + kRecord<L> * c + 64 * level));
-            return a;
-          });
+          const __m512i i = ColumnDot<L>(init, col, rec);
           const __m512 sd =
               _mm512_mul_ps(d, _mm512_load_ps(reinterpret_cast<const float*>(rec + 64 * L)));
           acc[r][A] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), sd, acc[r][A]);
@@ -1468,16 +1479,6 @@ template <Fmt F>
   }
 }
 
-// The lane sums of a super-block's four columns u against its four records at rec.
-template <int L>
-LUMEN_VNNI inline __m512i ColumnDot(const __m512i (&u)[4], const uint8_t* rec) {
-  return Levels<L>(_mm512_setzero_si512(), [&](__m512i acc, int level) LUMEN_VNNI {
-    for (int j = 0; j < 4; ++j)
-      acc = _mm512_dpbusd_epi32(acc, u[j], _mm512_load_si512(rec + kRecord<L> * j + 64 * level));
-    return acc;
-  });
-}
-
 // Rows [n0, n1) of W (a K-quant) against MB prepared activation rows at m0.
 template <Fmt F, int MB, int L>
 LUMEN_VNNI void RowsK(const Matrix& W, const Geometry& g, const Int8Rows& X, int64_t m0, float* Y,
@@ -1511,7 +1512,7 @@ LUMEN_VNNI void RowsK(const Matrix& W, const Geometry& g, const Int8Rows& X, int
         SuperColumns<F == Fmt::kQ6KC ? F : FQ>(blk, u);
         for (int r = 0; r < MB; ++r) {
           const uint8_t* rec = x[r] + kRecord<L> * 4 * sb;
-          const __m512i i = ColumnDot<L>(u, rec);
+          const __m512i i = ColumnDot<L>(_mm512_setzero_si512(), u, rec);
           const __m512 sd =
               _mm512_mul_ps(a, _mm512_load_ps(reinterpret_cast<const float*>(rec + 64 * L)));
           acc[r][A] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), sd, acc[r][A]);

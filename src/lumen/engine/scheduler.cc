@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <optional>
 
+#include "lumen/core/log.h"
 #include "lumen/core/route.h"
 #include "lumen/engine/stop.h"
 #include "lumen/sample/sampler.h"
@@ -462,6 +463,8 @@ void Scheduler::Loop() {
       PrefillStep();
       DecodeStep();
     } catch (const std::exception& x) {
+      LUMEN_LOG_ERROR("scheduler: a step failed ({}); its {} job(s) end with an error", x.what(),
+                      slots_.size());
       for (auto& s : slots_)
         Finish(*s, FinishReason::kCancelled, std::string("internal error: ") + x.what());
     }

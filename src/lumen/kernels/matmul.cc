@@ -1221,6 +1221,40 @@ void GemmRows(RowDecoder& dec, const PreparedX& X, int64_t M, float* Y, int64_t 
   }
 }
 
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+// Q4_0 column groups straight into a bf16 panel row: a block's sixteen
+// possible weights (j - 8) s, j = 0..15, rounded once into a table, and its
+// 32 codes looked up by vpermw. The products and the rounding are those of
+// the f32 decode and vcvtneps2bf16 (multiplication commutes exactly), so the
+// bits are the same, for about two thirds of the operations (session 27).
+// Returns the elements written (whole groups); the plain blocks after them
+// are the caller's. Requires AVX512-BF16 (the route's own condition).
+HWY_INLINE int64_t Q4_0GroupsToBf16(const uint8_t* row, int64_t K, uint16_t* out) {
+  const __m512 j8 = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
+  // Words 0-15 take a code byte's low nibble (elements 0-15), 16-31 its high.
+  const __m512i shift = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
+  const __m512i m15 = _mm512_set1_epi16(15);
+  int64_t at = 0;
+  for (; at + kColsElems <= K; at += kColsElems) {
+    const uint8_t* g = row + at / kQK * sizeof(BlockQ4_0);
+    const ColsFields f = ColsFieldsAt(DType::kQ4_0, g);
+    const TransposedGroup<false> group(g, f);
+    for (int b = 0; b < kColsBlocks; ++b) {
+      const __m512 w = _mm512_mul_ps(j8, _mm512_set1_ps(LoadF16(g + f.d + 2 * b)));
+      __m256i table;
+      asm("vcvtneps2bf16 %1, %0" : "=v"(table) : "v"(w));
+      const __m128i q =
+          _mm_load_si128(reinterpret_cast<const __m128i*>(group.qs[b % 4] + 16 * (b / 4)));
+      const __m512i idx = _mm512_and_si512(
+          _mm512_srlv_epi16(_mm512_cvtepu8_epi16(_mm256_broadcastsi128_si256(q)), shift), m15);
+      _mm512_storeu_si512(out + at + kQK * b,
+                          _mm512_permutexvar_epi16(idx, _mm512_castsi256_si512(table)));
+    }
+  }
+  return at;
+}
+#endif
+
 // The bf16 route's panels (matmul_bf16.h): rows [n0, n1) of W decoded P at a
 // time, rounded to bf16, and dotted with the bf16 activation rows xb [M, ld]
 // by the AVX512-BF16 kernel, or, given xpacked (AmxPackX of xb), by the AMX
@@ -1254,8 +1288,15 @@ void Bf16Panels(RowDecoder& dec, const uint16_t* xb, const uint16_t* xpacked, in
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + k), h);
   };
   auto decode_row = [&](int64_t r, uint16_t* out) HWY_ATTR {
-    dst = out;
-    dec.Decode(r, store);
+    if (dec.path == Path::kQ4_0Cols) {
+      const uint8_t* row = dec.W.w.row<const uint8_t>(r);
+      const int64_t at = Q4_0GroupsToBf16(row, K, out);
+      dst = out + at;  // the plain Q4_0 blocks after the last group
+      DecodeSymmetricLegacy<BlockQ4_0, false, 8>(row + at / kQK * sizeof(BlockQ4_0), K - at, store);
+    } else {
+      dst = out;
+      dec.Decode(r, store);
+    }
     std::fill(out + ldp, out + ld, uint16_t{0});
   };
 #else

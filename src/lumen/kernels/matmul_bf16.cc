@@ -33,10 +33,11 @@ LUMEN_ROUTE(
      .oracle = "MatMulBf16Ref (both operands rounded to bf16, double accumulation); "
                "as a replacement of the exact product: no oracle",
      .bound = "KL(exact || route) below a quarter of what Q8_0 weights cost (the default gate)",
-     .tests = "MatMulBf16.EveryTargetDtypeAndShapeWithinBound;MatMulBf16.RouteSelectionAndThreads;"
-              "MatMulBf16.WithoutAmx;"
-              "RouteKl.Int8AndBf16RoutesCostAboutWhatQ8WeightsCost;RouteKl."
-              "Bf16PrefillPassesTheDefaultGate",
+     .tests =
+         "MatMulBf16.EveryTargetDtypeAndShapeWithinBound;MatMulBf16.RouteSelectionAndThreads;"
+         "MatMulBf16.WithoutAmx;MatMulTest.ColumnGroupsGiveThePlainBitsOnTheExactAndBf16Routes;"
+         "RouteKl.Int8AndBf16RoutesCostAboutWhatQ8WeightsCost;RouteKl."
+         "Bf16PrefillPassesTheDefaultGate",
      .measure = "docs/reference/performance.md#exactness",
      .when = "act=bf16|int8+bf16 cpu=avx512bf16",
      .priority = 20});

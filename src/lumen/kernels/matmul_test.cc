@@ -26,6 +26,7 @@
 
 #include "lumen/core/quant.h"
 #include "lumen/core/repack.h"
+#include "lumen/kernels/matmul_bf16.h"
 #include "lumen/kernels/matmul_ref.h"
 #include "lumen/kernels/test_matrix.h"
 
@@ -184,28 +185,46 @@ TEST(MatMulTest, RowsBitIdenticalWhateverTheCallsRowCount) {
 
 // The formats repacked into column groups (core/repack.h) decode to the
 // same values in the same chains: the exact route gives the plain rows'
-// bits, at decode rows and prefill rows.
-TEST(MatMulTest, ColumnGroupsGiveThePlainBitsOnTheExactRoute) {
+// bits, at decode rows and prefill rows, and so does the bf16 route (its
+// panels are the same bf16 values; Q4_0 groups go through a table lookup,
+// Q4_0GroupsToBf16 in matmul.cc). Q4_0 scales include +-0, subnormals and
+// negatives; K has whole groups and plain blocks after them.
+TEST(MatMulTest, ColumnGroupsGiveThePlainBitsOnTheExactAndBf16Routes) {
   std::mt19937 rng(13);
-  for (DType t : {DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1, DType::kQ4_K,
-                  DType::kQ5_K, DType::kQ8_0, DType::kQ6_K})
-    for (int64_t K : {512, 640, 768, 1120, 2048, 4160, 4352})
-      for (int64_t M : {1, 3, 8, 40}) {
+  const uint16_t special[] = {0x0000, 0x8000, 0x0001, 0x83ff, 0x3c00, 0xbc00, 0x7bff, 0x1234};
+  std::vector<ActRoute> routes = {ActRoute::kExact};
+  if (CpuHasBf16()) routes.push_back(ActRoute::kBf16);
+  for (ActRoute route : routes)
+    for (DType t : {DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1, DType::kQ4_K,
+                    DType::kQ5_K, DType::kQ8_0, DType::kQ6_K})
+      for (int64_t K : {512, 640, 768, 1120, 2048, 4160, 4352}) {
         if (K % Info(t).block_elems != 0) continue;
         const int64_t N = 19;
         Spec s;
         s.dtype = t;
         OwnedMatrix q = Make(s, N, K, rng);
-        Matrix cols = q.m;  // the same bytes, repacked in place after the plain product
-        const std::vector<float> X = RandomActivations(M, K, rng);
-        std::vector<float> want(M * N), got(M * N);
-        MatMul(q.m, X.data(), M, K, want.data(), N, nullptr);
-        for (int64_t n = 0; n < N; ++n)
-          RepackColumnGroups(t, const_cast<uint8_t*>(q.m.w.row<const uint8_t>(n)), K);
-        cols.w.dtype = ColumnGroupsOf(t);
-        MatMul(cols, X.data(), M, K, got.data(), N, nullptr);
-        EXPECT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * 4))
-            << Name(t) << " K=" << K << " M=" << M;
+        q.m.route = route;
+        if (t == DType::kQ4_0)
+          for (int64_t n = 0; n < N; ++n)
+            for (int64_t b = 0; b < K / 32; ++b)
+              if (rng() % 3 == 0)
+                std::memcpy(
+                    const_cast<uint8_t*>(q.m.w.row<const uint8_t>(n)) + b * sizeof(BlockQ4_0),
+                    &special[rng() % 8], 2);
+        const std::vector<uint8_t> plain = q.bytes;
+        for (int64_t M : {1, 3, 8, 40}) {
+          Matrix cols = q.m;  // the same bytes, repacked in place after the plain product
+          const std::vector<float> X = RandomActivations(M, K, rng);
+          std::vector<float> want(M * N), got(M * N);
+          MatMul(q.m, X.data(), M, K, want.data(), N, nullptr);
+          for (int64_t n = 0; n < N; ++n)
+            RepackColumnGroups(t, const_cast<uint8_t*>(q.m.w.row<const uint8_t>(n)), K);
+          cols.w.dtype = ColumnGroupsOf(t);
+          MatMul(cols, X.data(), M, K, got.data(), N, nullptr);
+          EXPECT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * 4))
+              << Name(t) << " K=" << K << " M=" << M << " route " << int(route);
+          std::copy(plain.begin(), plain.end(), q.bytes.begin());  // plain rows again
+        }
       }
 }
 

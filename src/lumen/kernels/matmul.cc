@@ -1227,9 +1227,11 @@ void GemmRows(RowDecoder& dec, const PreparedX& X, int64_t M, float* Y, int64_t 
 // 32 codes looked up by vpermw. The products and the rounding are those of
 // the f32 decode and vcvtneps2bf16 (multiplication commutes exactly), so the
 // bits are the same, for about two thirds of the operations (session 27).
-// Returns the elements written (whole groups); the plain blocks after them
-// are the caller's. Requires AVX512-BF16 (the route's own condition).
-HWY_INLINE int64_t Q4_0GroupsToBf16(const uint8_t* row, int64_t K, uint16_t* out) {
+// The plain blocks after the last group go to `store` (a sink that rounds
+// f32 vectors into out) by the plain Q4_0 decoder, as DecodeColumnGroups
+// does. Requires AVX512-BF16 (the route's own condition).
+template <class Sink>
+HWY_INLINE void DecodeQ4_0ColumnsBf16(const uint8_t* row, int64_t K, uint16_t* out, Sink& store) {
   const __m512 j8 = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
   // Words 0-15 take a code byte's low nibble (elements 0-15), 16-31 its high.
   const __m512i shift = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
@@ -1251,7 +1253,8 @@ HWY_INLINE int64_t Q4_0GroupsToBf16(const uint8_t* row, int64_t K, uint16_t* out
                           _mm512_permutexvar_epi16(idx, _mm512_castsi256_si512(table)));
     }
   }
-  return at;
+  auto shifted = [&](int64_t k, VF w, auto p) HWY_ATTR { store(at + k, w, p); };
+  DecodeStorage(Path::kQ4_0, row + at / kQK * sizeof(BlockQ4_0), K - at, shifted);
 }
 #endif
 
@@ -1288,15 +1291,11 @@ void Bf16Panels(RowDecoder& dec, const uint16_t* xb, const uint16_t* xpacked, in
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + k), h);
   };
   auto decode_row = [&](int64_t r, uint16_t* out) HWY_ATTR {
-    if (dec.path == Path::kQ4_0Cols) {
-      const uint8_t* row = dec.W.w.row<const uint8_t>(r);
-      const int64_t at = Q4_0GroupsToBf16(row, K, out);
-      dst = out + at;  // the plain Q4_0 blocks after the last group
-      DecodeSymmetricLegacy<BlockQ4_0, false, 8>(row + at / kQK * sizeof(BlockQ4_0), K - at, store);
-    } else {
-      dst = out;
+    dst = out;
+    if (dec.path == Path::kQ4_0Cols)
+      DecodeQ4_0ColumnsBf16(dec.W.w.row<const uint8_t>(r), K, out, store);
+    else
       dec.Decode(r, store);
-    }
     std::fill(out + ldp, out + ld, uint16_t{0});
   };
 #else

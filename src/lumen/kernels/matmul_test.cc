@@ -187,7 +187,7 @@ TEST(MatMulTest, RowsBitIdenticalWhateverTheCallsRowCount) {
 // same values in the same chains: the exact route gives the plain rows'
 // bits, at decode rows and prefill rows, and so does the bf16 route (its
 // panels are the same bf16 values; Q4_0 groups go through a table lookup,
-// Q4_0GroupsToBf16 in matmul.cc). Q4_0 scales include +-0, subnormals and
+// DecodeQ4_0ColumnsBf16 in matmul.cc). Q4_0 scales include +-0, subnormals and
 // negatives; K has whole groups and plain blocks after them.
 TEST(MatMulTest, ColumnGroupsGiveThePlainBitsOnTheExactAndBf16Routes) {
   std::mt19937 rng(13);

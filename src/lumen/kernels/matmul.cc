@@ -1132,7 +1132,7 @@ void PackLowRank(const LowRankTile& epi, int64_t n, int64_t nr, int64_t NR, floa
 // rows in any other call.
 template <int NV, bool E>
 void GemmRows(RowDecoder& dec, const PreparedX& X, int64_t M, float* Y, int64_t ldy, int64_t n0,
-              int64_t n1, const LowRankTile* epi) {
+              int64_t n1, const LowRankTile* epi, bool accumulate) {
   const DF d;
   const int64_t L = hn::Lanes(d), NR = NV * L;
   const Matrix& W = dec.W;
@@ -1185,8 +1185,8 @@ void GemmRows(RowDecoder& dec, const PreparedX& X, int64_t M, float* Y, int64_t 
             LUMEN_DCHECK(ok);
             (void)ok;
           });
-          GemmPanel<NV, E>(slice, k0, k0, k1, b == 0, b == kblocks - 1, X, m0, std::min(M, m0 + mc),
-                           Y, ldy, n, nr, bp.data(), epi);
+          GemmPanel<NV, E>(slice, k0, k0, k1, b == 0 && !accumulate, b == kblocks - 1, X, m0,
+                           std::min(M, m0 + mc), Y, ldy, n, nr, bp.data(), epi);
         }
       }
     return;
@@ -1214,8 +1214,8 @@ void GemmRows(RowDecoder& dec, const PreparedX& X, int64_t M, float* Y, int64_t 
       const int64_t k0 = b * KC, k1 = std::min(K, k0 + KC);
       for (int64_t p = 0; p < np; ++p) {
         const int64_t n = g + p * NR, nr = std::min(NR, n1 - n);
-        GemmPanel<NV, E>(panel_buf.as<float>() + p * kp * NR, 0, k0, k1, b == 0, b == kblocks - 1,
-                         X, 0, M, Y, ldy, n, nr, bpanel.data() + p * r * NR, epi);
+        GemmPanel<NV, E>(panel_buf.as<float>() + p * kp * NR, 0, k0, k1, b == 0 && !accumulate,
+                         b == kblocks - 1, X, 0, M, Y, ldy, n, nr, bpanel.data() + p * r * NR, epi);
       }
     }
   }
@@ -1261,9 +1261,10 @@ HWY_INLINE void DecodeQ4_0ColumnsBf16(const uint8_t* row, int64_t K, uint16_t* o
 // The bf16 route's panels (matmul_bf16.h): rows [n0, n1) of W decoded P at a
 // time, rounded to bf16, and dotted with the bf16 activation rows xb [M, ld]
 // by the AVX512-BF16 kernel, or, given xpacked (AmxPackX of xb), by the AMX
-// tiles (matmul_bf16_amx.h).
+// tiles (matmul_bf16_amx.h). accumulate: Y += the product.
 void Bf16Panels(RowDecoder& dec, const uint16_t* xb, const uint16_t* xpacked, int64_t ld, int64_t M,
-                float* Y, int64_t ldy, int64_t n0, int64_t n1, AlignedBuffer* scratch = nullptr) {
+                float* Y, int64_t ldy, int64_t n0, int64_t n1, bool accumulate,
+                AlignedBuffer* scratch = nullptr) {
   const DF d;
   const int64_t N = hn::Lanes(d);
   const int64_t K = dec.W.k, ldp = (K + N - 1) / N * N;
@@ -1311,9 +1312,9 @@ void Bf16Panels(RowDecoder& dec, const uint16_t* xb, const uint16_t* xpacked, in
     const int64_t np = std::min(P, n1 - n);
     for (int64_t i = 0; i < np; ++i) decode_row(n + i, panel + i * ld);
     if (xpacked) {
-      AmxBf16PanelProduct(panel, np, xpacked, M, ld, Y, ldy, n);
+      AmxBf16PanelProduct(panel, np, xpacked, M, ld, Y, ldy, n, accumulate);
     } else {
-      Bf16PanelProduct(panel, np, xb, M, ld, Y, ldy, n);
+      Bf16PanelProduct(panel, np, xb, M, ld, Y, ldy, n, accumulate);
     }
   }
 }
@@ -1324,11 +1325,11 @@ bool UseAmx(int64_t M) { return M >= kAmxMinRows && AmxBf16Usable(); }
 
 // Bf16Panels, packing xb for the AMX tiles first when they take the product.
 void Bf16PanelsFor(RowDecoder& dec, const uint16_t* xb, int64_t ld, int64_t M, float* Y,
-                   int64_t ldy, int64_t n0, int64_t n1) {
-  if (!UseAmx(M)) return Bf16Panels(dec, xb, nullptr, ld, M, Y, ldy, n0, n1);
+                   int64_t ldy, int64_t n0, int64_t n1, bool accumulate) {
+  if (!UseAmx(M)) return Bf16Panels(dec, xb, nullptr, ld, M, Y, ldy, n0, n1, accumulate);
   AlignedBuffer xp(AmxPackedXBytes(M, ld));
   AmxPackX(xb, M, ld, xp.as<uint16_t>());
-  Bf16Panels(dec, xb, xp.as<uint16_t>(), ld, M, Y, ldy, n0, n1);
+  Bf16Panels(dec, xb, xp.as<uint16_t>(), ld, M, Y, ldy, n0, n1, accumulate);
 }
 
 // The bf16 route of MatMulRows (M > 4): W's rows decoded into row-major
@@ -1338,13 +1339,13 @@ void Bf16PanelsFor(RowDecoder& dec, const uint16_t* xb, int64_t ld, int64_t M, f
 // MatMulMany and MatMulBf16 convert X once per call (Bf16OnPool); this is
 // the path of the LoRA epilogue's products (MatMulLowRank).
 void LargeMBf16(RowDecoder& dec, const PreparedX& X, int64_t M, float* Y, int64_t ldy, int64_t n0,
-                int64_t n1) {
+                int64_t n1, bool accumulate) {
   const int64_t K = dec.W.k;
   const int64_t ld = (K + kBf16RowAlign - 1) / kBf16RowAlign * kBf16RowAlign;
   AlignedBuffer xb_buf(M * ld * sizeof(uint16_t));
   uint16_t* xb = xb_buf.as<uint16_t>();
   for (int64_t m = 0; m < M; ++m) ToBf16Padded(X.row(m), K, ld, xb + m * ld);
-  Bf16PanelsFor(dec, xb, ld, M, Y, ldy, n0, n1);
+  Bf16PanelsFor(dec, xb, ld, M, Y, ldy, n0, n1, accumulate);
 }
 
 }  // namespace
@@ -1368,16 +1369,17 @@ void SmallRows(RowDecoder& dec, const PreparedX& x, int64_t M, float* Y, int64_t
 }
 
 // Rows [n0, n1) of W against all M rows of X; lr (may be null): the fused
-// LoRA epilogue (matmul.h, MatMulLowRank).
+// LoRA epilogue (matmul.h, MatMulLowRank). accumulate: Y += the product, the
+// GEMM's chains continued from Y (M > 4 only: MatMulAccumulate).
 void MatMulRows(const Matrix& W, const float* X, int64_t M, int64_t ldx, float* Y, int64_t ldy,
-                int64_t n0, int64_t n1, const LowRank* lr) {
+                int64_t n0, int64_t n1, const LowRank* lr, bool accumulate) {
   RowDecoder dec(W);
   const PreparedX x(W, dec.path, X, M, ldx);
   std::optional<LowRankTile> tile;
   if (lr) tile.emplace(*lr, M, n0, n1);
   const LowRankTile* epi = tile ? &*tile : nullptr;
   if (UsesBf16Route(W, M)) {
-    LargeMBf16(dec, x, M, Y, ldy, n0, n1);
+    LargeMBf16(dec, x, M, Y, ldy, n0, n1, accumulate);
     if (epi) AddLowRankRows(*epi, M, Y, ldy, n0, n1);  // the bf16 panels are not our tiles
     return;
   }
@@ -1385,11 +1387,12 @@ void MatMulRows(const Matrix& W, const float* X, int64_t M, int64_t ldx, float* 
     // One vector of W's rows (LoRA's rank-r factors): one-vector panels, the
     // same chains with no columns of zeros.
     if (n1 - n0 <= int64_t(hn::Lanes(DF())))
-      return epi ? GemmRows<1, true>(dec, x, M, Y, ldy, n0, n1, epi)
-                 : GemmRows<1, false>(dec, x, M, Y, ldy, n0, n1, nullptr);
-    return epi ? GemmRows<kGemmNV, true>(dec, x, M, Y, ldy, n0, n1, epi)
-               : GemmRows<kGemmNV, false>(dec, x, M, Y, ldy, n0, n1, nullptr);
+      return epi ? GemmRows<1, true>(dec, x, M, Y, ldy, n0, n1, epi, accumulate)
+                 : GemmRows<1, false>(dec, x, M, Y, ldy, n0, n1, nullptr, accumulate);
+    return epi ? GemmRows<kGemmNV, true>(dec, x, M, Y, ldy, n0, n1, epi, accumulate)
+               : GemmRows<kGemmNV, false>(dec, x, M, Y, ldy, n0, n1, nullptr, accumulate);
   }
+  LUMEN_CHECK(!accumulate);
   if (epi) return SmallRows<true>(dec, x, M, Y, ldy, n0, n1, epi);
   SmallRows<false>(dec, x, M, Y, ldy, n0, n1, nullptr);
 }
@@ -1411,10 +1414,10 @@ void PrepareBf16Rows(const Matrix& W, const float* X, int64_t ldx, int64_t m0, i
 // Step 2: rows [n0, n1) of W against the prepared rows (xpacked: their AMX
 // tile layout, or null where the AVX512-BF16 kernel takes the product).
 void MatMulRowsBf16(const Matrix& W, const uint16_t* xb, const uint16_t* xpacked, int64_t ld,
-                    int64_t M, float* Y, int64_t ldy, int64_t n0, int64_t n1,
+                    int64_t M, float* Y, int64_t ldy, int64_t n0, int64_t n1, bool accumulate,
                     AlignedBuffer* scratch) {
   RowDecoder dec(W);
-  Bf16Panels(dec, xb, xpacked, ld, M, Y, ldy, n0, n1, scratch);
+  Bf16Panels(dec, xb, xpacked, ld, M, Y, ldy, n0, n1, accumulate, scratch);
 }
 
 // 1 when PreparedX reorders X for W (the MLX 4-bit decoder's element order).
@@ -1732,9 +1735,9 @@ void ForEachSlice(std::span<const MatMulOut> outs, int64_t b, int64_t e, const F
 // range (ParallelForStealing); larger ones keep one call per thread, as the
 // exact route's prefill prepares X per call.
 void RowsOnPool(const Matrix& W, const float* X, int64_t M, int64_t ldx, float* Y, int64_t ldy,
-                const LowRank* lr, ThreadPool* pool) {
+                const LowRank* lr, ThreadPool* pool, bool accumulate = false) {
   auto rows = [&](int64_t b, int64_t e, int) {
-    HWY_DYNAMIC_DISPATCH(MatMulRows)(W, X, M, ldx, Y, ldy, b, e, lr);
+    HWY_DYNAMIC_DISPATCH(MatMulRows)(W, X, M, ldx, Y, ldy, b, e, lr, accumulate);
   };
   Split(pool, W.n, 32, 16, rows,
         M <= 8 ? &ThreadPool::ParallelForStealing : &ThreadPool::ParallelFor);
@@ -1762,7 +1765,7 @@ constexpr int64_t kBf16Unit = 128;
 // AMX tiles and the panel decode bound it). One copy per X layout among the
 // products (MLX 4-bit reorders X).
 void Bf16OnPool(std::span<const MatMulOut> outs, const float* X, int64_t M, int64_t ldx,
-                ThreadPool* pool) {
+                ThreadPool* pool, bool accumulate = false) {
   const int64_t K = outs[0].w->k;
   const int64_t ld = (K + kBf16RowAlign - 1) / kBf16RowAlign * kBf16RowAlign;
   const bool amx = M >= kAmxMinRows && AmxBf16Usable();
@@ -1802,7 +1805,7 @@ void Bf16OnPool(std::span<const MatMulOut> outs, const float* X, int64_t M, int6
       const MatMulOut& o = outs[i];
       const uint16_t* xp = amx ? of[i]->xp.as<uint16_t>() : nullptr;
       HWY_DYNAMIC_DISPATCH(MatMulRowsBf16)
-      (*o.w, of[i]->xb.as<uint16_t>(), xp, ld, M, o.y, o.ldy, lo, hi, &panels[thread]);
+      (*o.w, of[i]->xb.as<uint16_t>(), xp, ld, M, o.y, o.ldy, lo, hi, accumulate, &panels[thread]);
     });
   };
   // Units of kBf16Unit rows taken first come, first served: a row's output
@@ -1842,9 +1845,28 @@ void MatMulMany(std::span<const MatMulOut> outs, const float* X, int64_t M, int6
   Split(pool, total, 32, 16, [&](int64_t b, int64_t e, int) {
     ForEachSlice(outs, b, e, [&](size_t i, int64_t lo, int64_t hi) {
       const MatMulOut& o = outs[i];
-      HWY_DYNAMIC_DISPATCH(MatMulRows)(*o.w, X, M, ldx, o.y, o.ldy, lo, hi, nullptr);
+      HWY_DYNAMIC_DISPATCH(MatMulRows)(*o.w, X, M, ldx, o.y, o.ldy, lo, hi, nullptr, false);
     });
   });
+}
+
+void MatMulAccumulate(const Matrix& W, const float* X, int64_t M, int64_t ldx, float* Y,
+                      int64_t ldy, ThreadPool* pool) {
+  if (M <= 0 || W.n == 0) return;
+  if (M <= 4 || UsesInt8Route(W, M)) {
+    // Dot-shaped routes: each output is one sum, so the product goes to
+    // scratch and is added (one f32 add per output).
+    std::vector<float> t(size_t(M) * W.n);
+    MatMul(W, X, M, ldx, t.data(), W.n, pool);
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t n = 0; n < W.n; ++n) Y[m * ldy + n] += t[m * W.n + n];
+    return;
+  }
+  if (UsesBf16Route(W, M)) {
+    const MatMulOut out{&W, Y, ldy};
+    return Bf16OnPool({&out, 1}, X, M, ldx, pool, true);
+  }
+  RowsOnPool(W, X, M, ldx, Y, ldy, nullptr, pool, true);
 }
 
 bool MatMulIsFused(const Matrix& W) { return HWY_DYNAMIC_DISPATCH(FusedPath)(W) != 0; }

@@ -39,6 +39,17 @@ namespace lumen::kernels {
 void MatMul(const Matrix& W, const float* X, int64_t M, int64_t ldx, float* Y, int64_t ldy,
             ThreadPool* pool);
 
+// Y += X W^T: the product continued from Y, for a product split along K into
+// column slices of W (Matrix::ColSlice) and the matching columns of X. For
+// M > 4 the exact route continues each output's FMA chain from Y and the
+// AVX512-BF16 route adds each 2048-column block's sum to Y as it does within
+// one call, so slices split at multiples of 2048 give the unsplit product's
+// bits on both (the FFN's hidden width in pieces, model/forward.cc). The AMX
+// tiles, M <= 4 and the int8 routes add each slice's whole sum to Y once:
+// the same bound, other last bits.
+void MatMulAccumulate(const Matrix& W, const float* X, int64_t M, int64_t ldx, float* Y,
+                      int64_t ldy, ThreadPool* pool);
+
 // Several products with the same X in one thread-pool pass (q/k/v, gate/up):
 // one wake-up instead of one per matrix, and the split balances rows of all
 // of them. Each Y is bit-for-bit what MatMul would write.

@@ -133,15 +133,20 @@ LUMEN_AVX512 inline void Transpose16(__m512i r[16]) {
 }
 
 // A C tile stored at c ([16 weight rows][16 activation rows], f32) into Y,
-// transposed: Y[(m0 + j) * ldy + n + i] = c[i][j] for j < mv, i < nv.
+// transposed: Y[(m0 + j) * ldy + n + i] = c[i][j] (+= with accumulate) for
+// j < mv, i < nv.
 LUMEN_AVX512 inline void StoreTransposed(const float* c, float* Y, int64_t ldy, int64_t m0,
-                                         int64_t n, int mv, int nv) {
+                                         int64_t n, int mv, int nv, bool accumulate) {
   __m512i r[16];
   for (int i = 0; i < 16; ++i) r[i] = _mm512_load_si512(c + 16 * i);
   Transpose16(r);
   const __mmask16 keep = static_cast<__mmask16>((1u << nv) - 1);
-  for (int j = 0; j < mv; ++j)
-    _mm512_mask_storeu_ps(Y + (m0 + j) * ldy + n, keep, _mm512_castsi512_ps(r[j]));
+  for (int j = 0; j < mv; ++j) {
+    float* y = Y + (m0 + j) * ldy + n;
+    __m512 v = _mm512_castsi512_ps(r[j]);
+    if (accumulate) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(keep, y));
+    _mm512_mask_storeu_ps(y, keep, v);
+  }
 }
 
 // The cache blocking, chosen by measurement (docs/experiments/
@@ -165,7 +170,7 @@ constexpr int64_t kMBlocks = 8;
 template <int NA, int NB>
 LUMEN_AMX void Block(const uint16_t* panel, int64_t ld, const uint16_t* xpacked, int64_t kc,
                      int64_t k, int64_t steps, float (*acc)[16 * 16], int64_t i, int64_t mb,
-                     int64_t rows, int64_t M, float* Y, int64_t ldy, int64_t n0) {
+                     int64_t rows, int64_t M, float* Y, int64_t ldy, int64_t n0, bool accumulate) {
   const uint16_t* a0 = panel + i * ld + k * 32;
   const uint16_t* b0 = xpacked + (mb * kc + k) * 512;
   const bool last = k + steps == kc;
@@ -176,12 +181,13 @@ LUMEN_AMX void Block(const uint16_t* panel, int64_t ld, const uint16_t* xpacked,
   auto count = [](int64_t left) { return static_cast<int>(left < 16 ? left : 16); };
   const int64_t m0 = mb * kAmxRows, m1 = m0 + kAmxRows;
   const int nv0 = count(rows - i), mv0 = count(M - m0);
-  StoreTransposed(c[0], Y, ldy, m0, n0 + i, mv0, nv0);
-  if constexpr (NB == 2) StoreTransposed(c[1], Y, ldy, m1, n0 + i, count(M - m1), nv0);
+  StoreTransposed(c[0], Y, ldy, m0, n0 + i, mv0, nv0, accumulate);
+  if constexpr (NB == 2) StoreTransposed(c[1], Y, ldy, m1, n0 + i, count(M - m1), nv0, accumulate);
   if constexpr (NA == 2) {
     const int nv1 = count(rows - i - kAmxRows);
-    StoreTransposed(c[2], Y, ldy, m0, n0 + i + kAmxRows, mv0, nv1);
-    if constexpr (NB == 2) StoreTransposed(c[3], Y, ldy, m1, n0 + i + kAmxRows, count(M - m1), nv1);
+    StoreTransposed(c[2], Y, ldy, m0, n0 + i + kAmxRows, mv0, nv1, accumulate);
+    if constexpr (NB == 2)
+      StoreTransposed(c[3], Y, ldy, m1, n0 + i + kAmxRows, count(M - m1), nv1, accumulate);
   }
 }
 
@@ -190,16 +196,16 @@ LUMEN_AMX void Block(const uint16_t* panel, int64_t ld, const uint16_t* xpacked,
 LUMEN_AMX inline void BlockAt(bool two_a, bool two_b, const uint16_t* panel, int64_t ld,
                               const uint16_t* xpacked, int64_t kc, int64_t k, int64_t steps,
                               float (*acc)[16 * 16], int64_t a, int64_t b, int64_t rows, int64_t M,
-                              float* Y, int64_t ldy, int64_t n0) {
+                              float* Y, int64_t ldy, int64_t n0, bool accumulate) {
   const int64_t i = a * kAmxRows;
   if (two_a && two_b)
-    Block<2, 2>(panel, ld, xpacked, kc, k, steps, acc, i, b, rows, M, Y, ldy, n0);
+    Block<2, 2>(panel, ld, xpacked, kc, k, steps, acc, i, b, rows, M, Y, ldy, n0, accumulate);
   else if (two_a)
-    Block<2, 1>(panel, ld, xpacked, kc, k, steps, acc, i, b, rows, M, Y, ldy, n0);
+    Block<2, 1>(panel, ld, xpacked, kc, k, steps, acc, i, b, rows, M, Y, ldy, n0, accumulate);
   else if (two_b)
-    Block<1, 2>(panel, ld, xpacked, kc, k, steps, acc, i, b, rows, M, Y, ldy, n0);
+    Block<1, 2>(panel, ld, xpacked, kc, k, steps, acc, i, b, rows, M, Y, ldy, n0, accumulate);
   else
-    Block<1, 1>(panel, ld, xpacked, kc, k, steps, acc, i, b, rows, M, Y, ldy, n0);
+    Block<1, 1>(panel, ld, xpacked, kc, k, steps, acc, i, b, rows, M, Y, ldy, n0, accumulate);
 }
 
 }  // namespace
@@ -229,7 +235,8 @@ LUMEN_AVX512 void AmxPackX(const uint16_t* xb, int64_t M, int64_t ld, uint16_t* 
 }
 
 LUMEN_AMX void AmxBf16PanelProduct(const uint16_t* panel, int64_t rows, const uint16_t* xpacked,
-                                   int64_t M, int64_t ld, float* Y, int64_t ldy, int64_t n0) {
+                                   int64_t M, int64_t ld, float* Y, int64_t ldy, int64_t n0,
+                                   bool accumulate) {
   LUMEN_CHECK(ld % kBf16RowAlign == 0);
   if (rows <= 0 || M <= 0) return;
   const int64_t kc = ld / 32;
@@ -254,7 +261,7 @@ LUMEN_AMX void AmxBf16PanelProduct(const uint16_t* panel, int64_t rows, const ui
             float(*tiles)[16 * 16] =
                 acc.tiles() ? acc.tiles() + ((a - r0) / 2 * mpairs + (b - m0) / 2) * 4 : nullptr;
             BlockAt(a + 1 < r1, b + 1 < m1, panel, ld, xpacked, kc, k, steps, tiles, a, b, rows, M,
-                    Y, ldy, n0);
+                    Y, ldy, n0, accumulate);
           }
       }
     }
@@ -279,7 +286,7 @@ const char* AmxBf16Unusable() { return "AMX needs x86-64 Linux"; }
 int64_t AmxPackedXBytes(int64_t M, int64_t ld) { return (M + 15) / 16 * 16 * ld * 2; }
 void AmxPackX(const uint16_t*, int64_t, int64_t, uint16_t*) { LUMEN_CHECK(false); }
 void AmxBf16PanelProduct(const uint16_t*, int64_t, const uint16_t*, int64_t, int64_t, float*,
-                         int64_t, int64_t) {
+                         int64_t, int64_t, bool) {
   LUMEN_CHECK(false);
 }
 void AmxConfigureTiles() { LUMEN_CHECK(false); }

@@ -63,7 +63,8 @@ int64_t AmxPackedXBytes(int64_t M, int64_t ld);
 void AmxPackX(const uint16_t* xb, int64_t M, int64_t ld, uint16_t* packed);
 
 // Y[m * ldy + n0 + i] = sum_k xb[m][k] * panel[i * ld + k] for m < M, i < rows,
-// accumulated in f32 by the tile unit (Y overwritten). panel: rows rounded up
+// accumulated in f32 by the tile unit (Y overwritten; accumulate: one f32 add
+// of the tile's sum to Y per output, as Bf16PanelProduct's). panel: rows rounded up
 // to a multiple of 16 (rows past `rows` are read, never stored), stride ld,
 // 64-byte aligned; xpacked from AmxPackX. Blocked for the cache (K in
 // 256-column blocks, with up to 64 KiB of f32 scratch per call holding the C
@@ -71,6 +72,6 @@ void AmxPackX(const uint16_t* xb, int64_t M, int64_t ld, uint16_t* packed);
 // order. Configures this thread's tiles and releases them before returning.
 // Requires AmxBf16Usable().
 void AmxBf16PanelProduct(const uint16_t* panel, int64_t rows, const uint16_t* xpacked, int64_t M,
-                         int64_t ld, float* Y, int64_t ldy, int64_t n0);
+                         int64_t ld, float* Y, int64_t ldy, int64_t n0, bool accumulate = false);
 
 }  // namespace lumen::kernels

@@ -27,6 +27,7 @@
 #include "lumen/core/quant.h"
 #include "lumen/core/repack.h"
 #include "lumen/kernels/matmul_bf16.h"
+#include "lumen/kernels/matmul_bf16_amx.h"
 #include "lumen/kernels/matmul_ref.h"
 #include "lumen/kernels/test_matrix.h"
 
@@ -226,6 +227,75 @@ TEST(MatMulTest, ColumnGroupsGiveThePlainBitsOnTheExactAndBf16Routes) {
           std::copy(plain.begin(), plain.end(), q.bytes.begin());  // plain rows again
         }
       }
+}
+
+// MatMulAccumulate over column slices of W (Matrix::ColSlice) and the
+// matching columns of X continues the product: for M > 4 the exact route's
+// chains and the AVX512-BF16 route's 2048-column blocks give the unsplit
+// product's bits (slices at multiples of 2048 for the latter); M <= 4, the
+// int8 routes and the AMX tiles add each slice's sum once: within the f32
+// bound of the unsplit product. Every storage, repacked groups and MLX
+// included, and a slice that ends in the row's plain tail.
+TEST(MatMulTest, AccumulateOverColumnSlicesContinuesTheProduct) {
+  std::mt19937 rng(29);
+  ThreadPool pool(2);
+  constexpr int64_t N = 37, K = 4608;  // 9 groups of 512; slices below
+  struct Case {
+    ActRoute route;
+    std::vector<int64_t> cuts;  // slice boundaries inside (0, K)
+    bool exact_bits;            // for M > 4
+  };
+  std::vector<Case> cases = {{ActRoute::kExact, {2048}, true},
+                             {ActRoute::kExact, {512, 3584}, true},
+                             {ActRoute::kInt8x2, {2048}, false}};
+  if (CpuHasBf16()) cases.push_back({ActRoute::kBf16, {2048, 4096}, !AmxBf16Usable()});
+  for (int64_t target : Targets()) {
+    hwy::SetSupportedTargetsForTest(target);
+    const std::string tname = hwy::TargetName(target);
+    for (const Spec& s : AllSpecs()) {
+      OwnedMatrix o = Make(s, N, K, rng);
+      for (const Case& c : cases) {
+        o.m.route = c.route;
+        for (int64_t M : {3, 9, 40}) {
+          const std::vector<float> X = RandomActivations(M, K, rng);
+          std::vector<float> whole(M * N), split(M * N, 0.0f);
+          MatMul(o.m, X.data(), M, K, whole.data(), N, &pool);
+          std::vector<int64_t> at = {0};
+          at.insert(at.end(), c.cuts.begin(), c.cuts.end());
+          at.push_back(K);
+          for (size_t i = 0; i + 1 < at.size(); ++i) {
+            const Matrix part = o.m.ColSlice(at[i], at[i + 1]);
+            ASSERT_EQ(part.k, at[i + 1] - at[i]);
+            if (i == 0)
+              MatMul(part, X.data(), M, K, split.data(), N, &pool);
+            else
+              MatMulAccumulate(part, X.data() + at[i], M, K, split.data(), N, &pool);
+          }
+          const std::string what = tname + " " + s.name + " route " +
+                                   std::string(kActRouteNames[int(c.route)]) +
+                                   " M=" + std::to_string(M);
+          if (M > 4 && c.exact_bits) {
+            EXPECT_EQ(0, std::memcmp(whole.data(), split.data(), whole.size() * 4)) << what;
+            continue;
+          }
+          std::vector<float> w(K);
+          int bad = 0;
+          for (int64_t n = 0; n < N; ++n) {
+            DequantizeMatrixRow(o.m, n, w.data());
+            for (int64_t m = 0; m < M; ++m) {
+              double abs_dot = 0;
+              for (int64_t k = 0; k < K; ++k) abs_dot += std::fabs(double(w[k]) * X[m * K + k]);
+              const double err = std::fabs(double(split[m * N + n]) - whole[m * N + n]);
+              if (!(err <= 2 * MatMulBound(K, 1.01 * abs_dot)) && bad++ < 3)
+                ADD_FAILURE() << what << " n=" << n << " m=" << m << " split " << split[m * N + n]
+                              << " whole " << whole[m * N + n];
+            }
+          }
+        }
+      }
+    }
+  }
+  hwy::SetSupportedTargetsForTest(0);
 }
 
 TEST(MatMulTest, FusedRoutesOnTheBestTarget) {

@@ -16,6 +16,34 @@ int64_t MatrixColumnAlign(const Matrix& m) {
   return m.mlx_bits ? m.mlx_group : Info(m.w.dtype).block_elems;
 }
 
+int64_t MatrixSliceAlign(const Matrix& m) {
+  return IsColumnGroups(m.w.dtype) ? kColsElems : MatrixColumnAlign(m);
+}
+
+Matrix Matrix::ColSlice(int64_t k0, int64_t k1) const {
+  const int64_t align = MatrixSliceAlign(*this);
+  LUMEN_CHECK(w.ndim == 2 && k0 >= 0 && k0 <= k1 && k1 <= k && k0 % align == 0 &&
+              (k1 % align == 0 || k1 == k));
+  // The elements [e0, e1) of every row of v: the row's first bytes skipped,
+  // the stride kept. Column groups keep their addresses, so their layout
+  // (which depends on the address) still reads the same.
+  auto cols = [](TensorView v, int64_t e0, int64_t e1) {
+    v.data = static_cast<char*>(v.data) + *RowBytes(v.dtype, e0);
+    v.shape[1] = e1 - e0;
+    return v;
+  };
+  Matrix m = *this;
+  m.k = k1 - k0;
+  if (mlx_bits == 0) {
+    m.w = cols(w, k0, k1);
+    return m;
+  }
+  m.w = cols(w, k0 * mlx_bits / 32, k1 * mlx_bits / 32);  // u32 words of codes
+  m.scales = cols(scales, k0 / mlx_group, k1 / mlx_group);
+  m.biases = cols(biases, k0 / mlx_group, k1 / mlx_group);
+  return m;
+}
+
 void DequantizeMatrixColumns(const Matrix& m, int64_t r, int64_t k0, int64_t k1, float* dst) {
   const int64_t align = MatrixColumnAlign(m);
   LUMEN_CHECK(k0 >= 0 && k0 <= k1 && k1 <= m.k && k0 % align == 0 &&

@@ -76,6 +76,9 @@ struct Matrix {
     m.n = end - begin;
     return m;
   }
+  // Columns [k0, k1) as a matrix of their own (a view with W's row stride).
+  // k0 and k1 are multiples of MatrixSliceAlign, or k1 == k.
+  Matrix ColSlice(int64_t k0, int64_t k1) const;
   bool is_f32() const { return mlx_bits == 0 && w.dtype == DType::kF32; }
   // Bytes read to stream the whole matrix once (for roofline accounting).
   size_t bytes() const {
@@ -89,6 +92,10 @@ void DequantizeMatrixRow(const Matrix& m, int64_t r, float* dst);
 // The column granularity of m's storage: 1 for plain types, the block size of
 // a GGUF block type (32, 256), the group size of MLX.
 int64_t MatrixColumnAlign(const Matrix& m);
+
+// Where Matrix::ColSlice may cut: MatrixColumnAlign, and for the column
+// groups repacked at load (core/repack.h) a whole group (512).
+int64_t MatrixSliceAlign(const Matrix& m);
 
 // dst[0..k1 - k0) = columns [k0, k1) of row r as f32, equal to the same
 // elements of DequantizeMatrixRow. k0 is a multiple of MatrixColumnAlign(m);

@@ -83,10 +83,10 @@ uint64_t KvReadBytes(const model::ModelConfig& c, DType kv, int64_t pos) {
 }
 
 uint64_t TransientBytesPerSeq(const model::ModelConfig& c, int threads, int64_t ctx) {
-  const uint64_t f = sizeof(float), T = uint64_t(model::kMaxChunk);
+  const uint64_t f = sizeof(float);
   const uint64_t Q = uint64_t(c.q_dim()), KV = uint64_t(c.kv_dim());
   const uint64_t th = uint64_t(std::max(threads, 1));
-  const uint64_t act = T * f * uint64_t(model::Activations::FloatsPerToken(c));
+  const uint64_t act = f * uint64_t(model::Activations::Floats(c));
   const uint64_t parts = th * Q * f;
   const uint64_t scratch = th * (uint64_t(ctx) * uint64_t(c.n_heads + 1) + 2 * KV) * f;
   const uint64_t logits = uint64_t(c.vocab_size) * f;

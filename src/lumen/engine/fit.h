@@ -14,8 +14,11 @@
 //              kMaxChunk) rows, so it stops growing at its window. The growth
 //              per token once every window is full is kv_bytes_per_token.
 //   transient  per sequence (each Session owns a model::Forward): the
-//              activations for kMaxChunk tokens (x, xn, tmp [D]; qkv
-//              [H*Dh + 2*Hkv*Dh]; att [H*Dh]; gate [F or 2F fused]; up [F]),
+//              activations (model::Activations::Floats: x and xn [D] for
+//              kMaxChunk tokens, and a work buffer for the larger of their qkv
+//              [H*Dh + 2*Hkv*Dh] and att [H*Dh], their FFN gate and up for one
+//              piece of the hidden width and the FFN's output [D], and a decode
+//              step's gate and up over the whole width),
 //              the attention partials [threads, H*Dh], the attention scratch
 //              [threads, ctx * (H + 1) + 2 * Hkv * Dh] and one logits row [V],
 //              all f32.

@@ -31,17 +31,20 @@ TEST(Fit, KvBytesSaturateAtTheWindowAndFollowTheKvType) {
   const auto c = Tiny("tiny-gemma3");
   ASSERT_EQ(c.n_layers, 3);
   ASSERT_EQ(c.layer_sliding, (std::vector<bool>{true, true, false}));
-  // ctx 256: sliding layers hold min(256, 8 + 128) = 136 rows, the global 256;
-  // K and V; an f16 row is 64 * 2 = 128 bytes: 2 * (136 + 136 + 256) * 128.
-  EXPECT_EQ(KvBytesPerSeq(c, DType::kF16, 256), 135168u);
-  EXPECT_EQ(KvBytesPerSeq(c, DType::kF32, 256), 270336u);
+  // ctx 512: sliding layers hold min(512, 8 + 256) = 264 rows, the global 512;
+  // K and V; an f16 row is 64 * 2 = 128 bytes: 2 * (264 + 264 + 512) * 128.
+  static_assert(model::kMaxChunk == 256);
+  EXPECT_EQ(KvBytesPerSeq(c, DType::kF16, 512), 266240u);
+  EXPECT_EQ(KvBytesPerSeq(c, DType::kF32, 512), 532480u);
   // q8_0: 2 blocks of 34 bytes per row.
-  EXPECT_EQ(KvBytesPerSeq(c, DType::kQ8_0, 256), 2u * 528 * 68);
+  EXPECT_EQ(KvBytesPerSeq(c, DType::kQ8_0, 512), 2u * 1040 * 68);
+  // At ctx 256 the rings are not yet smaller than the context: 2 * 768 * 128.
+  EXPECT_EQ(KvBytesPerSeq(c, DType::kF16, 256), 196608u);
   // Below the ring size every layer holds ctx rows: 2 * 300 * 128.
   EXPECT_EQ(KvBytesPerSeq(c, DType::kF16, 100), 76800u);
   // The same as the cache lumen allocates.
   for (DType t : {DType::kF16, DType::kF32, DType::kQ8_0})
-    for (int64_t ctx : {1, 100, 136, 137, 256}) {
+    for (int64_t ctx : {1, 100, 264, 265, 512}) {
       auto kv = model::KvCache::Create(c, ctx, t);
       ASSERT_TRUE(kv.ok());
       EXPECT_EQ(KvBytesPerSeq(c, t, ctx), kv->bytes()) << Name(t) << " ctx " << ctx;
@@ -59,11 +62,12 @@ TEST(Fit, KvReadAndTransientBytesByHand) {
   // Position 0 reads one row per layer; position 99 reads 8 + 8 + 100 rows.
   EXPECT_EQ(KvReadBytes(c, DType::kF16, 0), 2u * 3 * 128);
   EXPECT_EQ(KvReadBytes(c, DType::kF16, 99), 2u * 116 * 128);
-  // Activations: 128 tokens * 4 bytes * (2 * 64 + max(qkv + att = (128 + 128)
-  // + 128, gate + up = 2 * 96)) = 262144; partials 2 * 128 * 4 = 1024; scratch
+  // Activations: 256 tokens * 4 bytes * (2 * 64 + max(qkv + att = (128 + 128)
+  // + 128, gate + up + out = 2 * 96 + 64)) = 524288 (a decode step's gate and
+  // up, 8 * 2 * 96 floats, are less); partials 2 * 128 * 4 = 1024; scratch
   // 2 * (256 * 5 + 128) * 4 = 11264; logits 512 * 4 = 2048.
   // (A fused gate/up matrix writes a [T, 2F] gate: the same work buffer.)
-  EXPECT_EQ(TransientBytesPerSeq(c, 2, 256), 276480u);
+  EXPECT_EQ(TransientBytesPerSeq(c, 2, 256), 538624u);
 }
 
 class FitModel : public ::testing::Test {
@@ -90,9 +94,9 @@ TEST_F(FitModel, FitsAtTheBoundaryAndFindsTheLargestContext) {
   ASSERT_EQ(c.max_ctx, 256);
   auto big = Fit(*model_, {.ctx = 256, .parallel = 3, .budget_bytes = uint64_t(1) << 40});
   ASSERT_TRUE(big.ok()) << big.status().message();
-  const uint64_t per_seq = 135168 + 276480;
-  EXPECT_EQ(big->kv_bytes_per_seq, 135168u);
-  EXPECT_EQ(big->transient_bytes_per_seq, 276480u);
+  const uint64_t per_seq = 196608 + 538624;
+  EXPECT_EQ(big->kv_bytes_per_seq, 196608u);
+  EXPECT_EQ(big->transient_bytes_per_seq, 538624u);
   EXPECT_EQ(big->total_bytes, model_->weight_bytes() + 3 * per_seq);
   EXPECT_TRUE(big->fits);
   EXPECT_EQ(big->max_ctx, 256);

@@ -182,13 +182,13 @@ TEST(RestoreLength, KeepsWholeChunksOnFastRoutes) {
   EXPECT_EQ(RestoreLength(20, 20, 0, false), 19);
   EXPECT_EQ(RestoreLength(0, 1, 0, false), 0);
   // int8 / bf16 routes: whole kMaxChunk chunks that the entry computed as such.
-  static_assert(model::kMaxChunk == 128);
-  EXPECT_EQ(RestoreLength(300, 400, 256, true), 256);
-  EXPECT_EQ(RestoreLength(300, 400, 128, true), 128);  // [128, 256) was not a whole chunk
-  EXPECT_EQ(RestoreLength(200, 400, 256, true), 128);  // the prefix ends inside a chunk
-  EXPECT_EQ(RestoreLength(127, 400, 256, true), 0);
-  EXPECT_EQ(RestoreLength(300, 300, 256, true), 256);
-  EXPECT_EQ(RestoreLength(256, 256, 256, true), 128);  // one prompt token must be prefilled
+  static_assert(model::kMaxChunk == 256);
+  EXPECT_EQ(RestoreLength(600, 800, 512, true), 512);
+  EXPECT_EQ(RestoreLength(600, 800, 256, true), 256);  // [256, 512) was not a whole chunk
+  EXPECT_EQ(RestoreLength(400, 800, 512, true), 256);  // the prefix ends inside a chunk
+  EXPECT_EQ(RestoreLength(255, 800, 512, true), 0);
+  EXPECT_EQ(RestoreLength(600, 600, 512, true), 512);
+  EXPECT_EQ(RestoreLength(512, 512, 512, true), 256);  // one prompt token must be prefilled
 }
 
 // On the default routes (bf16 prefill, int8x2 decode) a warm job keeps whole

@@ -98,7 +98,7 @@ TEST_F(SessionTest, WholeChunksGiveTheFreshPrefillBits) {
         "Once upon a time, there was a little dog named Max. He liked to run in the park. ", false);
     ids.insert(ids.end(), more.begin(), more.end());
   }
-  ids.resize(300);  // chunks [0, 128), [128, 256), [256, 300)
+  ids.resize(300);  // chunks [0, 256), [256, 300)
   auto fresh = [&] {
     SessionOptions o;
     o.ctx = 512;

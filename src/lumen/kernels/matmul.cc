@@ -1652,7 +1652,8 @@ LUMEN_ROUTE(
      .tests = "MatMulTest.EveryTargetDtypeAndShapeWithinBound;MatMulTest."
               "ManyEqualsOneByOneBitForBit;MatMulTest.FusedRoutesOnTheBestTarget;"
               "MatMulTest.RowsBitIdenticalWhateverTheCallsRowCount;MatMulTest."
-              "RandomBlocksWithSpecialScalesWithinBound",
+              "RandomBlocksWithSpecialScalesWithinBound;MatMulTest."
+              "AccumulateOverColumnSlicesContinuesTheProduct;FfnPieces.GiveTheWholeWidthsLogits",
      .when = "dtype=f32|f16|bf16|q8_0|q4_0|q4_1|q5_0|q5_1|q2_k|q3_k|q4_k|q5_k|q6_k|mlx4|mlx8",
      .priority = 10});
 LUMEN_ROUTE(matmul_prefill_scratch,

@@ -36,6 +36,8 @@ LUMEN_ROUTE(
      .tests =
          "MatMulBf16.EveryTargetDtypeAndShapeWithinBound;MatMulBf16.RouteSelectionAndThreads;"
          "MatMulBf16.WithoutAmx;MatMulTest.ColumnGroupsGiveThePlainBitsOnTheExactAndBf16Routes;"
+         "MatMulTest.AccumulateOverColumnSlicesContinuesTheProduct;FfnPieces."
+         "GiveTheWholeWidthsLogits;"
          "RouteKl.Int8AndBf16RoutesCostAboutWhatQ8WeightsCost;RouteKl."
          "Bf16PrefillPassesTheDefaultGate",
      .measure = "docs/reference/performance.md#exactness",

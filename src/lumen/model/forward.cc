@@ -8,6 +8,7 @@
 #include "lumen/kernels/activation.h"
 #include "lumen/kernels/attention.h"
 #include "lumen/kernels/matmul.h"
+#include "lumen/kernels/matmul_q8.h"
 #include "lumen/kernels/norm.h"
 
 namespace lumen::model {
@@ -62,17 +63,37 @@ constexpr int64_t kParallelRows = 16;
 // threads by position (each streams whole KV rows) instead of by kv head.
 constexpr int64_t kSplitAttention = 1024;
 
-int64_t Activations::FloatsPerToken(const ModelConfig& c) {
+// Up to this many rows (a decode step's) the FFN takes its whole width at
+// once: their products are dot-shaped (M <= 4, the int8 routes' M <= 8),
+// where a piece's sum would be added to the output once rather than continue
+// it, so pieces would change their bits.
+constexpr int64_t kWholeFfnMinRows = kernels::kInt8MaxRows;
+
+namespace {
+
+int64_t FfnPieceWidth(const ModelConfig& c) { return std::min<int64_t>(c.ffn_dim, kFfnPiece); }
+
+// The work buffer: a chunk's qkv and att; or its FFN gate and up for one
+// piece and the FFN's output; or gate and up over the whole width for a
+// decode step's rows.
+int64_t WorkFloats(const ModelConfig& c) {
   const int64_t qkv_att = c.q_dim() + 2 * c.kv_dim() + c.q_dim();
-  return 2 * c.dim + std::max<int64_t>(qkv_att, 2 * int64_t(c.ffn_dim));
+  return std::max({kMaxChunk * qkv_att, kMaxChunk * (2 * FfnPieceWidth(c) + c.dim),
+                   kWholeFfnMinRows * 2 * int64_t(c.ffn_dim)});
 }
+
+}  // namespace
+
+int64_t Activations::Floats(const ModelConfig& c) { return 2 * kMaxChunk * c.dim + WorkFloats(c); }
 
 Activations::Activations(const ModelConfig& c, int threads)
     : x(kMaxChunk * c.dim * sizeof(float)),
       xn(kMaxChunk * c.dim * sizeof(float)),
-      work(kMaxChunk * (FloatsPerToken(c) - 2 * c.dim) * sizeof(float)),
+      work(WorkFloats(c) * sizeof(float)),
       qkv_width(c.q_dim() + 2 * c.kv_dim()),
-      ffn_dim(c.ffn_dim) {
+      ffn_dim(c.ffn_dim),
+      work_floats(WorkFloats(c)),
+      ffn_out_at(kMaxChunk * 2 * FfnPieceWidth(c)) {
   // attn_scratch is sized by RunRows for the longest cache it is given: the
   // model's context (128k for Llama-3.2) would cost 35 MB for a 4k session.
   attn_parts = AlignedBuffer(size_t(threads) * c.q_dim() * sizeof(float));
@@ -277,33 +298,83 @@ void Forward::AttendByPosition(int l, const BatchRow& row, int64_t t,
     for (int64_t k = 0; k < Q; ++k) o[k] += parts[i * Q + k];
 }
 
+// The FFN of a chunk's rows. A prefill chunk takes the hidden width in
+// pieces of kFfnPiece columns: gate and up for the piece's rows of W_gate and
+// W_up, the activation, then the piece's columns of W_down, each piece's
+// product continuing the output of the ones before (MatMulAccumulate: the
+// exact and AVX512-BF16 routes give the whole product's bits), so the work
+// buffer holds one piece of gate and up for kMaxChunk rows, not the whole
+// width. Decode rows, and rows with adapters (whose low-rank terms need the
+// whole width), take the whole width in parts of at most WholeFfnRows rows
+// (a row's bits do not depend on the rows beside it on those routes).
 void Forward::FfnBlock(int l, std::span<const BatchRow> rows) {
   const int64_t T = static_cast<int64_t>(rows.size());
   const LayerWeights& L = w_.layers[l];
   const int64_t D = c_.dim, F = c_.ffn_dim;
   float* x = a_.x.as<float>();
   float* xn = a_.xn.as<float>();
-  float* gate = a_.gate();
-  float* out = xn;  // read by the gate and up products and their adapters only
 
   ForRows(T, [&](int64_t t) {
     kernels::RmsNormForward(x + t * D, L.ffn_norm, c_.norm_offset, c_.norm_eps, D, xn + t * D);
   });
+  const bool adapters = lora_terms_ > 0 || L.lora[kLoraGate].valid() || L.lora[kLoraUp].valid() ||
+                        L.lora[kLoraDown].valid();
+  const bool pieces = T > kWholeFfnMinRows && !adapters && F > kFfnPiece &&
+                      kFfnPiece % kernels::MatrixSliceAlign(L.w_down) == 0;
+  float* out = xn;
+  if (pieces) {
+    out = a_.ffn_out();
+    for (int64_t f0 = 0; f0 < F; f0 += kFfnPiece) FfnPiece(l, T, f0, std::min(F, f0 + kFfnPiece));
+  } else {
+    const int64_t parts = (T + a_.WholeFfnRows() - 1) / a_.WholeFfnRows();
+    for (int64_t p = 0; p < parts; ++p) {
+      const int64_t t0 = T * p / parts, t1 = T * (p + 1) / parts;
+      FfnWhole(l, rows.subspan(t0, t1 - t0), xn + t0 * D);
+    }
+  }
+  ForRows(T, [&](int64_t t) {
+    float* o = out + t * D;
+    if (L.post_ffn_norm)
+      kernels::RmsNormForward(o, L.post_ffn_norm, c_.norm_offset, c_.norm_eps, D, o);
+    float* xr = x + t * D;
+    for (int64_t i = 0; i < D; ++i) xr[i] += o[i] * c_.residual_scale;
+  });
+}
+
+// Hidden columns [f0, f1) of the FFN for T rows of xn, into (f0 = 0) or
+// onto a_.ffn_out().
+void Forward::FfnPiece(int l, int64_t T, int64_t f0, int64_t f1) {
+  const LayerWeights& L = w_.layers[l];
+  const int64_t D = c_.dim, F = c_.ffn_dim, w = f1 - f0;
+  const bool fused = !L.w_gate.valid();  // one [2F, D] matrix: gate rows, then up rows
+  const kernels::Matrix gate_w = fused ? L.w_up.RowSlice(f0, f1) : L.w_gate.RowSlice(f0, f1);
+  const kernels::Matrix up_w = fused ? L.w_up.RowSlice(F + f0, F + f1) : L.w_up.RowSlice(f0, f1);
+  float* gate = a_.gate();
+  float* up = a_.up(T, w);
+  const kernels::MatMulOut outs[] = {{&gate_w, gate, w}, {&up_w, up, w}};
+  kernels::MatMulMany(outs, a_.xn.as<float>(), T, D, pool_);
+  Activate(gate, up, T * w);
+  const kernels::Matrix down = L.w_down.ColSlice(f0, f1);
+  if (f0 == 0)
+    MatMul(down, gate, T, w, a_.ffn_out(), D, pool_);
+  else
+    kernels::MatMulAccumulate(down, gate, T, w, a_.ffn_out(), D, pool_);
+}
+
+// The FFN over its whole width for rows (xn: their normed inputs), the output
+// written over xn.
+void Forward::FfnWhole(int l, std::span<const BatchRow> rows, float* xn) {
+  const int64_t T = static_cast<int64_t>(rows.size());
+  const LayerWeights& L = w_.layers[l];
+  const int64_t D = c_.dim, F = c_.ffn_dim;
+  float* gate = a_.gate();
   if (L.w_gate.valid()) {
-    float* up = a_.up();
+    float* up = a_.up(T, F);
     const kernels::MatMulOut outs[] = {{&L.w_gate, gate, F}, {&L.w_up, up, F}};
     kernels::MatMulMany(outs, xn, T, D, pool_);
     RowLora(l, kLoraGate, rows, xn, D, gate, F);
     RowLora(l, kLoraUp, rows, xn, D, up, F);
-    // gate and up are dense [T, F]: split the elements across threads.
-    auto act = [&](int64_t b, int64_t e, int) {
-      kernels::GatedActivation(c_.act, gate + b, up + b, e - b);
-    };
-    if (pool_ && T * F >= kParallelActivation) {
-      pool_->ParallelFor(T * F, act, 1024);
-    } else {
-      act(0, T * F, 0);
-    }
+    Activate(gate, up, T * F);
   } else {  // fused [gate; up] rows: one row of output is [gate F | up F]
     MatMul(L.w_up, xn, T, D, gate, 2 * F, pool_);
     RowLora(l, kLoraGate, rows, xn, D, gate, 2 * F);
@@ -322,15 +393,20 @@ void Forward::FfnBlock(int l, std::span<const BatchRow> rows) {
     for (int64_t t = 1; t < T; ++t)  // compact to [T, F], in order (rows overlap)
       std::memmove(gate + t * F, gate + t * 2 * F, F * sizeof(float));
   }
-  MatMul(L.w_down, gate, T, F, out, D, pool_);
-  RowLora(l, kLoraDown, rows, gate, F, out, D);
-  ForRows(T, [&](int64_t t) {
-    float* o = out + t * D;
-    if (L.post_ffn_norm)
-      kernels::RmsNormForward(o, L.post_ffn_norm, c_.norm_offset, c_.norm_eps, D, o);
-    float* xr = x + t * D;
-    for (int64_t i = 0; i < D; ++i) xr[i] += o[i] * c_.residual_scale;
-  });
+  MatMul(L.w_down, gate, T, F, xn, D, pool_);  // xn's rows are read by now
+  RowLora(l, kLoraDown, rows, gate, F, xn, D);
+}
+
+// gate = act(gate) * up over n dense elements, split across threads.
+void Forward::Activate(float* gate, const float* up, int64_t n) {
+  auto act = [&](int64_t b, int64_t e, int) {
+    kernels::GatedActivation(c_.act, gate + b, up + b, e - b);
+  };
+  if (pool_ && n >= kParallelActivation) {
+    pool_->ParallelFor(n, act, 1024);
+  } else {
+    act(0, n, 0);
+  }
 }
 
 void Forward::RowLora(int l, int target, std::span<const BatchRow> rows, const float* x,

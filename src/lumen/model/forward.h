@@ -23,26 +23,38 @@
 
 namespace lumen::model {
 
+// Columns of the FFN's hidden width per piece where a chunk takes it in
+// pieces: the bf16 route's K block (kernels/matmul_bf16.cc), so every piece's
+// down product continues the whole product's bits (kernels::MatMulAccumulate).
+inline constexpr int64_t kFfnPiece = 2048;
+
 // Scratch for one chunk; sized once for kMaxChunk tokens. The attention block
-// (qkv, att) and the FFN block (gate, up) never live at once, so they share
-// one work buffer; each block writes its output, before the residual add,
-// over xn once the products that read xn are done.
+// (qkv, att) and the FFN block never live at once, so they share one work
+// buffer. The FFN of a prefill chunk takes its hidden width in pieces of
+// kFfnPiece columns (gate, up and the down product's slice per piece; the
+// output summed in ffn_out), so the buffer holds kMaxChunk rows of one piece
+// rather than of the whole width (Forward::FfnBlock). The attention block, and
+// the FFN of a decode step or with adapters, write their output over xn once
+// the products that read xn are done.
 struct Activations {
   Activations(const ModelConfig& c, int threads);
-  // Floats per token of x, xn and the work buffer together (what fit.cc counts).
-  static int64_t FloatsPerToken(const ModelConfig& c);
+  // Floats of x, xn and the work buffer together (what fit.cc counts).
+  static int64_t Floats(const ModelConfig& c);
+  // Rows whose gate and up over the FFN's whole width fit the work buffer.
+  int64_t WholeFfnRows() const { return work_floats / (2 * ffn_dim); }
 
   float* qkv() { return work.as<float>(); }                          // [T, H*Dh + 2*Hkv*Dh]
   float* att() { return work.as<float>() + kMaxChunk * qkv_width; }  // [T, H*Dh] pre o_proj
-  // [T, F], then act(gate) * up; [T, 2F] gate and up when the FFN's gate and up
-  // are one [2F, D] matrix.
+  // The FFN's gate then act(gate) * up [T, w] and up [T, w] for a hidden
+  // width w (a piece, or the whole width for at most WholeFfnRows rows).
   float* gate() { return work.as<float>(); }
-  float* up() { return work.as<float>() + kMaxChunk * ffn_dim; }  // [T, F] (not when fused)
+  float* up(int64_t T, int64_t w) { return work.as<float>() + T * w; }
+  float* ffn_out() { return work.as<float>() + ffn_out_at; }  // [T, D]
 
   AlignedBuffer x;     // [T, D] residual stream
   AlignedBuffer xn;    // [T, D] normed input of the current block, then its output
   AlignedBuffer work;  // qkv and att, then gate and up
-  int64_t qkv_width = 0, ffn_dim = 0;
+  int64_t qkv_width = 0, ffn_dim = 0, work_floats = 0, ffn_out_at = 0;
   AlignedBuffer attn_scratch;  // per thread: see kernels::AttendOne (grown by RunRows)
   int64_t attn_scratch_per_thread = 0;
   AlignedBuffer attn_parts;  // [threads, H*Dh]: position-split attention's partial outputs
@@ -99,6 +111,9 @@ class Forward {
   void AttendByPosition(int l, const BatchRow& row, int64_t t, const kernels::AttentionShape& shape,
                         int64_t window);
   void FfnBlock(int l, std::span<const BatchRow> rows);
+  void FfnPiece(int l, int64_t T, int64_t f0, int64_t f1);
+  void FfnWhole(int l, std::span<const BatchRow> rows, float* xn);
+  void Activate(float* gate, const float* up, int64_t n);
   // y += the LoRA updates of product `target` of layer l: the model-wide
   // adapter on every row, then each row's set. Pass k applies every row's
   // k-th term, rows sharing that adapter together (ApplyLoraRows), so a

@@ -1291,8 +1291,12 @@ void Bf16Panels(RowDecoder& dec, const uint16_t* xb, const uint16_t* xpacked, in
     asm("vcvtneps2bf16 %1, %0" : "=v"(h) : "v"(w.raw));
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + k), h);
   };
+  const int64_t row_bytes = dec.W.w.stride[0];
   auto decode_row = [&](int64_t r, uint16_t* out) HWY_ATTR {
     dst = out;
+    // The rows a few ahead into L2: the panel decode reads each weight once
+    // per chunk, straight from DRAM, and stalled on its lines.
+    PrefetchAhead(dec.W.w.row<const uint8_t>(r), row_bytes);
     if (dec.path == Path::kQ4_0Cols)
       DecodeQ4_0ColumnsBf16(dec.W.w.row<const uint8_t>(r), K, out, store);
     else

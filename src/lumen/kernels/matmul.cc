@@ -1296,9 +1296,10 @@ void Bf16Panels(RowDecoder& dec, const uint16_t* xb, const uint16_t* xpacked, in
     dst = out;
     // The rows a few ahead into L2: the panel decode reads each weight once
     // per chunk, straight from DRAM, and stalled on its lines.
-    PrefetchAhead(dec.W.w.row<const uint8_t>(r), row_bytes);
+    const uint8_t* row = dec.W.w.row<const uint8_t>(r);
+    PrefetchAhead(row, row_bytes);
     if (dec.path == Path::kQ4_0Cols)
-      DecodeQ4_0ColumnsBf16(dec.W.w.row<const uint8_t>(r), K, out, store);
+      DecodeQ4_0ColumnsBf16(row, K, out, store);
     else
       dec.Decode(r, store);
     std::fill(out + ldp, out + ld, uint16_t{0});

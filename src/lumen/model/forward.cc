@@ -71,14 +71,13 @@ constexpr int64_t kWholeFfnMinRows = kernels::kInt8MaxRows;
 
 namespace {
 
-int64_t FfnPieceWidth(const ModelConfig& c) { return std::min<int64_t>(c.ffn_dim, kFfnPiece); }
-
 // The work buffer: a chunk's qkv and att; or its FFN gate and up for one
 // piece and the FFN's output; or gate and up over the whole width for a
 // decode step's rows.
 int64_t WorkFloats(const ModelConfig& c) {
   const int64_t qkv_att = c.q_dim() + 2 * c.kv_dim() + c.q_dim();
-  return std::max({kMaxChunk * qkv_att, kMaxChunk * (2 * FfnPieceWidth(c) + c.dim),
+  return std::max({kMaxChunk * qkv_att,
+                   kMaxChunk * (2 * std::min<int64_t>(c.ffn_dim, kFfnPiece) + c.dim),
                    kWholeFfnMinRows * 2 * int64_t(c.ffn_dim)});
 }
 
@@ -91,9 +90,7 @@ Activations::Activations(const ModelConfig& c, int threads)
       xn(kMaxChunk * c.dim * sizeof(float)),
       work(WorkFloats(c) * sizeof(float)),
       qkv_width(c.q_dim() + 2 * c.kv_dim()),
-      ffn_dim(c.ffn_dim),
-      work_floats(WorkFloats(c)),
-      ffn_out_at(kMaxChunk * 2 * FfnPieceWidth(c)) {
+      ffn_dim(c.ffn_dim) {
   // attn_scratch is sized by RunRows for the longest cache it is given: the
   // model's context (128k for Llama-3.2) would cost 35 MB for a 4k session.
   attn_parts = AlignedBuffer(size_t(threads) * c.q_dim() * sizeof(float));

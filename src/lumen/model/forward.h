@@ -8,6 +8,7 @@
 // Layers are free functions over the weights and preallocated Activations.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -41,7 +42,7 @@ struct Activations {
   // Floats of x, xn and the work buffer together (what fit.cc counts).
   static int64_t Floats(const ModelConfig& c);
   // Rows whose gate and up over the FFN's whole width fit the work buffer.
-  int64_t WholeFfnRows() const { return work_floats / (2 * ffn_dim); }
+  int64_t WholeFfnRows() const { return int64_t(work.size() / sizeof(float)) / (2 * ffn_dim); }
 
   float* qkv() { return work.as<float>(); }                          // [T, H*Dh + 2*Hkv*Dh]
   float* att() { return work.as<float>() + kMaxChunk * qkv_width; }  // [T, H*Dh] pre o_proj
@@ -49,12 +50,13 @@ struct Activations {
   // width w (a piece, or the whole width for at most WholeFfnRows rows).
   float* gate() { return work.as<float>(); }
   float* up(int64_t T, int64_t w) { return work.as<float>() + T * w; }
-  float* ffn_out() { return work.as<float>() + ffn_out_at; }  // [T, D]
+  // [T, D], after one piece's gate and up for kMaxChunk rows.
+  float* ffn_out() { return work.as<float>() + kMaxChunk * 2 * std::min(ffn_dim, kFfnPiece); }
 
   AlignedBuffer x;     // [T, D] residual stream
   AlignedBuffer xn;    // [T, D] normed input of the current block, then its output
-  AlignedBuffer work;  // qkv and att, then gate and up
-  int64_t qkv_width = 0, ffn_dim = 0, work_floats = 0, ffn_out_at = 0;
+  AlignedBuffer work;  // qkv and att, then gate, up and (in pieces) the FFN's output
+  int64_t qkv_width = 0, ffn_dim = 0;
   AlignedBuffer attn_scratch;  // per thread: see kernels::AttendOne (grown by RunRows)
   int64_t attn_scratch_per_thread = 0;
   AlignedBuffer attn_parts;  // [threads, H*Dh]: position-split attention's partial outputs

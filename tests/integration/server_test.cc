@@ -34,8 +34,9 @@ json Chat(const std::string& text, int max_tokens, json extra = json::object()) 
   return b;
 }
 
-// More than two prefill chunks (kMaxChunk = 128 tokens) of the embedded
-// model's tokens: on the default routes the prompt cache keeps whole chunks.
+// More than one prefill chunk (kMaxChunk = 256 tokens) of the embedded
+// model's tokens (272): on the default routes the prompt cache keeps whole
+// chunks.
 std::string LongStory() {
   std::string s;
   for (int i = 0; i < 18; ++i) s += "Once upon a time there was a little dog named Max. ";
@@ -584,11 +585,11 @@ TEST_F(EmbeddedServer, PromptCacheReusesConversationPrefix) {
                  {{"messages", m2}, {"max_tokens", 8}, {"temperature", 0}});
   ASSERT_EQ(r2.status, 200);
   const int cached = r2.Json()["usage"]["prompt_tokens_details"]["cached_tokens"];
-  // The default routes (bf16 prefill) keep the whole 128-token chunks of the
+  // The default routes (bf16 prefill) keep the whole 256-token chunks of the
   // first prompt (engine/scheduler.h RestoreLength).
   const int p1 = r1.Json()["usage"]["prompt_tokens"].get<int>();
   ASSERT_GE(p1, 256);
-  EXPECT_EQ(cached, p1 / 128 * 128);
+  EXPECT_EQ(cached, p1 / 256 * 256);
   EXPECT_LT(cached, r2.Json()["usage"]["prompt_tokens"].get<int>());
   auto st = Request(port(), "GET", "/stats").Json();
   EXPECT_GT(st["prompt_cache"]["hits"].get<int>(), before);

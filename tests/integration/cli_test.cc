@@ -307,6 +307,7 @@ TEST(Cli, AmbiguousOrImpossibleFlagsAreRefused) {
   std::ofstream(dir + "/t.txt") << "Once upon a time";
   refused("tokenize " + src + " extra --file " + dir + "/t.txt", "'extra'");
   refused("perplexity " + src + " --file " + dir, "is a directory");
+  refused("perplexity " + src + " --file " + dir + "/t.txt --batch 257", "--batch: Value 257");
   CliRun wide = Lumen("generate " + src + " \"Once\" -n 2 --temp 0 --ctx 4096");
   EXPECT_EQ(wide.code, 0) << wide.err;
   EXPECT_NE(wide.err.find("--ctx 4096 exceeds the model's context of 512 tokens"),

@@ -13,6 +13,7 @@
 #include "lumen/cli/verbs.h"
 #include "lumen/engine/default_model.h"
 #include "lumen/eval/perplexity.h"
+#include "lumen/model/kv_cache.h"
 
 namespace lumen::cli {
 namespace {
@@ -91,8 +92,9 @@ void RegisterPerplexity(CLI::App& app) {
                   "tokens between window starts (default ctx/2: each window scores the tokens "
                   "the previous one did not)")
       ->check(CLI::Range(int64_t(1), int64_t(1) << 24));
-  cmd->add_option("-b,--batch", a->batch, "tokens per forward call (default 128)")
-      ->check(CLI::Range(int64_t(1), int64_t(1) << 24));
+  cmd->add_option("-b,--batch", a->batch,
+                  fmt::format("tokens per forward call (default and most: {})", model::kMaxChunk))
+      ->check(CLI::Range(int64_t(1), model::kMaxChunk));
   cmd->add_option("--base", a->base,
                   "base model of the same vocabulary: report KL(base || model) and top-1 "
                   "agreement");

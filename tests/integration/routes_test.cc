@@ -16,6 +16,7 @@
 #include "lumen/kernels/matmul_bf16.h"
 #include "lumen/kernels/matmul_bf16_amx.h"
 #include "lumen/kernels/matmul_q8.h"
+#include "lumen/kernels/matmul_q8_avx2.h"
 #include "lumen/sample/sampler.h"
 #include "lumen_cli.h"
 
@@ -186,6 +187,12 @@ TEST(RoutesCli, TrainComputeShowsTheBf16Routes) {
   const char* nodes[] = {"train.product", "train.product_t", "head.chunk", "train.lora"};
   for (const char* compute : {"f32", "bf16"}) {
     CliRun r = RunLumen(std::string("routes --for train --json --compute ") + compute);
+    if (std::string(compute) == "bf16" && !kernels::CpuHasBf16()) {
+      // Refused as `lumen train --compute bf16` is here, with its reason.
+      EXPECT_NE(r.code, 0);
+      EXPECT_NE(r.err.find("no AVX512-BF16"), std::string::npos) << r.err;
+      continue;
+    }
     ASSERT_EQ(r.code, 0) << r.err;
     auto j = nlohmann::json::parse(r.out, nullptr, false);
     ASSERT_TRUE(j.is_array()) << r.out;
@@ -211,18 +218,19 @@ TEST(RoutesCli, TrainComputeShowsTheBf16Routes) {
 }
 
 // The table names the decode route each weight type actually takes: the
-// int8x2 route (the default) for every quantized type with an int8 kernel
-// where the CPU has VNNI, and the exact route for float weights and under
-// --exact. `lumen bench` says the same per storage.
+// int8x2 route (the default) for every quantized type with an int8 kernel on
+// this CPU (VNNI: every one; AVX2: the GGUF types), and the exact route for
+// float weights and under --exact. `lumen bench` says the same per storage.
 TEST(RoutesCli, DecodeRoutePerWeightType) {
   const std::string dir = TempDir("routes_types");
   struct Want {
     std::string quant, node;
     bool int8;
   };
-  const bool vnni = kernels::CpuHasVnni();
-  const Want wants[] = {{"q5_k", "matmul.q5_k.decode", vnni},
-                        {"q4_1", "matmul.q4_1.decode", vnni},
+  const bool vnni = kernels::CpuHasVnni(), gguf = vnni || kernels::CpuHasAvx2();
+  const std::string route = vnni ? "int8x2-vnni" : "int8x2-avx2";
+  const Want wants[] = {{"q5_k", "matmul.q5_k.decode", gguf},
+                        {"q4_1", "matmul.q4_1.decode", gguf},
                         {"mlx8-g32", "matmul.mlx8.decode", vnni},
                         {"f16", "matmul.f16.decode", false}};
   for (const Want& w : wants) {
@@ -239,7 +247,7 @@ TEST(RoutesCli, DecodeRoutePerWeightType) {
         if (n["node"] != w.node) continue;
         ++seen;
         const bool int8 = w.int8 && flags.empty();
-        EXPECT_EQ(n["route"] == "int8x2-vnni", int8) << w.quant << flags << ": " << n.dump();
+        EXPECT_EQ(n["route"] == route, int8) << w.quant << flags << ": " << n.dump();
       }
       EXPECT_EQ(seen, 1) << w.quant << flags << ": " << r.out;
     }

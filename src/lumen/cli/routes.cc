@@ -14,6 +14,7 @@
 #include "lumen/kernels/matmul_bf16.h"
 #include "lumen/kernels/matmul_bf16_amx.h"
 #include "lumen/kernels/matmul_q8.h"
+#include "lumen/kernels/matmul_q8_avx2.h"
 #include "lumen/train/compute.h"
 
 namespace lumen::cli {
@@ -114,6 +115,7 @@ RouteContext MakeContext(std::string_view graph, const ModelArgs& args, const Ro
   RouteContext ctx;
   if (kernels::CpuHasBf16()) ctx.Add("cpu", "avx512bf16");
   if (kernels::CpuHasVnni()) ctx.Add("cpu", "avx512vnni");
+  if (kernels::CpuHasAvx2()) ctx.Add("cpu", "avx2");
   if (kernels::AmxBf16Usable()) ctx.Add("cpu", "amx");
   ctx.Set("act", c.act_route);
   ctx.Set("kv", c.kv_type);
@@ -233,7 +235,7 @@ std::string RouteSummary(const RouteChoice& c, const engine::Model& model) {
   for (const auto& t : model.tensors())
     if (t.shape.size() == 2 && kernels::Int8RouteSupports(t.matrix)) int8 = true;
   const bool bf16 = kernels::RouteHasBf16(act) && kernels::CpuHasBf16();
-  int8 = int8 && kernels::RouteHasInt8(act) && kernels::CpuHasVnni();
+  int8 = int8 && kernels::RouteHasInt8(act);  // Int8RouteSupports asked the CPU
   const char* decode = !int8                           ? "exact (L2)"
                        : kernels::Int8Levels(act) == 2 ? "int8x2 (L2; exact for other weight types)"
                                                        : "int8 (L3)";
@@ -409,6 +411,7 @@ int CheckRoutes(const std::string& junit_path, const std::string& source_dir) {
   RouteContext cpu;
   if (kernels::CpuHasBf16()) cpu.Add("cpu", "avx512bf16");
   if (kernels::CpuHasVnni()) cpu.Add("cpu", "avx512vnni");
+  if (kernels::CpuHasAvx2()) cpu.Add("cpu", "avx2");
   if (kernels::AmxBf16Usable()) cpu.Add("cpu", "amx");
 
   std::set<std::pair<std::string, std::string>> seen;
@@ -472,6 +475,11 @@ void RunRoutes(RoutesArgs& a) {
   if (a.lint || !a.check.empty()) {
     if (CheckRoutes(a.check, LUMEN_SOURCE_DIR) != 0) SetExitCode(1);
     return;
+  }
+  // The train graph for a precision `lumen train` would refuse on this CPU
+  // is not a graph that runs: refused with train's reason.
+  if (auto c = train::ParseCompute(a.model.train_compute); c) {
+    if (Status ok = train::ValidateCompute(*c); !ok.ok()) return ReportError(ok);
   }
   auto model = LoadModel(a.model);
   if (!model.ok()) return ReportError(model.status());

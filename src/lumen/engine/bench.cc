@@ -8,6 +8,8 @@
 #include <set>
 #include <sstream>
 
+#include <fmt/format.h>
+
 #include "lumen/core/buffer.h"
 #include "lumen/core/thread_pool.h"
 #include "lumen/engine/session.h"
@@ -152,6 +154,7 @@ Result<BenchReport> RunBench(const Model& model, const BenchOptions& o) {
   // Roofline inputs.
   double mat_flops = 0;  // 2 * N * K summed over the layer matrices
   std::set<std::string> routes;
+  const char* isa = kernels::CpuHasVnni() ? "VNNI" : "AVX2";  // the int8 kernels' instructions
   model::ForEachMatrix(w, [&](const kernels::Matrix& m) {
     r.weight_bytes_per_token += m.bytes();
     if (&m != &w.output) mat_flops += 2.0 * double(m.n) * double(m.k);
@@ -161,8 +164,8 @@ Result<BenchReport> RunBench(const Model& model, const BenchOptions& o) {
     std::string route = !kernels::UsesInt8Route(m, 1)
                             ? (kernels::MatMulIsFused(m) ? ": fused decode" : ": scalar dequant")
                         : kernels::Int8Levels(m.route) == 2
-                            ? ": decode int8x2 activations (two levels), VNNI (L2)"
-                            : ": decode int8 activations, VNNI (L3)";
+                            ? fmt::format(": decode int8x2 activations (two levels), {} (L2)", isa)
+                            : fmt::format(": decode int8 activations, {} (L3)", isa);
     if (kernels::RouteHasBf16(m.route) && kernels::CpuHasBf16())
       route += kernels::AmxBf16Usable() ? ", prefill bf16, AMX tiles (L3)"
                                         : ", prefill bf16, AVX512-BF16 (L3)";

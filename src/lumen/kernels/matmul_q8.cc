@@ -1,4 +1,5 @@
 #include "lumen/kernels/matmul_q8.h"
+#include "lumen/kernels/matmul_q8_avx2.h"
 
 #include <algorithm>
 #include <array>
@@ -1867,7 +1868,7 @@ void QuantizeBlocksQ8x2(const float* x, int64_t nb, int8_t* q1, int8_t* q2, floa
 }
 
 bool Int8RouteSupports(const Matrix& W) {
-  if (!CpuHasVnni()) return false;
+  if (!CpuHasVnni()) return CpuHasAvx2() && Avx2Int8Covers(W);
   if (W.mlx_bits != 0) {
     const DType st = W.scales.dtype, bt = W.biases.dtype;
     auto flt = [](DType t) { return t == DType::kF16 || t == DType::kBF16 || t == DType::kF32; };
@@ -1919,6 +1920,7 @@ void MatMulInt8(const Matrix& W, const float* X, int64_t M, int64_t ldx, float* 
 
 void MatMulManyInt8(std::span<const MatMulOut> outs, const float* X, int64_t M, int64_t ldx,
                     ThreadPool* pool) {
+  if (!CpuHasVnni()) return MatMulManyInt8Avx2(outs, X, M, ldx, pool);
   // One prepared copy of X per activation layout present (q/k/v may differ):
   // byte order, sign, offset group and level count (formats that agree on
   // all four, e.g. Q4_K and Q5_K, share one).

@@ -27,7 +27,8 @@
 // route's is not: it is the default decode route (cli/routes.h).
 //
 // Used by MatMul/MatMulMany when W.route has int8 (matrix.h), the weight type is
-// one of those (Int8RouteSupports), the CPU has AVX512-VNNI and M <= kInt8MaxRows (prefill keeps
+// one of those (Int8RouteSupports), the CPU has AVX512-VNNI (without it but with
+// AVX2, the kernels of matmul_q8_avx2.h for the GGUF types) and M <= kInt8MaxRows (prefill keeps
 // the exact f32 panels or the bf16 route: with a scale per 32-block the integer dot saves nothing
 // per FMA there). Otherwise the exact route runs. MatMulInt8Ref and MatMulInt8x2Ref
 // (matmul_q8_ref.h) are the scalar oracles: same activation quantization, double accumulation.
@@ -49,7 +50,9 @@ inline constexpr int64_t kInt8MaxRows = 8;
 // VBMI, whose vpermt2b gathers the quads) takes the exact route.
 bool CpuHasVnni();
 
-// True when the int8 route can run W's storage on this CPU (ignores W.route).
+// True when the int8 route can run W's storage on this CPU (ignores W.route):
+// every type above with VNNI; on other AVX2 CPUs the GGUF types as stored
+// (Avx2Int8Covers).
 bool Int8RouteSupports(const Matrix& W);
 
 // True when MatMul(W, ..., M, ...) takes the int8 route.

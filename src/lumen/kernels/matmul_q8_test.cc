@@ -77,10 +77,13 @@ TEST(QuantizeBlocksQ8, SameBitsAsTheScalarBlockQuantizer) {
   EXPECT_EQ(q[31], 127);
 }
 
-#define SKIP_WITHOUT_VNNI(W)                         \
-  if (!Int8RouteSupports(W))                         \
-  GTEST_SKIP() << "no AVX512-VNNI on this CPU: the " \
-                  "int8 route falls back to exact"
+// These tests cover the VNNI kernels (every storage they run, column groups
+// and MLX included); matmul_q8_avx2_test.cc covers the AVX2 kernels that run
+// the route on other x86 CPUs.
+#define SKIP_WITHOUT_VNNI(W)                                                  \
+  if (!CpuHasVnni() || !Int8RouteSupports(W))                                 \
+  GTEST_SKIP() << "no AVX512-VNNI on this CPU: the int8 route runs the AVX2 " \
+                  "kernels (matmul_q8_avx2_test.cc) or the exact route"
 
 TEST(QuantizeBlockQ8, KnownValues) {
   float x[kQK] = {};
@@ -187,7 +190,7 @@ TEST(MatMulInt8, MatchesOracleAndExactBound) {
 TEST(MatMulInt8, RouteSelection) {
   std::mt19937 rng(11);
   OwnedMatrix W = MakeInt8(DType::kQ4_0, 40, 256, rng);
-  SKIP_WITHOUT_VNNI(W.m);
+  if (!Int8RouteSupports(W.m)) GTEST_SKIP() << "no AVX2 and no AVX512-VNNI: no int8 kernel runs";
   const int64_t M = kInt8MaxRows + 1, N = 40, K = 256;
   const std::vector<float> X = RandomActivations(M, K, rng);
   // Above kInt8MaxRows rows the exact route runs: bit-identical to kExact.
@@ -213,15 +216,19 @@ TEST(MatMulInt8, RouteSelection) {
   }
   EXPECT_FALSE(Int8RouteSupports(MakeInt8(DType::kU32, 8, 96, rng, 32).m));
   EXPECT_FALSE(Int8RouteSupports(MakeInt8(DType::kU32, 8, 96, rng, 32, DType::kF16, 8).m));
-  // Every quantized type the engine loads has one.
+  // With VNNI every quantized type the engine loads has one; on other AVX2
+  // CPUs the GGUF types as the file has them (column groups are made at load
+  // only where VNNI runs them; MLX keeps the exact route there).
   for (DType t : {DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1, DType::kQ8_0,
-                  DType::kQ2_K, DType::kQ3_K, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K,
-                  DType::kQ4_0Cols, DType::kQ4_1Cols, DType::kQ5_0Cols, DType::kQ5_1Cols,
-                  DType::kQ4_KCols, DType::kQ5_KCols, DType::kQ8_0Cols, DType::kQ6_KCols})
+                  DType::kQ2_K, DType::kQ3_K, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K})
     EXPECT_TRUE(Int8RouteSupports(MakeInt8(t, 8, 256, rng).m)) << Name(t);
+  for (DType t : {DType::kQ4_0Cols, DType::kQ4_1Cols, DType::kQ5_0Cols, DType::kQ5_1Cols,
+                  DType::kQ4_KCols, DType::kQ5_KCols, DType::kQ8_0Cols, DType::kQ6_KCols})
+    EXPECT_EQ(Int8RouteSupports(MakeInt8(t, 8, 256, rng).m), CpuHasVnni()) << Name(t);
   for (int bits : {4, 8})
     for (int g : {32, 64, 128})
-      EXPECT_TRUE(Int8RouteSupports(MakeInt8(DType::kU32, 8, 256, rng, g, DType::kF16, bits).m))
+      EXPECT_EQ(Int8RouteSupports(MakeInt8(DType::kU32, 8, 256, rng, g, DType::kF16, bits).m),
+                CpuHasVnni())
           << "mlx" << bits << "_g" << g;
 }
 

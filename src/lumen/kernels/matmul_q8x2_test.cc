@@ -92,10 +92,13 @@ OwnedMatrix MakeX2(const Case& c, int64_t N, int64_t K, std::mt19937& rng) {
   return o;
 }
 
-#define SKIP_WITHOUT_VNNI(W)                         \
-  if (!Int8RouteSupports(W))                         \
-  GTEST_SKIP() << "no AVX512-VNNI on this CPU: the " \
-                  "int8x2 route falls back to exact"
+// These tests cover the VNNI kernels (every storage they run, column groups
+// and MLX included); matmul_q8_avx2_test.cc covers the AVX2 kernels that run
+// the route on other x86 CPUs.
+#define SKIP_WITHOUT_VNNI(W)                                                    \
+  if (!CpuHasVnni() || !Int8RouteSupports(W))                                   \
+  GTEST_SKIP() << "no AVX512-VNNI on this CPU: the int8x2 route runs the AVX2 " \
+                  "kernels (matmul_q8_avx2_test.cc) or the exact route"
 
 TEST(QuantizeBlockQ8x2, KnownValues) {
   float x[kQK] = {};

@@ -1,0 +1,527 @@
+#include "lumen/kernels/matmul_q8_avx2.h"
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "lumen/core/check.h"
+#include "lumen/core/quant.h"
+#include "lumen/core/route.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#define LUMEN_AVX2 __attribute__((target("avx2,fma,f16c")))
+#endif
+
+namespace lumen::kernels {
+
+LUMEN_ROUTE(matmul_int8_decode_avx2,
+            {.node = "matmul.decode",
+             .name = "int8-avx2",
+             .tier = Tier::kL3,
+             .oracle = "MatMulInt8Ref (same activation quantization, double accumulation); "
+                       "as a replacement of the exact product: no oracle",
+             .bound = "KL(exact || route) at most twice what Q8_0 weights cost",
+             .tests = "MatMulInt8Avx2.MatchesOracleAndExactBound;MatMulInt8Avx2."
+                      "ThreadsManyAndBatchesAreBitIdentical;QuantTypes.Int8RouteTracksExact",
+             .measure = "docs/reference/performance.md#exactness",
+             .when = "act=int8|int8+bf16 cpu=avx2 int8=kernel",
+             .priority = 15});
+LUMEN_ROUTE(
+    matmul_int8x2_decode_avx2,
+    {.node = "matmul.decode",
+     .name = "int8x2-avx2",
+     .tier = Tier::kL2,
+     .oracle = "MatMulInt8x2Ref (same two-level activation quantization, double "
+               "accumulation); against the exact product: the activation rounding bound",
+     .bound = "|y - y_exact| <= sum over blocks of (dx / 256) sum |w| (+ f32 slack); "
+              "KL(exact || route) below a quarter of what Q8_0 weights cost",
+     .tests = "MatMulInt8Avx2.MatchesOracleAndExactBound;MatMulInt8Avx2."
+              "ThreadsManyAndBatchesAreBitIdentical;MatMulInt8Avx2.ExtremeCodesDoNotSaturate;"
+              "RouteKl.Int8x2DecodeGateOnEveryWeightType",
+     .measure = "docs/reference/performance.md#the-int8x2-decode-route-on-avx2",
+     .when = "act=int8x2|int8x2+bf16 cpu=avx2 int8=kernel",
+     .priority = 15});
+
+namespace {
+
+// Activation rows as the kernels read them: per row and 32-element block,
+// the levels' codes together (level 1, then level 2), the block's scale, and
+// the activation sums the offsets multiply.
+struct Acts {
+  int levels = 1;
+  int64_t nb = 0;          // blocks per row
+  std::vector<int8_t> q;   // [M][nb][levels][32]
+  std::vector<float> d;    // [M][nb]: d (one level) or d2 = d / 256 (two)
+  std::vector<float> s16;  // [M][2 nb]: d x sum over each 16-element half of (256 q1 + q2), or q
+  std::vector<float> s32;  // [M][nb]: the same over the block
+  // [M][nb][8]: the sums of (256 q1 + q2), or q, over each 4 elements: Q4_0 /
+  // Q5_0's code shift is subtracted from the dot lanes in integers (exact, as
+  // the VNNI kernels do), since d q x and d 8 x nearly cancel.
+  std::vector<int32_t> lanes;
+  const int8_t* Q(int64_t m, int64_t b) const { return q.data() + (m * nb + b) * kQK * levels; }
+  const float* D(int64_t m) const { return d.data() + m * nb; }
+  const float* S16(int64_t m) const { return s16.data() + m * 2 * nb; }
+  const float* S32(int64_t m) const { return s32.data() + m * nb; }
+  const int32_t* Lanes(int64_t m, int64_t b) const { return lanes.data() + (m * nb + b) * 8; }
+};
+
+void Prepare(const float* X, int64_t M, int64_t ldx, int64_t K, int levels, Acts* a) {
+  const int64_t nb = K / kQK;
+  a->levels = levels;
+  a->nb = nb;
+  a->q.resize(static_cast<size_t>(M * K * levels));
+  a->d.resize(static_cast<size_t>(M * nb));
+  a->s16.resize(static_cast<size_t>(M * 2 * nb));
+  a->s32.resize(static_cast<size_t>(M * nb));
+  a->lanes.resize(static_cast<size_t>(M * nb * 8));
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t b = 0; b < nb; ++b) {
+      int8_t* q = a->q.data() + (m * nb + b) * kQK * levels;
+      const float* x = X + m * ldx + b * kQK;
+      const float d = levels == 1 ? QuantizeBlockQ8(x, q) : QuantizeBlockQ8x2(x, q, q + kQK);
+      int32_t half[2] = {0, 0};  // at most 16 x 32639: exact in f32
+      int32_t* lane = a->lanes.data() + (m * nb + b) * 8;
+      std::fill(lane, lane + 8, 0);
+      for (int j = 0; j < kQK; ++j) {
+        const int32_t v = levels == 1 ? q[j] : 256 * q[j] + q[kQK + j];
+        half[j / 16] += v;
+        lane[j / 4] += v;
+      }
+      a->d[m * nb + b] = d;
+      a->s16[m * 2 * nb + 2 * b] = d * static_cast<float>(half[0]);
+      a->s16[m * 2 * nb + 2 * b + 1] = d * static_cast<float>(half[1]);
+      a->s32[m * nb + b] = d * static_cast<float>(half[0] + half[1]);
+    }
+}
+
+enum class Fmt { kQ4_0, kQ4_1, kQ5_0, kQ5_1, kQ8_0, kQ2K, kQ3K, kQ4K, kQ5K, kQ6K };
+
+bool FmtOf(const Matrix& W, Fmt* f) {
+  if (W.mlx_bits != 0) return false;
+  switch (W.w.dtype) {
+    case DType::kQ4_0:
+      *f = Fmt::kQ4_0;
+      return W.k % kQK == 0;
+    case DType::kQ4_1:
+      *f = Fmt::kQ4_1;
+      return W.k % kQK == 0;
+    case DType::kQ5_0:
+      *f = Fmt::kQ5_0;
+      return W.k % kQK == 0;
+    case DType::kQ5_1:
+      *f = Fmt::kQ5_1;
+      return W.k % kQK == 0;
+    case DType::kQ8_0:
+      *f = Fmt::kQ8_0;
+      return W.k % kQK == 0;
+    case DType::kQ2_K:
+      *f = Fmt::kQ2K;
+      return W.k % kQKK == 0;
+    case DType::kQ3_K:
+      *f = Fmt::kQ3K;
+      return W.k % kQKK == 0;
+    case DType::kQ4_K:
+      *f = Fmt::kQ4K;
+      return W.k % kQKK == 0;
+    case DType::kQ5_K:
+      *f = Fmt::kQ5K;
+      return W.k % kQKK == 0;
+    case DType::kQ6_K:
+      *f = Fmt::kQ6K;
+      return W.k % kQKK == 0;
+    default:
+      return false;
+  }
+}
+
+// One weight row against activation rows m0 .. m0 + MB - 1: y[r * ldy].
+using RowsFn = void (*)(const uint8_t* w, const Acts& a, int64_t m0, float* y, int64_t ldy);
+
+#if defined(__x86_64__)
+
+LUMEN_AVX2 inline float Half(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return _cvtsh_ss(h);
+}
+
+LUMEN_AVX2 inline float HSum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+LUMEN_AVX2 inline __m256i Load32(const void* p) {
+  return _mm256_loadu_si256(static_cast<const __m256i*>(p));
+}
+
+// Per int32 lane j: the sum over bytes 4j..4j+3 of w (256 q1 + q2), or of
+// w q at one level; w unsigned and below 129, so no int16 pair saturates.
+template <int L>
+LUMEN_AVX2 inline __m256i Dot(__m256i w, const int8_t* xq) {
+  const __m256i p1 = _mm256_maddubs_epi16(w, Load32(xq));
+  if constexpr (L == 1) {
+    return _mm256_madd_epi16(p1, _mm256_set1_epi16(1));
+  } else {
+    const __m256i p2 = _mm256_maddubs_epi16(w, Load32(xq + kQK));
+    return _mm256_add_epi32(_mm256_madd_epi16(p1, _mm256_set1_epi16(256)),
+                            _mm256_madd_epi16(p2, _mm256_set1_epi16(1)));
+  }
+}
+
+// The same for signed weight codes: |w| against x carrying w's sign (the
+// activation codes stay within +-127, so negating them is exact; |-128| is
+// the unsigned byte 128).
+template <int L>
+LUMEN_AVX2 inline __m256i DotSigned(__m256i w, const int8_t* xq) {
+  const __m256i aw = _mm256_sign_epi8(w, w);
+  const __m256i p1 = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(Load32(xq), w));
+  if constexpr (L == 1) {
+    return _mm256_madd_epi16(p1, _mm256_set1_epi16(1));
+  } else {
+    const __m256i p2 = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(Load32(xq + kQK), w));
+    return _mm256_add_epi32(_mm256_madd_epi16(p1, _mm256_set1_epi16(256)),
+                            _mm256_madd_epi16(p2, _mm256_set1_epi16(1)));
+  }
+}
+
+// Byte j = `value` where bit j of bits is set, else 0.
+LUMEN_AVX2 inline __m256i BitBytes(uint32_t bits, char value) {
+  // Byte j of each 64-bit quarter q reads byte q of bits; the mask picks its bit j % 8.
+  const __m256i spread = _mm256_shuffle_epi8(
+      _mm256_set1_epi32(static_cast<int>(bits)),
+      _mm256_setr_epi64x(0, 0x0101010101010101, 0x0202020202020202, 0x0303030303030303));
+  const __m256i mask = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201ULL));
+  const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, mask), mask);
+  return _mm256_and_si256(set, _mm256_set1_epi8(value));
+}
+
+// Byte l = `value` where bit j of bytes[l] is set, else 0.
+LUMEN_AVX2 inline __m256i BitOfBytes(__m256i bytes, int j, char value) {
+  const __m256i mask = _mm256_set1_epi8(static_cast<char>(1 << j));
+  const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(bytes, mask), mask);
+  return _mm256_and_si256(set, _mm256_set1_epi8(value));
+}
+
+// The legacy 32-element blocks: the codes (Q8_0 signed, the others unsigned)
+// times each row's block, scaled by d_w d_x; Q4_0 / Q5_0's shift subtracted
+// from the integer lanes, Q4_1 / Q5_1's m through the block sums.
+template <Fmt F, int MB, int L>
+LUMEN_AVX2 void LegacyRows(const uint8_t* w, const Acts& a, int64_t m0, float* y, int64_t ldy) {
+  constexpr bool kMin = F == Fmt::kQ4_1 || F == Fmt::kQ5_1,
+                 kFive = F == Fmt::kQ5_0 || F == Fmt::kQ5_1;
+  constexpr int64_t kBytes = F == Fmt::kQ4_0   ? sizeof(BlockQ4_0)
+                             : F == Fmt::kQ4_1 ? sizeof(BlockQ4_1)
+                             : F == Fmt::kQ5_0 ? sizeof(BlockQ5_0)
+                             : F == Fmt::kQ5_1 ? sizeof(BlockQ5_1)
+                                               : sizeof(BlockQ8_0);
+  constexpr int64_t kQh = kMin ? 4 : 2, kQs = 2 + (kMin ? 2 : 0) + (kFive ? 4 : 0);
+  constexpr int kShiftLog2 = F == Fmt::kQ4_0   ? 3
+                             : F == Fmt::kQ5_0 ? 4
+                                               : 0;  // w = d (q - 8), d (q - 16)
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  __m256 acc[MB];
+  float off[MB];
+  for (int r = 0; r < MB; ++r) {
+    acc[r] = _mm256_setzero_ps();
+    off[r] = 0;
+  }
+  for (int64_t b = 0; b < a.nb; ++b) {
+    const uint8_t* blk = w + b * kBytes;
+    const float dw = Half(blk);
+    __m256i codes;
+    if constexpr (F == Fmt::kQ8_0) {
+      codes = Load32(blk + 2);
+    } else {
+      const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + kQs));
+      codes = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), m4);
+      if constexpr (kFive) {
+        uint32_t qh;
+        std::memcpy(&qh, blk + kQh, 4);
+        codes = _mm256_or_si256(codes, BitBytes(qh, 0x10));
+      }
+    }
+    const float mw = kMin ? Half(blk + 2) : 0.0f;
+    for (int r = 0; r < MB; ++r) {
+      const int8_t* xq = a.Q(m0 + r, b);
+      __m256i i = F == Fmt::kQ8_0 ? DotSigned<L>(codes, xq) : Dot<L>(codes, xq);
+      if constexpr (kShiftLog2 > 0)  // at most 16 x 4 x 32639 < 2^22: exact
+        i = _mm256_sub_epi32(i, _mm256_slli_epi32(Load32(a.Lanes(m0 + r, b)), kShiftLog2));
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_set1_ps(dw * a.D(m0 + r)[b]), acc[r]);
+      if constexpr (kMin) off[r] += mw * a.S32(m0 + r)[b];
+    }
+  }
+  for (int r = 0; r < MB; ++r) y[r * ldy] = HSum(acc[r]) + off[r];
+}
+
+// Q4_K / Q5_K: sub-block j of a super-block is activation block 8 sb + j.
+template <bool kFive, int MB, int L>
+LUMEN_AVX2 void Q45KRows(const uint8_t* w, const Acts& a, int64_t m0, float* y, int64_t ldy) {
+  constexpr int64_t kBytes = kFive ? sizeof(BlockQ5K) : sizeof(BlockQ4K), kQs = kFive ? 48 : 16;
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  __m256 acc[MB];
+  for (int r = 0; r < MB; ++r) acc[r] = _mm256_setzero_ps();
+  for (int64_t sb = 0; sb < a.nb / 8; ++sb) {
+    const uint8_t* blk = w + sb * kBytes;
+    const float d = Half(blk), dmin = Half(blk + 2);
+    alignas(32) float sc[8], mn[8];
+    for (int j = 0; j < 8; ++j) {
+      uint8_t s, m;
+      GetScaleMinK4(j, blk + 4, &s, &m);
+      sc[j] = d * s;
+      mn[j] = dmin * m;
+    }
+    const int64_t b0 = sb * 8;
+    alignas(32) float fs[MB][8];
+    for (int r = 0; r < MB; ++r) {
+      _mm256_store_ps(fs[r], _mm256_mul_ps(_mm256_load_ps(sc), _mm256_loadu_ps(a.D(m0 + r) + b0)));
+      acc[r] = _mm256_fnmadd_ps(_mm256_load_ps(mn), _mm256_loadu_ps(a.S32(m0 + r) + b0), acc[r]);
+    }
+    __m256i qh = _mm256_setzero_si256();
+    if constexpr (kFive) qh = Load32(blk + 16);
+    for (int k = 0; k < 4; ++k) {
+      const __m256i raw = Load32(blk + kQs + 32 * k);
+      __m256i lo = _mm256_and_si256(raw, m4), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+      if constexpr (kFive) {
+        lo = _mm256_or_si256(lo, BitOfBytes(qh, 2 * k, 0x10));
+        hi = _mm256_or_si256(hi, BitOfBytes(qh, 2 * k + 1, 0x10));
+      }
+      for (int r = 0; r < MB; ++r) {
+        const __m256i il = Dot<L>(lo, a.Q(m0 + r, b0 + 2 * k));
+        const __m256i ih = Dot<L>(hi, a.Q(m0 + r, b0 + 2 * k + 1));
+        acc[r] =
+            _mm256_fmadd_ps(_mm256_cvtepi32_ps(il), _mm256_broadcast_ss(&fs[r][2 * k]), acc[r]);
+        acc[r] =
+            _mm256_fmadd_ps(_mm256_cvtepi32_ps(ih), _mm256_broadcast_ss(&fs[r][2 * k + 1]), acc[r]);
+      }
+    }
+  }
+  for (int r = 0; r < MB; ++r) y[r * ldy] = HSum(acc[r]);
+}
+
+// The K-quants with 16-element sub-blocks (Q2_K, Q3_K, Q6_K): each 32-element
+// block's dot lanes 0-3 hold its first sub-block, lanes 4-7 its second, so one
+// vector [s_a x 4, s_b x 4] of the two sub-blocks' scale x activation scale.
+// sc[16]: the weight scales (a = sc q), mn[16]: the offsets (o = mn), both per
+// sub-block; Codes(k) gives block k's 32 codes.
+template <int MB, int L, class Codes>
+LUMEN_AVX2 inline void SixteensSuperBlock(const float* sc, const float* mn, const Acts& a,
+                                          int64_t m0, int64_t b0, __m256* acc, const Codes& codes) {
+  const __m256 sc_lo = _mm256_loadu_ps(sc), sc_hi = _mm256_loadu_ps(sc + 8);
+  const __m256 mn_lo = _mm256_loadu_ps(mn), mn_hi = _mm256_loadu_ps(mn + 8);
+  const __m256i first = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3);
+  const __m256i second = _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7);
+  const __m256i pair = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
+  alignas(32) float fs[MB][24];  // sub-block s at [s]; read 8 at a time from 2k
+  for (int r = 0; r < MB; ++r) {
+    const __m256 dx = _mm256_loadu_ps(a.D(m0 + r) + b0);
+    _mm256_store_ps(fs[r], _mm256_mul_ps(sc_lo, _mm256_permutevar8x32_ps(dx, first)));
+    _mm256_store_ps(fs[r] + 8, _mm256_mul_ps(sc_hi, _mm256_permutevar8x32_ps(dx, second)));
+    _mm256_store_ps(fs[r] + 16, _mm256_setzero_ps());
+    const float* s16 = a.S16(m0 + r) + 2 * b0;
+    acc[r] = _mm256_fnmadd_ps(mn_lo, _mm256_loadu_ps(s16), acc[r]);
+    acc[r] = _mm256_fnmadd_ps(mn_hi, _mm256_loadu_ps(s16 + 8), acc[r]);
+  }
+  for (int k = 0; k < 8; ++k) {
+    const __m256i c = codes(k);
+    for (int r = 0; r < MB; ++r) {
+      const __m256 s = _mm256_permutevar8x32_ps(_mm256_loadu_ps(fs[r] + 2 * k), pair);
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(Dot<L>(c, a.Q(m0 + r, b0 + k))), s, acc[r]);
+    }
+  }
+}
+
+template <int MB, int L>
+LUMEN_AVX2 void Q6KRows(const uint8_t* w, const Acts& a, int64_t m0, float* y, int64_t ldy) {
+  const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(0x30);
+  __m256 acc[MB];
+  for (int r = 0; r < MB; ++r) acc[r] = _mm256_setzero_ps();
+  for (int64_t sb = 0; sb < a.nb / 8; ++sb) {
+    const uint8_t* blk = w + sb * sizeof(BlockQ6K);
+    const float d = Half(blk + 208);
+    const auto* scales = reinterpret_cast<const int8_t*>(blk + 192);
+    alignas(32) float sc[16], mn[16];
+    for (int s = 0; s < 16; ++s) {
+      sc[s] = d * scales[s];
+      mn[s] = 32 * sc[s];  // w = d sc (q - 32)
+    }
+    // Block k = 4 h + p: low bits from ql[64 h + 32 (p % 2)] (nibble p / 2),
+    // high bits 2p of qh[32 h].
+    SixteensSuperBlock<MB, L>(sc, mn, a, m0, sb * 8, acc, [&](int k) LUMEN_AVX2 {
+      const int h = k / 4, p = k % 4;
+      const __m256i ql = Load32(blk + 64 * h + 32 * (p % 2));
+      const __m256i qh = Load32(blk + 128 + 32 * h);
+      const __m256i lo = _mm256_and_si256(p < 2 ? ql : _mm256_srli_epi16(ql, 4), m4);
+      // bits 2p, 2p + 1 of each qh byte to bits 4, 5 (shifts stay inside the byte under the mask)
+      const __m256i hi = _mm256_and_si256(
+          p == 3 ? _mm256_srli_epi16(qh, 2) : _mm256_slli_epi16(qh, 4 - 2 * p), m2);
+      return _mm256_or_si256(lo, hi);
+    });
+  }
+  for (int r = 0; r < MB; ++r) y[r * ldy] = HSum(acc[r]);
+}
+
+// Q2_K and Q3_K: block k = 4 n + j has bits 2j of qs[32 n ..]; Q3_K's third
+// bit is bit k of hmask[l].
+template <bool kThree, int MB, int L>
+LUMEN_AVX2 void Q23KRows(const uint8_t* w, const Acts& a, int64_t m0, float* y, int64_t ldy) {
+  constexpr int64_t kBytes = kThree ? sizeof(BlockQ3K) : sizeof(BlockQ2K), kQs = kThree ? 32 : 16;
+  const __m256i m3 = _mm256_set1_epi8(3);
+  __m256 acc[MB];
+  for (int r = 0; r < MB; ++r) acc[r] = _mm256_setzero_ps();
+  for (int64_t sb = 0; sb < a.nb / 8; ++sb) {
+    const uint8_t* blk = w + sb * kBytes;
+    alignas(32) float sc[16], mn[16];
+    if constexpr (kThree) {  // w = d (sc - 32) (q - 4)
+      const float d = Half(blk + 108);
+      for (int s = 0; s < 16; ++s) {
+        sc[s] = d * static_cast<float>(Q3KScale(blk + 96, s) - 32);
+        mn[s] = 4 * sc[s];
+      }
+    } else {  // w = d (sc & 15) q - dmin (sc >> 4)
+      const float d = Half(blk + 80), dmin = Half(blk + 82);
+      for (int s = 0; s < 16; ++s) {
+        sc[s] = d * static_cast<float>(blk[s] & 15);
+        mn[s] = dmin * static_cast<float>(blk[s] >> 4);
+      }
+    }
+    const __m256i hm = kThree ? Load32(blk) : _mm256_setzero_si256();
+    SixteensSuperBlock<MB, L>(sc, mn, a, m0, sb * 8, acc, [&](int k) LUMEN_AVX2 {
+      const __m256i qs = Load32(blk + kQs + 32 * (k / 4));
+      __m256i c = _mm256_and_si256(_mm256_srli_epi16(qs, 2 * (k % 4)), m3);
+      if constexpr (kThree) c = _mm256_or_si256(c, BitOfBytes(hm, k, 4));
+      return c;
+    });
+  }
+  for (int r = 0; r < MB; ++r) y[r * ldy] = HSum(acc[r]);
+}
+
+template <int MB, int L>
+RowsFn PickRows(Fmt f) {
+  switch (f) {
+    case Fmt::kQ4_0:
+      return LegacyRows<Fmt::kQ4_0, MB, L>;
+    case Fmt::kQ4_1:
+      return LegacyRows<Fmt::kQ4_1, MB, L>;
+    case Fmt::kQ5_0:
+      return LegacyRows<Fmt::kQ5_0, MB, L>;
+    case Fmt::kQ5_1:
+      return LegacyRows<Fmt::kQ5_1, MB, L>;
+    case Fmt::kQ8_0:
+      return LegacyRows<Fmt::kQ8_0, MB, L>;
+    case Fmt::kQ2K:
+      return Q23KRows<false, MB, L>;
+    case Fmt::kQ3K:
+      return Q23KRows<true, MB, L>;
+    case Fmt::kQ4K:
+      return Q45KRows<false, MB, L>;
+    case Fmt::kQ5K:
+      return Q45KRows<true, MB, L>;
+    case Fmt::kQ6K:
+      return Q6KRows<MB, L>;
+  }
+  return nullptr;
+}
+
+template <int L>
+RowsFn PickRows(Fmt f, int mb) {
+  switch (mb) {
+    case 1:
+      return PickRows<1, L>(f);
+    case 2:
+      return PickRows<2, L>(f);
+    case 3:
+      return PickRows<3, L>(f);
+    default:
+      return PickRows<4, L>(f);
+  }
+}
+
+RowsFn Pick(Fmt f, int levels, int mb) {
+  return levels == 2 ? PickRows<2>(f, mb) : PickRows<1>(f, mb);
+}
+
+}  // namespace
+
+bool CpuHasAvx2() {
+  static const bool has = [] {  // CPU feature, fixed for the process
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+           __builtin_cpu_supports("f16c");
+  }();
+  return has;
+}
+
+#else  // no x86: never covered
+
+}  // namespace
+
+bool CpuHasAvx2() { return false; }
+
+namespace {
+RowsFn Pick(Fmt, int, int) {
+  LUMEN_CHECK(false);
+  return nullptr;
+}
+}  // namespace
+
+#endif
+
+bool Avx2Int8Covers(const Matrix& W) {
+  Fmt f;
+  return FmtOf(W, &f);
+}
+
+void MatMulManyInt8Avx2(std::span<const MatMulOut> outs, const float* X, int64_t M, int64_t ldx,
+                        ThreadPool* pool) {
+  LUMEN_CHECK(CpuHasAvx2());
+  // Rows of X are taken four at a time: the decoded weights are shared by up
+  // to four accumulators (and the 16 vector registers hold no more).
+  constexpr int64_t kRowsPerPass = 4;
+  Acts acts[2];  // by level count, prepared when an out needs it
+  bool ready[2] = {false, false};
+  struct Plan {
+    RowsFn fn[kRowsPerPass];
+    const Acts* acts;
+  };
+  std::vector<Plan> plans(outs.size());
+  int64_t total = 0;
+  for (size_t i = 0; i < outs.size(); ++i) {
+    const Matrix& w = *outs[i].w;
+    Fmt f;
+    LUMEN_CHECK(FmtOf(w, &f));
+    const int levels = Int8Levels(w.route);
+    if (!ready[levels - 1]) {
+      Prepare(X, M, ldx, w.k, levels, &acts[levels - 1]);
+      ready[levels - 1] = true;
+    }
+    LUMEN_CHECK(acts[levels - 1].nb * kQK == w.k);  // every out reads the same X
+    plans[i].acts = &acts[levels - 1];
+    for (int mb = 1; mb <= kRowsPerPass; ++mb) plans[i].fn[mb - 1] = Pick(f, levels, mb);
+    total += w.n;
+  }
+  auto fn = [&](int64_t b, int64_t e, int) {
+    int64_t off = 0;
+    for (size_t i = 0; i < outs.size(); ++i) {
+      const MatMulOut& o = outs[i];
+      const int64_t lo = std::max<int64_t>(b - off, 0), hi = std::min<int64_t>(e - off, o.w->n);
+      for (int64_t n = lo; n < hi; ++n) {
+        const auto* row = o.w->w.row<const uint8_t>(n);
+        for (int64_t m0 = 0; m0 < M; m0 += kRowsPerPass) {
+          const int64_t mb = std::min(kRowsPerPass, M - m0);
+          plans[i].fn[mb - 1](row, *plans[i].acts, m0, o.y + m0 * o.ldy + n, o.ldy);
+        }
+      }
+      off += o.w->n;
+    }
+  };
+  if (pool && total >= 32) {
+    pool->ParallelForStealing(total, fn, 16);
+  } else {
+    fn(0, total, 0);
+  }
+}
+
+}  // namespace lumen::kernels

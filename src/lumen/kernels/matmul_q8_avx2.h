@@ -1,0 +1,44 @@
+// The int8-activation routes (matmul_q8.h) on CPUs without AVX512-VNNI: AVX2
+// kernels (Haswell and later, AMD Zen 1-3) over the weights as the file has
+// them. Same activation quantization as the VNNI kernels (QuantizeBlockQ8,
+// or QuantizeBlockQ8x2 for int8x2), laid out in natural order, one 32-element
+// block's levels together; the same oracles (MatMulInt8Ref, MatMulInt8x2Ref)
+// and bounds.
+//
+// Per 32-element block and activation row: the weight codes, decoded once per
+// block for up to four rows into 32 unsigned bytes (Q8_0: their magnitudes,
+// the signs moved onto the activations), meet each level by `vpmaddubsw`
+// (byte pairs to int16: at most 2 x 63 x 127 for 6-bit codes, 2 x 128 x 127
+// for Q8_0, so never saturated) and `vpmaddwd` (pairs to int32; level 1 by
+// 256, level 2 by 1: the two levels' exact sum 256 i1 + i2), then one
+// conversion and one FMA with the block's weight x activation scale. Offsets
+// (Q4_0's 8, Q5_0's 16, Q4_1 / Q5_1 m, K-quant mins and Q3_K / Q6_K's code
+// shifts) multiply the activation sums of their 16- or 32-element runs,
+// computed once per row. MLX weights and the repacked column groups (which
+// only VNNI CPUs load) are not covered: those keep the exact route here.
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+#include "lumen/core/thread_pool.h"
+#include "lumen/kernels/matmul.h"
+#include "lumen/kernels/matrix.h"
+
+namespace lumen::kernels {
+
+// True when this CPU has AVX2, FMA and F16C.
+bool CpuHasAvx2();
+
+// True when the AVX2 kernels cover W's storage: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0
+// (K % 32 == 0) and Q2_K .. Q6_K (K % 256 == 0) as stored in GGUF files.
+bool Avx2Int8Covers(const Matrix& W);
+
+// MatMulMany through the AVX2 kernels with Int8Levels(w.route) activation
+// levels per out; requires CpuHasAvx2() and Avx2Int8Covers for every out.
+// Each output is computed the same way whatever M, the other outs and the
+// threads: bit-identical across them.
+void MatMulManyInt8Avx2(std::span<const MatMulOut> outs, const float* X, int64_t M, int64_t ldx,
+                        ThreadPool* pool);
+
+}  // namespace lumen::kernels

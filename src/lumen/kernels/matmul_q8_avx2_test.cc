@@ -1,0 +1,207 @@
+// The AVX2 int8 kernels (matmul_q8_avx2.h) against the scalar oracles of the
+// int8 routes (matmul_q8_ref.h), called directly so that they are checked on
+// every AVX2 CPU, VNNI ones included (where the routes run the VNNI kernels).
+//
+// Bounds as for the VNNI kernels (matmul_q8_test.cc, matmul_q8x2_test.cc): each
+// block's integer sum is exact, so against the oracle |y - y_ref| <= (K/4 + 8)
+// u mag (mag = sum (|a| + |o|) |xq|, the oracle's split of the weights); at two
+// levels, against the exact f32 product, each activation is off by at most
+// 1.001 d2, which one level (d / 2) would break.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "lumen/core/half.h"
+#include "lumen/core/quant.h"
+#include "lumen/core/thread_pool.h"
+#include "lumen/kernels/matmul_q8.h"
+#include "lumen/kernels/matmul_q8_avx2.h"
+#include "lumen/kernels/matmul_q8_ref.h"
+#include "lumen/kernels/matmul_ref.h"
+#include "lumen/kernels/test_matrix.h"
+
+namespace lumen::kernels {
+namespace {
+
+constexpr double kU = 1.0 / (1 << 24);
+
+constexpr DType kTypes[] = {DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1, DType::kQ8_0,
+                            DType::kQ2_K, DType::kQ3_K, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K};
+
+#define SKIP_WITHOUT_AVX2() \
+  if (!CpuHasAvx2()) GTEST_SKIP() << "no AVX2/FMA/F16C on this CPU: the AVX2 kernels cannot run"
+
+OwnedMatrix MakeRoute(DType t, int64_t N, int64_t K, int levels, std::mt19937& rng) {
+  Spec s;
+  s.dtype = t;
+  OwnedMatrix o = Make(s, N, K, rng);
+  o.m.route = levels == 2 ? ActRoute::kInt8x2 : ActRoute::kInt8;
+  return o;
+}
+
+void RunAvx2(const Matrix& W, const float* X, int64_t M, float* Y, ThreadPool* pool = nullptr) {
+  const MatMulOut out{&W, Y, W.n};
+  MatMulManyInt8Avx2({&out, 1}, X, M, W.k, pool);
+}
+
+// Counts the outputs outside the oracle bound (and, at two levels, the
+// exact product's), reporting the first few.
+int CheckAgainstOracles(const Matrix& W, const float* X, int64_t M, const std::vector<float>& Y,
+                        const std::string& what) {
+  const int64_t N = W.n, K = W.k;
+  const int levels = Int8Levels(W.route);
+  std::vector<float> Yq(M * N), Ye(M * N), w(K);
+  std::vector<double> mag;
+  MatMulInt8LevelsRef(W, X, M, levels, Yq.data(), &mag);
+  MatMulRef(W, X, M, Ye.data());
+  int bad = 0;
+  for (int64_t n = 0; n < N; ++n) {
+    DequantizeMatrixRow(W, n, w.data());
+    for (int64_t m = 0; m < M; ++m) {
+      const double y = Y[m * N + n];
+      const double b_ref = (K / 4 + 8) * kU * mag[m * N + n] + 1e-30;
+      bool ok = std::fabs(y - Yq[m * N + n]) <= b_ref;
+      if (levels == 2) {
+        double b_exact = b_ref, abs_wx = 0;
+        for (int64_t b = 0; b < K / kQK; ++b) {
+          int8_t q1[kQK], q2[kQK];
+          const float d2 = QuantizeBlockQ8x2(X + m * K + b * kQK, q1, q2);
+          for (int j = 0; j < kQK; ++j) {
+            b_exact += 1.001 * d2 * std::fabs(w[b * kQK + j]);
+            abs_wx += std::fabs(double(w[b * kQK + j]) * X[m * K + b * kQK + j]);
+          }
+        }
+        b_exact += (K + 2) * kU * abs_wx;
+        ok = ok && std::fabs(y - Ye[m * N + n]) <= b_exact;
+      }
+      if (!ok && ++bad < 4)
+        ADD_FAILURE() << what << " n=" << n << " m=" << m << ": y=" << y
+                      << " oracle=" << Yq[m * N + n] << " (bound " << b_ref
+                      << ") exact=" << Ye[m * N + n];
+    }
+  }
+  return bad;
+}
+
+TEST(MatMulInt8Avx2, MatchesOracleAndExactBound) {
+  SKIP_WITHOUT_AVX2();
+  std::mt19937 rng(41);
+  for (DType t : kTypes)
+    for (int64_t K : {32, 96, 256, 1152, 2048, 4864})
+      for (int levels : {1, 2})
+        for (int64_t M = 1; M <= kInt8MaxRows; ++M) {
+          if (K % Info(t).block_elems != 0) continue;
+          OwnedMatrix W = MakeRoute(t, 19, K, levels, rng);
+          ASSERT_TRUE(Avx2Int8Covers(W.m)) << Name(t);
+          const std::vector<float> X = RandomActivations(M, K, rng);
+          std::vector<float> Y(M * W.m.n, -7.0f);
+          RunAvx2(W.m, X.data(), M, Y.data());
+          CheckAgainstOracles(W.m, X.data(), M, Y,
+                              std::string(Name(t)) + " K=" + std::to_string(K) +
+                                  " levels=" + std::to_string(levels) + " M=" + std::to_string(M));
+        }
+}
+
+// One thread or two, a row alone or in a batch of up to eight (passes of four
+// rows and a remainder), one product or several at once with both level
+// counts: the same bits. The second level changes the result.
+TEST(MatMulInt8Avx2, ThreadsManyAndBatchesAreBitIdentical) {
+  SKIP_WITHOUT_AVX2();
+  std::mt19937 rng(43);
+  ThreadPool pool(2);
+  for (DType t : kTypes) {
+    const int64_t K = Info(t).block_elems == kQK ? 352 : 512, N = 67, M = 7;
+    OwnedMatrix W = MakeRoute(t, N, K, 2, rng);
+    Matrix one_level = W.m;
+    one_level.route = ActRoute::kInt8;
+    OwnedMatrix Q8 = MakeRoute(DType::kQ8_0, 40, K, 2, rng);
+    const std::vector<float> X = RandomActivations(M, K, rng);
+    std::vector<float> a(M * N), b(M * N), c(M * N), l1(M * N), q8(M * 40), q8_alone(M * 40);
+    RunAvx2(W.m, X.data(), M, a.data());
+    RunAvx2(W.m, X.data(), M, b.data(), &pool);
+    EXPECT_EQ(a, b) << Name(t);
+    for (int64_t m = 0; m < M; ++m) {
+      std::vector<float> row(N);
+      RunAvx2(W.m, X.data() + m * K, 1, row.data());
+      EXPECT_EQ(0, std::memcmp(row.data(), a.data() + m * N, N * sizeof(float)))
+          << Name(t) << " row " << m;
+    }
+    const MatMulOut outs[] = {
+        {&W.m, c.data(), N}, {&one_level, l1.data(), N}, {&Q8.m, q8.data(), 40}};
+    MatMulManyInt8Avx2(outs, X.data(), M, K, &pool);
+    EXPECT_EQ(a, c) << Name(t);
+    RunAvx2(Q8.m, X.data(), M, q8_alone.data());
+    EXPECT_EQ(q8, q8_alone) << Name(t);
+    std::vector<float> l1_alone(M * N);
+    RunAvx2(one_level, X.data(), M, l1_alone.data());
+    EXPECT_EQ(l1, l1_alone) << Name(t);
+    EXPECT_NE(a, l1) << Name(t);
+  }
+}
+
+// The largest products the byte pairs meet: Q8_0 codes -128 and 127, Q6_K
+// codes 63 with scales -128 and 127, Q5_0 / Q5_K codes 31, against
+// activations at +-127 of their sign (a saturated int16 pair would be off
+// by thousands of steps, far outside the oracle bound).
+TEST(MatMulInt8Avx2, ExtremeCodesDoNotSaturate) {
+  SKIP_WITHOUT_AVX2();
+  std::mt19937 rng(47);
+  const int64_t K = 512, N = 4, M = 2;
+  std::vector<float> X(M * K);
+  for (int64_t i = 0; i < M * K; ++i) X[i] = (i % 2 == 0 ? 1.0f : -1.0f) * (i < K ? 3.0f : 0.5f);
+  for (DType t : {DType::kQ8_0, DType::kQ6_K, DType::kQ5_0, DType::kQ5_K})
+    for (int levels : {1, 2}) {
+      OwnedMatrix W = MakeRoute(t, N, K, levels, rng);
+      for (int64_t n = 0; n < N; ++n) {
+        auto* row = const_cast<uint8_t*>(W.m.w.row<const uint8_t>(n));
+        if (t == DType::kQ8_0) {
+          for (int64_t b = 0; b < K / kQK; ++b)
+            for (int j = 0; j < kQK; ++j)  // the activations' sign pattern, times -1 for odd rows
+              row[b * sizeof(BlockQ8_0) + 2 + j] =
+                  static_cast<uint8_t>((j % 2 == 0) == (n % 2 == 0) ? 127 : -128);
+        } else if (t == DType::kQ6_K) {
+          for (int64_t sb = 0; sb < K / kQKK; ++sb) {
+            uint8_t* blk = row + sb * sizeof(BlockQ6K);
+            std::memset(blk, 0xFF, 192);  // every code 63
+            for (int s = 0; s < 16; ++s)
+              blk[192 + s] = static_cast<uint8_t>(s % 2 == 0 ? -128 : 127);
+          }
+        } else if (t == DType::kQ5_0) {
+          for (int64_t b = 0; b < K / kQK; ++b)
+            std::memset(row + b * sizeof(BlockQ5_0) + 2, 0xFF, 20);  // qh and qs: codes 31
+        } else {
+          for (int64_t sb = 0; sb < K / kQKK; ++sb)
+            std::memset(row + sb * sizeof(BlockQ5K) + 16, 0xFF, 160);  // qh and qs
+        }
+      }
+      std::vector<float> Y(M * N);
+      RunAvx2(W.m, X.data(), M, Y.data());
+      EXPECT_EQ(CheckAgainstOracles(W.m, X.data(), M, Y,
+                                    std::string(Name(t)) + " levels=" + std::to_string(levels)),
+                0);
+    }
+}
+
+// The route selects these kernels exactly where the CPU has AVX2 but no VNNI:
+// MatMul on an int8x2 matrix then gives their bits.
+TEST(MatMulInt8Avx2, TheRouteRunsThemWithoutVnni) {
+  SKIP_WITHOUT_AVX2();
+  if (CpuHasVnni()) GTEST_SKIP() << "AVX512-VNNI present: the route runs the VNNI kernels";
+  std::mt19937 rng(53);
+  for (DType t : kTypes) {
+    OwnedMatrix W = MakeRoute(t, 33, 512, 2, rng);
+    ASSERT_TRUE(UsesInt8Route(W.m, 3)) << Name(t);
+    const std::vector<float> X = RandomActivations(3, 512, rng);
+    std::vector<float> a(3 * 33), b(3 * 33);
+    MatMul(W.m, X.data(), 3, 512, a.data(), 33, nullptr);
+    RunAvx2(W.m, X.data(), 3, b.data());
+    EXPECT_EQ(a, b) << Name(t);
+  }
+}
+
+}  // namespace
+}  // namespace lumen::kernels

@@ -1867,6 +1867,11 @@ void QuantizeBlocksQ8x2(const float* x, int64_t nb, int8_t* q1, int8_t* q2, floa
     d2[b] = QuantizeBlockQ8x2(x + b * kQK, q1 + b * kQK, q2 + b * kQK);
 }
 
+bool Int8ReadsColumnGroups(DType plain) {
+  if (CpuHasVnni()) return HasColumnGroups(plain);
+  return CpuHasAvx2() && Avx2ReadsColumnGroups(plain);
+}
+
 bool Int8RouteSupports(const Matrix& W) {
   if (!CpuHasVnni()) return CpuHasAvx2() && Avx2Int8Covers(W);
   if (W.mlx_bits != 0) {

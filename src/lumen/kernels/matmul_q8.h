@@ -55,6 +55,11 @@ bool CpuHasVnni();
 // (Avx2Int8Covers).
 bool Int8RouteSupports(const Matrix& W);
 
+// True when this CPU's int8 kernels read `plain`'s column groups
+// (core/repack.h), which the loader then makes: with VNNI every type that has
+// them, on other AVX2 CPUs all but Q6_K (Avx2ReadsColumnGroups).
+bool Int8ReadsColumnGroups(DType plain);
+
 // True when MatMul(W, ..., M, ...) takes the int8 route.
 inline bool UsesInt8Route(const Matrix& W, int64_t M) {
   return RouteHasInt8(W.route) && M <= kInt8MaxRows && Int8RouteSupports(W);

@@ -6,7 +6,9 @@
 
 #include "lumen/core/check.h"
 #include "lumen/core/quant.h"
+#include "lumen/core/repack.h"
 #include "lumen/core/route.h"
+#include "lumen/kernels/prefetch.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -50,6 +52,7 @@ namespace {
 // the activation sums the offsets multiply.
 struct Acts {
   int levels = 1;
+  bool records = false;    // the column groups' order (see Prepare)
   int64_t nb = 0;          // blocks per row
   std::vector<int8_t> q;   // [M][nb][levels][32]
   std::vector<float> d;    // [M][nb]: d (one level) or d2 = d / 256 (two)
@@ -59,22 +62,33 @@ struct Acts {
   // Q5_0's code shift is subtracted from the dot lanes in integers (exact, as
   // the VNNI kernels do), since d q x and d 8 x nearly cancel.
   std::vector<int32_t> lanes;
+  std::vector<int32_t> sums;  // [M][nb]: the same over the block
   const int8_t* Q(int64_t m, int64_t b) const { return q.data() + (m * nb + b) * kQK * levels; }
   const float* D(int64_t m) const { return d.data() + m * nb; }
   const float* S16(int64_t m) const { return s16.data() + m * 2 * nb; }
   const float* S32(int64_t m) const { return s32.data() + m * nb; }
   const int32_t* Lanes(int64_t m, int64_t b) const { return lanes.data() + (m * nb + b) * 8; }
+  const int32_t* Sums(int64_t m) const { return sums.data() + m * nb; }
 };
 
-void Prepare(const float* X, int64_t M, int64_t ldx, int64_t K, int levels, Acts* a) {
+// records: the blocks of the row's whole 512-element groups are laid out for
+// the column groups (core/repack.h) in chunks of 8 blocks (half a group):
+// [level][record r (0..7)][lane l (block)][4 bytes], record r holding
+// elements 4r .. 4r + 3 of each block, which is what a column group's column
+// c holds in its low (r = c) or high (r = c + 4) nibbles, and Q8_0's column r.
+// A chunk keeps its bytes' place; the blocks after the last group stay natural.
+void Prepare(const float* X, int64_t M, int64_t ldx, int64_t K, int levels, bool records,
+             Acts* a) {
   const int64_t nb = K / kQK;
   a->levels = levels;
+  a->records = records;
   a->nb = nb;
   a->q.resize(static_cast<size_t>(M * K * levels));
   a->d.resize(static_cast<size_t>(M * nb));
   a->s16.resize(static_cast<size_t>(M * 2 * nb));
   a->s32.resize(static_cast<size_t>(M * nb));
   a->lanes.resize(static_cast<size_t>(M * nb * 8));
+  a->sums.resize(static_cast<size_t>(M * nb));
   for (int64_t m = 0; m < M; ++m)
     for (int64_t b = 0; b < nb; ++b) {
       int8_t* q = a->q.data() + (m * nb + b) * kQK * levels;
@@ -92,10 +106,67 @@ void Prepare(const float* X, int64_t M, int64_t ldx, int64_t K, int levels, Acts
       a->s16[m * 2 * nb + 2 * b] = d * static_cast<float>(half[0]);
       a->s16[m * 2 * nb + 2 * b + 1] = d * static_cast<float>(half[1]);
       a->s32[m * nb + b] = d * static_cast<float>(half[0] + half[1]);
+      a->sums[m * nb + b] = half[0] + half[1];
+    }
+  if (!records) return;
+  const int64_t chunk = 8 * kQK * levels;
+  std::vector<int8_t> tmp(static_cast<size_t>(chunk));
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t b0 = 0; b0 < K / kColsElems * kColsBlocks; b0 += 8) {
+      int8_t* c = a->q.data() + (m * nb + b0) * kQK * levels;
+      std::memcpy(tmp.data(), c, static_cast<size_t>(chunk));
+      for (int lv = 0; lv < levels; ++lv)
+        for (int r = 0; r < 8; ++r)
+          for (int l = 0; l < 8; ++l)
+            std::memcpy(c + lv * 256 + r * 32 + l * 4, tmp.data() + (l * levels + lv) * kQK + 4 * r,
+                        4);
     }
 }
 
-enum class Fmt { kQ4_0, kQ4_1, kQ5_0, kQ5_1, kQ8_0, kQ2K, kQ3K, kQ4K, kQ5K, kQ6K };
+enum class Fmt {
+  kQ4_0,
+  kQ4_1,
+  kQ5_0,
+  kQ5_1,
+  kQ8_0,
+  kQ2K,
+  kQ3K,
+  kQ4K,
+  kQ5K,
+  kQ6K,
+  // Column groups (core/repack.h), made at load where these kernels read them.
+  kQ4_0C,
+  kQ4_1C,
+  kQ5_0C,
+  kQ5_1C,
+  kQ8_0C,
+  kQ4KC,
+  kQ5KC
+};
+
+constexpr bool IsCols(Fmt f) { return f >= Fmt::kQ4_0C; }
+
+// The plain format of a column-group one.
+constexpr Fmt PlainFmt(Fmt f) {
+  switch (f) {
+    case Fmt::kQ4_0C:
+      return Fmt::kQ4_0;
+    case Fmt::kQ4_1C:
+      return Fmt::kQ4_1;
+    case Fmt::kQ5_0C:
+      return Fmt::kQ5_0;
+    case Fmt::kQ5_1C:
+      return Fmt::kQ5_1;
+    case Fmt::kQ8_0C:
+      return Fmt::kQ8_0;
+    case Fmt::kQ4KC:
+      return Fmt::kQ4K;
+    case Fmt::kQ5KC:
+      return Fmt::kQ5K;
+    default:
+      return f;
+  }
+}
 
 bool FmtOf(const Matrix& W, Fmt* f) {
   if (W.mlx_bits != 0) return false;
@@ -129,6 +200,27 @@ bool FmtOf(const Matrix& W, Fmt* f) {
       return W.k % kQKK == 0;
     case DType::kQ6_K:
       *f = Fmt::kQ6K;
+      return W.k % kQKK == 0;
+    case DType::kQ4_0Cols:
+      *f = Fmt::kQ4_0C;
+      return W.k % kQK == 0;
+    case DType::kQ4_1Cols:
+      *f = Fmt::kQ4_1C;
+      return W.k % kQK == 0;
+    case DType::kQ5_0Cols:
+      *f = Fmt::kQ5_0C;
+      return W.k % kQK == 0;
+    case DType::kQ5_1Cols:
+      *f = Fmt::kQ5_1C;
+      return W.k % kQK == 0;
+    case DType::kQ8_0Cols:
+      *f = Fmt::kQ8_0C;
+      return W.k % kQK == 0;
+    case DType::kQ4_KCols:
+      *f = Fmt::kQ4KC;
+      return W.k % kQKK == 0;
+    case DType::kQ5_KCols:
+      *f = Fmt::kQ5KC;
       return W.k % kQKK == 0;
     default:
       return false;
@@ -208,28 +300,34 @@ LUMEN_AVX2 inline __m256i BitOfBytes(__m256i bytes, int j, char value) {
 // The legacy 32-element blocks: the codes (Q8_0 signed, the others unsigned)
 // times each row's block, scaled by d_w d_x; Q4_0 / Q5_0's shift subtracted
 // from the integer lanes, Q4_1 / Q5_1's m through the block sums.
+template <Fmt F>
+constexpr int64_t LegacyBytes() {
+  return F == Fmt::kQ4_0   ? sizeof(BlockQ4_0)
+         : F == Fmt::kQ4_1 ? sizeof(BlockQ4_1)
+         : F == Fmt::kQ5_0 ? sizeof(BlockQ5_0)
+         : F == Fmt::kQ5_1 ? sizeof(BlockQ5_1)
+                           : sizeof(BlockQ8_0);
+}
+
+// w = d (q - 8), d (q - 16): the shift (a power of two) times the block's activation sum.
+template <Fmt F>
+constexpr int ShiftLog2() {
+  return F == Fmt::kQ4_0 ? 3 : F == Fmt::kQ5_0 ? 4 : 0;
+}
+
+// Blocks [b_begin, b_end) of row w into acc (and off, Q4_1 / Q5_1's m terms).
 template <Fmt F, int MB, int L>
-LUMEN_AVX2 void LegacyRows(const uint8_t* w, const Acts& a, int64_t m0, float* y, int64_t ldy) {
+LUMEN_AVX2 inline void LegacyBlocks(const uint8_t* w, const Acts& a, int64_t m0, int64_t b_begin,
+                                    int64_t b_end, __m256* acc, float* off) {
   constexpr bool kMin = F == Fmt::kQ4_1 || F == Fmt::kQ5_1,
                  kFive = F == Fmt::kQ5_0 || F == Fmt::kQ5_1;
-  constexpr int64_t kBytes = F == Fmt::kQ4_0   ? sizeof(BlockQ4_0)
-                             : F == Fmt::kQ4_1 ? sizeof(BlockQ4_1)
-                             : F == Fmt::kQ5_0 ? sizeof(BlockQ5_0)
-                             : F == Fmt::kQ5_1 ? sizeof(BlockQ5_1)
-                                               : sizeof(BlockQ8_0);
+  constexpr int64_t kBytes = LegacyBytes<F>();
   constexpr int64_t kQh = kMin ? 4 : 2, kQs = 2 + (kMin ? 2 : 0) + (kFive ? 4 : 0);
-  constexpr int kShiftLog2 = F == Fmt::kQ4_0   ? 3
-                             : F == Fmt::kQ5_0 ? 4
-                                               : 0;  // w = d (q - 8), d (q - 16)
+  constexpr int kShiftLog2 = ShiftLog2<F>();
   const __m256i m4 = _mm256_set1_epi8(0x0F);
-  __m256 acc[MB];
-  float off[MB];
-  for (int r = 0; r < MB; ++r) {
-    acc[r] = _mm256_setzero_ps();
-    off[r] = 0;
-  }
-  for (int64_t b = 0; b < a.nb; ++b) {
+  for (int64_t b = b_begin; b < b_end; ++b) {
     const uint8_t* blk = w + b * kBytes;
+    if (b % 4 == 0) PrefetchAhead(blk, 4 * kBytes);
     const float dw = Half(blk);
     __m256i codes;
     if constexpr (F == Fmt::kQ8_0) {
@@ -253,18 +351,29 @@ LUMEN_AVX2 void LegacyRows(const uint8_t* w, const Acts& a, int64_t m0, float* y
       if constexpr (kMin) off[r] += mw * a.S32(m0 + r)[b];
     }
   }
+}
+
+template <Fmt F, int MB, int L>
+LUMEN_AVX2 void LegacyRows(const uint8_t* w, const Acts& a, int64_t m0, float* y, int64_t ldy) {
+  __m256 acc[MB];
+  float off[MB];
+  for (int r = 0; r < MB; ++r) {
+    acc[r] = _mm256_setzero_ps();
+    off[r] = 0;
+  }
+  LegacyBlocks<F, MB, L>(w, a, m0, 0, a.nb, acc, off);
   for (int r = 0; r < MB; ++r) y[r * ldy] = HSum(acc[r]) + off[r];
 }
 
 // Q4_K / Q5_K: sub-block j of a super-block is activation block 8 sb + j.
 template <bool kFive, int MB, int L>
-LUMEN_AVX2 void Q45KRows(const uint8_t* w, const Acts& a, int64_t m0, float* y, int64_t ldy) {
+LUMEN_AVX2 inline void Q45KSuperBlocks(const uint8_t* w, const Acts& a, int64_t m0,
+                                       int64_t sb_begin, int64_t sb_end, __m256* acc) {
   constexpr int64_t kBytes = kFive ? sizeof(BlockQ5K) : sizeof(BlockQ4K), kQs = kFive ? 48 : 16;
   const __m256i m4 = _mm256_set1_epi8(0x0F);
-  __m256 acc[MB];
-  for (int r = 0; r < MB; ++r) acc[r] = _mm256_setzero_ps();
-  for (int64_t sb = 0; sb < a.nb / 8; ++sb) {
+  for (int64_t sb = sb_begin; sb < sb_end; ++sb) {
     const uint8_t* blk = w + sb * kBytes;
+    PrefetchAhead(blk, kBytes);
     const float d = Half(blk), dmin = Half(blk + 2);
     alignas(32) float sc[8], mn[8];
     for (int j = 0; j < 8; ++j) {
@@ -298,6 +407,13 @@ LUMEN_AVX2 void Q45KRows(const uint8_t* w, const Acts& a, int64_t m0, float* y, 
       }
     }
   }
+}
+
+template <bool kFive, int MB, int L>
+LUMEN_AVX2 void Q45KRows(const uint8_t* w, const Acts& a, int64_t m0, float* y, int64_t ldy) {
+  __m256 acc[MB];
+  for (int r = 0; r < MB; ++r) acc[r] = _mm256_setzero_ps();
+  Q45KSuperBlocks<kFive, MB, L>(w, a, m0, 0, a.nb / 8, acc);
   for (int r = 0; r < MB; ++r) y[r * ldy] = HSum(acc[r]);
 }
 
@@ -340,6 +456,7 @@ LUMEN_AVX2 void Q6KRows(const uint8_t* w, const Acts& a, int64_t m0, float* y, i
   for (int r = 0; r < MB; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t sb = 0; sb < a.nb / 8; ++sb) {
     const uint8_t* blk = w + sb * sizeof(BlockQ6K);
+    PrefetchAhead(blk, sizeof(BlockQ6K));
     const float d = Half(blk + 208);
     const auto* scales = reinterpret_cast<const int8_t*>(blk + 192);
     alignas(32) float sc[16], mn[16];
@@ -373,6 +490,7 @@ LUMEN_AVX2 void Q23KRows(const uint8_t* w, const Acts& a, int64_t m0, float* y, 
   for (int r = 0; r < MB; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t sb = 0; sb < a.nb / 8; ++sb) {
     const uint8_t* blk = w + sb * kBytes;
+    PrefetchAhead(blk, kBytes);
     alignas(32) float sc[16], mn[16];
     if constexpr (kThree) {  // w = d (sc - 32) (q - 4)
       const float d = Half(blk + 108);
@@ -398,6 +516,116 @@ LUMEN_AVX2 void Q23KRows(const uint8_t* w, const Acts& a, int64_t m0, float* y, 
   for (int r = 0; r < MB; ++r) y[r * ldy] = HSum(acc[r]);
 }
 
+// Column groups (core/repack.h): each half group is 8 blocks (K-quants: 8
+// sub-blocks, one super-block) in the 8 lanes of 8 code records, record r
+// holding elements 4r .. 4r + 3 of each (Prepare's records order), so all of
+// a lane's products belong to one block: the 4-bit records' int16 products
+// are summed before one vpmaddwd per level (8 x 2 x 15 x 127 < 2^15; 5-bit
+// codes four records at a time, Q8_0 one), and the lane work (conversion,
+// scale, FMA) is paid once per 8 blocks, their scales one f16 vector. The
+// blocks after the last group are plain.
+template <Fmt C, int MB, int L>
+LUMEN_AVX2 void ColsRows(const uint8_t* w, const Acts& a, int64_t m0, float* y, int64_t ldy) {
+  constexpr Fmt F = PlainFmt(C);
+  constexpr bool kK = F == Fmt::kQ4K || F == Fmt::kQ5K, kQ8 = F == Fmt::kQ8_0;
+  constexpr bool kFive = F == Fmt::kQ5_0 || F == Fmt::kQ5_1 || F == Fmt::kQ5K;
+  constexpr bool kMin = F == Fmt::kQ4_1 || F == Fmt::kQ5_1;
+  constexpr DType kPlain = F == Fmt::kQ4_0   ? DType::kQ4_0
+                           : F == Fmt::kQ4_1 ? DType::kQ4_1
+                           : F == Fmt::kQ5_0 ? DType::kQ5_0
+                           : F == Fmt::kQ5_1 ? DType::kQ5_1
+                           : F == Fmt::kQ8_0 ? DType::kQ8_0
+                           : F == Fmt::kQ4K  ? DType::kQ4_K
+                                             : DType::kQ5_K;
+  constexpr int64_t kGroupBytes =
+      kK ? 2 * int64_t(kFive ? sizeof(BlockQ5K) : sizeof(BlockQ4K)) : kColsBlocks * LegacyBytes<F>();
+  constexpr int kRun = kQ8 ? 1 : kFive ? 4 : 8;  // records summed as int16
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  const int64_t groups = a.nb / kColsBlocks;
+  __m256 acc[MB];
+  float off[MB];
+  for (int r = 0; r < MB; ++r) {
+    acc[r] = _mm256_setzero_ps();
+    off[r] = 0;
+  }
+  for (int64_t g = 0; g < groups; ++g) {
+    const uint8_t* grp = w + g * kGroupBytes;
+    PrefetchAhead(grp, kGroupBytes);
+    const ColsFields c = ColsFieldsAt(kPlain, grp);
+    for (int h = 0; h < 2; ++h) {
+      const int64_t b0 = g * kColsBlocks + 8 * h;
+      __m256i codes[8], mag[8];  // mag: Q8_0's |w| (codes keep the signs)
+      if constexpr (kQ8) {
+        for (int q = 0; q < 8; ++q) {  // stored as w + 128
+          codes[q] = _mm256_xor_si256(Load32(grp + c.codes + 64 * q + 32 * h),
+                                      _mm256_set1_epi8(static_cast<char>(0x80)));
+          mag[q] = _mm256_sign_epi8(codes[q], codes[q]);
+        }
+      } else {
+        for (int col = 0; col < 4; ++col) {
+          const __m256i v = Load32(grp + c.codes + 64 * col + 32 * h);
+          codes[col] = _mm256_and_si256(v, m4);
+          codes[col + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+        }
+        if constexpr (kFive)
+          for (int q = 0; q < 8; ++q) {
+            uint32_t bits;  // mask q, the bits of lanes 8h .. 8h + 7
+            std::memcpy(&bits, grp + c.high + 8 * q + 4 * h, 4);
+            codes[q] = _mm256_or_si256(codes[q], BitBytes(bits, 0x10));
+          }
+      }
+      __m256 sw, ow = _mm256_setzero_ps();  // per lane: w = sw q - ow (legacy m: + ow)
+      if constexpr (kK) {
+        const float d = Half(grp + c.d + 4 * h), dmin = Half(grp + c.d + 4 * h + 2);
+        alignas(32) float sc[8], mn[8];
+        for (int j = 0; j < 8; ++j) {
+          uint8_t sj, mj;
+          GetScaleMinK4(j, grp + c.scales + 12 * h, &sj, &mj);
+          sc[j] = d * sj;
+          mn[j] = dmin * mj;
+        }
+        sw = _mm256_load_ps(sc);
+        ow = _mm256_load_ps(mn);
+      } else {
+        sw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(grp + c.d + 16 * h)));
+        if constexpr (kMin)
+          ow = _mm256_cvtph_ps(
+              _mm_loadu_si128(reinterpret_cast<const __m128i*>(grp + c.m + 16 * h)));
+      }
+      for (int r = 0; r < MB; ++r) {
+        const int8_t* x = a.Q(m0 + r, b0);
+        __m256i i = _mm256_setzero_si256();
+        for (int lv = 0; lv < L; ++lv) {
+          const __m256i k = _mm256_set1_epi16(L == 2 && lv == 0 ? 256 : 1);
+          for (int q0 = 0; q0 < 8; q0 += kRun) {
+            __m256i sum = _mm256_setzero_si256();
+            for (int q = q0; q < q0 + kRun; ++q) {
+              const __m256i xv = Load32(x + 256 * lv + 32 * q);
+              const __m256i p =
+                  kQ8 ? _mm256_maddubs_epi16(mag[q], _mm256_sign_epi8(xv, codes[q]))
+                      : _mm256_maddubs_epi16(codes[q], xv);
+              sum = q == q0 ? p : _mm256_add_epi16(sum, p);
+            }
+            i = _mm256_add_epi32(i, _mm256_madd_epi16(sum, k));
+          }
+        }
+        if constexpr (ShiftLog2<F>() > 0)
+          i = _mm256_sub_epi32(i, _mm256_slli_epi32(Load32(a.Sums(m0 + r) + b0), ShiftLog2<F>()));
+        const __m256 scale = _mm256_mul_ps(sw, _mm256_loadu_ps(a.D(m0 + r) + b0));
+        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), scale, acc[r]);
+        if constexpr (kK) acc[r] = _mm256_fnmadd_ps(ow, _mm256_loadu_ps(a.S32(m0 + r) + b0), acc[r]);
+        if constexpr (kMin) acc[r] = _mm256_fmadd_ps(ow, _mm256_loadu_ps(a.S32(m0 + r) + b0), acc[r]);
+      }
+    }
+  }
+  if constexpr (kK) {
+    Q45KSuperBlocks<kFive, MB, L>(w, a, m0, 2 * groups, a.nb / 8, acc);
+  } else {
+    LegacyBlocks<F, MB, L>(w, a, m0, groups * kColsBlocks, a.nb, acc, off);
+  }
+  for (int r = 0; r < MB; ++r) y[r * ldy] = HSum(acc[r]) + off[r];
+}
+
 template <int MB, int L>
 RowsFn PickRows(Fmt f) {
   switch (f) {
@@ -421,6 +649,20 @@ RowsFn PickRows(Fmt f) {
       return Q45KRows<true, MB, L>;
     case Fmt::kQ6K:
       return Q6KRows<MB, L>;
+    case Fmt::kQ4_0C:
+      return ColsRows<Fmt::kQ4_0C, MB, L>;
+    case Fmt::kQ4_1C:
+      return ColsRows<Fmt::kQ4_1C, MB, L>;
+    case Fmt::kQ5_0C:
+      return ColsRows<Fmt::kQ5_0C, MB, L>;
+    case Fmt::kQ5_1C:
+      return ColsRows<Fmt::kQ5_1C, MB, L>;
+    case Fmt::kQ8_0C:
+      return ColsRows<Fmt::kQ8_0C, MB, L>;
+    case Fmt::kQ4KC:
+      return ColsRows<Fmt::kQ4KC, MB, L>;
+    case Fmt::kQ5KC:
+      return ColsRows<Fmt::kQ5KC, MB, L>;
   }
   return nullptr;
 }
@@ -474,14 +716,18 @@ bool Avx2Int8Covers(const Matrix& W) {
   return FmtOf(W, &f);
 }
 
+bool Avx2ReadsColumnGroups(DType plain) {
+  return HasColumnGroups(plain) && plain != DType::kQ6_K;
+}
+
 void MatMulManyInt8Avx2(std::span<const MatMulOut> outs, const float* X, int64_t M, int64_t ldx,
                         ThreadPool* pool) {
   LUMEN_CHECK(CpuHasAvx2());
   // Rows of X are taken four at a time: the decoded weights are shared by up
   // to four accumulators (and the 16 vector registers hold no more).
   constexpr int64_t kRowsPerPass = 4;
-  Acts acts[2];  // by level count, prepared when an out needs it
-  bool ready[2] = {false, false};
+  Acts acts[2][2];  // by level count and order, prepared when an out needs one
+  bool ready[2][2] = {};
   struct Plan {
     RowsFn fn[kRowsPerPass];
     const Acts* acts;
@@ -492,13 +738,14 @@ void MatMulManyInt8Avx2(std::span<const MatMulOut> outs, const float* X, int64_t
     const Matrix& w = *outs[i].w;
     Fmt f;
     LUMEN_CHECK(FmtOf(w, &f));
-    const int levels = Int8Levels(w.route);
-    if (!ready[levels - 1]) {
-      Prepare(X, M, ldx, w.k, levels, &acts[levels - 1]);
-      ready[levels - 1] = true;
+    const int levels = Int8Levels(w.route), records = IsCols(f) ? 1 : 0;
+    Acts& act = acts[levels - 1][records];
+    if (!ready[levels - 1][records]) {
+      Prepare(X, M, ldx, w.k, levels, records != 0, &act);
+      ready[levels - 1][records] = true;
     }
-    LUMEN_CHECK(acts[levels - 1].nb * kQK == w.k);  // every out reads the same X
-    plans[i].acts = &acts[levels - 1];
+    LUMEN_CHECK(act.nb * kQK == w.k);  // every out reads the same X
+    plans[i].acts = &act;
     for (int mb = 1; mb <= kRowsPerPass; ++mb) plans[i].fn[mb - 1] = Pick(f, levels, mb);
     total += w.n;
   }

@@ -17,6 +17,7 @@
 
 #include "lumen/core/half.h"
 #include "lumen/core/quant.h"
+#include "lumen/core/repack.h"
 #include "lumen/core/thread_pool.h"
 #include "lumen/kernels/matmul_q8.h"
 #include "lumen/kernels/matmul_q8_avx2.h"
@@ -30,7 +31,10 @@ namespace {
 constexpr double kU = 1.0 / (1 << 24);
 
 constexpr DType kTypes[] = {DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1, DType::kQ8_0,
-                            DType::kQ2_K, DType::kQ3_K, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K};
+                            DType::kQ2_K, DType::kQ3_K, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K,
+                            // the column groups the loader makes for these kernels
+                            DType::kQ4_0Cols, DType::kQ4_1Cols, DType::kQ5_0Cols, DType::kQ5_1Cols,
+                            DType::kQ8_0Cols, DType::kQ4_KCols, DType::kQ5_KCols};
 
 #define SKIP_WITHOUT_AVX2() \
   if (!CpuHasAvx2()) GTEST_SKIP() << "no AVX2/FMA/F16C on this CPU: the AVX2 kernels cannot run"
@@ -144,40 +148,52 @@ TEST(MatMulInt8Avx2, ThreadsManyAndBatchesAreBitIdentical) {
 }
 
 // The largest products the byte pairs meet: Q8_0 codes -128 and 127, Q6_K
-// codes 63 with scales -128 and 127, Q5_0 / Q5_K codes 31, against
-// activations at +-127 of their sign (a saturated int16 pair would be off
-// by thousands of steps, far outside the oracle bound).
+// codes 63 with scales -128 and 127, 5-bit codes 31 and 4-bit codes 15 (and
+// their column groups, whose int16 sums run over 8 or 4 records), against
+// activations at +-127 of the weights' sign (row 0) and at +127 (row 1): a
+// saturated int16 would be off by thousands of steps, far outside the bound.
 TEST(MatMulInt8Avx2, ExtremeCodesDoNotSaturate) {
   SKIP_WITHOUT_AVX2();
   std::mt19937 rng(47);
-  const int64_t K = 512, N = 4, M = 2;
+  const int64_t K = 1024 + 256, N = 4, M = 2;  // two column groups and a plain tail
   std::vector<float> X(M * K);
-  for (int64_t i = 0; i < M * K; ++i) X[i] = (i % 2 == 0 ? 1.0f : -1.0f) * (i < K ? 3.0f : 0.5f);
-  for (DType t : {DType::kQ8_0, DType::kQ6_K, DType::kQ5_0, DType::kQ5_K})
+  for (int64_t i = 0; i < K; ++i) X[i] = i % 2 == 0 ? 3.0f : -3.0f;
+  for (int64_t i = K; i < M * K; ++i) X[i] = 0.5f;
+  for (DType t : {DType::kQ8_0, DType::kQ6_K, DType::kQ5_0, DType::kQ5_K, DType::kQ4_0,
+                  DType::kQ8_0Cols, DType::kQ5_0Cols, DType::kQ5_KCols, DType::kQ4_0Cols,
+                  DType::kQ4_KCols})
     for (int levels : {1, 2}) {
-      OwnedMatrix W = MakeRoute(t, N, K, levels, rng);
+      const DType plain = PlainOf(t);
+      OwnedMatrix W = MakeRoute(plain, N, K, levels, rng);
       for (int64_t n = 0; n < N; ++n) {
         auto* row = const_cast<uint8_t*>(W.m.w.row<const uint8_t>(n));
-        if (t == DType::kQ8_0) {
+        if (plain == DType::kQ8_0) {
           for (int64_t b = 0; b < K / kQK; ++b)
-            for (int j = 0; j < kQK; ++j)  // the activations' sign pattern, times -1 for odd rows
+            for (int j = 0; j < kQK; ++j)  // row 0's sign pattern, times -1 for odd n
               row[b * sizeof(BlockQ8_0) + 2 + j] =
                   static_cast<uint8_t>((j % 2 == 0) == (n % 2 == 0) ? 127 : -128);
-        } else if (t == DType::kQ6_K) {
+        } else if (plain == DType::kQ6_K) {
           for (int64_t sb = 0; sb < K / kQKK; ++sb) {
             uint8_t* blk = row + sb * sizeof(BlockQ6K);
             std::memset(blk, 0xFF, 192);  // every code 63
-            for (int s = 0; s < 16; ++s)
-              blk[192 + s] = static_cast<uint8_t>(s % 2 == 0 ? -128 : 127);
+            for (int s = 0; s < 16; ++s) blk[192 + s] = static_cast<uint8_t>(s % 2 == 0 ? -128 : 127);
           }
-        } else if (t == DType::kQ5_0) {
+        } else if (plain == DType::kQ5_0) {
           for (int64_t b = 0; b < K / kQK; ++b)
             std::memset(row + b * sizeof(BlockQ5_0) + 2, 0xFF, 20);  // qh and qs: codes 31
+        } else if (plain == DType::kQ4_0) {
+          for (int64_t b = 0; b < K / kQK; ++b)
+            std::memset(row + b * sizeof(BlockQ4_0) + 2, 0xFF, 16);  // codes 15
+        } else if (plain == DType::kQ4_K) {
+          for (int64_t sb = 0; sb < K / kQKK; ++sb)
+            std::memset(row + sb * sizeof(BlockQ4K) + 16, 0xFF, 128);
         } else {
           for (int64_t sb = 0; sb < K / kQKK; ++sb)
             std::memset(row + sb * sizeof(BlockQ5K) + 16, 0xFF, 160);  // qh and qs
         }
+        if (t != plain) RepackColumnGroups(plain, row, K);
       }
+      W.m.w.dtype = t;
       std::vector<float> Y(M * N);
       RunAvx2(W.m, X.data(), M, Y.data());
       EXPECT_EQ(CheckAgainstOracles(W.m, X.data(), M, Y,

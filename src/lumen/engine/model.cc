@@ -56,8 +56,8 @@ Status NotSafetensors(const std::string& path, const Status& why) {
 
 // Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q8_0 and Q6_K matrices rewritten in place as column groups
 // (core/repack.h) for the int8 decode kernels, which then pay their
-// per-lane work once per 512 weights with no shuffles (the AVX2 kernels once per 256; they read
-// all but Q6_K's: kernels::Int8ReadsColumnGroups). Only in a copied file (no second copy: the
+// per-lane work once per 512 weights with no shuffles (the AVX2 kernels once per 256:
+// kernels::Int8ReadsColumnGroups). Only in a copied file (no second copy: the
 // memory is the file's), with an int8 route on a CPU that runs it, and not
 // under LUMEN_REPACK=0. Every other reader decodes the new type to the same
 // values (the exact route to the same bits). Rows are rewritten on the
@@ -65,8 +65,7 @@ Status NotSafetensors(const std::string& path, const Status& why) {
 int RepackColumnGroupsForInt8(formats::GgufFile& gg, std::vector<StoredTensor>& tensors,
                               kernels::ActRoute route, ThreadPool& pool) {
   const char* env = std::getenv("LUMEN_REPACK");
-  if (!kernels::RouteHasInt8(route) || (env != nullptr && std::string_view(env) == "0"))
-    return 0;
+  if (!kernels::RouteHasInt8(route) || (env != nullptr && std::string_view(env) == "0")) return 0;
   int count = 0;
   for (StoredTensor& t : tensors) {
     kernels::Matrix& m = t.matrix;

@@ -85,8 +85,7 @@ TEST(RepackLoad, ColumnGroupsOnlyForInt8RoutesInCopiedFilesWithTheMappedLogits) 
     const auto& w = copied->weights();
     for (const kernels::Matrix* m :
          {&w.tok_embd, &w.output, &w.layers[0].wq, &w.layers[1].w_down, &w.layers[1].w_up})
-      // VNNI reads every type's groups, AVX2 all but Q6_K's (that one stays plain).
-      EXPECT_EQ(kernels::Int8ReadsColumnGroups(t) ? ColumnGroupsOf(t) : t, m->w.dtype);
+      EXPECT_EQ(ColumnGroupsOf(t), m->w.dtype);
     EXPECT_EQ(t, mapped->weights().layers[0].wq.w.dtype);
     EXPECT_EQ(t, exact->weights().layers[0].wq.w.dtype);
 

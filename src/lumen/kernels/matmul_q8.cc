@@ -1868,8 +1868,7 @@ void QuantizeBlocksQ8x2(const float* x, int64_t nb, int8_t* q1, int8_t* q2, floa
 }
 
 bool Int8ReadsColumnGroups(DType plain) {
-  if (CpuHasVnni()) return HasColumnGroups(plain);
-  return CpuHasAvx2() && Avx2ReadsColumnGroups(plain);
+  return (CpuHasVnni() || CpuHasAvx2()) && HasColumnGroups(plain);
 }
 
 bool Int8RouteSupports(const Matrix& W) {

@@ -56,8 +56,8 @@ bool CpuHasVnni();
 bool Int8RouteSupports(const Matrix& W);
 
 // True when this CPU's int8 kernels read `plain`'s column groups
-// (core/repack.h), which the loader then makes: with VNNI every type that has
-// them, on other AVX2 CPUs all but Q6_K (Avx2ReadsColumnGroups).
+// (core/repack.h), which the loader then makes: every type that has them,
+// where the CPU has VNNI or AVX2.
 bool Int8ReadsColumnGroups(DType plain);
 
 // True when MatMul(W, ..., M, ...) takes the int8 route.

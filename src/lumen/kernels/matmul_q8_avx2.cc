@@ -52,7 +52,7 @@ namespace {
 // the activation sums the offsets multiply.
 struct Acts {
   int levels = 1;
-  bool records = false;    // the column groups' order (see Prepare)
+  int order = 0;           // kNatural, kRecords or kSlices (see Prepare)
   int64_t nb = 0;          // blocks per row
   std::vector<int8_t> q;   // [M][nb][levels][32]
   std::vector<float> d;    // [M][nb]: d (one level) or d2 = d / 256 (two)
@@ -71,17 +71,22 @@ struct Acts {
   const int32_t* Sums(int64_t m) const { return sums.data() + m * nb; }
 };
 
-// records: the blocks of the row's whole 512-element groups are laid out for
-// the column groups (core/repack.h) in chunks of 8 blocks (half a group):
-// [level][record r (0..7)][lane l (block)][4 bytes], record r holding
-// elements 4r .. 4r + 3 of each block, which is what a column group's column
-// c holds in its low (r = c) or high (r = c + 4) nibbles, and Q8_0's column r.
-// A chunk keeps its bytes' place; the blocks after the last group stay natural.
-void Prepare(const float* X, int64_t M, int64_t ldx, int64_t K, int levels, bool records,
-             Acts* a) {
+// The activations' byte order. kRecords: the blocks of the row's whole
+// 512-element groups are laid out for the column groups (core/repack.h) in
+// chunks of 8 blocks (half a group): [level][record r (0..7)][lane l
+// (block)][4 bytes], record r holding elements 4r .. 4r + 3 of each block,
+// which is what a column group's column c holds in its low (r = c) or high
+// (r = c + 4) nibbles, and Q8_0's column r; the blocks after the last group
+// stay natural. kSlices: Q6_K's repacked super-blocks, in chunks of 4 blocks
+// (128 elements): [level][record j (0..3)][lane l (16-element slice)][4
+// bytes], record j holding elements 4j .. 4j + 3 of each slice. A chunk keeps
+// its bytes' place in the row.
+enum Order { kNatural, kRecords, kSlices };
+
+void Prepare(const float* X, int64_t M, int64_t ldx, int64_t K, int levels, int order, Acts* a) {
   const int64_t nb = K / kQK;
   a->levels = levels;
-  a->records = records;
+  a->order = order;
   a->nb = nb;
   a->q.resize(static_cast<size_t>(M * K * levels));
   a->d.resize(static_cast<size_t>(M * nb));
@@ -108,18 +113,24 @@ void Prepare(const float* X, int64_t M, int64_t ldx, int64_t K, int levels, bool
       a->s32[m * nb + b] = d * static_cast<float>(half[0] + half[1]);
       a->sums[m * nb + b] = half[0] + half[1];
     }
-  if (!records) return;
-  const int64_t chunk = 8 * kQK * levels;
+  if (order == kNatural) return;
+  // Chunks of `blocks` blocks: `lanes` runs of `run` elements, 4 bytes of each per record.
+  const int64_t blocks = order == kRecords ? 8 : 4, run = order == kRecords ? kQK : 16, lanes = 8,
+                recs = run / 4;
+  const int64_t end = order == kRecords ? K / kColsElems * kColsBlocks : nb;
+  const int64_t chunk = blocks * kQK * levels;
   std::vector<int8_t> tmp(static_cast<size_t>(chunk));
   for (int64_t m = 0; m < M; ++m)
-    for (int64_t b0 = 0; b0 < K / kColsElems * kColsBlocks; b0 += 8) {
+    for (int64_t b0 = 0; b0 < end; b0 += blocks) {
       int8_t* c = a->q.data() + (m * nb + b0) * kQK * levels;
       std::memcpy(tmp.data(), c, static_cast<size_t>(chunk));
       for (int lv = 0; lv < levels; ++lv)
-        for (int r = 0; r < 8; ++r)
-          for (int l = 0; l < 8; ++l)
-            std::memcpy(c + lv * 256 + r * 32 + l * 4, tmp.data() + (l * levels + lv) * kQK + 4 * r,
-                        4);
+        for (int64_t r = 0; r < recs; ++r)
+          for (int64_t l = 0; l < lanes; ++l) {
+            const int64_t e = l * run + 4 * r;  // element of the chunk; natural: [block][level][32]
+            std::memcpy(c + (lv * recs + r) * 32 + l * 4,
+                        tmp.data() + (e / kQK * levels + lv) * kQK + e % kQK, 4);
+          }
     }
 }
 
@@ -141,10 +152,13 @@ enum class Fmt {
   kQ5_1C,
   kQ8_0C,
   kQ4KC,
-  kQ5KC
+  kQ5KC,
+  kQ6KC
 };
 
-constexpr bool IsCols(Fmt f) { return f >= Fmt::kQ4_0C; }
+constexpr Order OrderOf(Fmt f) {
+  return f == Fmt::kQ6KC ? kSlices : f >= Fmt::kQ4_0C ? kRecords : kNatural;
+}
 
 // The plain format of a column-group one.
 constexpr Fmt PlainFmt(Fmt f) {
@@ -221,6 +235,9 @@ bool FmtOf(const Matrix& W, Fmt* f) {
       return W.k % kQKK == 0;
     case DType::kQ5_KCols:
       *f = Fmt::kQ5KC;
+      return W.k % kQKK == 0;
+    case DType::kQ6_KCols:
+      *f = Fmt::kQ6KC;
       return W.k % kQKK == 0;
     default:
       return false;
@@ -365,6 +382,25 @@ LUMEN_AVX2 void LegacyRows(const uint8_t* w, const Acts& a, int64_t m0, float* y
   for (int r = 0; r < MB; ++r) y[r * ldy] = HSum(acc[r]) + off[r];
 }
 
+// The 8 bytes of v (little-endian) as floats.
+LUMEN_AVX2 inline __m256 WidenBytes(uint64_t v) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<int64_t>(v))));
+}
+
+// Q4_K / Q5_K's 8 6-bit scales and mins (GetScaleMinK4's packing) as d x
+// scale and dmin x min, unpacked four at a time in 32-bit words (the scalar
+// unpacking cost as much as the products of a one-row super-block).
+LUMEN_AVX2 inline void ScalesMinsK4(const uint8_t* q, float d, float dmin, __m256* sc, __m256* mn) {
+  uint32_t u[3];
+  std::memcpy(u, q, 12);
+  const uint32_t lo6 = 0x3F3F3F3F, lo4 = 0x0F0F0F0F, lo2 = 0x03030303;
+  const uint64_t s = (u[0] & lo6) | uint64_t((u[2] & lo4) | (((u[0] >> 6) & lo2) << 4)) << 32;
+  const uint64_t m = (u[1] & lo6) | uint64_t(((u[2] >> 4) & lo4) | (((u[1] >> 6) & lo2) << 4))
+                                        << 32;
+  *sc = _mm256_mul_ps(WidenBytes(s), _mm256_set1_ps(d));
+  *mn = _mm256_mul_ps(WidenBytes(m), _mm256_set1_ps(dmin));
+}
+
 // Q4_K / Q5_K: sub-block j of a super-block is activation block 8 sb + j.
 template <bool kFive, int MB, int L>
 LUMEN_AVX2 inline void Q45KSuperBlocks(const uint8_t* w, const Acts& a, int64_t m0,
@@ -375,18 +411,13 @@ LUMEN_AVX2 inline void Q45KSuperBlocks(const uint8_t* w, const Acts& a, int64_t 
     const uint8_t* blk = w + sb * kBytes;
     PrefetchAhead(blk, kBytes);
     const float d = Half(blk), dmin = Half(blk + 2);
-    alignas(32) float sc[8], mn[8];
-    for (int j = 0; j < 8; ++j) {
-      uint8_t s, m;
-      GetScaleMinK4(j, blk + 4, &s, &m);
-      sc[j] = d * s;
-      mn[j] = dmin * m;
-    }
+    __m256 sc, mn;
+    ScalesMinsK4(blk + 4, d, dmin, &sc, &mn);
     const int64_t b0 = sb * 8;
     alignas(32) float fs[MB][8];
     for (int r = 0; r < MB; ++r) {
-      _mm256_store_ps(fs[r], _mm256_mul_ps(_mm256_load_ps(sc), _mm256_loadu_ps(a.D(m0 + r) + b0)));
-      acc[r] = _mm256_fnmadd_ps(_mm256_load_ps(mn), _mm256_loadu_ps(a.S32(m0 + r) + b0), acc[r]);
+      _mm256_store_ps(fs[r], _mm256_mul_ps(sc, _mm256_loadu_ps(a.D(m0 + r) + b0)));
+      acc[r] = _mm256_fnmadd_ps(mn, _mm256_loadu_ps(a.S32(m0 + r) + b0), acc[r]);
     }
     __m256i qh = _mm256_setzero_si256();
     if constexpr (kFive) qh = Load32(blk + 16);
@@ -537,8 +568,8 @@ LUMEN_AVX2 void ColsRows(const uint8_t* w, const Acts& a, int64_t m0, float* y, 
                            : F == Fmt::kQ8_0 ? DType::kQ8_0
                            : F == Fmt::kQ4K  ? DType::kQ4_K
                                              : DType::kQ5_K;
-  constexpr int64_t kGroupBytes =
-      kK ? 2 * int64_t(kFive ? sizeof(BlockQ5K) : sizeof(BlockQ4K)) : kColsBlocks * LegacyBytes<F>();
+  constexpr int64_t kGroupBytes = kK ? 2 * int64_t(kFive ? sizeof(BlockQ5K) : sizeof(BlockQ4K))
+                                     : kColsBlocks * LegacyBytes<F>();
   constexpr int kRun = kQ8 ? 1 : kFive ? 4 : 8;  // records summed as int16
   const __m256i m4 = _mm256_set1_epi8(0x0F);
   const int64_t groups = a.nb / kColsBlocks;
@@ -577,15 +608,7 @@ LUMEN_AVX2 void ColsRows(const uint8_t* w, const Acts& a, int64_t m0, float* y, 
       __m256 sw, ow = _mm256_setzero_ps();  // per lane: w = sw q - ow (legacy m: + ow)
       if constexpr (kK) {
         const float d = Half(grp + c.d + 4 * h), dmin = Half(grp + c.d + 4 * h + 2);
-        alignas(32) float sc[8], mn[8];
-        for (int j = 0; j < 8; ++j) {
-          uint8_t sj, mj;
-          GetScaleMinK4(j, grp + c.scales + 12 * h, &sj, &mj);
-          sc[j] = d * sj;
-          mn[j] = dmin * mj;
-        }
-        sw = _mm256_load_ps(sc);
-        ow = _mm256_load_ps(mn);
+        ScalesMinsK4(grp + c.scales + 12 * h, d, dmin, &sw, &ow);
       } else {
         sw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(grp + c.d + 16 * h)));
         if constexpr (kMin)
@@ -601,9 +624,8 @@ LUMEN_AVX2 void ColsRows(const uint8_t* w, const Acts& a, int64_t m0, float* y, 
             __m256i sum = _mm256_setzero_si256();
             for (int q = q0; q < q0 + kRun; ++q) {
               const __m256i xv = Load32(x + 256 * lv + 32 * q);
-              const __m256i p =
-                  kQ8 ? _mm256_maddubs_epi16(mag[q], _mm256_sign_epi8(xv, codes[q]))
-                      : _mm256_maddubs_epi16(codes[q], xv);
+              const __m256i p = kQ8 ? _mm256_maddubs_epi16(mag[q], _mm256_sign_epi8(xv, codes[q]))
+                                    : _mm256_maddubs_epi16(codes[q], xv);
               sum = q == q0 ? p : _mm256_add_epi16(sum, p);
             }
             i = _mm256_add_epi32(i, _mm256_madd_epi16(sum, k));
@@ -613,8 +635,10 @@ LUMEN_AVX2 void ColsRows(const uint8_t* w, const Acts& a, int64_t m0, float* y, 
           i = _mm256_sub_epi32(i, _mm256_slli_epi32(Load32(a.Sums(m0 + r) + b0), ShiftLog2<F>()));
         const __m256 scale = _mm256_mul_ps(sw, _mm256_loadu_ps(a.D(m0 + r) + b0));
         acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), scale, acc[r]);
-        if constexpr (kK) acc[r] = _mm256_fnmadd_ps(ow, _mm256_loadu_ps(a.S32(m0 + r) + b0), acc[r]);
-        if constexpr (kMin) acc[r] = _mm256_fmadd_ps(ow, _mm256_loadu_ps(a.S32(m0 + r) + b0), acc[r]);
+        if constexpr (kK)
+          acc[r] = _mm256_fnmadd_ps(ow, _mm256_loadu_ps(a.S32(m0 + r) + b0), acc[r]);
+        if constexpr (kMin)
+          acc[r] = _mm256_fmadd_ps(ow, _mm256_loadu_ps(a.S32(m0 + r) + b0), acc[r]);
       }
     }
   }
@@ -624,6 +648,61 @@ LUMEN_AVX2 void ColsRows(const uint8_t* w, const Acts& a, int64_t m0, float* y, 
     LegacyBlocks<F, MB, L>(w, a, m0, groups * kColsBlocks, a.nb, acc, off);
   }
   for (int r = 0; r < MB; ++r) y[r * ldy] = HSum(acc[r]) + off[r];
+}
+
+// Q6_K repacked (core/repack.h: every super-block in place): lane l of a
+// half super-block's 4 records is its 16-element slice 8h + l (a sub-block,
+// with its own scale), record j elements 4j .. 4j + 3 of each slice (Prepare's
+// kSlices order); two records' int16 products are summed before vpmaddwd (2
+// x 2 x 63 x 127 < 2^15).
+template <int MB, int L>
+LUMEN_AVX2 void Q6SlicesRows(const uint8_t* w, const Acts& a, int64_t m0, float* y, int64_t ldy) {
+  const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(0x30);
+  const __m256i pairs = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3);
+  __m256 acc[MB];
+  for (int r = 0; r < MB; ++r) acc[r] = _mm256_setzero_ps();
+  for (int64_t sb = 0; sb < a.nb / 8; ++sb) {
+    const uint8_t* blk = w + sb * sizeof(BlockQ6K);
+    PrefetchAhead(blk, sizeof(BlockQ6K));
+    const float d = Half(blk + 208);
+    const __m128i sc8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 192));
+    for (int h = 0; h < 2; ++h) {
+      const __m256 sw = _mm256_mul_ps(
+          _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(h == 0 ? sc8 : _mm_srli_si128(sc8, 8))),
+          _mm256_set1_ps(d));
+      const __m256 ow = _mm256_mul_ps(sw, _mm256_set1_ps(32.0f));  // w = d sc (q - 32)
+      const __m256i v0 = Load32(blk + 32 * h), v1 = Load32(blk + 64 + 32 * h);
+      const __m256i hb = Load32(blk + 128 + 32 * h);
+      // Record j: low bits from vector j % 2 (nibble j / 2), high bits 2j of hb
+      // moved to bits 4, 5 (shifts stay inside the byte under the mask).
+      const __m256i codes[4] = {
+          _mm256_or_si256(_mm256_and_si256(v0, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 4), m2)),
+          _mm256_or_si256(_mm256_and_si256(v1, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 2), m2)),
+          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v0, 4), m4), _mm256_and_si256(hb, m2)),
+          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v1, 4), m4),
+                          _mm256_and_si256(_mm256_srli_epi16(hb, 2), m2))};
+      const int64_t b0 = sb * 8 + 4 * h;  // the half's four activation blocks
+      for (int r = 0; r < MB; ++r) {
+        const int8_t* x = a.Q(m0 + r, b0);
+        __m256i i = _mm256_setzero_si256();
+        for (int lv = 0; lv < L; ++lv) {
+          const __m256i k = _mm256_set1_epi16(L == 2 && lv == 0 ? 256 : 1);
+          for (int j = 0; j < 4; j += 2) {
+            const __m256i sum = _mm256_add_epi16(
+                _mm256_maddubs_epi16(codes[j], Load32(x + 128 * lv + 32 * j)),
+                _mm256_maddubs_epi16(codes[j + 1], Load32(x + 128 * lv + 32 * j + 32)));
+            i = _mm256_add_epi32(i, _mm256_madd_epi16(sum, k));
+          }
+        }
+        // Slices 2k and 2k + 1 are activation block b0 + k.
+        const __m256 dx =
+            _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_loadu_ps(a.D(m0 + r) + b0)), pairs);
+        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_mul_ps(sw, dx), acc[r]);
+        acc[r] = _mm256_fnmadd_ps(ow, _mm256_loadu_ps(a.S16(m0 + r) + 2 * b0), acc[r]);
+      }
+    }
+  }
+  for (int r = 0; r < MB; ++r) y[r * ldy] = HSum(acc[r]);
 }
 
 template <int MB, int L>
@@ -663,6 +742,8 @@ RowsFn PickRows(Fmt f) {
       return ColsRows<Fmt::kQ4KC, MB, L>;
     case Fmt::kQ5KC:
       return ColsRows<Fmt::kQ5KC, MB, L>;
+    case Fmt::kQ6KC:
+      return Q6SlicesRows<MB, L>;
   }
   return nullptr;
 }
@@ -716,18 +797,14 @@ bool Avx2Int8Covers(const Matrix& W) {
   return FmtOf(W, &f);
 }
 
-bool Avx2ReadsColumnGroups(DType plain) {
-  return HasColumnGroups(plain) && plain != DType::kQ6_K;
-}
-
 void MatMulManyInt8Avx2(std::span<const MatMulOut> outs, const float* X, int64_t M, int64_t ldx,
                         ThreadPool* pool) {
   LUMEN_CHECK(CpuHasAvx2());
   // Rows of X are taken four at a time: the decoded weights are shared by up
   // to four accumulators (and the 16 vector registers hold no more).
   constexpr int64_t kRowsPerPass = 4;
-  Acts acts[2][2];  // by level count and order, prepared when an out needs one
-  bool ready[2][2] = {};
+  Acts acts[2][3];  // by level count and order, prepared when an out needs one
+  bool ready[2][3] = {};
   struct Plan {
     RowsFn fn[kRowsPerPass];
     const Acts* acts;
@@ -738,11 +815,11 @@ void MatMulManyInt8Avx2(std::span<const MatMulOut> outs, const float* X, int64_t
     const Matrix& w = *outs[i].w;
     Fmt f;
     LUMEN_CHECK(FmtOf(w, &f));
-    const int levels = Int8Levels(w.route), records = IsCols(f) ? 1 : 0;
-    Acts& act = acts[levels - 1][records];
-    if (!ready[levels - 1][records]) {
-      Prepare(X, M, ldx, w.k, levels, records != 0, &act);
-      ready[levels - 1][records] = true;
+    const int levels = Int8Levels(w.route), order = OrderOf(f);
+    Acts& act = acts[levels - 1][order];
+    if (!ready[levels - 1][order]) {
+      Prepare(X, M, ldx, w.k, levels, order, &act);
+      ready[levels - 1][order] = true;
     }
     LUMEN_CHECK(act.nb * kQK == w.k);  // every out reads the same X
     plans[i].acts = &act;

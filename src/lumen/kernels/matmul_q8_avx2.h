@@ -15,9 +15,10 @@
 // (Q4_0's 8, Q5_0's 16, Q4_1 / Q5_1 m, K-quant mins and Q3_K / Q6_K's code
 // shifts) multiply the activation sums of their 16- or 32-element runs,
 // computed once per row. The column groups the loader makes for these
-// kernels (core/repack.h: all but Q6_K's) put one block in each 32-bit lane of
-// a record of 8 blocks, so that the lane work is paid once per 8 blocks and
-// the 4-bit products are summed as int16 first (matmul_q8_avx2.cc, ColsRows).
+// kernels as for VNNI (core/repack.h) put one block (Q6_K: one 16-element
+// sub-block) in each 32-bit lane of a record of 8, so that the lane work is
+// paid once per 8 lanes and the products of several records are summed as
+// int16 first (matmul_q8_avx2.cc: ColsRows, Q6SlicesRows).
 // MLX weights are not covered: they keep the exact route here.
 #pragma once
 
@@ -35,12 +36,8 @@ bool CpuHasAvx2();
 
 // True when the AVX2 kernels cover W's storage: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0
 // (K % 32 == 0) and Q2_K .. Q6_K (K % 256 == 0) as stored in GGUF files, and
-// the column groups of those but Q6_K (Avx2ReadsColumnGroups).
+// the column groups of those that have them.
 bool Avx2Int8Covers(const Matrix& W);
-
-// True when the AVX2 kernels read `plain`'s column groups (core/repack.h):
-// the load-time repack is worth making for them.
-bool Avx2ReadsColumnGroups(DType plain);
 
 // MatMulMany through the AVX2 kernels with Int8Levels(w.route) activation
 // levels per out; requires CpuHasAvx2() and Avx2Int8Covers for every out.

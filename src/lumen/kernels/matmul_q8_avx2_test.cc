@@ -34,7 +34,7 @@ constexpr DType kTypes[] = {DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ5
                             DType::kQ2_K, DType::kQ3_K, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K,
                             // the column groups the loader makes for these kernels
                             DType::kQ4_0Cols, DType::kQ4_1Cols, DType::kQ5_0Cols, DType::kQ5_1Cols,
-                            DType::kQ8_0Cols, DType::kQ4_KCols, DType::kQ5_KCols};
+                            DType::kQ8_0Cols, DType::kQ4_KCols, DType::kQ5_KCols, DType::kQ6_KCols};
 
 #define SKIP_WITHOUT_AVX2() \
   if (!CpuHasAvx2()) GTEST_SKIP() << "no AVX2/FMA/F16C on this CPU: the AVX2 kernels cannot run"
@@ -159,9 +159,9 @@ TEST(MatMulInt8Avx2, ExtremeCodesDoNotSaturate) {
   std::vector<float> X(M * K);
   for (int64_t i = 0; i < K; ++i) X[i] = i % 2 == 0 ? 3.0f : -3.0f;
   for (int64_t i = K; i < M * K; ++i) X[i] = 0.5f;
-  for (DType t : {DType::kQ8_0, DType::kQ6_K, DType::kQ5_0, DType::kQ5_K, DType::kQ4_0,
-                  DType::kQ8_0Cols, DType::kQ5_0Cols, DType::kQ5_KCols, DType::kQ4_0Cols,
-                  DType::kQ4_KCols})
+  for (DType t :
+       {DType::kQ8_0, DType::kQ6_K, DType::kQ5_0, DType::kQ5_K, DType::kQ4_0, DType::kQ8_0Cols,
+        DType::kQ5_0Cols, DType::kQ5_KCols, DType::kQ4_0Cols, DType::kQ4_KCols, DType::kQ6_KCols})
     for (int levels : {1, 2}) {
       const DType plain = PlainOf(t);
       OwnedMatrix W = MakeRoute(plain, N, K, levels, rng);
@@ -176,7 +176,8 @@ TEST(MatMulInt8Avx2, ExtremeCodesDoNotSaturate) {
           for (int64_t sb = 0; sb < K / kQKK; ++sb) {
             uint8_t* blk = row + sb * sizeof(BlockQ6K);
             std::memset(blk, 0xFF, 192);  // every code 63
-            for (int s = 0; s < 16; ++s) blk[192 + s] = static_cast<uint8_t>(s % 2 == 0 ? -128 : 127);
+            for (int s = 0; s < 16; ++s)
+              blk[192 + s] = static_cast<uint8_t>(s % 2 == 0 ? -128 : 127);
           }
         } else if (plain == DType::kQ5_0) {
           for (int64_t b = 0; b < K / kQK; ++b)

@@ -69,23 +69,6 @@ void CopyCodes(const uint8_t* src, uint8_t* dst, uint32_t flip) {
   std::memcpy(dst, &v, 4);
 }
 
-// Sets the 5-bit code q of element e (0..255) of a zeroed Q4_K / Q5_K
-// super-block.
-void SetSuperCode(const Plain& p, uint8_t* blk, int e, int q) {
-  const int j = e / 32, l = e % 32;
-  blk[p.qs + 32 * (j / 2) + l] |= static_cast<uint8_t>((q & 15) << (4 * (j % 2)));
-  if (p.qh >= 0) blk[p.qh + l] |= static_cast<uint8_t>(((q >> 4) & 1) << j);
-}
-
-// Sets the 6-bit code q of element e = 128 h + i (0..255) of a zeroed
-// plain Q6_K super-block: low 4 bits nibble i / 64 of ql[64 h + i % 64], top
-// 2 bits 2 (i / 32) of qh[32 h + i % 32].
-void SetQ6Code(uint8_t* blk, int e, int q) {
-  const int h = e / 128, i = e % 128;
-  blk[64 * h + i % 64] |= static_cast<uint8_t>((q & 15) << (4 * (i / 64)));
-  blk[128 + 32 * h + i % 32] |= static_cast<uint8_t>(((q >> 4) & 3) << (2 * (i / 32)));
-}
-
 // Two super-blocks (at sb) as a group at grp (which may be where they were).
 // Sub-blocks 2 m and 2 m + 1 share qs[32 m, 32 m + 32) (low, high nibbles),
 // so lane l's four code words take their nibbles from the bytes 4 c and
@@ -117,6 +100,12 @@ void RepackSuperPair(const Plain& p, const uint8_t* sb, uint8_t* grp) {
   }
 }
 
+// Word at a time (the prefill's exact decode unpacks every group it reads
+// this way on CPUs without 16-lane vectors, where a code at a time cost as
+// much as the product): lane l's 16 code bytes are a legacy block's qs
+// (element k in the low nibble of byte k, k + 16 in the high), and
+// sub-blocks 2m, 2m + 1 of a super-block share qs[32 m ..] as its low and
+// high nibbles.
 void UnpackSuperPair(const Plain& p, const uint8_t* grp, uint8_t* blocks) {
   const ColsFields f = ColsFieldsAt(p.qh >= 0 ? DType::kQ5_K : DType::kQ4_K, grp);
   std::memset(blocks, 0, 2 * p.bytes);
@@ -124,14 +113,26 @@ void UnpackSuperPair(const Plain& p, const uint8_t* grp, uint8_t* blocks) {
     std::memcpy(blocks + s * p.bytes + p.m, grp + f.scales + 12 * s, 12);
     std::memcpy(blocks + s * p.bytes, grp + f.d + 4 * s, 4);
   }
-  for (int64_t l = 0; l < kColsBlocks; ++l)
-    for (int j = 0; j < kQK; ++j) {
-      const int byte = j % 16;
-      int q = (grp[f.codes + 64 * (byte / 4) + 4 * l + byte % 4] >> (4 * (j / 16))) & 15;
-      if (f.high >= 0)
-        q |= static_cast<int>((LoadU64(grp + f.high + 8 * (j / 4)) >> (4 * l + j % 4)) & 1) << 4;
-      SetSuperCode(p, blocks + l / 8 * p.bytes, static_cast<int>(32 * (l % 8) + j), q);
+  constexpr uint32_t kLo = 0x0F0F0F0Fu;
+  for (int64_t l = 0; l < kColsBlocks; l += 2) {  // sub-blocks l (low nibbles), l + 1 (high)
+    uint8_t* qs = blocks + l / 8 * p.bytes + p.qs + 32 * (l % 8 / 2);
+    for (int c = 0; c < 4; ++c) {
+      const uint32_t a = LoadU32(grp + f.codes + 64 * c + 4 * l);
+      const uint32_t b = LoadU32(grp + f.codes + 64 * c + 4 * (l + 1));
+      const uint32_t lo = (a & kLo) | ((b & kLo) << 4), hi = ((a >> 4) & kLo) | (b & ~kLo);
+      std::memcpy(qs + 4 * c, &lo, 4);
+      std::memcpy(qs + 16 + 4 * c, &hi, 4);
     }
+  }
+  if (f.high < 0) return;
+  // qh[e] bit j: the 5th bit of element e of sub-block j, from mask e / 4's bit 4 l + e % 4.
+  for (int w = 0; w < 8; ++w) {
+    const uint64_t mask = LoadU64(grp + f.high + 8 * w);
+    for (int64_t l = 0; l < kColsBlocks; ++l)
+      for (int i = 0; i < 4; ++i)
+        blocks[l / 8 * p.bytes + p.qh + 4 * w + i] |=
+            static_cast<uint8_t>(((mask >> (4 * l + i)) & 1) << (l % 8));
+  }
 }
 
 }  // namespace
@@ -206,16 +207,29 @@ void RepackQ6Slices(const uint8_t* src, uint8_t* dst) {
   }
 }
 
+// Word at a time, as UnpackSuperPair. Slice s = 8h + t holds elements
+// 128h + 16t ..; in the plain block, ql[64h + 16(t % 4) + 4j + b] has slice
+// t's code (element 16t + 4j + b of the half) in nibble t / 4, and
+// qh[32h + 16(t % 2) + 4j + b] its top bits at bits 2 (t / 2).
 void UnpackQ6Slices(const uint8_t* src, uint8_t* dst) {
   uint8_t g[sizeof(BlockQ6K)];
   std::memcpy(g, src, sizeof(g));
   std::memset(dst, 0, 192);
   std::memcpy(dst + 192, g + 192, sizeof(g) - 192);
-  for (int e = 0; e < kQKK; ++e) {
-    const int j = e % 16 / 4, byte = 4 * (e / 16) + e % 4;
-    const int q =
-        ((g[64 * (j % 2) + byte] >> (4 * (j / 2))) & 15) | (((g[128 + byte] >> (2 * j)) & 3) << 4);
-    SetQ6Code(dst, e, q);
+  constexpr uint32_t kLo = 0x0F0F0F0Fu, kTwo = 0x03030303u;
+  for (int s = 0; s < 16; ++s) {
+    const int h = s / 8, t = s % 8;
+    const uint32_t v0 = LoadU32(g + 4 * s), v1 = LoadU32(g + 64 + 4 * s);
+    const uint32_t hb = LoadU32(g + 128 + 4 * s);
+    const uint32_t low[4] = {v0 & kLo, v1 & kLo, (v0 >> 4) & kLo, (v1 >> 4) & kLo};
+    for (int j = 0; j < 4; ++j) {
+      uint8_t* ql = dst + 64 * h + 16 * (t % 4) + 4 * j;
+      uint8_t* qh = dst + 128 + 32 * h + 16 * (t % 2) + 4 * j;
+      const uint32_t l = LoadU32(ql) | low[j] << (4 * (t / 4));
+      const uint32_t top = LoadU32(qh) | ((hb >> (2 * j)) & kTwo) << (2 * (t / 2));
+      std::memcpy(ql, &l, 4);
+      std::memcpy(qh, &top, 4);
+    }
   }
 }
 

@@ -125,13 +125,19 @@ void UnpackSuperPair(const Plain& p, const uint8_t* grp, uint8_t* blocks) {
     }
   }
   if (f.high < 0) return;
-  // qh[e] bit j: the 5th bit of element e of sub-block j, from mask e / 4's bit 4 l + e % 4.
+  // qh[e] bit j: the 5th bit of element e of sub-block j, bit 4 (8s + j) + e % 4
+  // of mask e / 4: qh[4w .. 4w + 3] of super-block s transpose mask w's nibbles.
   for (int w = 0; w < 8; ++w) {
     const uint64_t mask = LoadU64(grp + f.high + 8 * w);
-    for (int64_t l = 0; l < kColsBlocks; ++l)
-      for (int i = 0; i < 4; ++i)
-        blocks[l / 8 * p.bytes + p.qh + 4 * w + i] |=
-            static_cast<uint8_t>(((mask >> (4 * l + i)) & 1) << (l % 8));
+    for (int s = 0; s < 2; ++s) {
+      uint32_t qh = 0;
+      for (int j = 0; j < 8; ++j) {
+        // Bit i of the nibble to bit 0 of byte i: copies at shifts 0, 7, 14, 21 never overlap.
+        const auto nib = static_cast<uint32_t>((mask >> (32 * s + 4 * j)) & 15);
+        qh |= ((nib * 0x00204081u) & 0x01010101u) << j;
+      }
+      std::memcpy(blocks + s * p.bytes + p.qh + 4 * w, &qh, 4);
+    }
   }
 }
 
@@ -283,9 +289,9 @@ void UnpackColumnGroup(DType plain, const uint8_t* g, uint8_t* blocks) {
     for (int64_t c = 0; c < p.columns(); ++c)
       CopyCodes(g + f.codes + 64 * c + 4 * l, blk + p.qs + 4 * c, p.flip());
     if (p.qh < 0) continue;
-    uint32_t h = 0;
-    for (int j = 0; j < kQK; ++j)
-      h |= static_cast<uint32_t>((LoadU64(g + f.high + 8 * (j / 4)) >> (4 * l + j % 4)) & 1) << j;
+    uint32_t h = 0;  // bits 4w .. 4w + 3: mask w's nibble l
+    for (int w = 0; w < 8; ++w)
+      h |= static_cast<uint32_t>((LoadU64(g + f.high + 8 * w) >> (4 * l)) & 15) << (4 * w);
     std::memcpy(blk + p.qh, &h, 4);
   }
 }

@@ -522,18 +522,34 @@ LUMEN_AVX2 void Q23KRows(const uint8_t* w, const Acts& a, int64_t m0, float* y, 
   for (int64_t sb = 0; sb < a.nb / 8; ++sb) {
     const uint8_t* blk = w + sb * kBytes;
     PrefetchAhead(blk, kBytes);
+    // The 16 scales unpacked in 64-bit words (a scale at a time, the
+    // conversions cost as much as the products).
     alignas(32) float sc[16], mn[16];
-    if constexpr (kThree) {  // w = d (sc - 32) (q - 4)
+    constexpr uint64_t kLo4 = 0x0F0F0F0F0F0F0F0FULL;
+    if constexpr (kThree) {  // w = d (sc - 32) (q - 4); Q3KScale's packing
       const float d = Half(blk + 108);
-      for (int s = 0; s < 16; ++s) {
-        sc[s] = d * static_cast<float>(Q3KScale(blk + 96, s) - 32);
-        mn[s] = 4 * sc[s];
-      }
+      uint64_t lo;
+      uint32_t hi;
+      std::memcpy(&lo, blk + 96, 8);
+      std::memcpy(&hi, blk + 104, 4);
+      constexpr uint32_t kTwo = 0x03030303u;
+      const uint64_t top_a = (hi & kTwo) | uint64_t((hi >> 2) & kTwo) << 32;
+      const uint64_t top_b = ((hi >> 4) & kTwo) | uint64_t((hi >> 6) & kTwo) << 32;
+      const __m256 d8 = _mm256_set1_ps(d), k32 = _mm256_set1_ps(32.0f), k4 = _mm256_set1_ps(4.0f);
+      const __m256 a = _mm256_mul_ps(_mm256_sub_ps(WidenBytes((lo & kLo4) | top_a << 4), k32), d8);
+      const __m256 b =
+          _mm256_mul_ps(_mm256_sub_ps(WidenBytes(((lo >> 4) & kLo4) | top_b << 4), k32), d8);
+      _mm256_store_ps(sc, a);
+      _mm256_store_ps(sc + 8, b);
+      _mm256_store_ps(mn, _mm256_mul_ps(a, k4));
+      _mm256_store_ps(mn + 8, _mm256_mul_ps(b, k4));
     } else {  // w = d (sc & 15) q - dmin (sc >> 4)
-      const float d = Half(blk + 80), dmin = Half(blk + 82);
-      for (int s = 0; s < 16; ++s) {
-        sc[s] = d * static_cast<float>(blk[s] & 15);
-        mn[s] = dmin * static_cast<float>(blk[s] >> 4);
+      const __m256 d8 = _mm256_set1_ps(Half(blk + 80)), dmin8 = _mm256_set1_ps(Half(blk + 82));
+      uint64_t v[2];
+      std::memcpy(v, blk, 16);
+      for (int i = 0; i < 2; ++i) {
+        _mm256_store_ps(sc + 8 * i, _mm256_mul_ps(WidenBytes(v[i] & kLo4), d8));
+        _mm256_store_ps(mn + 8 * i, _mm256_mul_ps(WidenBytes((v[i] >> 4) & kLo4), dmin8));
       }
     }
     const __m256i hm = kThree ? Load32(blk) : _mm256_setzero_si256();

@@ -11,6 +11,7 @@
 #include "lumen/kernels/prefetch.h"
 
 #if defined(__x86_64__)
+#include <cpuid.h>
 #include <immintrin.h>
 #define LUMEN_AVX2 __attribute__((target("avx2,fma,f16c")))
 #endif
@@ -787,8 +788,10 @@ RowsFn Pick(Fmt f, int levels, int mb) {
 bool CpuHasAvx2() {
   static const bool has = [] {  // CPU feature, fixed for the process
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-           __builtin_cpu_supports("f16c");
+    // F16C from CPUID leaf 1 (ECX bit 29): clang's __builtin_cpu_supports has no "f16c".
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    const bool f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & (1u << 29)) != 0;
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
   }();
   return has;
 }

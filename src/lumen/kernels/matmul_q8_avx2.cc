@@ -183,66 +183,35 @@ constexpr Fmt PlainFmt(Fmt f) {
   }
 }
 
+// Each storage the kernels read, and its format.
+constexpr struct {
+  DType type;
+  Fmt fmt;
+} kStorages[] = {{DType::kQ4_0, Fmt::kQ4_0},      {DType::kQ4_1, Fmt::kQ4_1},
+                 {DType::kQ5_0, Fmt::kQ5_0},      {DType::kQ5_1, Fmt::kQ5_1},
+                 {DType::kQ8_0, Fmt::kQ8_0},      {DType::kQ2_K, Fmt::kQ2K},
+                 {DType::kQ3_K, Fmt::kQ3K},       {DType::kQ4_K, Fmt::kQ4K},
+                 {DType::kQ5_K, Fmt::kQ5K},       {DType::kQ6_K, Fmt::kQ6K},
+                 {DType::kQ4_0Cols, Fmt::kQ4_0C}, {DType::kQ4_1Cols, Fmt::kQ4_1C},
+                 {DType::kQ5_0Cols, Fmt::kQ5_0C}, {DType::kQ5_1Cols, Fmt::kQ5_1C},
+                 {DType::kQ8_0Cols, Fmt::kQ8_0C}, {DType::kQ4_KCols, Fmt::kQ4KC},
+                 {DType::kQ5_KCols, Fmt::kQ5KC},  {DType::kQ6_KCols, Fmt::kQ6KC}};
+
+constexpr DType TypeOf(Fmt f) {
+  for (const auto& s : kStorages)
+    if (s.fmt == f) return s.type;
+  return DType::kF32;
+}
+
+// W's format; false where no kernel reads its storage (or K is not whole blocks).
 bool FmtOf(const Matrix& W, Fmt* f) {
   if (W.mlx_bits != 0) return false;
-  switch (W.w.dtype) {
-    case DType::kQ4_0:
-      *f = Fmt::kQ4_0;
-      return W.k % kQK == 0;
-    case DType::kQ4_1:
-      *f = Fmt::kQ4_1;
-      return W.k % kQK == 0;
-    case DType::kQ5_0:
-      *f = Fmt::kQ5_0;
-      return W.k % kQK == 0;
-    case DType::kQ5_1:
-      *f = Fmt::kQ5_1;
-      return W.k % kQK == 0;
-    case DType::kQ8_0:
-      *f = Fmt::kQ8_0;
-      return W.k % kQK == 0;
-    case DType::kQ2_K:
-      *f = Fmt::kQ2K;
-      return W.k % kQKK == 0;
-    case DType::kQ3_K:
-      *f = Fmt::kQ3K;
-      return W.k % kQKK == 0;
-    case DType::kQ4_K:
-      *f = Fmt::kQ4K;
-      return W.k % kQKK == 0;
-    case DType::kQ5_K:
-      *f = Fmt::kQ5K;
-      return W.k % kQKK == 0;
-    case DType::kQ6_K:
-      *f = Fmt::kQ6K;
-      return W.k % kQKK == 0;
-    case DType::kQ4_0Cols:
-      *f = Fmt::kQ4_0C;
-      return W.k % kQK == 0;
-    case DType::kQ4_1Cols:
-      *f = Fmt::kQ4_1C;
-      return W.k % kQK == 0;
-    case DType::kQ5_0Cols:
-      *f = Fmt::kQ5_0C;
-      return W.k % kQK == 0;
-    case DType::kQ5_1Cols:
-      *f = Fmt::kQ5_1C;
-      return W.k % kQK == 0;
-    case DType::kQ8_0Cols:
-      *f = Fmt::kQ8_0C;
-      return W.k % kQK == 0;
-    case DType::kQ4_KCols:
-      *f = Fmt::kQ4KC;
-      return W.k % kQKK == 0;
-    case DType::kQ5_KCols:
-      *f = Fmt::kQ5KC;
-      return W.k % kQKK == 0;
-    case DType::kQ6_KCols:
-      *f = Fmt::kQ6KC;
-      return W.k % kQKK == 0;
-    default:
-      return false;
-  }
+  for (const auto& s : kStorages)
+    if (s.type == W.w.dtype) {
+      *f = s.fmt;
+      return W.k % Info(PlainOf(s.type)).block_elems == 0;
+    }
+  return false;
 }
 
 // One weight row against activation rows m0 .. m0 + MB - 1: y[r * ldy].
@@ -578,13 +547,7 @@ LUMEN_AVX2 void ColsRows(const uint8_t* w, const Acts& a, int64_t m0, float* y, 
   constexpr bool kK = F == Fmt::kQ4K || F == Fmt::kQ5K, kQ8 = F == Fmt::kQ8_0;
   constexpr bool kFive = F == Fmt::kQ5_0 || F == Fmt::kQ5_1 || F == Fmt::kQ5K;
   constexpr bool kMin = F == Fmt::kQ4_1 || F == Fmt::kQ5_1;
-  constexpr DType kPlain = F == Fmt::kQ4_0   ? DType::kQ4_0
-                           : F == Fmt::kQ4_1 ? DType::kQ4_1
-                           : F == Fmt::kQ5_0 ? DType::kQ5_0
-                           : F == Fmt::kQ5_1 ? DType::kQ5_1
-                           : F == Fmt::kQ8_0 ? DType::kQ8_0
-                           : F == Fmt::kQ4K  ? DType::kQ4_K
-                                             : DType::kQ5_K;
+  constexpr DType kPlain = TypeOf(F);
   constexpr int64_t kGroupBytes = kK ? 2 * int64_t(kFive ? sizeof(BlockQ5K) : sizeof(BlockQ4K))
                                      : kColsBlocks * LegacyBytes<F>();
   constexpr int kRun = kQ8 ? 1 : kFive ? 4 : 8;  // records summed as int16

@@ -53,7 +53,7 @@ namespace {
 // the activation sums the offsets multiply.
 struct Acts {
   int levels = 1;
-  int order = 0;           // kNatural, kRecords or kSlices (see Prepare)
+  int order = 0;           // kNatural, kRecords, kSlices or kSuper (see Prepare)
   int64_t nb = 0;          // blocks per row
   std::vector<int8_t> q;   // [M][nb][levels][32]
   std::vector<float> d;    // [M][nb]: d (one level) or d2 = d / 256 (two)
@@ -82,7 +82,10 @@ struct Acts {
 // (128 elements): [level][record j (0..3)][lane l (16-element slice)][4
 // bytes], record j holding elements 4j .. 4j + 3 of each slice. A chunk keeps
 // its bytes' place in the row.
-enum Order { kNatural, kRecords, kSlices };
+// kSuper: kRecords' chunks over the whole row (K-quant rows, whose blocks
+// come in super-blocks of 8), for the Q2_K / Q3_K kernels, which move their
+// codes into records in registers (Q23KRecordsRows).
+enum Order { kNatural, kRecords, kSlices, kSuper };
 
 void Prepare(const float* X, int64_t M, int64_t ldx, int64_t K, int levels, int order, Acts* a) {
   const int64_t nb = K / kQK;
@@ -116,8 +119,8 @@ void Prepare(const float* X, int64_t M, int64_t ldx, int64_t K, int levels, int 
     }
   if (order == kNatural) return;
   // Chunks of `blocks` blocks: `lanes` runs of `run` elements, 4 bytes of each per record.
-  const int64_t blocks = order == kRecords ? 8 : 4, run = order == kRecords ? kQK : 16, lanes = 8,
-                recs = run / 4;
+  const bool records = order == kRecords || order == kSuper;
+  const int64_t blocks = records ? 8 : 4, run = records ? kQK : 16, lanes = 8, recs = run / 4;
   const int64_t end = order == kRecords ? K / kColsElems * kColsBlocks : nb;
   const int64_t chunk = blocks * kQK * levels;
   std::vector<int8_t> tmp(static_cast<size_t>(chunk));
@@ -158,7 +161,10 @@ enum class Fmt {
 };
 
 constexpr Order OrderOf(Fmt f) {
-  return f == Fmt::kQ6KC ? kSlices : f >= Fmt::kQ4_0C ? kRecords : kNatural;
+  return f == Fmt::kQ6KC                    ? kSlices
+         : f >= Fmt::kQ4_0C                 ? kRecords
+         : f == Fmt::kQ2K || f == Fmt::kQ3K ? kSuper
+                                            : kNatural;
 }
 
 // The plain format of a column-group one.
@@ -419,55 +425,86 @@ LUMEN_AVX2 void Q45KRows(const uint8_t* w, const Acts& a, int64_t m0, float* y, 
 }
 
 // The K-quants with 16-element sub-blocks (Q2_K, Q3_K, Q6_K): each 32-element
-// block's dot lanes 0-3 hold its first sub-block, lanes 4-7 its second, so one
-// vector [s_a x 4, s_b x 4] of the two sub-blocks' scale x activation scale.
-// sc[16]: the weight scales (a = sc q), mn[16]: the offsets (o = mn), both per
-// sub-block; Codes(k) gives block k's 32 codes.
+// block's int16 pair sums 0-7 hold its first sub-block, 8-15 its second, so
+// vpmaddwd by [s_a x 8, s_b x 8] applies the two sub-blocks' integer scales
+// (level 1 by 256 s: the scale byte shuffled into each int16's high byte;
+// level 2 by s: that shifted back, sign extended) and the block's eight int32
+// lanes sum to its whole scaled dot, which one FMA by the activation scale
+// adds; the super-block scale d multiplies the sum of its 8 blocks. sc8: the
+// 16 integer sub-block scales (|256 s| <= 2^15, so every int32 sum is exact:
+// at most 2 x (2 x 63 x 127) x 2^15 for Q6_K); mn_lo / mn_hi: the offsets (o =
+// mn) per sub-block, through the activation sums of the 16-element halves;
+// codes(k) gives block k's 32 codes. (Scales stored as floats and reloaded at
+// other offsets missed store forwarding: a quarter of Q2_K's decode.)
 template <int MB, int L, class Codes>
-LUMEN_AVX2 inline void SixteensSuperBlock(const float* sc, const float* mn, const Acts& a,
-                                          int64_t m0, int64_t b0, __m256* acc, const Codes& codes) {
-  const __m256 sc_lo = _mm256_loadu_ps(sc), sc_hi = _mm256_loadu_ps(sc + 8);
-  const __m256 mn_lo = _mm256_loadu_ps(mn), mn_hi = _mm256_loadu_ps(mn + 8);
-  const __m256i first = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3);
-  const __m256i second = _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7);
-  const __m256i pair = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
-  alignas(32) float fs[MB][24];  // sub-block s at [s]; read 8 at a time from 2k
+LUMEN_AVX2 inline void SixteensSuperBlock(__m128i sc8, float d, __m256 mn_lo, __m256 mn_hi,
+                                          const Acts& a, int64_t m0, int64_t b0, __m256* acc,
+                                          __m256* off, const Codes& codes) {
+  const __m256i scales = _mm256_broadcastsi128_si256(sc8);
+  // Two FMA chains per row, and the offsets in their own (off): with one chain
+  // through every FMA of a row, one-row decode waited on FMA latency. (The
+  // same for every MB: a row's sums may not depend on its batch.)
+  constexpr int kChains = 2;
+  __m256 part[MB][kChains];
+  const int8_t* x[MB];
   for (int r = 0; r < MB; ++r) {
-    const __m256 dx = _mm256_loadu_ps(a.D(m0 + r) + b0);
-    _mm256_store_ps(fs[r], _mm256_mul_ps(sc_lo, _mm256_permutevar8x32_ps(dx, first)));
-    _mm256_store_ps(fs[r] + 8, _mm256_mul_ps(sc_hi, _mm256_permutevar8x32_ps(dx, second)));
-    _mm256_store_ps(fs[r] + 16, _mm256_setzero_ps());
+    for (int c = 0; c < kChains; ++c) part[r][c] = _mm256_setzero_ps();
+    x[r] = a.Q(m0 + r, b0);
     const float* s16 = a.S16(m0 + r) + 2 * b0;
-    acc[r] = _mm256_fnmadd_ps(mn_lo, _mm256_loadu_ps(s16), acc[r]);
-    acc[r] = _mm256_fnmadd_ps(mn_hi, _mm256_loadu_ps(s16 + 8), acc[r]);
+    off[r] = _mm256_fnmadd_ps(mn_lo, _mm256_loadu_ps(s16), off[r]);
+    off[r] = _mm256_fnmadd_ps(mn_hi, _mm256_loadu_ps(s16 + 8), off[r]);
   }
+#pragma GCC unroll 8
   for (int k = 0; k < 8; ++k) {
     const __m256i c = codes(k);
+    // int16 j of 128-bit lane h: byte 2k + h of sc8 high, zero (0x80) low.
+    const __m256i s256 = _mm256_shuffle_epi8(
+        scales, _mm256_set_m128i(_mm_set1_epi16(static_cast<int16_t>(((2 * k + 1) << 8) | 0x80)),
+                                 _mm_set1_epi16(static_cast<int16_t>(((2 * k) << 8) | 0x80))));
+    const __m256i s1 = _mm256_srai_epi16(s256, 8);
     for (int r = 0; r < MB; ++r) {
-      const __m256 s = _mm256_permutevar8x32_ps(_mm256_loadu_ps(fs[r] + 2 * k), pair);
-      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(Dot<L>(c, a.Q(m0 + r, b0 + k))), s, acc[r]);
+      const int8_t* xq = x[r] + k * L * kQK;
+      const __m256i p1 = _mm256_maddubs_epi16(c, Load32(xq));
+      __m256i i;
+      if constexpr (L == 1) {
+        i = _mm256_madd_epi16(p1, s1);
+      } else {
+        const __m256i p2 = _mm256_maddubs_epi16(c, Load32(xq + kQK));
+        i = _mm256_add_epi32(_mm256_madd_epi16(p1, s256), _mm256_madd_epi16(p2, s1));
+      }
+      __m256& p = part[r][k % kChains];
+      p = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_broadcast_ss(a.D(m0 + r) + b0 + k), p);
     }
   }
+  for (int r = 0; r < MB; ++r) {
+    for (int w = kChains / 2; w >= 1; w /= 2)
+      for (int c = 0; c < w; ++c) part[r][c] = _mm256_add_ps(part[r][c], part[r][c + w]);
+    acc[r] = _mm256_fmadd_ps(part[r][0], _mm256_set1_ps(d), acc[r]);
+  }
+}
+
+// The 16 signed bytes of sc8 as floats times f, in two vectors of 8.
+LUMEN_AVX2 inline void SignedBytesTimes(__m128i sc8, float f, __m256* lo, __m256* hi) {
+  const __m256 k = _mm256_set1_ps(f);
+  *lo = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc8)), k);
+  *hi = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(sc8, 8))), k);
 }
 
 template <int MB, int L>
 LUMEN_AVX2 void Q6KRows(const uint8_t* w, const Acts& a, int64_t m0, float* y, int64_t ldy) {
   const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(0x30);
-  __m256 acc[MB];
-  for (int r = 0; r < MB; ++r) acc[r] = _mm256_setzero_ps();
+  __m256 acc[MB], off[MB];
+  for (int r = 0; r < MB; ++r) acc[r] = off[r] = _mm256_setzero_ps();
   for (int64_t sb = 0; sb < a.nb / 8; ++sb) {
     const uint8_t* blk = w + sb * sizeof(BlockQ6K);
     PrefetchAhead(blk, sizeof(BlockQ6K));
     const float d = Half(blk + 208);
-    const auto* scales = reinterpret_cast<const int8_t*>(blk + 192);
-    alignas(32) float sc[16], mn[16];
-    for (int s = 0; s < 16; ++s) {
-      sc[s] = d * scales[s];
-      mn[s] = 32 * sc[s];  // w = d sc (q - 32)
-    }
+    const __m128i sc8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 192));
+    __m256 mn_lo, mn_hi;
+    SignedBytesTimes(sc8, 32 * d, &mn_lo, &mn_hi);  // w = d sc (q - 32)
     // Block k = 4 h + p: low bits from ql[64 h + 32 (p % 2)] (nibble p / 2),
     // high bits 2p of qh[32 h].
-    SixteensSuperBlock<MB, L>(sc, mn, a, m0, sb * 8, acc, [&](int k) LUMEN_AVX2 {
+    SixteensSuperBlock<MB, L>(sc8, d, mn_lo, mn_hi, a, m0, sb * 8, acc, off, [&](int k) LUMEN_AVX2 {
       const int h = k / 4, p = k % 4;
       const __m256i ql = Load32(blk + 64 * h + 32 * (p % 2));
       const __m256i qh = Load32(blk + 128 + 32 * h);
@@ -478,59 +515,122 @@ LUMEN_AVX2 void Q6KRows(const uint8_t* w, const Acts& a, int64_t m0, float* y, i
       return _mm256_or_si256(lo, hi);
     });
   }
-  for (int r = 0; r < MB; ++r) y[r * ldy] = HSum(acc[r]);
+  for (int r = 0; r < MB; ++r) y[r * ldy] = HSum(_mm256_add_ps(acc[r], off[r]));
 }
 
-// Q2_K and Q3_K: block k = 4 n + j has bits 2j of qs[32 n ..]; Q3_K's third
-// bit is bit k of hmask[l].
+// Q2_K and Q3_K against activations in super-block records (Prepare's kSuper
+// order: record r of a super-block holds elements 4r .. 4r + 3 of each of its
+// 8 blocks, lane l block l), the codes moved into the same order in
+// registers: block l = 4n + j's codes are bits 2j of qs[32 n ..], so record r
+// is dword r of qs half n over lanes 4n .. 4n + 3, shifted right by 2j in lane
+// l; Q3_K's third bit of block l is bit l of hmask's dword r. Each lane then
+// holds one block's products, as in the column groups: records 0-3 (the
+// block's first sub-block) and 4-7 (its second) are summed as int16 (4 x 2 x
+// 7 x 127 < 2^15) before one vpmaddwd each by the sub-blocks' integer scales
+// (level 1 by 256 s), and the lane work is one conversion and one FMA per
+// super-block. On CPUs whose vpmaddubsw and vpmaddwd share one port (Zen 2),
+// the natural order's two vpmaddwd per block and level cost as much as the
+// byte products.
 template <bool kThree, int MB, int L>
-LUMEN_AVX2 void Q23KRows(const uint8_t* w, const Acts& a, int64_t m0, float* y, int64_t ldy) {
+LUMEN_AVX2 void Q23KRecordsRows(const uint8_t* w, const Acts& a, int64_t m0, float* y,
+                                int64_t ldy) {
   constexpr int64_t kBytes = kThree ? sizeof(BlockQ3K) : sizeof(BlockQ2K), kQs = kThree ? 32 : 16;
-  const __m256i m3 = _mm256_set1_epi8(3);
-  __m256 acc[MB];
-  for (int r = 0; r < MB; ++r) acc[r] = _mm256_setzero_ps();
+  const __m256i m3 = _mm256_set1_epi8(3), four = _mm256_set1_epi8(4);
+  const __m256i lane_bit =
+      _mm256_setr_epi32(0x01010101, 0x02020202, 0x04040404, 0x08080808, 0x10101010, 0x20202020,
+                        0x40404040, static_cast<int>(0x80808080u));
+  // int16 pairs of lane l: scale byte 2l (first sub-block) or 2l + 1 in the high byte.
+  const __m256i first = _mm256_setr_epi32(0x00800080, 0x02800280, 0x04800480, 0x06800680,
+                                          0x08800880, 0x0A800A80, 0x0C800C80, 0x0E800E80);
+  const __m256i second = _mm256_add_epi8(first, _mm256_set1_epi32(0x01000100));
+  const __m128i lo4 = _mm_set1_epi8(0x0F);
+  __m256 acc[MB], off[MB];
+  for (int r = 0; r < MB; ++r) acc[r] = off[r] = _mm256_setzero_ps();
   for (int64_t sb = 0; sb < a.nb / 8; ++sb) {
     const uint8_t* blk = w + sb * kBytes;
     PrefetchAhead(blk, kBytes);
-    // The 16 scales unpacked in 64-bit words (a scale at a time, the
-    // conversions cost as much as the products).
-    alignas(32) float sc[16], mn[16];
-    constexpr uint64_t kLo4 = 0x0F0F0F0F0F0F0F0FULL;
-    if constexpr (kThree) {  // w = d (sc - 32) (q - 4); Q3KScale's packing
-      const float d = Half(blk + 108);
+    __m128i sc8;
+    __m256 mn_lo, mn_hi;
+    float d;
+    if constexpr (kThree) {  // w = d (sc - 32) (q - 4); Q3KScale's packing, in 64-bit words
+      d = Half(blk + 108);
       uint64_t lo;
       uint32_t hi;
       std::memcpy(&lo, blk + 96, 8);
       std::memcpy(&hi, blk + 104, 4);
+      constexpr uint64_t kLo4 = 0x0F0F0F0F0F0F0F0FULL;
       constexpr uint32_t kTwo = 0x03030303u;
       const uint64_t top_a = (hi & kTwo) | uint64_t((hi >> 2) & kTwo) << 32;
       const uint64_t top_b = ((hi >> 4) & kTwo) | uint64_t((hi >> 6) & kTwo) << 32;
-      const __m256 d8 = _mm256_set1_ps(d), k32 = _mm256_set1_ps(32.0f), k4 = _mm256_set1_ps(4.0f);
-      const __m256 a = _mm256_mul_ps(_mm256_sub_ps(WidenBytes((lo & kLo4) | top_a << 4), k32), d8);
-      const __m256 b =
-          _mm256_mul_ps(_mm256_sub_ps(WidenBytes(((lo >> 4) & kLo4) | top_b << 4), k32), d8);
-      _mm256_store_ps(sc, a);
-      _mm256_store_ps(sc + 8, b);
-      _mm256_store_ps(mn, _mm256_mul_ps(a, k4));
-      _mm256_store_ps(mn + 8, _mm256_mul_ps(b, k4));
+      sc8 = _mm_sub_epi8(_mm_set_epi64x(static_cast<int64_t>(((lo >> 4) & kLo4) | top_b << 4),
+                                        static_cast<int64_t>((lo & kLo4) | top_a << 4)),
+                         _mm_set1_epi8(32));
+      SignedBytesTimes(sc8, 4 * d, &mn_lo, &mn_hi);
     } else {  // w = d (sc & 15) q - dmin (sc >> 4)
-      const __m256 d8 = _mm256_set1_ps(Half(blk + 80)), dmin8 = _mm256_set1_ps(Half(blk + 82));
-      uint64_t v[2];
-      std::memcpy(v, blk, 16);
-      for (int i = 0; i < 2; ++i) {
-        _mm256_store_ps(sc + 8 * i, _mm256_mul_ps(WidenBytes(v[i] & kLo4), d8));
-        _mm256_store_ps(mn + 8 * i, _mm256_mul_ps(WidenBytes((v[i] >> 4) & kLo4), dmin8));
+      d = Half(blk + 80);
+      const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk));
+      sc8 = _mm_and_si128(v, lo4);
+      SignedBytesTimes(_mm_and_si128(_mm_srli_epi16(v, 4), lo4), Half(blk + 82), &mn_lo, &mn_hi);
+    }
+    const __m256i scales = _mm256_broadcastsi128_si256(sc8);
+    const __m256i qs0 = Load32(blk + kQs), qs1 = Load32(blk + kQs + 32);
+    __m256i hm = _mm256_setzero_si256();
+    if constexpr (kThree) hm = Load32(blk);
+    const int64_t b0 = sb * 8;
+    __m256i isum[MB];
+    for (int r = 0; r < MB; ++r) isum[r] = _mm256_setzero_si256();
+    // Half h: records 4h .. 4h + 3, the blocks' sub-block h.
+    for (int h = 0; h < 2; ++h) {
+      // Dwords 4h .. 4h + 3 of each qs half, shifted by 2j (j = 0..3), then
+      // transposed 4 x 4 in each 128-bit lane: record 4h + t, lane 4n + j =
+      // dword 4h + t of qs half n shifted by 2j. (A per-lane variable shift
+      // after a dword broadcast costs two cycles per vpsrlvd on Zen 2.)
+      const __m256i q = h == 0 ? _mm256_permute2x128_si256(qs0, qs1, 0x20)
+                               : _mm256_permute2x128_si256(qs0, qs1, 0x31);
+      const __m256i s0 = q, s1 = _mm256_srli_epi16(q, 2), s2 = _mm256_srli_epi16(q, 4),
+                    s3 = _mm256_srli_epi16(q, 6);
+      const __m256i u01l = _mm256_unpacklo_epi32(s0, s1), u01h = _mm256_unpackhi_epi32(s0, s1);
+      const __m256i u23l = _mm256_unpacklo_epi32(s2, s3), u23h = _mm256_unpackhi_epi32(s2, s3);
+      __m256i codes[4] = {_mm256_and_si256(_mm256_unpacklo_epi64(u01l, u23l), m3),
+                          _mm256_and_si256(_mm256_unpackhi_epi64(u01l, u23l), m3),
+                          _mm256_and_si256(_mm256_unpacklo_epi64(u01h, u23h), m3),
+                          _mm256_and_si256(_mm256_unpackhi_epi64(u01h, u23h), m3)};
+      if constexpr (kThree) {  // bit l of hmask dword 4h + t in lane l's bytes: 4 there
+        const __m256i hh = h == 0 ? _mm256_permute2x128_si256(hm, hm, 0x00)
+                                  : _mm256_permute2x128_si256(hm, hm, 0x11);
+        for (int t = 0; t < 4; ++t) {
+          const __m256i b = _mm256_and_si256(
+              _mm256_shuffle_epi8(hh, _mm256_set1_epi32(0x03020100 + 0x04040404 * t)), lane_bit);
+          codes[t] =
+              _mm256_or_si256(codes[t], _mm256_and_si256(_mm256_cmpeq_epi8(b, lane_bit), four));
+        }
+      }
+      // int16 pairs of lane l: 256 s of sub-block 2l + h in the high byte.
+      const __m256i s256 = _mm256_shuffle_epi8(scales, h == 0 ? first : second);
+      const __m256i s1v = _mm256_srai_epi16(s256, 8);
+      for (int r = 0; r < MB; ++r) {
+        const int8_t* x = a.Q(m0 + r, b0) + 128 * h;
+        for (int lv = 0; lv < L; ++lv) {
+          const int8_t* xl = x + 256 * lv;
+          const __m256i sum =
+              _mm256_add_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(codes[0], Load32(xl)),
+                                                _mm256_maddubs_epi16(codes[1], Load32(xl + 32))),
+                               _mm256_add_epi16(_mm256_maddubs_epi16(codes[2], Load32(xl + 64)),
+                                                _mm256_maddubs_epi16(codes[3], Load32(xl + 96))));
+          isum[r] =
+              _mm256_add_epi32(isum[r], _mm256_madd_epi16(sum, L == 2 && lv == 0 ? s256 : s1v));
+        }
       }
     }
-    const __m256i hm = kThree ? Load32(blk) : _mm256_setzero_si256();
-    SixteensSuperBlock<MB, L>(sc, mn, a, m0, sb * 8, acc, [&](int k) LUMEN_AVX2 {
-      const __m256i qs = Load32(blk + kQs + 32 * (k / 4));
-      __m256i c = _mm256_and_si256(_mm256_srli_epi16(qs, 2 * (k % 4)), m3);
-      if constexpr (kThree) c = _mm256_or_si256(c, BitOfBytes(hm, k, 4));
-      return c;
-    });
+    for (int r = 0; r < MB; ++r) {
+      const __m256 scale = _mm256_mul_ps(_mm256_set1_ps(d), _mm256_loadu_ps(a.D(m0 + r) + b0));
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), scale, acc[r]);
+      const float* s16 = a.S16(m0 + r) + 2 * b0;
+      off[r] = _mm256_fnmadd_ps(mn_lo, _mm256_loadu_ps(s16), off[r]);
+      off[r] = _mm256_fnmadd_ps(mn_hi, _mm256_loadu_ps(s16 + 8), off[r]);
+    }
   }
-  for (int r = 0; r < MB; ++r) y[r * ldy] = HSum(acc[r]);
+  for (int r = 0; r < MB; ++r) y[r * ldy] = HSum(_mm256_add_ps(acc[r], off[r]));
 }
 
 // Column groups (core/repack.h): each half group is 8 blocks (K-quants: 8
@@ -699,9 +799,9 @@ RowsFn PickRows(Fmt f) {
     case Fmt::kQ8_0:
       return LegacyRows<Fmt::kQ8_0, MB, L>;
     case Fmt::kQ2K:
-      return Q23KRows<false, MB, L>;
+      return Q23KRecordsRows<false, MB, L>;
     case Fmt::kQ3K:
-      return Q23KRows<true, MB, L>;
+      return Q23KRecordsRows<true, MB, L>;
     case Fmt::kQ4K:
       return Q45KRows<false, MB, L>;
     case Fmt::kQ5K:
@@ -785,8 +885,8 @@ void MatMulManyInt8Avx2(std::span<const MatMulOut> outs, const float* X, int64_t
   // Rows of X are taken four at a time: the decoded weights are shared by up
   // to four accumulators (and the 16 vector registers hold no more).
   constexpr int64_t kRowsPerPass = 4;
-  Acts acts[2][3];  // by level count and order, prepared when an out needs one
-  bool ready[2][3] = {};
+  Acts acts[2][4];  // by level count and order, prepared when an out needs one
+  bool ready[2][4] = {};
   struct Plan {
     RowsFn fn[kRowsPerPass];
     const Acts* acts;

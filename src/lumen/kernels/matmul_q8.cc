@@ -1858,11 +1858,13 @@ void MatMulRowsInt8(const Matrix&, const Int8Rows&, float*, int64_t, int64_t, in
 
 void QuantizeBlocksQ8(const float* x, int64_t nb, int8_t* q, float* d) {
   if (CpuHasVnni()) return QuantizeBlocksAvx512(x, nb, q, d);
+  if (CpuHasAvx2()) return QuantizeBlocksQ8Avx2(x, nb, q, d);
   for (int64_t b = 0; b < nb; ++b) d[b] = QuantizeBlockQ8(x + b * kQK, q + b * kQK);
 }
 
 void QuantizeBlocksQ8x2(const float* x, int64_t nb, int8_t* q1, int8_t* q2, float* d2) {
   if (CpuHasVnni()) return QuantizeBlocksX2Avx512(x, nb, q1, q2, d2);
+  if (CpuHasAvx2()) return QuantizeBlocksQ8x2Avx2(x, nb, q1, q2, d2);
   for (int64_t b = 0; b < nb; ++b)
     d2[b] = QuantizeBlockQ8x2(x + b * kQK, q1 + b * kQK, q2 + b * kQK);
 }

@@ -66,11 +66,11 @@ inline bool UsesInt8Route(const Matrix& W, int64_t M) {
 }
 
 // q[32 b + j], d[b] = QuantizeBlockQ8 (core/quant.h) of each of the nb
-// 32-element blocks of x: the same bits, vectorized on AVX-512 CPUs.
+// 32-element blocks of x: the same bits, vectorized on AVX-512 and AVX2 CPUs.
 void QuantizeBlocksQ8(const float* x, int64_t nb, int8_t* q, float* d);
 
 // q1[32 b + j], q2[32 b + j], d2[b] = QuantizeBlockQ8x2 (core/quant.h) of each
-// of the nb blocks of x: the same bits, vectorized on AVX-512 CPUs.
+// of the nb blocks of x: the same bits, vectorized on AVX-512 and AVX2 CPUs.
 void QuantizeBlocksQ8x2(const float* x, int64_t nb, int8_t* q1, int8_t* q2, float* d2);
 
 // For tests: true when the activation layout the int8 routes build for W

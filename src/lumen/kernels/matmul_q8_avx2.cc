@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "lumen/core/check.h"
@@ -87,6 +88,11 @@ struct Acts {
 // codes into records in registers (Q23KRecordsRows).
 enum Order { kNatural, kRecords, kSlices, kSuper };
 
+// The nb blocks of the row x quantized (QuantizeBlockQ8, or QuantizeBlockQ8x2
+// with the levels' codes together per block, as Acts::q), their scales (d, or
+// d2), and the sums of q, or 256 q1 + q2, over each 4 elements (Acts::lanes).
+void QuantizeWithSums(const float* x, int64_t nb, int levels, int8_t* q, float* d, int32_t* lanes);
+
 void Prepare(const float* X, int64_t M, int64_t ldx, int64_t K, int levels, int order, Acts* a) {
   const int64_t nb = K / kQK;
   a->levels = levels;
@@ -98,25 +104,21 @@ void Prepare(const float* X, int64_t M, int64_t ldx, int64_t K, int levels, int 
   a->s32.resize(static_cast<size_t>(M * nb));
   a->lanes.resize(static_cast<size_t>(M * nb * 8));
   a->sums.resize(static_cast<size_t>(M * nb));
-  for (int64_t m = 0; m < M; ++m)
+  for (int64_t m = 0; m < M; ++m) {
+    QuantizeWithSums(X + m * ldx, nb, levels, a->q.data() + m * K * levels, a->d.data() + m * nb,
+                     a->lanes.data() + m * nb * 8);
     for (int64_t b = 0; b < nb; ++b) {
-      int8_t* q = a->q.data() + (m * nb + b) * kQK * levels;
-      const float* x = X + m * ldx + b * kQK;
-      const float d = levels == 1 ? QuantizeBlockQ8(x, q) : QuantizeBlockQ8x2(x, q, q + kQK);
-      int32_t half[2] = {0, 0};  // at most 16 x 32639: exact in f32
-      int32_t* lane = a->lanes.data() + (m * nb + b) * 8;
-      std::fill(lane, lane + 8, 0);
-      for (int j = 0; j < kQK; ++j) {
-        const int32_t v = levels == 1 ? q[j] : 256 * q[j] + q[kQK + j];
-        half[j / 16] += v;
-        lane[j / 4] += v;
-      }
-      a->d[m * nb + b] = d;
+      const int32_t* lane = a->lanes.data() + (m * nb + b) * 8;
+      // at most 16 x 32639: exact in f32
+      const int32_t half[2] = {lane[0] + lane[1] + lane[2] + lane[3],
+                               lane[4] + lane[5] + lane[6] + lane[7]};
+      const float d = a->d[m * nb + b];
       a->s16[m * 2 * nb + 2 * b] = d * static_cast<float>(half[0]);
       a->s16[m * 2 * nb + 2 * b + 1] = d * static_cast<float>(half[1]);
       a->s32[m * nb + b] = d * static_cast<float>(half[0] + half[1]);
       a->sums[m * nb + b] = half[0] + half[1];
     }
+  }
   if (order == kNatural) return;
   // Chunks of `blocks` blocks: `lanes` runs of `run` elements, 4 bytes of each per record.
   const bool records = order == kRecords || order == kSuper;
@@ -240,6 +242,86 @@ LUMEN_AVX2 inline float HSum(__m256 v) {
 
 LUMEN_AVX2 inline __m256i Load32(const void* p) {
   return _mm256_loadu_si256(static_cast<const __m256i*>(p));
+}
+
+// Round half away from zero (std::round) of integer-or-half-valued and other
+// finite v, clamped to +-127 as the scalar quantizers clamp.
+LUMEN_AVX2 inline __m256 RoundClamp127(__m256 v) {
+  const __m256 t = _mm256_round_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+  const __m256 sign = _mm256_and_ps(v, _mm256_set1_ps(-0.0f));
+  const __m256 frac = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), _mm256_sub_ps(v, t));
+  const __m256 up = _mm256_cmp_ps(frac, _mm256_set1_ps(0.5f), _CMP_GE_OQ);
+  const __m256 r = _mm256_add_ps(t, _mm256_and_ps(up, _mm256_or_ps(_mm256_set1_ps(1.0f), sign)));
+  return _mm256_min_ps(_mm256_max_ps(r, _mm256_set1_ps(-127.0f)), _mm256_set1_ps(127.0f));
+}
+
+// The 32 integer-valued floats of v[0..3] (within +-127) as bytes at q.
+LUMEN_AVX2 inline void StoreBytes(const __m256* v, int8_t* q) {
+  const __m256i a = _mm256_packs_epi32(_mm256_cvtps_epi32(v[0]), _mm256_cvtps_epi32(v[1]));
+  const __m256i b = _mm256_packs_epi32(_mm256_cvtps_epi32(v[2]), _mm256_cvtps_epi32(v[3]));
+  // packs interleave the 128-bit lanes: dwords 0, 4, 1, 5, ... back in order.
+  const __m256i bytes = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(a, b),
+                                                    _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(q), bytes);
+}
+
+// QuantizeBlockQ8 (L = 1, returns d) or QuantizeBlockQ8x2 (L = 2, q2 at q +
+// 32, returns d / 256) of the block at x, the same bits; blocks the vector
+// rules do not cover (an inf or NaN; 256 / d overflowing) take the scalar ones.
+template <int L>
+LUMEN_AVX2 inline float QuantizeBlockAvx2(const float* x, int8_t* q) {
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+  __m256 v[4], m = _mm256_setzero_ps();
+  for (int i = 0; i < 4; ++i) {
+    v[i] = _mm256_loadu_ps(x + 8 * i);
+    m = _mm256_max_ps(m, _mm256_and_ps(v[i], abs_mask));  // a NaN lane keeps m: caught below
+  }
+  __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+  h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+  h = _mm_max_ss(h, _mm_movehdup_ps(h));
+  const float amax = _mm_cvtss_f32(h);
+  const float d = amax / 127;
+  const float id = d != 0 ? 1.0f / d : 0.0f, id2 = d != 0 ? 256.0f * id : 0.0f;
+  bool finite = amax <= std::numeric_limits<float>::max();
+  for (int i = 0; i < 4 && finite; ++i)  // every lane ordered and within amax (no NaN)
+    finite = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_and_ps(v[i], abs_mask), _mm256_set1_ps(amax),
+                                              _CMP_LE_OQ)) == 0xFF;
+  if (!finite || (L == 2 && !(id2 <= std::numeric_limits<float>::max())))
+    return L == 1 ? QuantizeBlockQ8(x, q) : QuantizeBlockQ8x2(x, q, q + kQK);
+  __m256 r1[4];
+  for (int i = 0; i < 4; ++i) r1[i] = RoundClamp127(_mm256_mul_ps(v[i], _mm256_set1_ps(id)));
+  StoreBytes(r1, q);
+  if constexpr (L == 1) {
+    return d;
+  } else {
+    __m256 r2[4];
+    for (int i = 0; i < 4; ++i)
+      r2[i] = RoundClamp127(
+          _mm256_mul_ps(_mm256_fnmadd_ps(_mm256_set1_ps(d), r1[i], v[i]), _mm256_set1_ps(id2)));
+    StoreBytes(r2, q + kQK);
+    return d / 256;
+  }
+}
+
+template <int L>
+LUMEN_AVX2 void QuantizeWithSumsL(const float* x, int64_t nb, int8_t* q, float* d, int32_t* lanes) {
+  const __m256i ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
+  for (int64_t b = 0; b < nb; ++b) {
+    int8_t* qb = q + b * L * kQK;
+    d[b] = QuantizeBlockAvx2<L>(x + b * kQK, qb);
+    // Byte pairs (1 x q: no saturation), then pairs of those: the 4-element sums.
+    __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, Load32(qb)), ones16);
+    if constexpr (L == 2)
+      s = _mm256_add_epi32(
+          _mm256_slli_epi32(s, 8),
+          _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, Load32(qb + kQK)), ones16));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(lanes + 8 * b), s);
+  }
+}
+
+void QuantizeWithSums(const float* x, int64_t nb, int levels, int8_t* q, float* d, int32_t* lanes) {
+  if (levels == 2) return QuantizeWithSumsL<2>(x, nb, q, d, lanes);
+  QuantizeWithSumsL<1>(x, nb, q, d, lanes);
 }
 
 // Per int32 lane j: the sum over bytes 4j..4j+3 of w (256 q1 + q2), or of
@@ -859,11 +941,31 @@ bool CpuHasAvx2() {
   return has;
 }
 
+LUMEN_AVX2 void QuantizeBlocksQ8Avx2(const float* x, int64_t nb, int8_t* q, float* d) {
+  LUMEN_CHECK(CpuHasAvx2());
+  for (int64_t b = 0; b < nb; ++b) d[b] = QuantizeBlockAvx2<1>(x + b * kQK, q + b * kQK);
+}
+
+LUMEN_AVX2 void QuantizeBlocksQ8x2Avx2(const float* x, int64_t nb, int8_t* q1, int8_t* q2,
+                                       float* d2) {
+  LUMEN_CHECK(CpuHasAvx2());
+  alignas(32) int8_t both[2 * kQK];
+  for (int64_t b = 0; b < nb; ++b) {
+    d2[b] = QuantizeBlockAvx2<2>(x + b * kQK, both);
+    std::memcpy(q1 + b * kQK, both, kQK);
+    std::memcpy(q2 + b * kQK, both + kQK, kQK);
+  }
+}
+
 #else  // no x86: never covered
+
+void QuantizeWithSums(const float*, int64_t, int, int8_t*, float*, int32_t*) { LUMEN_CHECK(false); }
 
 }  // namespace
 
 bool CpuHasAvx2() { return false; }
+void QuantizeBlocksQ8Avx2(const float*, int64_t, int8_t*, float*) { LUMEN_CHECK(false); }
+void QuantizeBlocksQ8x2Avx2(const float*, int64_t, int8_t*, int8_t*, float*) { LUMEN_CHECK(false); }
 
 namespace {
 RowsFn Pick(Fmt, int, int) {

@@ -39,6 +39,13 @@ bool CpuHasAvx2();
 // the column groups of those that have them.
 bool Avx2Int8Covers(const Matrix& W);
 
+// QuantizeBlocksQ8 / QuantizeBlocksQ8x2 (matmul_q8.h) on AVX2: the bits of
+// QuantizeBlockQ8 / QuantizeBlockQ8x2 for every block (blocks with an inf or
+// NaN, or whose 256 / d overflows, go through the scalar quantizer). Requires
+// CpuHasAvx2().
+void QuantizeBlocksQ8Avx2(const float* x, int64_t nb, int8_t* q, float* d);
+void QuantizeBlocksQ8x2Avx2(const float* x, int64_t nb, int8_t* q1, int8_t* q2, float* d2);
+
 // MatMulMany through the AVX2 kernels with Int8Levels(w.route) activation
 // levels per out; requires CpuHasAvx2() and Avx2Int8Covers for every out.
 // Each output is computed the same way whatever M, the other outs and the

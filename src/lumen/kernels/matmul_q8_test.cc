@@ -20,9 +20,11 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "lumen/core/quant.h"
+#include "lumen/kernels/matmul_q8_avx2.h"
 #include "lumen/kernels/matmul_q8_ref.h"
 #include "lumen/kernels/matmul_ref.h"
 #include "lumen/kernels/test_matrix.h"
@@ -49,6 +51,8 @@ OwnedMatrix MakeInt8(DType t, int64_t N, int64_t K, std::mt19937& rng, int g = 6
   return o;
 }
 
+// The dispatcher (the AVX-512, AVX2 or scalar loop, by CPU) and, where the
+// CPU has AVX2, the AVX2 loop itself (which VNNI CPUs never dispatch to).
 TEST(QuantizeBlocksQ8, SameBitsAsTheScalarBlockQuantizer) {
   std::mt19937 rng(17);
   constexpr int64_t nb = 40;
@@ -56,25 +60,34 @@ TEST(QuantizeBlocksQ8, SameBitsAsTheScalarBlockQuantizer) {
   // Block 0: exact ties at every half step (amax 127 * 0.25: d = 0.25).
   for (int j = 0; j < kQK; ++j) x[j] = 0.25f * (static_cast<float>(j) - 16.0f + 0.5f);
   x[31] = 31.75f;
-  // Block 1: zeros (d = 0); block 2: a NaN; block 3: an inf; block 4: tiny values.
+  // Block 1: zeros (d = 0); block 2: a NaN; block 3: an inf; block 4: tiny
+  // values; block 5: so small that 1 / d overflows.
   for (int j = 0; j < kQK; ++j) x[kQK + j] = 0.0f;
   x[2 * kQK + 5] = std::nanf("");
   x[3 * kQK + 9] = -std::numeric_limits<float>::infinity();
   for (int j = 0; j < kQK; ++j) x[4 * kQK + j] = 1e-30f * static_cast<float>(j - 16);
-  std::vector<int8_t> q(nb * kQK), want(nb * kQK);
-  std::vector<float> d(nb), want_d(nb);
-  QuantizeBlocksQ8(x.data(), nb, q.data(), d.data());
+  for (int j = 0; j < kQK; ++j) x[5 * kQK + j] = 1e-42f * static_cast<float>(j - 16);
+  std::vector<int8_t> want(nb * kQK);
+  std::vector<float> want_d(nb);
   for (int64_t b = 0; b < nb; ++b)
     want_d[b] = QuantizeBlockQ8(x.data() + b * kQK, want.data() + b * kQK);
-  EXPECT_EQ(q, want);
-  for (int64_t b = 0; b < nb; ++b)
-    EXPECT_EQ(0, std::memcmp(&d[b], &want_d[b], sizeof(float))) << "block " << b;
-  // Ties go away from zero: -15.5 -> -16, -14.5 -> -15, 0.5 -> 1; amax -> 127.
-  EXPECT_EQ(d[0], 0.25f);
-  EXPECT_EQ(q[0], -16);
-  EXPECT_EQ(q[1], -15);
-  EXPECT_EQ(q[16], 1);
-  EXPECT_EQ(q[31], 127);
+  using Fn = void (*)(const float*, int64_t, int8_t*, float*);
+  std::vector<std::pair<const char*, Fn>> fns = {{"dispatch", QuantizeBlocksQ8}};
+  if (CpuHasAvx2()) fns.emplace_back("avx2", QuantizeBlocksQ8Avx2);
+  for (const auto& [name, fn] : fns) {
+    std::vector<int8_t> q(nb * kQK);
+    std::vector<float> d(nb);
+    fn(x.data(), nb, q.data(), d.data());
+    EXPECT_EQ(q, want) << name;
+    for (int64_t b = 0; b < nb; ++b)
+      EXPECT_EQ(0, std::memcmp(&d[b], &want_d[b], sizeof(float))) << name << " block " << b;
+    // Ties go away from zero: -15.5 -> -16, -14.5 -> -15, 0.5 -> 1; amax -> 127.
+    EXPECT_EQ(d[0], 0.25f) << name;
+    EXPECT_EQ(q[0], -16) << name;
+    EXPECT_EQ(q[1], -15) << name;
+    EXPECT_EQ(q[16], 1) << name;
+    EXPECT_EQ(q[31], 127) << name;
+  }
 }
 
 // These tests cover the VNNI kernels (every storage they run, column groups

@@ -19,12 +19,14 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "lumen/core/quant.h"
 #include "lumen/core/repack.h"
 #include "lumen/core/thread_pool.h"
 #include "lumen/kernels/matmul_q8.h"
+#include "lumen/kernels/matmul_q8_avx2.h"
 #include "lumen/kernels/matmul_q8_ref.h"
 #include "lumen/kernels/matmul_ref.h"
 #include "lumen/kernels/test_matrix.h"
@@ -140,33 +142,42 @@ TEST(QuantizeBlocksQ8x2, SameBitsAsTheScalarBlockQuantizerAndWithinHalfAStep) {
   for (int j = 0; j < kQK; ++j) x[5 * kQK + j] = 1e-42f * static_cast<float>(j - 16);
   x[6 * kQK] = 63.5f;  // d = 0.5
   for (int j = 1; j < kQK; ++j) x[6 * kQK + j] = (static_cast<float>(j) + 0.5f) / 512 - 0.03125f;
-  std::vector<int8_t> q1(nb * kQK), q2(nb * kQK), w1(nb * kQK), w2(nb * kQK);
-  std::vector<float> d2(nb), want_d2(nb);
-  QuantizeBlocksQ8x2(x.data(), nb, q1.data(), q2.data(), d2.data());
+  std::vector<int8_t> w1(nb * kQK), w2(nb * kQK);
+  std::vector<float> want_d2(nb);
   for (int64_t b = 0; b < nb; ++b)
     want_d2[b] = QuantizeBlockQ8x2(x.data() + b * kQK, w1.data() + b * kQK, w2.data() + b * kQK);
-  EXPECT_EQ(q1, w1);
-  EXPECT_EQ(q2, w2);
-  for (int64_t b = 0; b < nb; ++b)
-    EXPECT_EQ(0, std::memcmp(&d2[b], &want_d2[b], sizeof(float))) << "block " << b;
-  EXPECT_EQ(d2[1], 0.0f);
-  for (int j = 0; j < kQK; ++j) EXPECT_EQ(q2[5 * kQK + j], 0) << j;  // 256 / d overflows
-  EXPECT_EQ(q2[2 * kQK + 5], 0);                                     // the NaN's residual
-  // Finite blocks read back within d2 (d2 / 2 but where the clamp acts), and
-  // level 2 is used: the mean error is far below level 1's alone.
-  double err2 = 0, err1 = 0;
-  int n = 0;
-  for (int64_t b : {0, 4, 6, 7, 8, 20, 47})
-    for (int j = 0; j < kQK; ++j) {
-      const int64_t i = b * kQK + j;
-      const double back = double(d2[b]) * (256 * q1[i] + q2[i]);
-      const double e = std::fabs(back - x[i]);
-      EXPECT_LE(e, 1.001 * d2[b]) << "block " << b << " element " << j;
-      err2 += e;
-      err1 += std::fabs(double(d2[b]) * 256 * q1[i] - x[i]);
-      ++n;
-    }
-  EXPECT_LT(err2, err1 / 50) << "mean errors " << err2 / n << " vs level 1 " << err1 / n;
+  // The dispatcher (AVX-512, AVX2 or scalar, by CPU) and the AVX2 loop itself where it can run.
+  using Fn = void (*)(const float*, int64_t, int8_t*, int8_t*, float*);
+  std::vector<std::pair<const char*, Fn>> fns = {{"dispatch", QuantizeBlocksQ8x2}};
+  if (CpuHasAvx2()) fns.emplace_back("avx2", QuantizeBlocksQ8x2Avx2);
+  for (const auto& [name, fn] : fns) {
+    std::vector<int8_t> q1(nb * kQK), q2(nb * kQK);
+    std::vector<float> d2(nb);
+    fn(x.data(), nb, q1.data(), q2.data(), d2.data());
+    EXPECT_EQ(q1, w1) << name;
+    EXPECT_EQ(q2, w2) << name;
+    for (int64_t b = 0; b < nb; ++b)
+      EXPECT_EQ(0, std::memcmp(&d2[b], &want_d2[b], sizeof(float))) << name << " block " << b;
+    EXPECT_EQ(d2[1], 0.0f) << name;
+    for (int j = 0; j < kQK; ++j)
+      EXPECT_EQ(q2[5 * kQK + j], 0) << name << " " << j;  // 256 / d overflows
+    EXPECT_EQ(q2[2 * kQK + 5], 0) << name;                // the NaN's residual
+    // Finite blocks read back within d2 (d2 / 2 but where the clamp acts), and
+    // level 2 is used: the mean error is far below level 1's alone.
+    double err2 = 0, err1 = 0;
+    int n = 0;
+    for (int64_t b : {0, 4, 6, 7, 8, 20, 47})
+      for (int j = 0; j < kQK; ++j) {
+        const int64_t i = b * kQK + j;
+        const double back = double(d2[b]) * (256 * q1[i] + q2[i]);
+        const double e = std::fabs(back - x[i]);
+        EXPECT_LE(e, 1.001 * d2[b]) << name << " block " << b << " element " << j;
+        err2 += e;
+        err1 += std::fabs(double(d2[b]) * 256 * q1[i] - x[i]);
+        ++n;
+      }
+    EXPECT_LT(err2, err1 / 50) << name << " mean errors " << err2 / n << " vs level 1 " << err1 / n;
+  }
 }
 
 // The activation layout's vectorized part (gathers, lane scales, offset

@@ -159,6 +159,15 @@ TEST(Cli, BenchCountsTheHandOffsPerToken) {
   EXPECT_EQ(one.out.find("hand-offs"), std::string::npos) << one.out;
 }
 
+// A short prompt and one generated token: the warm-up run (up to 16 prompt
+// tokens and 2 more) once asked for more context than the run's own and failed.
+TEST(Cli, BenchShortPromptOneToken) {
+  CliRun r = Lumen("bench --prompt 8 --gen 1 --repeat 1 --no-membw -t 1");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("prefill: "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("decode: "), std::string::npos) << r.out;
+}
+
 TEST(Cli, InspectEmbedded) {
   CliRun r = Lumen("inspect");
   ASSERT_EQ(r.code, 0) << r.err;

@@ -214,7 +214,9 @@ Result<BenchReport> RunBench(const Model& model, const BenchOptions& o) {
   };
   {
     double a, b;  // warm-up: pages in every weight, grows allocator arenas
-    LUMEN_RETURN_IF_ERROR(one(std::min(o.prompt, 16), 2, &a, &b, false));
+    const int warm_prompt = std::min(o.prompt, 16);  // and up to 2 tokens: within ctx
+    LUMEN_RETURN_IF_ERROR(
+        one(warm_prompt, static_cast<int>(std::min<int64_t>(2, ctx - warm_prompt)), &a, &b, false));
   }
   std::vector<double> pre, ttft, dec;
   for (int i = 0; i < o.repeat; ++i) {

@@ -232,21 +232,28 @@ std::string RouteSummary(const RouteChoice& c, const engine::Model& model) {
            "bit-identical to the reference path";
   const auto act = kernels::ParseActRoute(c.act_route).value_or(kernels::ActRoute::kExact);
   bool int8 = false;
+  int64_t short_rows = 0;  // the most rows an int8 kernel takes (kernels::Int8MaxRows)
   for (const auto& t : model.tensors())
-    if (t.shape.size() == 2 && kernels::Int8RouteSupports(t.matrix)) int8 = true;
+    if (t.shape.size() == 2 && kernels::Int8RouteSupports(t.matrix)) {
+      int8 = true;
+      short_rows = std::max(short_rows, kernels::Int8MaxRows(t.matrix));
+    }
   const bool bf16 = kernels::RouteHasBf16(act) && kernels::CpuHasBf16();
   int8 = int8 && kernels::RouteHasInt8(act);  // Int8RouteSupports asked the CPU
-  const char* decode = !int8                           ? "exact (L2)"
-                       : kernels::Int8Levels(act) == 2 ? "int8x2 (L2; exact for other weight types)"
-                                                       : "int8 (L3)";
+  const bool x2 = kernels::Int8Levels(act) == 2;
+  const char* decode = !int8 ? "exact (L2)"
+                       : x2  ? "int8x2 (L2; exact for other weight types)"
+                             : "int8 (L3)";
+  std::string prefill = !bf16                      ? "exact (L2)"
+                        : kernels::AmxBf16Usable() ? "bf16 (L3, AMX tiles)"
+                                                   : "bf16 (L3)";
+  if (int8 && short_rows > kernels::kInt8MaxRows)  // the AVX2 kernels: short prompts too
+    prefill +=
+        fmt::format(", {} for prompts of up to {} tokens", x2 ? "int8x2" : "int8", short_rows);
   return fmt::format(
       "routes ({}): prefill products {}, decode products {}, KV {} ({}); "
       "`lumen routes` lists every node, --exact restores the reference path",
-      c.preset,
-      !bf16                      ? "exact (L2)"
-      : kernels::AmxBf16Usable() ? "bf16 (L3, AMX tiles)"
-                                 : "bf16 (L3)",
-      decode, c.kv_type, c.kv_type == "f32" ? "L1" : "L2");
+      c.preset, prefill, decode, c.kv_type, c.kv_type == "f32" ? "L1" : "L2");
 }
 
 void AnnounceRoutes(const ModelArgs& args, const engine::Model& model, std::string_view graph) {

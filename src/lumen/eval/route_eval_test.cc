@@ -139,6 +139,54 @@ TEST(RouteKl, Bf16PrefillPassesTheDefaultGate) {
   fs::remove_all(dir);
 }
 
+// On CPUs with the AVX2 int8 kernels and no bf16 route, prompts of up to
+// kernels::Int8MaxRows tokens (12 for Q8_0, 32 for Q4_0) take the int8x2
+// route at prefill too: the same gate, measured where it runs (one prefill
+// per sequence, every position's logits), on the Q8_0 and Q4_0 conversions.
+TEST(RouteKl, Int8x2ShortPrefillPassesTheDefaultGate) {
+  if (kernels::CpuHasVnni() || !kernels::CpuHasAvx2())
+    GTEST_SKIP() << "the int8x2 route takes prompts above 8 tokens only with the AVX2 kernels "
+                    "(no AVX512-VNNI): not on this CPU";
+  auto f32 = engine::LoadDefaultModel();
+  ASSERT_TRUE(f32.ok());
+  const fs::path dir = fs::temp_directory_path() / ("lumen_gatesp_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  auto prompts = EncodePrompts(
+      **f32, std::vector<std::string>{"Once upon a time", "Lily saw a big dog", "The sun was",
+                                      "Tom had a red ball", "One day, a little bird"});
+  ASSERT_TRUE(prompts.ok());
+  std::vector<std::string> paths;
+  for (DType t : {DType::kQ8_0, DType::kQ4_0}) {
+    paths.push_back((dir / (std::string(Name(t)) + ".gguf")).string());
+    ASSERT_TRUE(engine::ConvertModel(**f32, engine::OutputFormat::kGguf, paths.back(), t).ok());
+  }
+  auto q8 = Load(paths[0], kernels::ActRoute::kExact);
+  ASSERT_TRUE(q8);
+  for (const std::string& path : paths) {
+    const std::string name = fs::path(path).stem().string();
+    auto exact = Load(path, kernels::ActRoute::kExact);
+    auto x2 = Load(path, kernels::ActRoute::kInt8x2);
+    ASSERT_TRUE(exact && x2);
+    const int64_t rows = kernels::Int8MaxRows(x2->weights().layers[0].w_up);
+    ASSERT_EQ(rows, name == "q8_0" ? 12 : 32);
+    EvalOptions o;
+    o.samples = 2;
+    o.max_tokens = static_cast<int>(rows) - 7;  // the prompts are at most 7 tokens
+    auto w = RouteKl(**f32, *q8, *prompts, o, RouteMode::kPrefill);  // what Q8_0 weights cost
+    auto r = RouteKl(*exact, *x2, *prompts, o, RouteMode::kPrefill);
+    ASSERT_TRUE(w.ok() && r.ok()) << r.status().message();
+    std::printf(
+        "%s: int8x2 prefill of at most %lld tokens: KL %.3g (max %.3g, top-1 %.3f over %lld) vs "
+        "Q8_0 weights %.3g (ratio %.2g)\n",
+        name.c_str(), static_cast<long long>(rows), r->kl_mean, r->kl_max, r->top1,
+        static_cast<long long>(r->positions), w->kl_mean, r->kl_mean / w->kl_mean);
+    EXPECT_GT(r->kl_mean, 0.0) << name;  // the route ran
+    EXPECT_LT(r->kl_mean, 0.25 * w->kl_mean) << name;
+    EXPECT_GE(r->top1, 0.99) << name;
+  }
+  fs::remove_all(dir);
+}
+
 // The same gate for the int8x2 decode route, the default decode route
 // (cli/routes.h), measured where it runs: token by token. On the embedded
 // model's f32 weights it does not apply (the exact route runs: KL 0); on the

@@ -1869,6 +1869,11 @@ void QuantizeBlocksQ8x2(const float* x, int64_t nb, int8_t* q1, int8_t* q2, floa
     d2[b] = QuantizeBlockQ8x2(x + b * kQK, q1 + b * kQK, q2 + b * kQK);
 }
 
+int64_t Int8MaxRows(const Matrix& W) {
+  if (CpuHasVnni() || !CpuHasAvx2() || !Avx2Int8Covers(W)) return kInt8MaxRows;
+  return Avx2Int8MaxRows(W);
+}
+
 bool Int8ReadsColumnGroups(DType plain) {
   return (CpuHasVnni() || CpuHasAvx2()) && HasColumnGroups(plain);
 }

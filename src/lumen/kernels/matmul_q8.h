@@ -28,7 +28,7 @@
 //
 // Used by MatMul/MatMulMany when W.route has int8 (matrix.h), the weight type is
 // one of those (Int8RouteSupports), the CPU has AVX512-VNNI (without it but with
-// AVX2, the kernels of matmul_q8_avx2.h for the GGUF types) and M <= kInt8MaxRows (prefill keeps
+// AVX2, the kernels of matmul_q8_avx2.h for the GGUF types) and M <= Int8MaxRows(W) (prefill keeps
 // the exact f32 panels or the bf16 route: with a scale per 32-block the integer dot saves nothing
 // per FMA there). Otherwise the exact route runs. MatMulInt8Ref and MatMulInt8x2Ref
 // (matmul_q8_ref.h) are the scalar oracles: same activation quantization, double accumulation.
@@ -43,7 +43,18 @@
 
 namespace lumen::kernels {
 
+// The most rows a product of W takes the int8 routes for: kInt8MaxRows with
+// the VNNI kernels (above, the bf16 prefill route or the exact f32 panels,
+// which decode the weights once for many rows) and for storages no int8
+// kernel reads; with the AVX2 kernels, whose CPUs have no bf16 route, up to
+// kInt8MaxRowsAvx2 by weight type (Avx2Int8MaxRows in matmul_q8_avx2.h): there
+// the exact panels ran prompts of 9 to 32 tokens at a third to four fifths of
+// the int8x2 kernels' rate (Zen 2, Q4_K_M, 2 threads: 18.9 tok/s at 9 rows
+// against 48.4 on the kernels; docs/reference/performance.md, "Short prompts
+// on AVX2").
 inline constexpr int64_t kInt8MaxRows = 8;
+inline constexpr int64_t kInt8MaxRowsAvx2 = 32;
+int64_t Int8MaxRows(const Matrix& W);
 
 // True when this CPU has AVX512-VNNI and AVX512-VBMI (and AVX512F/BW/VL): Ice
 // Lake and later Intel cores, AMD Zen 4 and 5. Cascade Lake (VNNI without
@@ -62,7 +73,7 @@ bool Int8ReadsColumnGroups(DType plain);
 
 // True when MatMul(W, ..., M, ...) takes the int8 route.
 inline bool UsesInt8Route(const Matrix& W, int64_t M) {
-  return RouteHasInt8(W.route) && M <= kInt8MaxRows && Int8RouteSupports(W);
+  return RouteHasInt8(W.route) && M <= Int8MaxRows(W) && Int8RouteSupports(W);
 }
 
 // q[32 b + j], d[b] = QuantizeBlockQ8 (core/quant.h) of each of the nb

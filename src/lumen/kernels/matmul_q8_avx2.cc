@@ -42,7 +42,8 @@ LUMEN_ROUTE(
               "KL(exact || route) below a quarter of what Q8_0 weights cost",
      .tests = "MatMulInt8Avx2.MatchesOracleAndExactBound;MatMulInt8Avx2."
               "ThreadsManyAndBatchesAreBitIdentical;MatMulInt8Avx2.ExtremeCodesDoNotSaturate;"
-              "RouteKl.Int8x2DecodeGateOnEveryWeightType",
+              "RouteKl.Int8x2DecodeGateOnEveryWeightType;RouteKl."
+              "Int8x2ShortPrefillPassesTheDefaultGate;MatMulInt8.RouteSelection",
      .measure = "docs/reference/performance.md#the-int8x2-decode-route-on-avx2",
      .when = "act=int8x2|int8x2+bf16 cpu=avx2 int8=kernel",
      .priority = 15});
@@ -979,6 +980,20 @@ RowsFn Pick(Fmt, int, int) {
 bool Avx2Int8Covers(const Matrix& W) {
   Fmt f;
   return FmtOf(W, &f);
+}
+
+int64_t Avx2Int8MaxRows(const Matrix& W) {
+  Fmt f;
+  LUMEN_CHECK(FmtOf(W, &f));
+  switch (PlainFmt(f)) {
+    case Fmt::kQ8_0:  // one vpmaddwd per record and level: the dearest per row
+      return 12;
+    case Fmt::kQ2K:
+    case Fmt::kQ3K:
+      return 24;
+    default:
+      return 32;
+  }
 }
 
 void MatMulManyInt8Avx2(std::span<const MatMulOut> outs, const float* X, int64_t M, int64_t ldx,

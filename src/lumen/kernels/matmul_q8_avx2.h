@@ -39,6 +39,13 @@ bool CpuHasAvx2();
 // the column groups of those that have them.
 bool Avx2Int8Covers(const Matrix& W);
 
+// The most rows a product of W takes these kernels for (Int8MaxRows in
+// matmul_q8.h), where Avx2Int8Covers(W): up to where the exact f32 panels,
+// which decode the weights once for all rows, overtake them on a Zen 2 (2
+// threads, the 1B model's prompts of 12-32 tokens, performance.md "Short
+// prompts on AVX2"): 12 rows for Q8_0, 24 for Q2_K / Q3_K, 32 for the others.
+int64_t Avx2Int8MaxRows(const Matrix& W);
+
 // QuantizeBlocksQ8 / QuantizeBlocksQ8x2 (matmul_q8.h) on AVX2: the bits of
 // QuantizeBlockQ8 / QuantizeBlockQ8x2 for every block (blocks with an inf or
 // NaN, or whose 256 / d overflows, go through the scalar quantizer). Requires

@@ -204,9 +204,11 @@ TEST(MatMulInt8, RouteSelection) {
   std::mt19937 rng(11);
   OwnedMatrix W = MakeInt8(DType::kQ4_0, 40, 256, rng);
   if (!Int8RouteSupports(W.m)) GTEST_SKIP() << "no AVX2 and no AVX512-VNNI: no int8 kernel runs";
-  const int64_t M = kInt8MaxRows + 1, N = 40, K = 256;
+  // 8 rows with the VNNI kernels, 32 for Q4_0 with the AVX2 ones (no bf16 route there).
+  EXPECT_EQ(Int8MaxRows(W.m), CpuHasVnni() ? kInt8MaxRows : kInt8MaxRowsAvx2);
+  const int64_t M = Int8MaxRows(W.m) + 1, N = 40, K = 256;
   const std::vector<float> X = RandomActivations(M, K, rng);
-  // Above kInt8MaxRows rows the exact route runs: bit-identical to kExact.
+  // Above Int8MaxRows rows the exact route runs: bit-identical to kExact.
   std::vector<float> a(M * N), b(M * N);
   MatMul(W.m, X.data(), M, K, a.data(), N, nullptr);
   Matrix exact = W.m;
@@ -220,6 +222,13 @@ TEST(MatMulInt8, RouteSelection) {
   MatMulInt8(W.m, X.data(), 1, K, e.data(), N, nullptr);
   EXPECT_NE(c, d);
   EXPECT_EQ(c, e);
+  // At Int8MaxRows rows too (each row as it would be alone).
+  const int64_t top = Int8MaxRows(W.m);
+  std::vector<float> f(top * N), g(top * N);
+  MatMul(W.m, X.data(), top, K, f.data(), N, nullptr);
+  MatMulInt8(W.m, X.data(), top, K, g.data(), N, nullptr);
+  EXPECT_EQ(f, g);
+  EXPECT_TRUE(std::equal(c.begin(), c.end(), f.begin()));
   // Types without an int8 kernel ignore the mark: float weights, and MLX rows
   // that are not whole 64-element vectors (groups of 32, K = 96).
   for (DType t : {DType::kF32, DType::kF16, DType::kBF16}) {

@@ -250,7 +250,7 @@ TEST(MatMulInt8x2, MatchesOracleAndExactBound) {
 
 // One thread or two, one product or several at once (mixed formats, and a
 // one-level int8 matrix beside the two-level ones): the same bits. Also the
-// route's selection: above kInt8MaxRows it is the exact route, with bf16
+// route's selection: above Int8MaxRows it is the exact route, with bf16
 // prefill (kInt8x2Bf16) it is the same decode products, and it differs from
 // the one-level route.
 TEST(MatMulInt8x2, ThreadsManyAndSelectionAreBitIdentical) {
@@ -287,9 +287,9 @@ TEST(MatMulInt8x2, ThreadsManyAndSelectionAreBitIdentical) {
       MatMul(with_bf16, X.data(), M, K, bf.data(), N, nullptr);
       EXPECT_EQ(one, bf) << CaseName(c) << " M=" << M;
     }
-  // Above kInt8MaxRows the exact route runs: bit-identical to kExact.
+  // Above Int8MaxRows the exact route runs: bit-identical to kExact.
   OwnedMatrix W = MakeX2({DType::kQ4_0}, 40, 256, rng);
-  const int64_t M = kInt8MaxRows + 1;
+  const int64_t M = Int8MaxRows(W.m) + 1;
   EXPECT_FALSE(UsesInt8Route(W.m, M));
   const std::vector<float> X = RandomActivations(M, 256, rng);
   std::vector<float> a(M * 40), b(M * 40);

@@ -63,22 +63,26 @@ constexpr int64_t kParallelRows = 16;
 // threads by position (each streams whole KV rows) instead of by kv head.
 constexpr int64_t kSplitAttention = 1024;
 
-// Up to this many rows (a decode step's) the FFN takes its whole width at
-// once: their products are dot-shaped (M <= 4, the int8 routes' M <= 8),
-// where a piece's sum would be added to the output once rather than continue
-// it, so pieces would change their bits.
-constexpr int64_t kWholeFfnMinRows = kernels::kInt8MaxRows;
-
 namespace {
+
+// Up to this many rows (a decode step's, a short prompt's) the FFN takes its
+// whole width at once: their products are dot-shaped (M <= 4, the int8
+// routes' M <= kernels::Int8MaxRows), where a piece's sum would be added to
+// the output once rather than continue it, so pieces would change their bits.
+int64_t WholeFfnMinRows(const LayerWeights& L) {
+  int64_t rows = std::max(kernels::Int8MaxRows(L.w_up), kernels::Int8MaxRows(L.w_down));
+  if (L.w_gate.valid()) rows = std::max(rows, kernels::Int8MaxRows(L.w_gate));
+  return rows;
+}
 
 // The work buffer: a chunk's qkv and att; or its FFN gate and up for one
 // piece and the FFN's output; or gate and up over the whole width for a
-// decode step's rows.
+// decode step's or a short prompt's rows (the most any CPU's int8 routes take).
 int64_t WorkFloats(const ModelConfig& c) {
   const int64_t qkv_att = c.q_dim() + 2 * c.kv_dim() + c.q_dim();
-  return std::max({kMaxChunk * qkv_att,
-                   kMaxChunk * (2 * std::min<int64_t>(c.ffn_dim, kFfnPiece) + c.dim),
-                   kWholeFfnMinRows * 2 * int64_t(c.ffn_dim)});
+  return std::max(
+      {kMaxChunk * qkv_att, kMaxChunk * (2 * std::min<int64_t>(c.ffn_dim, kFfnPiece) + c.dim),
+       std::max(kernels::kInt8MaxRows, kernels::kInt8MaxRowsAvx2) * 2 * int64_t(c.ffn_dim)});
 }
 
 }  // namespace
@@ -316,7 +320,7 @@ void Forward::FfnBlock(int l, std::span<const BatchRow> rows) {
   });
   const bool adapters = lora_terms_ > 0 || L.lora[kLoraGate].valid() || L.lora[kLoraUp].valid() ||
                         L.lora[kLoraDown].valid();
-  const bool pieces = T > kWholeFfnMinRows && !adapters && F > kFfnPiece &&
+  const bool pieces = T > WholeFfnMinRows(L) && !adapters && F > kFfnPiece &&
                       kFfnPiece % kernels::MatrixSliceAlign(L.w_down) == 0;
   float* out = xn;
   if (pieces) {

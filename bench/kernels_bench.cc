@@ -492,5 +492,67 @@ void BM_Rope(benchmark::State& state) {
 }
 BENCHMARK(BM_Rope);
 
+// Issue rates of the instructions the AVX2 int8 kernels and the f32 panels
+// are made of: each iteration is 8 independent instructions (no chain), so
+// instr/s over the clock gives how many issue per cycle, and a mix shows
+// whether two kinds share a port (performance.md, "Zen 2 again": on Zen 2
+// vpmaddubsw and vpmaddwd issue 1 per cycle each and 1 per cycle together,
+// the FMA 2, vpsrlvd 1 per 2 cycles). range(0) picks the mix.
+#if defined(__x86_64__)
+#define LUMEN_X8(op) op op op op op op op op
+void BM_IssueRate(benchmark::State& state) {
+  const int mix = static_cast<int>(state.range(0));
+  const char* names[] = {"vpmaddubsw",  "vpmaddwd",        "vpmaddubsw+vpmaddwd",
+                         "vfmadd231ps", "vpmaddubsw+vfma", "vpsrlvd",
+                         "vpshufb",     "vpsrlw",          "vcvtdq2ps"};
+  constexpr int64_t kIters = 1 << 20;
+  for (auto _ : state) {
+    int64_t n = kIters;
+    switch (mix) {
+#define LUMEN_ISSUE(body)                                                                         \
+  asm volatile("1:\n" body "dec %0\n jnz 1b\n"                                                    \
+               : "+r"(n)::"ymm0", "ymm1", "ymm2", "ymm3", "ymm4", "ymm5", "ymm6", "ymm7", "ymm8", \
+                 "ymm9", "ymm14", "ymm15");                                                       \
+  break;
+      case 0:
+        LUMEN_ISSUE(LUMEN_X8("vpmaddubsw %%ymm15,%%ymm14,%%ymm0\n"))
+      case 1:
+        LUMEN_ISSUE(LUMEN_X8("vpmaddwd %%ymm15,%%ymm14,%%ymm0\n"))
+      case 2:
+        LUMEN_ISSUE(
+            LUMEN_X8("vpmaddubsw %%ymm15,%%ymm14,%%ymm0\n vpmaddwd %%ymm15,%%ymm14,%%ymm1\n"))
+      case 3:  // 10 accumulators: latency 5 at 2 per cycle
+        LUMEN_ISSUE(
+            "vfmadd231ps %%ymm15,%%ymm14,%%ymm0\n vfmadd231ps %%ymm15,%%ymm14,%%ymm1\n"
+            "vfmadd231ps %%ymm15,%%ymm14,%%ymm2\n vfmadd231ps %%ymm15,%%ymm14,%%ymm3\n"
+            "vfmadd231ps %%ymm15,%%ymm14,%%ymm4\n vfmadd231ps %%ymm15,%%ymm14,%%ymm5\n"
+            "vfmadd231ps %%ymm15,%%ymm14,%%ymm6\n vfmadd231ps %%ymm15,%%ymm14,%%ymm7\n"
+            "vfmadd231ps %%ymm15,%%ymm14,%%ymm8\n vfmadd231ps %%ymm15,%%ymm14,%%ymm9\n")
+      case 4:
+        LUMEN_ISSUE(
+            "vpmaddubsw %%ymm15,%%ymm14,%%ymm0\n vfmadd231ps %%ymm15,%%ymm14,%%ymm1\n"
+            "vpmaddubsw %%ymm15,%%ymm14,%%ymm2\n vfmadd231ps %%ymm15,%%ymm14,%%ymm3\n"
+            "vpmaddubsw %%ymm15,%%ymm14,%%ymm4\n vfmadd231ps %%ymm15,%%ymm14,%%ymm5\n"
+            "vpmaddubsw %%ymm15,%%ymm14,%%ymm6\n vfmadd231ps %%ymm15,%%ymm14,%%ymm7\n")
+      case 5:
+        LUMEN_ISSUE(LUMEN_X8("vpsrlvd %%ymm15,%%ymm14,%%ymm0\n"))
+      case 6:
+        LUMEN_ISSUE(LUMEN_X8("vpshufb %%ymm15,%%ymm14,%%ymm0\n"))
+      case 7:
+        LUMEN_ISSUE(LUMEN_X8("vpsrlw $2,%%ymm15,%%ymm0\n"))
+      default:
+        LUMEN_ISSUE(LUMEN_X8("vcvtdq2ps %%ymm15,%%ymm0\n"))
+#undef LUMEN_ISSUE
+    }
+  }
+  const double per_iter = mix == 2 ? 16 : mix == 3 ? 10 : 8;  // instructions per iteration
+  state.counters["instr"] = benchmark::Counter(per_iter * kIters * double(state.iterations()),
+                                               benchmark::Counter::kIsRate);
+  state.SetLabel(names[mix]);
+}
+BENCHMARK(BM_IssueRate)->DenseRange(0, 8)->UseRealTime();
+#undef LUMEN_X8
+#endif
+
 }  // namespace
 }  // namespace lumen::kernels

@@ -990,7 +990,7 @@ int64_t Avx2Int8MaxRows(const Matrix& W) {
       return 12;
     case Fmt::kQ2K:
     case Fmt::kQ3K:
-      return 24;
+      return 20;
     default:
       return 32;
   }

@@ -15,6 +15,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -80,7 +81,8 @@ TEST(QuantizeBlocksQ8, SameBitsAsTheScalarBlockQuantizer) {
     fn(x.data(), nb, q.data(), d.data());
     EXPECT_EQ(q, want) << name;
     for (int64_t b = 0; b < nb; ++b)
-      EXPECT_EQ(0, std::memcmp(&d[b], &want_d[b], sizeof(float))) << name << " block " << b;
+      EXPECT_EQ(std::bit_cast<uint32_t>(d[b]), std::bit_cast<uint32_t>(want_d[b]))
+          << name << " block " << b;
     // Ties go away from zero: -15.5 -> -16, -14.5 -> -15, 0.5 -> 1; amax -> 127.
     EXPECT_EQ(d[0], 0.25f) << name;
     EXPECT_EQ(q[0], -16) << name;

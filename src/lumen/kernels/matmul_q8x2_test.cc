@@ -14,6 +14,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -157,7 +158,8 @@ TEST(QuantizeBlocksQ8x2, SameBitsAsTheScalarBlockQuantizerAndWithinHalfAStep) {
     EXPECT_EQ(q1, w1) << name;
     EXPECT_EQ(q2, w2) << name;
     for (int64_t b = 0; b < nb; ++b)
-      EXPECT_EQ(0, std::memcmp(&d2[b], &want_d2[b], sizeof(float))) << name << " block " << b;
+      EXPECT_EQ(std::bit_cast<uint32_t>(d2[b]), std::bit_cast<uint32_t>(want_d2[b]))
+          << name << " block " << b;
     EXPECT_EQ(d2[1], 0.0f) << name;
     for (int j = 0; j < kQK; ++j)
       EXPECT_EQ(q2[5 * kQK + j], 0) << name << " " << j;  // 256 / d overflows

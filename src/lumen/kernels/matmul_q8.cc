@@ -14,6 +14,7 @@
 #include "lumen/core/quant.h"
 #include "lumen/core/repack.h"
 #include "lumen/core/route.h"
+#include "lumen/kernels/matmul_bf16.h"
 #include "lumen/kernels/prefetch.h"
 
 #if defined(__x86_64__)
@@ -1871,6 +1872,9 @@ void QuantizeBlocksQ8x2(const float* x, int64_t nb, int8_t* q1, int8_t* q2, floa
 
 int64_t Int8MaxRows(const Matrix& W) {
   if (CpuHasVnni() || !CpuHasAvx2() || !Avx2Int8Covers(W)) return kInt8MaxRows;
+  // Where the bf16 panels take the longer products (AVX512-BF16 without
+  // VBMI: Cooper Lake), they keep them, unmeasured against these kernels.
+  if (RouteHasBf16(W.route) && CpuHasBf16()) return kInt8MaxRows;
   return Avx2Int8MaxRows(W);
 }
 

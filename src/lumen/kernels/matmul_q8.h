@@ -45,8 +45,8 @@ namespace lumen::kernels {
 
 // The most rows a product of W takes the int8 routes for: kInt8MaxRows with
 // the VNNI kernels (above, the bf16 prefill route or the exact f32 panels,
-// which decode the weights once for many rows) and for storages no int8
-// kernel reads; with the AVX2 kernels, whose CPUs have no bf16 route, up to
+// which decode the weights once for many rows), for storages no int8 kernel
+// reads and where W's route and the CPU have bf16; else with the AVX2 kernels up to
 // kInt8MaxRowsAvx2 by weight type (Avx2Int8MaxRows in matmul_q8_avx2.h): there
 // the exact panels ran prompts of 9 to 32 tokens at a third to four fifths of
 // the int8x2 kernels' rate (Zen 2, Q4_K_M, 2 threads: 18.9 tok/s at 9 rows

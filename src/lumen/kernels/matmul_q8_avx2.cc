@@ -619,9 +619,6 @@ LUMEN_AVX2 void Q23KRecordsRows(const uint8_t* w, const Acts& a, int64_t m0, flo
                                 int64_t ldy) {
   constexpr int64_t kBytes = kThree ? sizeof(BlockQ3K) : sizeof(BlockQ2K), kQs = kThree ? 32 : 16;
   const __m256i m3 = _mm256_set1_epi8(3), four = _mm256_set1_epi8(4);
-  const __m256i lane_bit =
-      _mm256_setr_epi32(0x01010101, 0x02020202, 0x04040404, 0x08080808, 0x10101010, 0x20202020,
-                        0x40404040, static_cast<int>(0x80808080u));
   // int16 pairs of lane l: scale byte 2l (first sub-block) or 2l + 1 in the high byte.
   const __m256i first = _mm256_setr_epi32(0x00800080, 0x02800280, 0x04800480, 0x06800680,
                                           0x08800880, 0x0A800A80, 0x0C800C80, 0x0E800E80);
@@ -664,30 +661,35 @@ LUMEN_AVX2 void Q23KRecordsRows(const uint8_t* w, const Acts& a, int64_t m0, flo
     for (int r = 0; r < MB; ++r) isum[r] = _mm256_setzero_si256();
     // Half h: records 4h .. 4h + 3, the blocks' sub-block h.
     for (int h = 0; h < 2; ++h) {
-      // Dwords 4h .. 4h + 3 of each qs half, shifted by 2j (j = 0..3), then
-      // transposed 4 x 4 in each 128-bit lane: record 4h + t, lane 4n + j =
-      // dword 4h + t of qs half n shifted by 2j. (A per-lane variable shift
-      // after a dword broadcast costs two cycles per vpsrlvd on Zen 2.)
+      // Dwords 4h .. 4h + 3 of each qs half, shifted by 2j (j = 0..3) and
+      // masked, then transposed 4 x 4 in each 128-bit lane: record 4h + t,
+      // lane 4n + j = dword 4h + t of qs half n shifted by 2j. (A per-lane
+      // variable shift after a dword broadcast costs two cycles per vpsrlvd
+      // on Zen 2.) Q3_K's third bit of block 4n + j, bit 4n + j of the hmask
+      // dword, is moved to bit 2 before the transpose: hmask's dwords 4h ..
+      // 4h + 3 in both 128-bit lanes, the upper's shifted down 4 bits, then
+      // bit j of each byte to bit 2 (16-bit shifts, masked per byte).
       const __m256i q = h == 0 ? _mm256_permute2x128_si256(qs0, qs1, 0x20)
                                : _mm256_permute2x128_si256(qs0, qs1, 0x31);
-      const __m256i s0 = q, s1 = _mm256_srli_epi16(q, 2), s2 = _mm256_srli_epi16(q, 4),
-                    s3 = _mm256_srli_epi16(q, 6);
-      const __m256i u01l = _mm256_unpacklo_epi32(s0, s1), u01h = _mm256_unpackhi_epi32(s0, s1);
-      const __m256i u23l = _mm256_unpacklo_epi32(s2, s3), u23h = _mm256_unpackhi_epi32(s2, s3);
-      __m256i codes[4] = {_mm256_and_si256(_mm256_unpacklo_epi64(u01l, u23l), m3),
-                          _mm256_and_si256(_mm256_unpackhi_epi64(u01l, u23l), m3),
-                          _mm256_and_si256(_mm256_unpacklo_epi64(u01h, u23h), m3),
-                          _mm256_and_si256(_mm256_unpackhi_epi64(u01h, u23h), m3)};
-      if constexpr (kThree) {  // bit l of hmask dword 4h + t in lane l's bytes: 4 there
+      __m256i s[4] = {_mm256_and_si256(q, m3), _mm256_and_si256(_mm256_srli_epi16(q, 2), m3),
+                      _mm256_and_si256(_mm256_srli_epi16(q, 4), m3),
+                      _mm256_and_si256(_mm256_srli_epi16(q, 6), m3)};
+      if constexpr (kThree) {
         const __m256i hh = h == 0 ? _mm256_permute2x128_si256(hm, hm, 0x00)
                                   : _mm256_permute2x128_si256(hm, hm, 0x11);
-        for (int t = 0; t < 4; ++t) {
-          const __m256i b = _mm256_and_si256(
-              _mm256_shuffle_epi8(hh, _mm256_set1_epi32(0x03020100 + 0x04040404 * t)), lane_bit);
-          codes[t] =
-              _mm256_or_si256(codes[t], _mm256_and_si256(_mm256_cmpeq_epi8(b, lane_bit), four));
-        }
+        const __m256i hq = _mm256_blend_epi32(hh, _mm256_srli_epi16(hh, 4), 0xF0);
+        s[0] = _mm256_or_si256(s[0], _mm256_and_si256(_mm256_slli_epi16(hq, 2), four));
+        s[1] = _mm256_or_si256(s[1], _mm256_and_si256(_mm256_slli_epi16(hq, 1), four));
+        s[2] = _mm256_or_si256(s[2], _mm256_and_si256(hq, four));
+        s[3] = _mm256_or_si256(s[3], _mm256_and_si256(_mm256_srli_epi16(hq, 1), four));
       }
+      const __m256i u01l = _mm256_unpacklo_epi32(s[0], s[1]),
+                    u01h = _mm256_unpackhi_epi32(s[0], s[1]);
+      const __m256i u23l = _mm256_unpacklo_epi32(s[2], s[3]),
+                    u23h = _mm256_unpackhi_epi32(s[2], s[3]);
+      const __m256i codes[4] = {
+          _mm256_unpacklo_epi64(u01l, u23l), _mm256_unpackhi_epi64(u01l, u23l),
+          _mm256_unpacklo_epi64(u01h, u23h), _mm256_unpackhi_epi64(u01h, u23h)};
       // int16 pairs of lane l: 256 s of sub-block 2l + h in the high byte.
       const __m256i s256 = _mm256_shuffle_epi8(scales, h == 0 ? first : second);
       const __m256i s1v = _mm256_srai_epi16(s256, 8);

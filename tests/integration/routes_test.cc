@@ -219,7 +219,7 @@ TEST(RoutesCli, TrainComputeShowsTheBf16Routes) {
 
 // The table names the decode route each weight type actually takes: the
 // int8x2 route (the default) for every quantized type with an int8 kernel on
-// this CPU (VNNI: every one; AVX2: the GGUF types), and the exact route for
+// this CPU (VNNI and AVX2: every one), and the exact route for
 // float weights and under --exact. `lumen bench` says the same per storage.
 TEST(RoutesCli, DecodeRoutePerWeightType) {
   const std::string dir = TempDir("routes_types");
@@ -227,11 +227,11 @@ TEST(RoutesCli, DecodeRoutePerWeightType) {
     std::string quant, node;
     bool int8;
   };
-  const bool vnni = kernels::CpuHasVnni(), gguf = vnni || kernels::CpuHasAvx2();
+  const bool vnni = kernels::CpuHasVnni(), int8 = vnni || kernels::CpuHasAvx2();
   const std::string route = vnni ? "int8x2-vnni" : "int8x2-avx2";
-  const Want wants[] = {{"q5_k", "matmul.q5_k.decode", gguf},
-                        {"q4_1", "matmul.q4_1.decode", gguf},
-                        {"mlx8-g32", "matmul.mlx8.decode", vnni},
+  const Want wants[] = {{"q5_k", "matmul.q5_k.decode", int8},
+                        {"q4_1", "matmul.q4_1.decode", int8},
+                        {"mlx8-g32", "matmul.mlx8.decode", int8},
                         {"f16", "matmul.f16.decode", false}};
   for (const Want& w : wants) {
     const std::string path = dir + "/" + w.quant + (w.quant.starts_with("mlx") ? "" : ".gguf");

@@ -74,8 +74,8 @@ void AddKvTypeOption(CLI::App* app, std::string& kv_type) {
 void AddActRouteOption(CLI::App* app, std::string& act_route) {
   app->add_option("--act-route", act_route,
                   "matmul activations: exact (f32); int8 (decode: Q8_0/Q4_0/Q4_K/Q6_K/"
-                  "MLX-4-bit weights against int8 activations, VNNI dot products; AVX2 ones for "
-                  "the GGUF types on other x86 CPUs); int8x2 (the "
+                  "MLX-4-bit weights against int8 activations, VNNI dot products; AVX2 ones on "
+                  "other x86 CPUs); int8x2 (the "
                   "same with two int8 levels per block, about 16-bit activations); bf16 "
                   "(prefill: bf16 weights and activations, AVX512-BF16 dot products); int8+bf16, "
                   "int8x2+bf16 (both). int8 and bf16 are tier L3, int8x2 L2, "

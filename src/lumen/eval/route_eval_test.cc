@@ -304,11 +304,6 @@ void ExpectGateOnEachStorage(const engine::Model& f32, const std::vector<Storage
   ASSERT_TRUE(w.ok());
   std::printf("%s: q8_0 weights vs f32 (decode): mean KL %.3g\n", f32.name().c_str(), w->kl_mean);
   for (const Storage& st : storages) {
-    if (st.mlx_bits && !kernels::CpuHasVnni()) {  // the AVX2 kernels cover the GGUF types only
-      std::printf("%s: no int8 kernel without AVX512-VNNI (the exact route runs)\n",
-                  st.name().c_str());
-      continue;
-    }
     const std::string path = WriteAs(f32, st, dir);
     auto exact = load(path, kernels::ActRoute::kExact);
     auto x2 = load(path, kernels::ActRoute::kInt8x2);

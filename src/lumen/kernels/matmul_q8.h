@@ -28,7 +28,7 @@
 //
 // Used by MatMul/MatMulMany when W.route has int8 (matrix.h), the weight type is
 // one of those (Int8RouteSupports), the CPU has AVX512-VNNI (without it but with
-// AVX2, the kernels of matmul_q8_avx2.h for the GGUF types) and M <= Int8MaxRows(W) (prefill keeps
+// AVX2, the kernels of matmul_q8_avx2.h) and M <= Int8MaxRows(W) (prefill keeps
 // the exact f32 panels or the bf16 route: with a scale per 32-block the integer dot saves nothing
 // per FMA there). Otherwise the exact route runs. MatMulInt8Ref and MatMulInt8x2Ref
 // (matmul_q8_ref.h) are the scalar oracles: same activation quantization, double accumulation.
@@ -62,8 +62,8 @@ int64_t Int8MaxRows(const Matrix& W);
 bool CpuHasVnni();
 
 // True when the int8 route can run W's storage on this CPU (ignores W.route):
-// every type above with VNNI; on other AVX2 CPUs the GGUF types as stored
-// (Avx2Int8Covers).
+// every type above with VNNI; on other AVX2 CPUs the GGUF types as stored and
+// MLX with K a whole number of 32-element blocks (Avx2Int8Covers).
 bool Int8RouteSupports(const Matrix& W);
 
 // True when this CPU's int8 kernels read `plain`'s column groups

@@ -9,6 +9,7 @@
 #include "lumen/core/quant.h"
 #include "lumen/core/repack.h"
 #include "lumen/core/route.h"
+#include "lumen/kernels/matmul_q8.h"
 #include "lumen/kernels/prefetch.h"
 
 #if defined(__x86_64__)
@@ -42,6 +43,7 @@ LUMEN_ROUTE(
               "KL(exact || route) below a quarter of what Q8_0 weights cost",
      .tests = "MatMulInt8Avx2.MatchesOracleAndExactBound;MatMulInt8Avx2."
               "ThreadsManyAndBatchesAreBitIdentical;MatMulInt8Avx2.ExtremeCodesDoNotSaturate;"
+              "MatMulInt8Avx2.MlxRowsWithinBoundBitIdenticalAndUnsaturated;"
               "RouteKl.Int8x2DecodeGateOnEveryWeightType;RouteKl."
               "Int8x2ShortPrefillPassesTheDefaultGate;MatMulInt8.RouteSelection",
      .measure = "docs/reference/performance.md#the-int8x2-decode-route-on-avx2",
@@ -152,6 +154,9 @@ enum class Fmt {
   kQ4K,
   kQ5K,
   kQ6K,
+  // MLX affine 4- and 8-bit (w = s q + b per group of 32, 64 or 128).
+  kMlx4,
+  kMlx8,
   // Column groups (core/repack.h), made at load where these kernels read them.
   kQ4_0C,
   kQ4_1C,
@@ -213,8 +218,18 @@ constexpr DType TypeOf(Fmt f) {
 }
 
 // W's format; false where no kernel reads its storage (or K is not whole blocks).
+// MLX rows convert their group scales and biases to f32 on the stack: at most
+// this many groups per row (K up to 32768 at groups of 32).
+constexpr int64_t kMlxMaxGroups = 1024;
+
 bool FmtOf(const Matrix& W, Fmt* f) {
-  if (W.mlx_bits != 0) return false;
+  if (W.mlx_bits != 0) {
+    auto flt = [](DType t) { return t == DType::kF16 || t == DType::kBF16 || t == DType::kF32; };
+    const int64_t G = W.mlx_group;
+    *f = W.mlx_bits == 4 ? Fmt::kMlx4 : Fmt::kMlx8;
+    return (W.mlx_bits == 4 || W.mlx_bits == 8) && (G == 32 || G == 64 || G == 128) &&
+           W.k % G == 0 && W.k / G <= kMlxMaxGroups && flt(W.scales.dtype) && flt(W.biases.dtype);
+  }
   for (const auto& s : kStorages)
     if (s.type == W.w.dtype) {
       *f = s.fmt;
@@ -225,6 +240,9 @@ bool FmtOf(const Matrix& W, Fmt* f) {
 
 // One weight row against activation rows m0 .. m0 + MB - 1: y[r * ldy].
 using RowsFn = void (*)(const uint8_t* w, const Acts& a, int64_t m0, float* y, int64_t ldy);
+// The same for MLX rows, which also read their row of W's scales and biases.
+using MlxRowsFn = void (*)(const Matrix& W, int64_t n, const Acts& a, int64_t m0, float* y,
+                           int64_t ldy);
 
 #if defined(__x86_64__)
 
@@ -870,6 +888,117 @@ LUMEN_AVX2 void Q6SlicesRows(const uint8_t* w, const Acts& a, int64_t m0, float*
   for (int r = 0; r < MB; ++r) y[r * ldy] = HSum(acc[r]);
 }
 
+// n f16 / bf16 / f32 values at src as floats (an MLX row's scales or biases).
+LUMEN_AVX2 inline void GroupFloats(DType t, const void* src, int64_t n, float* dst) {
+  if (t == DType::kF32) {
+    std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
+    return;
+  }
+  const auto* h = static_cast<const uint8_t*>(src);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(h + 2 * i));
+    _mm256_storeu_ps(dst + i, t == DType::kF16 ? _mm256_cvtph_ps(v)
+                                               : _mm256_castsi256_ps(_mm256_slli_epi32(
+                                                     _mm256_cvtepu16_epi32(v), 16)));
+  }
+  for (; i < n; ++i) {
+    uint16_t u;
+    std::memcpy(&u, h + 2 * i, 2);
+    if (t == DType::kF16) {
+      dst[i] = _cvtsh_ss(u);
+    } else {
+      const uint32_t bits = uint32_t(u) << 16;
+      std::memcpy(dst + i, &bits, 4);
+    }
+  }
+}
+
+// One activation block b of an MLX row (scale s, bias o of its group) into
+// acc[r] and off[r] for rows m0 .. m0 + MB - 1.
+template <int kBits, int MB, int L>
+LUMEN_AVX2 inline void MlxBlock(const uint8_t* row, const Acts& a, int64_t m0, int64_t b, float s,
+                                float o, __m256* acc, float* off) {
+  __m256i codes;
+  if constexpr (kBits == 4) {
+    const uint8_t* blk = row + b * (kQK / 2);
+    if (b % 4 == 0) PrefetchAhead(blk, 64);
+    const __m128i m4 = _mm_set1_epi8(0x0F);
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk));
+    const __m128i lo = _mm_and_si128(v, m4), hi = _mm_and_si128(_mm_srli_epi16(v, 4), m4);
+    codes = _mm256_set_m128i(_mm_unpackhi_epi8(lo, hi), _mm_unpacklo_epi8(lo, hi));
+  } else {
+    const uint8_t* blk = row + b * kQK;
+    if (b % 2 == 0) PrefetchAhead(blk, 64);
+    codes = _mm256_xor_si256(Load32(blk), _mm256_set1_epi8(static_cast<char>(0x80)));
+  }
+  for (int r = 0; r < MB; ++r) {
+    const int8_t* xq = a.Q(m0 + r, b);
+    __m256i i;
+    if constexpr (kBits == 4) {
+      i = Dot<L>(codes, xq);
+    } else {
+      i = _mm256_add_epi32(DotSigned<L>(codes, xq),
+                           _mm256_slli_epi32(Load32(a.Lanes(m0 + r, b)), 7));
+    }
+    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_set1_ps(s * a.D(m0 + r)[b]), acc[r]);
+    off[r] += o * a.S32(m0 + r)[b];
+  }
+}
+
+// MLX affine rows: w = s q + b per group (scales and biases converted to f32
+// per row). 4-bit: byte j holds elements 2j (low nibble) and 2j + 1, so a
+// block's 16 bytes' nibbles are interleaved back into element order; 8-bit:
+// codes up to 255 would saturate vpmaddubsw's int16 pairs (2 x 255 x 127), so
+// they go in as q - 128 (a signed byte: magnitudes against the activations
+// carrying the signs, as Q8_0) and 128 x the activation lane sums come back in
+// integers (exact: at most 32 x 128 x 32639 per lane). The biases multiply the
+// activation block sums. Two FMA chains (even and odd blocks), whatever MB.
+template <int kBits, int MB, int L>
+LUMEN_AVX2 void MlxRows(const Matrix& W, int64_t n, const Acts& a, int64_t m0, float* y,
+                        int64_t ldy) {
+  const uint8_t* row = W.w.row<const uint8_t>(n);
+  const int64_t groups = W.k / W.mlx_group;
+  const int shift = W.mlx_group == 32 ? 0 : W.mlx_group == 64 ? 1 : 2;  // block -> group
+  float sc[kMlxMaxGroups], bias[kMlxMaxGroups];
+  GroupFloats(W.scales.dtype, W.scales.row(n), groups, sc);
+  GroupFloats(W.biases.dtype, W.biases.row(n), groups, bias);
+  __m256 even[MB], odd[MB];
+  float off_even[MB], off_odd[MB];
+  for (int r = 0; r < MB; ++r) {
+    even[r] = odd[r] = _mm256_setzero_ps();
+    off_even[r] = off_odd[r] = 0;
+  }
+  int64_t b = 0;
+  for (; b + 2 <= a.nb; b += 2) {
+    const int64_t g0 = b >> shift, g1 = (b + 1) >> shift;
+    MlxBlock<kBits, MB, L>(row, a, m0, b, sc[g0], bias[g0], even, off_even);
+    MlxBlock<kBits, MB, L>(row, a, m0, b + 1, sc[g1], bias[g1], odd, off_odd);
+  }
+  if (b < a.nb)
+    MlxBlock<kBits, MB, L>(row, a, m0, b, sc[b >> shift], bias[b >> shift], even, off_even);
+  for (int r = 0; r < MB; ++r)
+    y[r * ldy] = HSum(_mm256_add_ps(even[r], odd[r])) + (off_even[r] + off_odd[r]);
+}
+
+template <int MB, int L>
+MlxRowsFn PickMlxRows(Fmt f) {
+  return f == Fmt::kMlx4 ? MlxRows<4, MB, L> : MlxRows<8, MB, L>;
+}
+
+MlxRowsFn PickMlx(Fmt f, int levels, int mb) {
+  switch (mb) {
+    case 1:
+      return levels == 2 ? PickMlxRows<1, 2>(f) : PickMlxRows<1, 1>(f);
+    case 2:
+      return levels == 2 ? PickMlxRows<2, 2>(f) : PickMlxRows<2, 1>(f);
+    case 3:
+      return levels == 2 ? PickMlxRows<3, 2>(f) : PickMlxRows<3, 1>(f);
+    default:
+      return levels == 2 ? PickMlxRows<4, 2>(f) : PickMlxRows<4, 1>(f);
+  }
+}
+
 template <int MB, int L>
 RowsFn PickRows(Fmt f) {
   switch (f) {
@@ -909,6 +1038,9 @@ RowsFn PickRows(Fmt f) {
       return ColsRows<Fmt::kQ5KC, MB, L>;
     case Fmt::kQ6KC:
       return Q6SlicesRows<MB, L>;
+    case Fmt::kMlx4:
+    case Fmt::kMlx8:
+      return nullptr;  // PickMlx
   }
   return nullptr;
 }
@@ -975,6 +1107,10 @@ RowsFn Pick(Fmt, int, int) {
   LUMEN_CHECK(false);
   return nullptr;
 }
+MlxRowsFn PickMlx(Fmt, int, int) {
+  LUMEN_CHECK(false);
+  return nullptr;
+}
 }  // namespace
 
 #endif
@@ -988,6 +1124,9 @@ int64_t Avx2Int8MaxRows(const Matrix& W) {
   Fmt f;
   LUMEN_CHECK(FmtOf(W, &f));
   switch (PlainFmt(f)) {
+    case Fmt::kMlx4:  // not measured against the exact panels
+    case Fmt::kMlx8:
+      return kInt8MaxRows;
     case Fmt::kQ8_0:  // one vpmaddwd per record and level: the dearest per row
       return 12;
     case Fmt::kQ2K:
@@ -1008,6 +1147,7 @@ void MatMulManyInt8Avx2(std::span<const MatMulOut> outs, const float* X, int64_t
   bool ready[2][4] = {};
   struct Plan {
     RowsFn fn[kRowsPerPass];
+    MlxRowsFn mlx[kRowsPerPass];  // MLX rows (fn null)
     const Acts* acts;
   };
   std::vector<Plan> plans(outs.size());
@@ -1024,7 +1164,11 @@ void MatMulManyInt8Avx2(std::span<const MatMulOut> outs, const float* X, int64_t
     }
     LUMEN_CHECK(act.nb * kQK == w.k);  // every out reads the same X
     plans[i].acts = &act;
-    for (int mb = 1; mb <= kRowsPerPass; ++mb) plans[i].fn[mb - 1] = Pick(f, levels, mb);
+    const bool mlx = f == Fmt::kMlx4 || f == Fmt::kMlx8;
+    for (int mb = 1; mb <= kRowsPerPass; ++mb) {
+      plans[i].fn[mb - 1] = mlx ? nullptr : Pick(f, levels, mb);
+      plans[i].mlx[mb - 1] = mlx ? PickMlx(f, levels, mb) : nullptr;
+    }
     total += w.n;
   }
   auto fn = [&](int64_t b, int64_t e, int) {
@@ -1036,7 +1180,11 @@ void MatMulManyInt8Avx2(std::span<const MatMulOut> outs, const float* X, int64_t
         const auto* row = o.w->w.row<const uint8_t>(n);
         for (int64_t m0 = 0; m0 < M; m0 += kRowsPerPass) {
           const int64_t mb = std::min(kRowsPerPass, M - m0);
-          plans[i].fn[mb - 1](row, *plans[i].acts, m0, o.y + m0 * o.ldy + n, o.ldy);
+          float* y = o.y + m0 * o.ldy + n;
+          if (plans[i].fn[mb - 1])
+            plans[i].fn[mb - 1](row, *plans[i].acts, m0, y, o.ldy);
+          else
+            plans[i].mlx[mb - 1](*o.w, n, *plans[i].acts, m0, y, o.ldy);
         }
       }
       off += o.w->n;

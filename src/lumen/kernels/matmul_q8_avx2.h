@@ -19,7 +19,8 @@
 // sub-block) in each 32-bit lane of a record of 8, so that the lane work is
 // paid once per 8 lanes and the products of several records are summed as
 // int16 first (matmul_q8_avx2.cc: ColsRows, Q6SlicesRows).
-// MLX weights are not covered: they keep the exact route here.
+// MLX affine 4- and 8-bit rows (groups of 32, 64 or 128) take a natural-order
+// kernel (matmul_q8_avx2.cc: MlxRows).
 #pragma once
 
 #include <cstdint>
@@ -35,15 +36,17 @@ namespace lumen::kernels {
 bool CpuHasAvx2();
 
 // True when the AVX2 kernels cover W's storage: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0
-// (K % 32 == 0) and Q2_K .. Q6_K (K % 256 == 0) as stored in GGUF files, and
-// the column groups of those that have them.
+// (K % 32 == 0) and Q2_K .. Q6_K (K % 256 == 0) as stored in GGUF files, the
+// column groups of those that have them, and MLX 4- and 8-bit with groups of
+// 32, 64 or 128, f32/f16/bf16 scales and biases and at most 1024 groups a row.
 bool Avx2Int8Covers(const Matrix& W);
 
 // The most rows a product of W takes these kernels for (Int8MaxRows in
 // matmul_q8.h), where Avx2Int8Covers(W): up to where the exact f32 panels,
 // which decode the weights once for all rows, overtake them on a Zen 2 (2
 // threads, the 1B model's prompts of 12-32 tokens, performance.md "Short
-// prompts on AVX2"): 12 rows for Q8_0, 20 for Q2_K / Q3_K, 32 for the others.
+// prompts on AVX2"): 12 rows for Q8_0, 20 for Q2_K / Q3_K, 32 for the other
+// GGUF types; MLX keeps 8 (not measured).
 int64_t Avx2Int8MaxRows(const Matrix& W);
 
 // QuantizeBlocksQ8 / QuantizeBlocksQ8x2 (matmul_q8.h) on AVX2: the bits of

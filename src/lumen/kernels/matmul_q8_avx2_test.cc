@@ -204,6 +204,63 @@ TEST(MatMulInt8Avx2, ExtremeCodesDoNotSaturate) {
     }
 }
 
+OwnedMatrix MakeMlx(int bits, int group, DType scale_type, int64_t N, int64_t K, int levels,
+                    std::mt19937& rng) {
+  Spec s;
+  s.mlx_bits = bits;
+  s.mlx_group = group;
+  s.mlx_scale_type = scale_type;
+  OwnedMatrix o = Make(s, N, K, rng);
+  o.m.route = levels == 2 ? ActRoute::kInt8x2 : ActRoute::kInt8;
+  return o;
+}
+
+// MLX affine rows: every bit width, group and scale type within the oracle
+// bound (and at two levels the exact product's); a row alone, in a batch and
+// on two threads the same bits; 8-bit codes 255 and 0 (bytes that would
+// saturate vpmaddubsw's int16 pairs unshifted: 2 x 255 x 127) against +-127
+// activations within the bound.
+TEST(MatMulInt8Avx2, MlxRowsWithinBoundBitIdenticalAndUnsaturated) {
+  SKIP_WITHOUT_AVX2();
+  std::mt19937 rng(59);
+  ThreadPool pool(2);
+  for (int bits : {4, 8})
+    for (int group : {32, 64, 128})
+      for (DType st : {DType::kF16, DType::kBF16, DType::kF32})
+        for (int64_t K : {128, 384, 2048})
+          for (int levels : {1, 2}) {
+            const std::string what = "mlx" + std::to_string(bits) + " g" + std::to_string(group) +
+                                     " " + std::string(Name(st)) + " K=" + std::to_string(K) +
+                                     " levels=" + std::to_string(levels);
+            const int64_t N = 21, M = 6;
+            OwnedMatrix W = MakeMlx(bits, group, st, N, K, levels, rng);
+            ASSERT_TRUE(Avx2Int8Covers(W.m)) << what;
+            const std::vector<float> X = RandomActivations(M, K, rng);
+            std::vector<float> Y(M * N), Y2(M * N);
+            RunAvx2(W.m, X.data(), M, Y.data());
+            EXPECT_EQ(CheckAgainstOracles(W.m, X.data(), M, Y, what), 0);
+            RunAvx2(W.m, X.data(), M, Y2.data(), &pool);
+            EXPECT_EQ(Y, Y2) << what;
+            std::vector<float> row(N);
+            RunAvx2(W.m, X.data() + 5 * K, 1, row.data());
+            EXPECT_EQ(row, std::vector<float>(Y.begin() + 5 * N, Y.end())) << what;
+          }
+  for (int levels : {1, 2}) {
+    const int64_t K = 256, N = 2, M = 2;
+    OwnedMatrix W = MakeMlx(8, 32, DType::kF16, N, K, levels, rng);
+    std::memset(W.m.w.row<uint8_t>(0), 0xFF, K);  // codes 255
+    std::memset(W.m.w.row<uint8_t>(1), 0x00, K);  // codes 0
+    std::vector<float> X(M * K);
+    for (int64_t i = 0; i < K; ++i) {
+      X[i] = 1.0f;                           // +127 after quantization
+      X[K + i] = i % 2 == 0 ? 1.0f : -1.0f;  // +-127
+    }
+    std::vector<float> Y(M * N);
+    RunAvx2(W.m, X.data(), M, Y.data());
+    EXPECT_EQ(CheckAgainstOracles(W.m, X.data(), M, Y, "mlx8 extremes"), 0);
+  }
+}
+
 // The route selects these kernels exactly where the CPU has AVX2 but no VNNI:
 // MatMul on an int8x2 matrix then gives their bits.
 TEST(MatMulInt8Avx2, TheRouteRunsThemWithoutVnni) {
@@ -219,6 +276,13 @@ TEST(MatMulInt8Avx2, TheRouteRunsThemWithoutVnni) {
     RunAvx2(W.m, X.data(), 3, b.data());
     EXPECT_EQ(a, b) << Name(t);
   }
+  OwnedMatrix W = MakeMlx(4, 64, DType::kBF16, 33, 512, 2, rng);
+  ASSERT_TRUE(UsesInt8Route(W.m, 3)) << "mlx4";
+  const std::vector<float> X = RandomActivations(3, 512, rng);
+  std::vector<float> a(3 * 33), b(3 * 33);
+  MatMul(W.m, X.data(), 3, 512, a.data(), 33, nullptr);
+  RunAvx2(W.m, X.data(), 3, b.data());
+  EXPECT_EQ(a, b) << "mlx4";
 }
 
 }  // namespace

@@ -231,17 +231,19 @@ TEST(MatMulInt8, RouteSelection) {
   MatMulInt8(W.m, X.data(), top, K, g.data(), N, nullptr);
   EXPECT_EQ(f, g);
   EXPECT_TRUE(std::equal(c.begin(), c.end(), f.begin()));
-  // Types without an int8 kernel ignore the mark: float weights, and MLX rows
-  // that are not whole 64-element vectors (groups of 32, K = 96).
+  // Types without an int8 kernel ignore the mark: float weights, and for the
+  // VNNI kernels MLX rows that are not whole 64-element vectors (groups of
+  // 32, K = 96; the AVX2 kernels take any whole 32-element blocks).
   for (DType t : {DType::kF32, DType::kF16, DType::kBF16}) {
     OwnedMatrix F = MakeInt8(t, 8, 256, rng);
     EXPECT_FALSE(Int8RouteSupports(F.m)) << Name(t);
     EXPECT_FALSE(UsesInt8Route(F.m, 1)) << Name(t);
   }
-  EXPECT_FALSE(Int8RouteSupports(MakeInt8(DType::kU32, 8, 96, rng, 32).m));
-  EXPECT_FALSE(Int8RouteSupports(MakeInt8(DType::kU32, 8, 96, rng, 32, DType::kF16, 8).m));
-  // With VNNI every quantized type the engine loads has one; on other AVX2
-  // CPUs the GGUF types and their column groups (MLX keeps the exact route).
+  const bool odd_mlx = !CpuHasVnni() && CpuHasAvx2();
+  EXPECT_EQ(Int8RouteSupports(MakeInt8(DType::kU32, 8, 96, rng, 32).m), odd_mlx);
+  EXPECT_EQ(Int8RouteSupports(MakeInt8(DType::kU32, 8, 96, rng, 32, DType::kF16, 8).m), odd_mlx);
+  // With VNNI or AVX2 every quantized type the engine loads has one (on AVX2
+  // CPUs the GGUF types as stored, their column groups and MLX).
   for (DType t : {DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1, DType::kQ8_0,
                   DType::kQ2_K, DType::kQ3_K, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K,
                   DType::kQ4_0Cols, DType::kQ4_1Cols, DType::kQ5_0Cols, DType::kQ5_1Cols,
@@ -250,7 +252,7 @@ TEST(MatMulInt8, RouteSelection) {
   for (int bits : {4, 8})
     for (int g : {32, 64, 128})
       EXPECT_EQ(Int8RouteSupports(MakeInt8(DType::kU32, 8, 256, rng, g, DType::kF16, bits).m),
-                CpuHasVnni())
+                CpuHasVnni() || CpuHasAvx2())
           << "mlx" << bits << "_g" << g;
 }
 

@@ -263,8 +263,9 @@ LUMEN_AVX2 inline __m256i Load32(const void* p) {
   return _mm256_loadu_si256(static_cast<const __m256i*>(p));
 }
 
-// Round half away from zero (std::round) of integer-or-half-valued and other
-// finite v, clamped to +-127 as the scalar quantizers clamp.
+// std::round (half away from zero) of v, clamped to +-127 as the scalar
+// quantizers clamp; a NaN lane (0 x an infinite 1 / d) gives -127, as their
+// NearestInt does.
 LUMEN_AVX2 inline __m256 RoundClamp127(__m256 v) {
   const __m256 t = _mm256_round_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
   const __m256 sign = _mm256_and_ps(v, _mm256_set1_ps(-0.0f));

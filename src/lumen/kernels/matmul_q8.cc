@@ -1871,7 +1871,7 @@ void QuantizeBlocksQ8x2(const float* x, int64_t nb, int8_t* q1, int8_t* q2, floa
 }
 
 int64_t Int8MaxRows(const Matrix& W) {
-  if (CpuHasVnni() || !CpuHasAvx2() || !Avx2Int8Covers(W)) return kInt8MaxRows;
+  if (CpuHasVnni() || !CpuHasAvx2()) return kInt8MaxRows;
   // Where the bf16 panels take the longer products (AVX512-BF16 without
   // VBMI: Cooper Lake), they keep them, unmeasured against these kernels.
   if (RouteHasBf16(W.route) && CpuHasBf16()) return kInt8MaxRows;

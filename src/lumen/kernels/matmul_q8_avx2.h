@@ -42,7 +42,7 @@ bool CpuHasAvx2();
 bool Avx2Int8Covers(const Matrix& W);
 
 // The most rows a product of W takes these kernels for (Int8MaxRows in
-// matmul_q8.h), where Avx2Int8Covers(W): up to where the exact f32 panels,
+// matmul_q8.h; kInt8MaxRows where !Avx2Int8Covers(W)): up to where the exact f32 panels,
 // which decode the weights once for all rows, overtake them on a Zen 2 (2
 // threads, the 1B model's prompts of 12-32 tokens, performance.md "Short
 // prompts on AVX2"): 12 rows for Q8_0, 20 for Q2_K / Q3_K, 32 for the other

@@ -37,6 +37,19 @@ std::unique_ptr<engine::Model> Load(const std::string& path, kernels::ActRoute r
   return m.ok() ? std::move(m).value() : nullptr;
 }
 
+// The gate tests' scratch folder (removed by the test) and prompts.
+fs::path GateDir(const std::string& tag) {
+  const fs::path dir = fs::temp_directory_path() / (tag + "_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  return dir;
+}
+
+Result<std::vector<Seq>> GatePrompts(const engine::Model& m) {
+  return EncodePrompts(
+      m, std::vector<std::string>{"Once upon a time", "Lily saw a big dog", "The sun was",
+                                  "Tom had a red ball", "One day, a little bird"});
+}
+
 TEST(RouteKl, Int8AndBf16RoutesCostAboutWhatQ8WeightsCost) {
   auto f32 = engine::LoadDefaultModel();
   ASSERT_TRUE(f32.ok());
@@ -105,11 +118,8 @@ TEST(RouteKl, Bf16PrefillPassesTheDefaultGate) {
   if (!kernels::CpuHasBf16()) GTEST_SKIP() << "no AVX512-BF16 on this CPU: the route never runs";
   auto f32 = engine::LoadDefaultModel();
   ASSERT_TRUE(f32.ok());
-  const fs::path dir = fs::temp_directory_path() / ("lumen_gate_" + std::to_string(::getpid()));
-  fs::create_directories(dir);
-  auto prompts = EncodePrompts(
-      **f32, std::vector<std::string>{"Once upon a time", "Lily saw a big dog", "The sun was",
-                                      "Tom had a red ball", "One day, a little bird"});
+  const fs::path dir = GateDir("lumen_gate");
+  auto prompts = GatePrompts(**f32);
   ASSERT_TRUE(prompts.ok());
   EvalOptions o;
   o.samples = 2;
@@ -149,11 +159,8 @@ TEST(RouteKl, Int8x2ShortPrefillPassesTheDefaultGate) {
                     "(no AVX512-VNNI): not on this CPU";
   auto f32 = engine::LoadDefaultModel();
   ASSERT_TRUE(f32.ok());
-  const fs::path dir = fs::temp_directory_path() / ("lumen_gatesp_" + std::to_string(::getpid()));
-  fs::create_directories(dir);
-  auto prompts = EncodePrompts(
-      **f32, std::vector<std::string>{"Once upon a time", "Lily saw a big dog", "The sun was",
-                                      "Tom had a red ball", "One day, a little bird"});
+  const fs::path dir = GateDir("lumen_gatesp");
+  auto prompts = GatePrompts(**f32);
   ASSERT_TRUE(prompts.ok());
   std::vector<std::string> paths;
   for (DType t : {DType::kQ8_0, DType::kQ4_0}) {
@@ -197,11 +204,8 @@ TEST(RouteKl, Int8x2DecodePassesTheDefaultGate) {
     GTEST_SKIP() << "no AVX512-VNNI and no AVX2 on this CPU: the route never runs";
   auto f32 = engine::LoadDefaultModel();
   ASSERT_TRUE(f32.ok());
-  const fs::path dir = fs::temp_directory_path() / ("lumen_gate8_" + std::to_string(::getpid()));
-  fs::create_directories(dir);
-  auto prompts = EncodePrompts(
-      **f32, std::vector<std::string>{"Once upon a time", "Lily saw a big dog", "The sun was",
-                                      "Tom had a red ball", "One day, a little bird"});
+  const fs::path dir = GateDir("lumen_gate8");
+  auto prompts = GatePrompts(**f32);
   ASSERT_TRUE(prompts.ok());
   EvalOptions o;
   o.samples = 2;

@@ -245,6 +245,10 @@ TEST(MatMulInt8Avx2, MlxRowsWithinBoundBitIdenticalAndUnsaturated) {
             RunAvx2(W.m, X.data() + 5 * K, 1, row.data());
             EXPECT_EQ(row, std::vector<float>(Y.begin() + 5 * N, Y.end())) << what;
           }
+  // Rows of more than 1024 groups (the kernel's stack arrays) are not taken:
+  // the exact route runs them.
+  EXPECT_FALSE(Avx2Int8Covers(MakeMlx(4, 32, DType::kF16, 2, 32 * 1025, 2, rng).m));
+  EXPECT_TRUE(Avx2Int8Covers(MakeMlx(4, 32, DType::kF16, 2, 32 * 1024, 2, rng).m));
   for (int levels : {1, 2}) {
     const int64_t K = 256, N = 2, M = 2;
     OwnedMatrix W = MakeMlx(8, 32, DType::kF16, N, K, levels, rng);

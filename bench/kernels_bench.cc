@@ -37,17 +37,18 @@ struct Weight {
   Matrix m;
 };
 
-// Weight "type" index -> storage; 7 = MLX 4-bit g64 (bf16 scales), 9, 10, 12
-// and 13 = Q4_0, Q4_K, Q8_0 and Q6_K repacked at load (core/repack.h).
+// Weight "type" index -> storage; 7 = MLX 4-bit g64 (bf16 scales), 9, 10, 12,
+// 13, 14 and 15 = Q4_0, Q4_K, Q8_0, Q6_K, Q2_K and Q3_K repacked at load
+// (core/repack.h; Q2_K and Q3_K only on CPUs without VNNI).
 constexpr DType kTypes[] = {DType::kF32,      DType::kF16,      DType::kBF16,     DType::kQ8_0,
                             DType::kQ4_0,     DType::kQ4_K,     DType::kQ6_K,     DType::kU32,
                             DType::kQ2_K,     DType::kQ4_0Cols, DType::kQ4_KCols, DType::kQ3_K,
-                            DType::kQ8_0Cols, DType::kQ6_KCols};
+                            DType::kQ8_0Cols, DType::kQ6_KCols, DType::kQ2_KCols, DType::kQ3_KCols};
 constexpr int kMlx = 7;
 const char* TypeName(int t) {
-  static const char* names[] = {"f32",       "f16",  "bf16",      "q8_0",     "q4_0",
-                                "q4_k",      "q6_k", "mlx4_g64",  "q2_k",     "q4_0_cols",
-                                "q4_k_cols", "q3_k", "q8_0_cols", "q6_k_cols"};
+  static const char* names[] = {
+      "f32",  "f16",       "bf16",      "q8_0", "q4_0",      "q4_k",      "q6_k",      "mlx4_g64",
+      "q2_k", "q4_0_cols", "q4_k_cols", "q3_k", "q8_0_cols", "q6_k_cols", "q2_k_cols", "q3_k_cols"};
   return names[t];
 }
 
@@ -351,7 +352,7 @@ void BM_MatMulRowCost(benchmark::State& state) {
   state.SetLabel(TypeName(type));
 }
 BENCHMARK(BM_MatMulRowCost)
-    ->ArgsProduct({{3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13}, {1, 4}})
+    ->ArgsProduct({{3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}, {1, 4}})
     ->UseRealTime();
 // The bf16 prefill route (matmul_bf16.h) beside the exact M=256 rows above.
 BENCHMARK(BM_MatMul)

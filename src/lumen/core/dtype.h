@@ -38,8 +38,8 @@ enum class DType : uint8_t {
   kQ5_K,
   kQ6_K,
   kQ8_K,
-  // Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q8_0, Q6_K repacked in place at load
-  // for the int8 decode kernels (core/repack.h); never read from or written to a file.
+  // Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q8_0, Q6_K, Q2_K, Q3_K repacked in place at
+  // load for the int8 decode kernels (core/repack.h); never read from or written to a file.
   kQ4_0Cols,
   kQ4_1Cols,
   kQ5_0Cols,
@@ -48,6 +48,8 @@ enum class DType : uint8_t {
   kQ5_KCols,
   kQ8_0Cols,
   kQ6_KCols,
+  kQ2_KCols,
+  kQ3_KCols,
 };
 
 struct DTypeInfo {

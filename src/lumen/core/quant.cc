@@ -366,7 +366,9 @@ void DequantizeRow(DType t, const void* src_v, float* dst, int64_t n) {
     case DType::kQ4_KCols:
     case DType::kQ5_KCols:
     case DType::kQ8_0Cols:
-    case DType::kQ6_KCols:  // a whole row (repack.h)
+    case DType::kQ6_KCols:
+    case DType::kQ2_KCols:
+    case DType::kQ3_KCols:  // a whole row (repack.h)
       DequantizeColumnGroups(PlainOf(t), src, n, 0, n, dst);
       return;
   }

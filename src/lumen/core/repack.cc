@@ -163,6 +163,10 @@ DType ColumnGroupsOf(DType t) {
       return DType::kQ8_0Cols;
     case DType::kQ6_K:
       return DType::kQ6_KCols;
+    case DType::kQ2_K:
+      return DType::kQ2_KCols;
+    case DType::kQ3_K:
+      return DType::kQ3_KCols;
     default:
       return t;
   }
@@ -186,6 +190,10 @@ DType PlainOf(DType t) {
       return DType::kQ8_0;
     case DType::kQ6_KCols:
       return DType::kQ6_K;
+    case DType::kQ2_KCols:
+      return DType::kQ2_K;
+    case DType::kQ3_KCols:
+      return DType::kQ3_K;
     default:
       return t;
   }
@@ -239,11 +247,92 @@ void UnpackQ6Slices(const uint8_t* src, uint8_t* dst) {
   }
 }
 
+// Q2_K and Q3_K records. Block l = 4 n + j's element e sits at bits 2 j of
+// qs[32 n + e] (its third bit at bit l of hmask[e]); for e = 16 h + 4 t + i
+// the four codes i = 0..3 are one dword of the plain qs (and hmask), so each
+// moves as a 32-bit word.
+void RepackQ23Records(bool three, const uint8_t* src, uint8_t* dst) {
+  uint8_t blk[sizeof(BlockQ3K)];
+  const int64_t bytes = three ? sizeof(BlockQ3K) : sizeof(BlockQ2K);
+  const int64_t qs = three ? offsetof(BlockQ3K, qs) : offsetof(BlockQ2K, qs);
+  std::memcpy(blk, src, bytes);
+  std::memcpy(dst, blk, bytes);  // scales and d (the codes are rewritten below)
+  constexpr uint32_t kTwo = 0x03030303u, kOne = 0x01010101u;
+  for (int l = 0; l < 8; ++l) {
+    const int n = l / 4, j = l % 4;
+    uint32_t high = 0;
+    for (int h = 0; h < 2; ++h) {
+      uint32_t w = 0;
+      for (int t = 0; t < 4; ++t) {
+        w |= (LoadU32(blk + qs + 32 * n + 16 * h + 4 * t) >> (2 * j) & kTwo) << (2 * t);
+        if (three) high |= (LoadU32(blk + 16 * h + 4 * t) >> l & kOne) << (4 * h + t);
+      }
+      std::memcpy(dst + qs + 32 * h + 4 * l, &w, 4);
+    }
+    if (three) std::memcpy(dst + 4 * l, &high, 4);
+  }
+}
+
+void UnpackQ23Records(bool three, const uint8_t* src, uint8_t* dst) {
+  uint8_t g[sizeof(BlockQ3K)];
+  const int64_t bytes = three ? sizeof(BlockQ3K) : sizeof(BlockQ2K);
+  const int64_t qs = three ? offsetof(BlockQ3K, qs) : offsetof(BlockQ2K, qs);
+  std::memcpy(g, src, bytes);
+  std::memcpy(dst, g, bytes);
+  std::memset(dst + qs, 0, 64);
+  if (three) std::memset(dst, 0, 32);
+  constexpr uint32_t kTwo = 0x03030303u, kOne = 0x01010101u;
+  for (int l = 0; l < 8; ++l) {
+    const int n = l / 4, j = l % 4;
+    const uint32_t high = three ? LoadU32(g + 4 * l) : 0;
+    for (int h = 0; h < 2; ++h) {
+      const uint32_t w = LoadU32(g + qs + 32 * h + 4 * l);
+      for (int t = 0; t < 4; ++t) {
+        uint8_t* q = dst + qs + 32 * n + 16 * h + 4 * t;
+        const uint32_t v = LoadU32(q) | (w >> (2 * t) & kTwo) << (2 * j);
+        std::memcpy(q, &v, 4);
+        if (!three) continue;
+        uint8_t* m = dst + 16 * h + 4 * t;
+        const uint32_t b = LoadU32(m) | (high >> (4 * h + t) & kOne) << l;
+        std::memcpy(m, &b, 4);
+      }
+    }
+  }
+}
+
+namespace {
+
+// The formats repacked a super-block at a time (Q6_K, Q2_K, Q3_K): the
+// super-block's bytes, else 0.
+int64_t AloneBytes(DType plain) {
+  switch (plain) {
+    case DType::kQ6_K:
+      return sizeof(BlockQ6K);
+    case DType::kQ2_K:
+      return sizeof(BlockQ2K);
+    case DType::kQ3_K:
+      return sizeof(BlockQ3K);
+    default:
+      return 0;
+  }
+}
+
+void RepackAlone(DType plain, const uint8_t* src, uint8_t* dst) {
+  if (plain == DType::kQ6_K) return RepackQ6Slices(src, dst);
+  RepackQ23Records(plain == DType::kQ3_K, src, dst);
+}
+
+void UnpackAlone(DType plain, const uint8_t* src, uint8_t* dst) {
+  if (plain == DType::kQ6_K) return UnpackQ6Slices(src, dst);
+  UnpackQ23Records(plain == DType::kQ3_K, src, dst);
+}
+
+}  // namespace
+
 void RepackColumnGroups(DType plain, uint8_t* row, int64_t K) {
-  if (plain == DType::kQ6_K) {
+  if (const int64_t bytes = AloneBytes(plain)) {
     LUMEN_CHECK(K % kQKK == 0);
-    for (int64_t b = 0; b < K / kQKK; ++b)
-      RepackQ6Slices(row + b * sizeof(BlockQ6K), row + b * sizeof(BlockQ6K));
+    for (int64_t b = 0; b < K / kQKK; ++b) RepackAlone(plain, row + b * bytes, row + b * bytes);
     return;
   }
   const Plain p = PlainFields(plain);
@@ -274,9 +363,8 @@ void RepackColumnGroups(DType plain, uint8_t* row, int64_t K) {
 }
 
 void UnpackColumnGroup(DType plain, const uint8_t* g, uint8_t* blocks) {
-  if (plain == DType::kQ6_K) {
-    for (int s = 0; s < 2; ++s)
-      UnpackQ6Slices(g + s * sizeof(BlockQ6K), blocks + s * sizeof(BlockQ6K));
+  if (const int64_t bytes = AloneBytes(plain)) {
+    for (int s = 0; s < 2; ++s) UnpackAlone(plain, g + s * bytes, blocks + s * bytes);
     return;
   }
   const Plain p = PlainFields(plain);
@@ -298,13 +386,13 @@ void UnpackColumnGroup(DType plain, const uint8_t* g, uint8_t* blocks) {
 
 void DequantizeColumnGroups(DType plain, const uint8_t* row, int64_t K, int64_t k0, int64_t k1,
                             float* dst) {
-  if (plain == DType::kQ6_K) {  // every super-block repacked alone
+  if (const int64_t bytes = AloneBytes(plain)) {  // every super-block repacked alone
     LUMEN_CHECK(K % kQKK == 0 && k0 % kQKK == 0 && 0 <= k0 && k0 <= k1 && k1 <= K &&
                 (k1 % kQKK == 0 || k1 == K));
     uint8_t blk[sizeof(BlockQ6K)];
     for (int64_t i = k0; i < k1; i += kQKK) {
-      UnpackQ6Slices(row + i / kQKK * sizeof(BlockQ6K), blk);
-      DequantizeRow(DType::kQ6_K, blk, dst + (i - k0), std::min<int64_t>(kQKK, k1 - i));
+      UnpackAlone(plain, row + i / kQKK * bytes, blk);
+      DequantizeRow(plain, blk, dst + (i - k0), std::min<int64_t>(kQKK, k1 - i));
     }
     return;
   }

@@ -1,6 +1,6 @@
-// The 4- and 5-bit formats, Q8_0 and Q6_K repacked at load for the int8
-// decode kernels (DType::kQ4_0Cols .. kQ5_1Cols, kQ4_KCols, kQ5_KCols,
-// kQ8_0Cols, kQ6_KCols: "column groups").
+// The 4- and 5-bit formats, Q8_0, Q6_K, Q2_K and Q3_K repacked at load for
+// the int8 decode kernels (DType::kQ4_0Cols .. kQ5_1Cols, kQ4_KCols,
+// kQ5_KCols, kQ8_0Cols, kQ6_KCols, kQ2_KCols, kQ3_KCols: "column groups").
 //
 // A row keeps its size. Its first K / 512 * 512 elements become groups of
 // 512 (16 legacy blocks, or two K-quant super-blocks: 16 sub-blocks of 32);
@@ -38,6 +38,15 @@
 // and d stay at 192 and 208. The int8 kernel's four columns (lane l = slice
 // l) are then a mask or a shift and a mask of three loads, where the file's
 // order needs eight dword permutes and eight variable shifts.
+//
+// Q2_K and Q3_K are repacked the same way, a super-block at a time ("records",
+// made only where the AVX2 kernels read them): byte 4 l + i of qs half h (the
+// 32 bytes at qs + 32 h) holds at bits 2 t the 2-bit code of element 16 h +
+// 4 t + i of 32-element block l; Q3_K's hmask byte 4 l + i holds at bit 4 h +
+// t that element's third bit; the scales and d stay. The AVX2 kernel's
+// records (lane l = block l, record 4 h + t = elements 4 (4 h + t) .. + 3 of
+// each block) are then a shift and a mask of one load, where the file's order
+// needs a 4 x 4 dword transpose per record quad.
 #pragma once
 
 #include <cstdint>
@@ -50,8 +59,8 @@ inline constexpr int64_t kColsBlocks = 16;      // blocks (sub-blocks) per group
 inline constexpr int64_t kColsElems = 16 * 32;  // elements per group
 
 // Whether `plain` has a column-group form (Q4_0, Q4_1, Q5_0, Q5_1, Q4_K,
-// Q5_K, Q8_0, Q6_K), and it: kQ4_0 -> kQ4_0Cols ... kQ6_K -> kQ6_KCols; any
-// other type maps to itself.
+// Q5_K, Q8_0, Q6_K, Q2_K, Q3_K), and it: kQ4_0 -> kQ4_0Cols ... kQ3_K ->
+// kQ3_KCols; any other type maps to itself.
 bool HasColumnGroups(DType plain);
 DType ColumnGroupsOf(DType plain);
 // The plain format of a column-group type, else t itself.
@@ -89,13 +98,18 @@ inline ColsFields ColsFieldsAt(DType plain, const void* group) {
 void RepackColumnGroups(DType plain, uint8_t* row, int64_t K);
 
 // The plain blocks of the group at g (16 legacy blocks, 2 super-blocks;
-// Q6_K: 2 super-blocks, each repacked alone).
+// Q6_K, Q2_K, Q3_K: 2 super-blocks, each repacked alone).
 void UnpackColumnGroup(DType plain, const uint8_t* g, uint8_t* blocks);
 
 // Q6_K: the super-block at src in the layout above, into dst (210 bytes
 // each; src == dst allowed), and back.
 void RepackQ6Slices(const uint8_t* src, uint8_t* dst);
 void UnpackQ6Slices(const uint8_t* src, uint8_t* dst);
+
+// Q2_K (three = false, 84 bytes) or Q3_K (110 bytes): the super-block at src
+// in the records layout above, into dst (src == dst allowed), and back.
+void RepackQ23Records(bool three, const uint8_t* src, uint8_t* dst);
+void UnpackQ23Records(bool three, const uint8_t* src, uint8_t* dst);
 
 // dst[0..k1 - k0) = elements [k0, k1) of the column-group row of K elements
 // at row (k0 a multiple of the plain block; k1 too, or K): the values

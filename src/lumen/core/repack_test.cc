@@ -268,6 +268,81 @@ TEST(ColumnGroups, Q6SlicesKeepEveryValueAtEveryAddress) {
   }
 }
 
+// Q2_K and Q3_K records: every super-block repacked alone, whatever the
+// row's length and address; the scales and d stay, the values (whole rows,
+// super-block ranges) and the plain bytes come back.
+TEST(ColumnGroups, Q23RecordsKeepEveryValueAtEveryAddress) {
+  std::mt19937 rng(7);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (DType t : {DType::kQ2_K, DType::kQ3_K}) {
+    const bool three = t == DType::kQ3_K;
+    EXPECT_EQ(three ? DType::kQ3_KCols : DType::kQ2_KCols, ColumnGroupsOf(t));
+    EXPECT_EQ(t, PlainOf(ColumnGroupsOf(t)));
+    const int64_t bb = Info(t).block_bytes;
+    const int64_t codes0 = three ? 0 : 16, codes1 = three ? 96 : 80;  // hmask and qs, or qs
+    for (int64_t K : {256, 768, 2816}) {
+      std::vector<float> x(K), want(K), got(K);
+      for (float& v : x) v = nd(rng);
+      const int64_t nb = K / kQKK, rb = nb * bb;
+      std::vector<uint8_t> plain(rb);
+      QuantizeRow(t, x.data(), plain.data(), K);
+      DequantizeRow(t, plain.data(), want.data(), K);
+      std::vector<uint8_t> buf(rb + 64);
+      for (int off = 0; off < 64; off += 7) {
+        SCOPED_TRACE(testing::Message() << Name(t) << " K=" << K << " offset " << off);
+        uint8_t* row = buf.data() + off;
+        std::memcpy(row, plain.data(), rb);
+        RepackColumnGroups(t, row, K);
+        for (int64_t b = 0; b < nb; ++b) {
+          const uint8_t *p = row + b * bb, *q = plain.data() + b * bb;
+          EXPECT_NE(0, std::memcmp(p + codes0, q + codes0, codes1 - codes0)) << "b=" << b;
+          EXPECT_EQ(0, std::memcmp(p, q, codes0));
+          EXPECT_EQ(0, std::memcmp(p + codes1, q + codes1, bb - codes1));
+          uint8_t back[sizeof(BlockQ3K)];
+          UnpackQ23Records(three, p, back);
+          EXPECT_EQ(0, std::memcmp(back, q, bb)) << "b=" << b;
+        }
+        DequantizeRow(ColumnGroupsOf(t), row, got.data(), K);
+        ASSERT_EQ(0, std::memcmp(want.data(), got.data(), K * 4));
+        ExpectPartsDecode(t, row, K, kQKK, want, rng, 4);
+      }
+    }
+  }
+}
+
+// Q2_K / Q3_K records: element 16 h + 4 t + i of block l at bits 2 t of qs
+// byte 32 h + 4 l + i, Q3_K's third bit at bit 4 h + t of hmask byte 4 l + i;
+// the scales and d where they were. (GGUF: element 128 n + 32 j + e at bits
+// 2 j of qs[32 n + e], its third bit at bit (128 n + 32 j + e) / 32 of
+// hmask[e].)
+TEST(ColumnGroups, Q23RecordsHoldOneBlockPerLane) {
+  for (bool three : {false, true}) {
+    SCOPED_TRACE(three ? "q3_k" : "q2_k");
+    uint8_t blk[sizeof(BlockQ3K)] = {};
+    const int qs = three ? 32 : 16, tail = three ? 96 : 0, tail_n = three ? 14 : 16;
+    auto code = [](int e) { return (5 * e + e / 7) % 8; };
+    for (int e = 0; e < 256; ++e) {
+      const int n = e / 128, j = e % 128 / 32, i = e % 32;
+      blk[qs + 32 * n + i] |= static_cast<uint8_t>((code(e) & 3) << (2 * j));
+      if (three) blk[i] |= static_cast<uint8_t>((code(e) >> 2) << (e / 32));
+    }
+    for (int i = 0; i < tail_n; ++i) blk[tail + i] = static_cast<uint8_t>(200 + i);
+    if (!three) blk[80] = 11, blk[81] = 22, blk[82] = 33, blk[83] = 44;
+    RepackColumnGroups(three ? DType::kQ3_K : DType::kQ2_K, blk, kQKK);
+    for (int i = 0; i < tail_n; ++i) EXPECT_EQ(200 + i, blk[tail + i]);
+    if (!three) {
+      EXPECT_EQ(44, blk[83]);
+    }
+    for (int e = 0; e < 256; ++e) {
+      const int l = e / 32, h = e % 32 / 16, t = e % 16 / 4, i = e % 4;
+      EXPECT_EQ(code(e) & 3, (blk[qs + 32 * h + 4 * l + i] >> (2 * t)) & 3) << "e=" << e;
+      if (three) {
+        EXPECT_EQ(code(e) >> 2, (blk[4 * l + i] >> (4 * h + t)) & 1) << "e=" << e;
+      }
+    }
+  }
+}
+
 // Q6_K slices: element 16 l + 4 j + b's low 4 bits in byte 4 l + b of
 // vector j % 2 (nibble j / 2), its top 2 bits at bits 2 j of byte 128 + 4 l
 // + b; the scales and d where they were.

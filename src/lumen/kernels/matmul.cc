@@ -639,6 +639,26 @@ HWY_INLINE void DecodeQ6Slices(const uint8_t* row, int64_t K, Sink& sink) {
   }
 }
 
+// Q2_K / Q3_K records (core/repack.h): each super-block unpacked to its plain
+// bytes, then the plain decoder (the unpack is a few word operations per 16
+// codes; the exact panels decode each weight once per call), so the values
+// are the plain row's bits.
+template <bool kThree, class Sink>
+HWY_INLINE void DecodeQ23Records(const uint8_t* row, int64_t K, Sink& sink) {
+  constexpr int64_t kBytes = kThree ? sizeof(BlockQ3K) : sizeof(BlockQ2K);
+  int64_t at = 0;
+  auto shifted = [&](int64_t k, auto v, auto p) HWY_ATTR { sink(at + k, v, p); };
+  alignas(64) uint8_t blk[kBytes];
+  for (; at < K; at += kQKK) {
+    UnpackQ23Records(kThree, row + at / kQKK * kBytes, blk);
+    if constexpr (kThree) {
+      DecodeQ3K(blk, kQKK, shifted);
+    } else {
+      DecodeQ2K(blk, kQKK, shifted);
+    }
+  }
+}
+
 // MLX affine rows. ss/bb: the row's per-group scales and biases as f32.
 template <class Sink>
 HWY_INLINE void DecodeMlx(const Matrix& W, int64_t r, const float* ss, const float* bb,
@@ -682,6 +702,8 @@ enum class Path {
   kQ5KCols,
   kQ8_0Cols,
   kQ6KCols,
+  kQ2KCols,
+  kQ3KCols,
   kQ4_1,
   kQ5_0,
   kQ5_1,
@@ -729,6 +751,10 @@ Path PathFor(const Matrix& W) {
       return 16 % N == 0 ? Path::kQ8_0Cols : Path::kGeneric;
     case DType::kQ6_KCols:
       return 16 % N == 0 ? Path::kQ6KCols : Path::kGeneric;
+    case DType::kQ2_KCols:
+      return 16 % N == 0 ? Path::kQ2KCols : Path::kGeneric;
+    case DType::kQ3_KCols:
+      return 16 % N == 0 ? Path::kQ3KCols : Path::kGeneric;
     case DType::kQ4_1:
       return 16 % N == 0 ? Path::kQ4_1 : Path::kGeneric;
     case DType::kQ5_0:
@@ -781,6 +807,10 @@ HWY_INLINE void DecodeStorage(Path path, const uint8_t* row, int64_t K, Sink& si
       return DecodeColumnGroups<DType::kQ8_0>(row, K, sink);
     case Path::kQ6KCols:
       return DecodeQ6Slices(row, K, sink);
+    case Path::kQ2KCols:
+      return DecodeQ23Records<false>(row, K, sink);
+    case Path::kQ3KCols:
+      return DecodeQ23Records<true>(row, K, sink);
     case Path::kQ4_1:
       return DecodeAffineLegacy<BlockQ4_1, false>(row, K, sink);
     case Path::kQ5_0:

@@ -1879,6 +1879,9 @@ int64_t Int8MaxRows(const Matrix& W) {
 }
 
 bool Int8ReadsColumnGroups(DType plain) {
+  // Q2_K / Q3_K records: only the AVX2 kernels read them (the VNNI ones
+  // decode the file's order, unmeasured against a repacked one).
+  if (plain == DType::kQ2_K || plain == DType::kQ3_K) return !CpuHasVnni() && CpuHasAvx2();
   return (CpuHasVnni() || CpuHasAvx2()) && HasColumnGroups(plain);
 }
 

@@ -68,7 +68,8 @@ bool Int8RouteSupports(const Matrix& W);
 
 // True when this CPU's int8 kernels read `plain`'s column groups
 // (core/repack.h), which the loader then makes: every type that has them,
-// where the CPU has VNNI or AVX2.
+// where the CPU has VNNI or AVX2; Q2_K and Q3_K only without VNNI (the AVX2
+// kernels read their records, the VNNI ones the file's order).
 bool Int8ReadsColumnGroups(DType plain);
 
 // True when MatMul(W, ..., M, ...) takes the int8 route.

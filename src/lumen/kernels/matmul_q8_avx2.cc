@@ -165,14 +165,16 @@ enum class Fmt {
   kQ8_0C,
   kQ4KC,
   kQ5KC,
-  kQ6KC
+  kQ6KC,
+  kQ2KC,  // Q2_K / Q3_K records: repacked a super-block at a time, as Q6_K
+  kQ3KC
 };
 
 constexpr Order OrderOf(Fmt f) {
-  return f == Fmt::kQ6KC                    ? kSlices
-         : f >= Fmt::kQ4_0C                 ? kRecords
-         : f == Fmt::kQ2K || f == Fmt::kQ3K ? kSuper
-                                            : kNatural;
+  return f == Fmt::kQ2K || f == Fmt::kQ3K || f == Fmt::kQ2KC || f == Fmt::kQ3KC ? kSuper
+         : f == Fmt::kQ6KC                                                      ? kSlices
+         : f >= Fmt::kQ4_0C                                                     ? kRecords
+                                                                                : kNatural;
 }
 
 // The plain format of a column-group one.
@@ -192,6 +194,10 @@ constexpr Fmt PlainFmt(Fmt f) {
       return Fmt::kQ4K;
     case Fmt::kQ5KC:
       return Fmt::kQ5K;
+    case Fmt::kQ2KC:
+      return Fmt::kQ2K;
+    case Fmt::kQ3KC:
+      return Fmt::kQ3K;
     default:
       return f;
   }
@@ -209,7 +215,8 @@ constexpr struct {
                  {DType::kQ4_0Cols, Fmt::kQ4_0C}, {DType::kQ4_1Cols, Fmt::kQ4_1C},
                  {DType::kQ5_0Cols, Fmt::kQ5_0C}, {DType::kQ5_1Cols, Fmt::kQ5_1C},
                  {DType::kQ8_0Cols, Fmt::kQ8_0C}, {DType::kQ4_KCols, Fmt::kQ4KC},
-                 {DType::kQ5_KCols, Fmt::kQ5KC},  {DType::kQ6_KCols, Fmt::kQ6KC}};
+                 {DType::kQ5_KCols, Fmt::kQ5KC},  {DType::kQ6_KCols, Fmt::kQ6KC},
+                 {DType::kQ2_KCols, Fmt::kQ2KC},  {DType::kQ3_KCols, Fmt::kQ3KC}};
 
 constexpr DType TypeOf(Fmt f) {
   for (const auto& s : kStorages)
@@ -632,8 +639,11 @@ LUMEN_AVX2 void Q6KRows(const uint8_t* w, const Acts& a, int64_t m0, float* y, i
 // (level 1 by 256 s), and the lane work is one conversion and one FMA per
 // super-block. On CPUs whose vpmaddubsw and vpmaddwd share one port (Zen 2),
 // the natural order's two vpmaddwd per block and level cost as much as the
-// byte products.
-template <bool kThree, int MB, int L>
+// byte products. kRepacked: the super-block is in core/repack.h's records
+// layout (the loader's kQ2_KCols / kQ3_KCols), so record 4 h + t is bits 2 t
+// of qs half h and its third bits bit 4 h + t of hmask: no transpose (Q2_K
+// one weight row 97 -> 80 ns in the experiment that motivated it).
+template <bool kThree, bool kRepacked, int MB, int L>
 LUMEN_AVX2 void Q23KRecordsRows(const uint8_t* w, const Acts& a, int64_t m0, float* y,
                                 int64_t ldy) {
   constexpr int64_t kBytes = kThree ? sizeof(BlockQ3K) : sizeof(BlockQ2K), kQs = kThree ? 32 : 16;
@@ -675,40 +685,65 @@ LUMEN_AVX2 void Q23KRecordsRows(const uint8_t* w, const Acts& a, int64_t m0, flo
     const __m256i qs0 = Load32(blk + kQs), qs1 = Load32(blk + kQs + 32);
     __m256i hm = _mm256_setzero_si256();
     if constexpr (kThree) hm = Load32(blk);
+    // Bit b of each byte of v at bit 2 (16-bit shifts: bits 0..7 of a byte
+    // never reach another byte's bit 2 for shifts of -2 .. 5).
+    auto third = [&](int b) LUMEN_AVX2 {
+      const __m256i v = b == 0   ? _mm256_slli_epi16(hm, 2)
+                        : b == 1 ? _mm256_slli_epi16(hm, 1)
+                        : b == 2 ? hm
+                        : b == 3 ? _mm256_srli_epi16(hm, 1)
+                        : b == 4 ? _mm256_srli_epi16(hm, 2)
+                        : b == 5 ? _mm256_srli_epi16(hm, 3)
+                        : b == 6 ? _mm256_srli_epi16(hm, 4)
+                                 : _mm256_srli_epi16(hm, 5);
+      return _mm256_and_si256(v, four);
+    };
     const int64_t b0 = sb * 8;
     __m256i isum[MB];
     for (int r = 0; r < MB; ++r) isum[r] = _mm256_setzero_si256();
     // Half h: records 4h .. 4h + 3, the blocks' sub-block h.
     for (int h = 0; h < 2; ++h) {
-      // Dwords 4h .. 4h + 3 of each qs half, shifted by 2j (j = 0..3) and
-      // masked, then transposed 4 x 4 in each 128-bit lane: record 4h + t,
-      // lane 4n + j = dword 4h + t of qs half n shifted by 2j. (A per-lane
-      // variable shift after a dword broadcast costs two cycles per vpsrlvd
-      // on Zen 2.) Q3_K's third bit of block 4n + j, bit 4n + j of the hmask
-      // dword, is moved to bit 2 before the transpose: hmask's dwords 4h ..
-      // 4h + 3 in both 128-bit lanes, the upper's shifted down 4 bits, then
-      // bit j of each byte to bit 2 (16-bit shifts, masked per byte).
-      const __m256i q = h == 0 ? _mm256_permute2x128_si256(qs0, qs1, 0x20)
-                               : _mm256_permute2x128_si256(qs0, qs1, 0x31);
-      __m256i s[4] = {_mm256_and_si256(q, m3), _mm256_and_si256(_mm256_srli_epi16(q, 2), m3),
-                      _mm256_and_si256(_mm256_srli_epi16(q, 4), m3),
-                      _mm256_and_si256(_mm256_srli_epi16(q, 6), m3)};
-      if constexpr (kThree) {
-        const __m256i hh = h == 0 ? _mm256_permute2x128_si256(hm, hm, 0x00)
-                                  : _mm256_permute2x128_si256(hm, hm, 0x11);
-        const __m256i hq = _mm256_blend_epi32(hh, _mm256_srli_epi16(hh, 4), 0xF0);
-        s[0] = _mm256_or_si256(s[0], _mm256_and_si256(_mm256_slli_epi16(hq, 2), four));
-        s[1] = _mm256_or_si256(s[1], _mm256_and_si256(_mm256_slli_epi16(hq, 1), four));
-        s[2] = _mm256_or_si256(s[2], _mm256_and_si256(hq, four));
-        s[3] = _mm256_or_si256(s[3], _mm256_and_si256(_mm256_srli_epi16(hq, 1), four));
+      __m256i codes[4];
+      if constexpr (kRepacked) {
+        const __m256i q = h == 0 ? qs0 : qs1;
+        codes[0] = _mm256_and_si256(q, m3);
+        codes[1] = _mm256_and_si256(_mm256_srli_epi16(q, 2), m3);
+        codes[2] = _mm256_and_si256(_mm256_srli_epi16(q, 4), m3);
+        codes[3] = _mm256_and_si256(_mm256_srli_epi16(q, 6), m3);
+        if constexpr (kThree)
+          for (int t = 0; t < 4; ++t) codes[t] = _mm256_or_si256(codes[t], third(4 * h + t));
+      } else {
+        // Dwords 4h .. 4h + 3 of each qs half, shifted by 2j (j = 0..3) and
+        // masked, then transposed 4 x 4 in each 128-bit lane: record 4h + t,
+        // lane 4n + j = dword 4h + t of qs half n shifted by 2j. (A per-lane
+        // variable shift after a dword broadcast costs two cycles per vpsrlvd
+        // on Zen 2.) Q3_K's third bit of block 4n + j, bit 4n + j of the hmask
+        // dword, is moved to bit 2 before the transpose: hmask's dwords 4h ..
+        // 4h + 3 in both 128-bit lanes, the upper's shifted down 4 bits, then
+        // bit j of each byte to bit 2 (16-bit shifts, masked per byte).
+        const __m256i q = h == 0 ? _mm256_permute2x128_si256(qs0, qs1, 0x20)
+                                 : _mm256_permute2x128_si256(qs0, qs1, 0x31);
+        __m256i s[4] = {_mm256_and_si256(q, m3), _mm256_and_si256(_mm256_srli_epi16(q, 2), m3),
+                        _mm256_and_si256(_mm256_srli_epi16(q, 4), m3),
+                        _mm256_and_si256(_mm256_srli_epi16(q, 6), m3)};
+        if constexpr (kThree) {
+          const __m256i hh = h == 0 ? _mm256_permute2x128_si256(hm, hm, 0x00)
+                                    : _mm256_permute2x128_si256(hm, hm, 0x11);
+          const __m256i hq = _mm256_blend_epi32(hh, _mm256_srli_epi16(hh, 4), 0xF0);
+          s[0] = _mm256_or_si256(s[0], _mm256_and_si256(_mm256_slli_epi16(hq, 2), four));
+          s[1] = _mm256_or_si256(s[1], _mm256_and_si256(_mm256_slli_epi16(hq, 1), four));
+          s[2] = _mm256_or_si256(s[2], _mm256_and_si256(hq, four));
+          s[3] = _mm256_or_si256(s[3], _mm256_and_si256(_mm256_srli_epi16(hq, 1), four));
+        }
+        const __m256i u01l = _mm256_unpacklo_epi32(s[0], s[1]),
+                      u01h = _mm256_unpackhi_epi32(s[0], s[1]);
+        const __m256i u23l = _mm256_unpacklo_epi32(s[2], s[3]),
+                      u23h = _mm256_unpackhi_epi32(s[2], s[3]);
+        codes[0] = _mm256_unpacklo_epi64(u01l, u23l);
+        codes[1] = _mm256_unpackhi_epi64(u01l, u23l);
+        codes[2] = _mm256_unpacklo_epi64(u01h, u23h);
+        codes[3] = _mm256_unpackhi_epi64(u01h, u23h);
       }
-      const __m256i u01l = _mm256_unpacklo_epi32(s[0], s[1]),
-                    u01h = _mm256_unpackhi_epi32(s[0], s[1]);
-      const __m256i u23l = _mm256_unpacklo_epi32(s[2], s[3]),
-                    u23h = _mm256_unpackhi_epi32(s[2], s[3]);
-      const __m256i codes[4] = {
-          _mm256_unpacklo_epi64(u01l, u23l), _mm256_unpackhi_epi64(u01l, u23l),
-          _mm256_unpacklo_epi64(u01h, u23h), _mm256_unpackhi_epi64(u01h, u23h)};
       // int16 pairs of lane l: 256 s of sub-block 2l + h in the high byte.
       const __m256i s256 = _mm256_shuffle_epi8(scales, h == 0 ? first : second);
       const __m256i s1v = _mm256_srai_epi16(s256, 8);
@@ -1004,9 +1039,13 @@ RowsFn PickRows(Fmt f) {
     case Fmt::kQ8_0:
       return LegacyRows<Fmt::kQ8_0, MB, L>;
     case Fmt::kQ2K:
-      return Q23KRecordsRows<false, MB, L>;
+      return Q23KRecordsRows<false, false, MB, L>;
     case Fmt::kQ3K:
-      return Q23KRecordsRows<true, MB, L>;
+      return Q23KRecordsRows<true, false, MB, L>;
+    case Fmt::kQ2KC:
+      return Q23KRecordsRows<false, true, MB, L>;
+    case Fmt::kQ3KC:
+      return Q23KRecordsRows<true, true, MB, L>;
     case Fmt::kQ4K:
       return Q45KRows<false, MB, L>;
     case Fmt::kQ5K:

@@ -34,7 +34,8 @@ constexpr DType kTypes[] = {DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ5
                             DType::kQ2_K, DType::kQ3_K, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K,
                             // the column groups the loader makes for these kernels
                             DType::kQ4_0Cols, DType::kQ4_1Cols, DType::kQ5_0Cols, DType::kQ5_1Cols,
-                            DType::kQ8_0Cols, DType::kQ4_KCols, DType::kQ5_KCols, DType::kQ6_KCols};
+                            DType::kQ8_0Cols, DType::kQ4_KCols, DType::kQ5_KCols, DType::kQ6_KCols,
+                            DType::kQ2_KCols, DType::kQ3_KCols};
 
 #define SKIP_WITHOUT_AVX2() \
   if (!CpuHasAvx2()) GTEST_SKIP() << "no AVX2/FMA/F16C on this CPU: the AVX2 kernels cannot run"

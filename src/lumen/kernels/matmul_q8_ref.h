@@ -53,6 +53,18 @@ inline int TwoBitCode(const uint8_t* qs, int e) {
   return (qs[32 * (e / 128) + e % 32] >> (2 * ((e % 128) / 32))) & 3;
 }
 
+// The same in Q2_K / Q3_K records (core/repack.h): element j = 16 h + 4 t + i
+// of block l at bits 2 t of qs[32 h + 4 l + i]; Q3_K's third bit at bit 4 h +
+// t of hmask[4 l + i].
+inline int RecordCode(const uint8_t* qs, int e) {
+  const int l = e / 32, j = e % 32;
+  return (qs[32 * (j / 16) + 4 * l + j % 4] >> (2 * (j % 16 / 4))) & 3;
+}
+inline int RecordThirdBit(const uint8_t* hmask, int e) {
+  const int l = e / 32, j = e % 32;
+  return (hmask[4 * l + j % 4] >> (4 * (j / 16) + j % 16 / 4)) & 1;
+}
+
 // a[0..K), o[0..K) of row n (w = a - o).
 inline void WeightParts(const Matrix& W, int64_t n, double* a, double* o) {
   const uint8_t* row = W.w.row<const uint8_t>(n);
@@ -144,22 +156,28 @@ inline void WeightParts(const Matrix& W, int64_t n, double* a, double* o) {
       return;
     }
     case DType::kQ2_K:
+    case DType::kQ2_KCols:
       for (int64_t sb = 0; sb < K / kQKK; ++sb) {
         const uint8_t* blk = row + sb * sizeof(BlockQ2K);
         const double d = HalfAt(blk + 80), dmin = HalfAt(blk + 82);
         for (int e = 0; e < kQKK; ++e) {
           const uint8_t sc = blk[e / 16];
-          a[sb * kQKK + e] = d * (sc & 15) * TwoBitCode(blk + 16, e);
+          const int q =
+              W.w.dtype == DType::kQ2_KCols ? RecordCode(blk + 16, e) : TwoBitCode(blk + 16, e);
+          a[sb * kQKK + e] = d * (sc & 15) * q;
           o[sb * kQKK + e] = dmin * (sc >> 4);
         }
       }
       return;
     case DType::kQ3_K:
+    case DType::kQ3_KCols:
       for (int64_t sb = 0; sb < K / kQKK; ++sb) {
         const uint8_t* blk = row + sb * sizeof(BlockQ3K);
         const double d = HalfAt(blk + 108);
         for (int e = 0; e < kQKK; ++e) {
-          const int q = TwoBitCode(blk + 32, e) | (((blk[e % 32] >> (e / 32)) & 1) << 2);
+          const int q = W.w.dtype == DType::kQ3_KCols
+                            ? RecordCode(blk + 32, e) | RecordThirdBit(blk, e) << 2
+                            : TwoBitCode(blk + 32, e) | (((blk[e % 32] >> (e / 32)) & 1) << 2);
           const double as = d * (Q3KScale(blk + 96, e / 16) - 32);
           a[sb * kQKK + e] = as * q;
           o[sb * kQKK + e] = 4 * as;

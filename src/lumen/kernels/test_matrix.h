@@ -95,7 +95,7 @@ inline std::vector<Spec> AllSpecs() {
         DType::kQ5_0,     DType::kQ5_1,     DType::kQ8_0,     DType::kQ2_K,     DType::kQ3_K,
         DType::kQ4_K,     DType::kQ5_K,     DType::kQ6_K,     DType::kQ4_0Cols, DType::kQ4_1Cols,
         DType::kQ5_0Cols, DType::kQ5_1Cols, DType::kQ4_KCols, DType::kQ5_KCols, DType::kQ8_0Cols,
-        DType::kQ6_KCols}) {
+        DType::kQ6_KCols, DType::kQ2_KCols, DType::kQ3_KCols}) {
     Spec s;
     s.name = std::string(Name(t));
     s.dtype = t;

@@ -273,31 +273,29 @@ void RepackQ23Records(bool three, const uint8_t* src, uint8_t* dst) {
   }
 }
 
+// Each plain dword built in a register (the exact prefill panels unpack
+// every super-block they read; or-ing into the destination a term at a time
+// chained store forwards: 3% of a Q2_K prefill).
 void UnpackQ23Records(bool three, const uint8_t* src, uint8_t* dst) {
   uint8_t g[sizeof(BlockQ3K)];
   const int64_t bytes = three ? sizeof(BlockQ3K) : sizeof(BlockQ2K);
   const int64_t qs = three ? offsetof(BlockQ3K, qs) : offsetof(BlockQ2K, qs);
   std::memcpy(g, src, bytes);
   std::memcpy(dst, g, bytes);
-  std::memset(dst + qs, 0, 64);
-  if (three) std::memset(dst, 0, 32);
   constexpr uint32_t kTwo = 0x03030303u, kOne = 0x01010101u;
-  for (int l = 0; l < 8; ++l) {
-    const int n = l / 4, j = l % 4;
-    const uint32_t high = three ? LoadU32(g + 4 * l) : 0;
-    for (int h = 0; h < 2; ++h) {
-      const uint32_t w = LoadU32(g + qs + 32 * h + 4 * l);
-      for (int t = 0; t < 4; ++t) {
-        uint8_t* q = dst + qs + 32 * n + 16 * h + 4 * t;
-        const uint32_t v = LoadU32(q) | (w >> (2 * t) & kTwo) << (2 * j);
-        std::memcpy(q, &v, 4);
-        if (!three) continue;
-        uint8_t* m = dst + 16 * h + 4 * t;
-        const uint32_t b = LoadU32(m) | (high >> (4 * h + t) & kOne) << l;
-        std::memcpy(m, &b, 4);
+  for (int h = 0; h < 2; ++h)
+    for (int t = 0; t < 4; ++t) {
+      for (int n = 0; n < 2; ++n) {
+        uint32_t v = 0;
+        for (int j = 0; j < 4; ++j)
+          v |= (LoadU32(g + qs + 32 * h + 4 * (4 * n + j)) >> (2 * t) & kTwo) << (2 * j);
+        std::memcpy(dst + qs + 32 * n + 16 * h + 4 * t, &v, 4);
       }
+      if (!three) continue;
+      uint32_t m = 0;
+      for (int l = 0; l < 8; ++l) m |= (LoadU32(g + 4 * l) >> (4 * h + t) & kOne) << l;
+      std::memcpy(dst + 16 * h + 4 * t, &m, 4);
     }
-  }
 }
 
 namespace {

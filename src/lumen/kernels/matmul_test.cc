@@ -197,7 +197,7 @@ TEST(MatMulTest, ColumnGroupsGiveThePlainBitsOnTheExactAndBf16Routes) {
   if (CpuHasBf16()) routes.push_back(ActRoute::kBf16);
   for (ActRoute route : routes)
     for (DType t : {DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1, DType::kQ4_K,
-                    DType::kQ5_K, DType::kQ8_0, DType::kQ6_K})
+                    DType::kQ5_K, DType::kQ8_0, DType::kQ6_K, DType::kQ2_K, DType::kQ3_K})
       for (int64_t K : {512, 640, 768, 1120, 2048, 4160, 4352}) {
         if (K % Info(t).block_elems != 0) continue;
         const int64_t N = 19;

@@ -639,60 +639,84 @@ HWY_INLINE void DecodeQ6Slices(const uint8_t* row, int64_t K, Sink& sink) {
   }
 }
 
-// Q2_K / Q3_K records (core/repack.h): element e of block l (e = 16 h + 4 t
-// + i) is bits 8 i + 2 t of the dword at qs + 32 h + 4 l and its third bit
-// bit 8 i + 4 h + t of the dword at hmask + 4 l, so a vector of N <= 16
-// consecutive elements is one variable shift of a broadcast dword. The
-// vectors go to the sink in DecodePlanes2's order and chains with
-// DecodeQ2K's / DecodeQ3K's arithmetic: every product is the plain row's.
-// (Unpacking each super-block to the plain bytes first cost 3% of a 512-token
-// Q2_K prefill.)
+// Q2_K / Q3_K records (core/repack.h): each super-block unpacked to its plain
+// bytes, then the plain decoder (the unpack is a few word operations per 16
+// codes; the exact panels decode each weight once per call), so the values
+// are the plain row's bits.
+#if HWY_ARCH_X86 && HWY_TARGET == HWY_AVX2
+// UnpackQ23Records in registers, for the 8-lane decoders (the loader makes
+// records only on CPUs whose int8 kernels are the AVX2 ones): the codes'
+// 4 x 4 dword transpose per 128-bit lane is its own inverse (record t, lane
+// 4 n + j <-> the plain code vector j's dword t, n in the lane), and hmask's
+// bits are a 4 x 8 byte transpose and a movemask per bit: record byte 4 l +
+// i bit 4 h + t is plain byte 16 h + 4 t + i bit l. The scalar unpack cost 3%
+// of a 512-token Q2_K prefill.
+template <bool kThree>
+HWY_INLINE void UnpackRecordsAvx2(const uint8_t* src, uint8_t* dst) {
+  constexpr int64_t kBytes = kThree ? sizeof(BlockQ3K) : sizeof(BlockQ2K), kQs = kThree ? 32 : 16;
+  std::memcpy(dst, src, kBytes);  // scales, d (the codes are rewritten below)
+  const __m256i m3 = _mm256_set1_epi8(3);
+  __m256i q[2];
+  for (int h = 0; h < 2; ++h) {
+    const __m256i r = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + kQs + 32 * h));
+    const __m256i c0 = _mm256_and_si256(r, m3), c1 = _mm256_and_si256(_mm256_srli_epi16(r, 2), m3);
+    const __m256i c2 = _mm256_and_si256(_mm256_srli_epi16(r, 4), m3);
+    const __m256i c3 = _mm256_and_si256(_mm256_srli_epi16(r, 6), m3);
+    const __m256i a = _mm256_unpacklo_epi32(c0, c1), b = _mm256_unpackhi_epi32(c0, c1);
+    const __m256i c = _mm256_unpacklo_epi32(c2, c3), e = _mm256_unpackhi_epi32(c2, c3);
+    // s_j = the plain codes of block 4 n + j (n: the 128-bit lane), at bits 2 j
+    const __m256i s0 = _mm256_unpacklo_epi64(a, c), s1 = _mm256_unpackhi_epi64(a, c);
+    const __m256i s2 = _mm256_unpacklo_epi64(b, e), s3 = _mm256_unpackhi_epi64(b, e);
+    q[h] = _mm256_or_si256(_mm256_or_si256(s0, _mm256_slli_epi16(s1, 2)),
+                           _mm256_or_si256(_mm256_slli_epi16(s2, 4), _mm256_slli_epi16(s3, 6)));
+  }
+  // q[h] lane n = plain qs[32 n + 16 h ..]
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + kQs),
+                      _mm256_permute2x128_si256(q[0], q[1], 0x20));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + kQs + 32),
+                      _mm256_permute2x128_si256(q[0], q[1], 0x31));
+  if constexpr (kThree) {
+    const __m256i hm = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src));
+    // byte 4 l + i -> 8 i + l: a 4 x 4 byte transpose per lane, then dword i
+    // of each lane side by side
+    const __m128i t4 = _mm_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    const __m256i bt =
+        _mm256_permutevar8x32_epi32(_mm256_shuffle_epi8(hm, _mm256_broadcastsi128_si256(t4)),
+                                    _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    // bit b = 4 h + t of byte 8 i + l is bit l of plain byte 4 b + i
+    const auto store = [&](int b, __m256i v) HWY_ATTR {
+      const int32_t m = _mm256_movemask_epi8(v);
+      std::memcpy(dst + 4 * b, &m, 4);
+    };
+    store(0, _mm256_slli_epi16(bt, 7));
+    store(1, _mm256_slli_epi16(bt, 6));
+    store(2, _mm256_slli_epi16(bt, 5));
+    store(3, _mm256_slli_epi16(bt, 4));
+    store(4, _mm256_slli_epi16(bt, 3));
+    store(5, _mm256_slli_epi16(bt, 2));
+    store(6, _mm256_slli_epi16(bt, 1));
+    store(7, bt);
+  }
+}
+#endif
+
 template <bool kThree, class Sink>
 HWY_INLINE void DecodeQ23Records(const uint8_t* row, int64_t K, Sink& sink) {
-  using Block = std::conditional_t<kThree, BlockQ3K, BlockQ2K>;
-  const DF d;
-  const DI di;
-  const hn::RebindToUnsigned<DI> du;
-  const int64_t N = hn::Lanes(d);
-  const auto k3 = hn::Set(di, 3), k1 = hn::Set(di, 1), k4 = hn::Set(di, 4);
-  for (int64_t b = 0; b < K / kQKK; ++b) {
-    const uint8_t* blk = row + b * sizeof(Block);
-    const uint8_t* qs = blk + offsetof(Block, qs);
-    const uint8_t* sc = blk + offsetof(Block, scales);
-    const float dd = LoadF16(blk + offsetof(Block, d));
-    float dmin = 0;
-    if constexpr (!kThree) dmin = LoadF16(blk + offsetof(BlockQ2K, dmin));
-    for (int c = 0; c < 2; ++c)
-      for (int64_t l = 0; l < 32; l += N) {
-        const auto e = hn::BitCast(du, hn::Iota(di, int32_t(l)));
-        const auto e3 = hn::And(e, hn::Set(du, 3u)),
-                   t = hn::And(hn::ShiftRight<2>(e), hn::Set(du, 3u));
-        const auto s2 = hn::Add(hn::ShiftLeft<3>(e3), hn::ShiftLeft<1>(t));  // 8 i + 2 t
-        const auto s3 =
-            hn::Add(hn::ShiftLeft<3>(e3), hn::Add(t, hn::Set(du, uint32_t(4 * (l / 16)))));
-        const int64_t k = b * kQKK + 128 * c + l;
-        auto weight = [&](int j) HWY_ATTR {
-          const int blo = 4 * c + j;  // the block, sub-block 2 blo + l / 16
-          uint32_t w;
-          std::memcpy(&w, qs + 32 * (l / 16) + 4 * blo, 4);
-          auto q = hn::And(hn::BitCast(di, hn::Shr(hn::Set(du, w), s2)), k3);
-          const int s = 2 * blo + int(l / 16);
-          if constexpr (kThree) {
-            uint32_t m;
-            std::memcpy(&m, blk + offsetof(BlockQ3K, hmask) + 4 * blo, 4);
-            const auto h = hn::And(hn::BitCast(di, hn::Shr(hn::Set(du, m), s3)), k1);
-            const auto q3 = hn::Sub(hn::Or(q, hn::ShiftLeft<2>(h)), k4);
-            return hn::Mul(hn::ConvertTo(d, q3), hn::Set(d, dd * float(Q3KScale(sc, s) - 32)));
-          } else {
-            return hn::MulAdd(hn::ConvertTo(d, q), hn::Set(d, dd * (sc[s] & 0xF)),
-                              hn::Set(d, -(dmin * (sc[s] >> 4))));
-          }
-        };
-        sink(k, weight(0), P0{});
-        sink(k + 32, weight(1), P1{});
-        sink(k + 64, weight(2), P2{});
-        sink(k + 96, weight(3), P3{});
-      }
+  constexpr int64_t kBytes = kThree ? sizeof(BlockQ3K) : sizeof(BlockQ2K);
+  int64_t at = 0;
+  auto shifted = [&](int64_t k, auto v, auto p) HWY_ATTR { sink(at + k, v, p); };
+  alignas(64) uint8_t blk[kBytes];
+  for (; at < K; at += kQKK) {
+#if HWY_ARCH_X86 && HWY_TARGET == HWY_AVX2
+    UnpackRecordsAvx2<kThree>(row + at / kQKK * kBytes, blk);
+#else
+    UnpackQ23Records(kThree, row + at / kQKK * kBytes, blk);
+#endif
+    if constexpr (kThree) {
+      DecodeQ3K(blk, kQKK, shifted);
+    } else {
+      DecodeQ2K(blk, kQKK, shifted);
+    }
   }
 }
 

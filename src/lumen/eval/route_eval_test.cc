@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <string>
 
+#include "lumen/core/repack.h"
 #include "lumen/engine/convert.h"
 #include "lumen/engine/default_model.h"
 #include "lumen/engine/synth.h"
@@ -259,9 +260,9 @@ struct Storage {
     return mlx_bits ? "mlx" + std::to_string(mlx_bits) + "_g" + std::to_string(mlx_group)
                     : std::string(Name(type));
   }
-  bool Holds(const kernels::Matrix& m) const {
+  bool Holds(const kernels::Matrix& m) const {  // repacked at load (core/repack.h) too
     return mlx_bits ? m.mlx_bits == mlx_bits && m.mlx_group == mlx_group
-                    : m.mlx_bits == 0 && m.w.dtype == type;
+                    : m.mlx_bits == 0 && PlainOf(m.w.dtype) == type;
   }
 };
 

@@ -45,8 +45,9 @@ bool Avx2Int8Covers(const Matrix& W);
 // matmul_q8.h; kInt8MaxRows where !Avx2Int8Covers(W)): up to where the exact f32 panels,
 // which decode the weights once for all rows, overtake them on a Zen 2 (2
 // threads, the 1B model's prompts of 12-32 tokens, performance.md "Short
-// prompts on AVX2"): 12 rows for Q8_0, 20 for Q2_K / Q3_K, 32 for the other
-// GGUF types; 8 for MLX (natural order: the exact panels were faster from 12).
+// prompts on AVX2"): 12 rows for Q8_0, 20 for Q2_K / Q3_K (24 for their
+// records, kQ2_KCols / kQ3_KCols), 32 for the other GGUF types; 8 for MLX
+// (natural order: the exact panels were faster from 12).
 int64_t Avx2Int8MaxRows(const Matrix& W);
 
 // QuantizeBlocksQ8 / QuantizeBlocksQ8x2 (matmul_q8.h) on AVX2: the bits of

@@ -693,8 +693,8 @@ LUMEN_AVX2 void Q23KRecordsRows(const uint8_t* w, const Acts& a, int64_t m0, flo
     const __m256i qs0 = Load32(blk + kQs), qs1 = Load32(blk + kQs + 32);
     __m256i hm = _mm256_setzero_si256();
     if constexpr (kThree) hm = Load32(blk);
-    // Bit b of each byte of v at bit 2 (16-bit shifts: bits 0..7 of a byte
-    // never reach another byte's bit 2 for shifts of -2 .. 5).
+    // Records: bit b of each hmask byte at bit 2, masked (16-bit shifts: no
+    // bit of a byte reaches another byte's bit 2 for shifts of -2 .. 5).
     auto third = [&](int b) LUMEN_AVX2 {
       const __m256i v = b == 0   ? _mm256_slli_epi16(hm, 2)
                         : b == 1 ? _mm256_slli_epi16(hm, 1)

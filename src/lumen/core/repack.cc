@@ -273,9 +273,10 @@ void RepackQ23Records(bool three, const uint8_t* src, uint8_t* dst) {
   }
 }
 
-// Each plain dword built in a register (the exact prefill panels unpack
-// every super-block they read; or-ing into the destination a term at a time
-// chained store forwards: 3% of a Q2_K prefill).
+// Each plain dword built in a register (or-ing into the destination a term
+// at a time chained store forwards). The 8-lane exact decoders, which unpack
+// every super-block they read, have a vector version (UnpackRecordsAvx2 in
+// kernels/matmul.cc).
 void UnpackQ23Records(bool three, const uint8_t* src, uint8_t* dst) {
   uint8_t g[sizeof(BlockQ3K)];
   const int64_t bytes = three ? sizeof(BlockQ3K) : sizeof(BlockQ2K);

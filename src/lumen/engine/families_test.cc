@@ -507,6 +507,28 @@ TEST(Synth, Q4KMMix) {
   fs::remove_all(dir);
 }
 
+// A type GGUF cannot hold (the load-time layouts, integer types) is an error
+// that names it, and no file is written; before, the writer wrote f16.
+TEST(Synth, RefusesTypesAGgufFileCannotHold) {
+  const fs::path dir = TempDir("badquant");
+  for (const char* q : {"q4_0_cols", "q2_k_cols", "q6_k_cols", "i8", "u32"}) {
+    SynthOptions o = Tiny256();
+    o.out = (dir / "m.gguf").string();
+    ASSERT_TRUE(ParseSynthQuant(q, o).ok()) << q;  // a name Name() prints: parsed, then refused
+    const Status s = Synthesize(o);
+    ASSERT_FALSE(s.ok()) << q;
+    EXPECT_NE(s.message().find(std::string("cannot write ") + q + " tensors to GGUF"),
+              std::string::npos)
+        << s.message();
+    EXPECT_FALSE(fs::exists(o.out)) << q;
+  }
+  SynthOptions ok = Tiny256();  // the plain types still write
+  ok.out = (dir / "m.gguf").string();
+  ASSERT_TRUE(ParseSynthQuant("q2_k", ok).ok());
+  EXPECT_TRUE(Synthesize(ok).ok());
+  fs::remove_all(dir);
+}
+
 // The int8-activation route end to end (tier L3): decode token by token (one
 // row per product, so the route applies) with the route on and off on the
 // same quantized model. The mean per-position KL(exact || int8) of the

@@ -80,6 +80,14 @@ model::ModelConfig LlamaCppRope(const model::ModelConfig& config,
 Status WriteGgufModel(const model::ModelConfig& config, const tokenize::Tokenizer& tok,
                       const std::vector<TensorPlan>& plans, const WriteOptions& opts,
                       const std::string& path) {
+  // A type asked for must be one a GGUF file holds and the quantizer writes:
+  // the load-time layouts (q4_0_cols, ...) and the integer types are neither,
+  // and falling back to f16 below would write another model than asked.
+  if (opts.dtype && (!CanQuantize(*opts.dtype) || !formats::GgmlFromDType(*opts.dtype)))
+    return Errorf(
+        "{}: cannot write {} tensors to GGUF: not a file type (f32, f16, bf16, q4_0, "
+        "q4_1, q5_0, q5_1, q8_0, q2_k .. q6_k are)",
+        path, Name(*opts.dtype));
   formats::GgufWriter w;
   std::vector<TensorPlan> freqs;
   const model::ModelConfig c = LlamaCppRope(config, plans, freqs);

@@ -231,16 +231,18 @@ TEST(ColumnGroups, SuperBlocksHoldOneSubBlockPerLane) {
     }
 }
 
-// Q6_K: every super-block repacked alone, whatever the row's length and
-// address; the values (whole rows, super-block ranges) and the plain bytes
-// come back.
-TEST(ColumnGroups, Q6SlicesKeepEveryValueAtEveryAddress) {
-  std::mt19937 rng(6);
+// A format repacked a super-block at a time (Q6_K, Q2_K, Q3_K) at rows of
+// every length below and at 10 addresses: bytes [codes0, codes1) of each
+// super-block change, the rest (scales, d) stay, `unpack` gives the plain
+// bytes back, and the whole row and super-block ranges decode to the plain
+// values bit for bit.
+template <class Unpack>
+void ExpectRepackedAloneKeepsEveryValue(DType t, int64_t codes0, int64_t codes1,
+                                        const Unpack& unpack, std::mt19937& rng) {
   std::normal_distribution<float> nd(0.0f, 1.0f);
-  const DType t = DType::kQ6_K;
-  EXPECT_EQ(DType::kQ6_KCols, ColumnGroupsOf(t));
-  EXPECT_EQ(t, PlainOf(DType::kQ6_KCols));
-  const int64_t bb = sizeof(BlockQ6K);
+  EXPECT_EQ(t, PlainOf(ColumnGroupsOf(t)));
+  EXPECT_TRUE(IsColumnGroups(ColumnGroupsOf(t)));
+  const int64_t bb = Info(t).block_bytes;
   for (int64_t K : {256, 768, 2816}) {
     std::vector<float> x(K), want(K), got(K);
     for (float& v : x) v = nd(rng);
@@ -250,64 +252,44 @@ TEST(ColumnGroups, Q6SlicesKeepEveryValueAtEveryAddress) {
     DequantizeRow(t, plain.data(), want.data(), K);
     std::vector<uint8_t> buf(rb + 64);
     for (int off = 0; off < 64; off += 7) {
-      SCOPED_TRACE(testing::Message() << "K=" << K << " offset " << off);
+      SCOPED_TRACE(testing::Message() << Name(t) << " K=" << K << " offset " << off);
       uint8_t* row = buf.data() + off;
       std::memcpy(row, plain.data(), rb);
       RepackColumnGroups(t, row, K);
       for (int64_t b = 0; b < nb; ++b) {
-        EXPECT_NE(0, std::memcmp(row + b * bb, plain.data() + b * bb, 192)) << "b=" << b;
-        EXPECT_EQ(0, std::memcmp(row + b * bb + 192, plain.data() + b * bb + 192, bb - 192));
+        const uint8_t *p = row + b * bb, *q = plain.data() + b * bb;
+        EXPECT_NE(0, std::memcmp(p + codes0, q + codes0, codes1 - codes0)) << "b=" << b;
+        EXPECT_EQ(0, std::memcmp(p, q, codes0));
+        EXPECT_EQ(0, std::memcmp(p + codes1, q + codes1, bb - codes1));
         uint8_t back[sizeof(BlockQ6K)];
-        UnpackQ6Slices(row + b * bb, back);
-        EXPECT_EQ(0, std::memcmp(back, plain.data() + b * bb, bb)) << "b=" << b;
+        unpack(p, back);
+        EXPECT_EQ(0, std::memcmp(back, q, bb)) << "b=" << b;
       }
-      DequantizeRow(DType::kQ6_KCols, row, got.data(), K);
+      DequantizeRow(ColumnGroupsOf(t), row, got.data(), K);
       ASSERT_EQ(0, std::memcmp(want.data(), got.data(), K * 4));
       ExpectPartsDecode(t, row, K, kQKK, want, rng, 4);
     }
   }
 }
 
-// Q2_K and Q3_K records: every super-block repacked alone, whatever the
-// row's length and address; the scales and d stay, the values (whole rows,
-// super-block ranges) and the plain bytes come back.
+// Q6_K slices: the codes (bytes 0-191) move, the scales and d stay.
+TEST(ColumnGroups, Q6SlicesKeepEveryValueAtEveryAddress) {
+  std::mt19937 rng(6);
+  EXPECT_EQ(DType::kQ6_KCols, ColumnGroupsOf(DType::kQ6_K));
+  ExpectRepackedAloneKeepsEveryValue(DType::kQ6_K, 0, 192, UnpackQ6Slices, rng);
+}
+
+// Q2_K and Q3_K records: the codes (Q2_K qs at 16-79; Q3_K hmask and qs at
+// 0-95) move, the scales and d stay.
 TEST(ColumnGroups, Q23RecordsKeepEveryValueAtEveryAddress) {
   std::mt19937 rng(7);
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  for (DType t : {DType::kQ2_K, DType::kQ3_K}) {
-    const bool three = t == DType::kQ3_K;
-    EXPECT_EQ(three ? DType::kQ3_KCols : DType::kQ2_KCols, ColumnGroupsOf(t));
-    EXPECT_EQ(t, PlainOf(ColumnGroupsOf(t)));
-    const int64_t bb = Info(t).block_bytes;
-    const int64_t codes0 = three ? 0 : 16, codes1 = three ? 96 : 80;  // hmask and qs, or qs
-    for (int64_t K : {256, 768, 2816}) {
-      std::vector<float> x(K), want(K), got(K);
-      for (float& v : x) v = nd(rng);
-      const int64_t nb = K / kQKK, rb = nb * bb;
-      std::vector<uint8_t> plain(rb);
-      QuantizeRow(t, x.data(), plain.data(), K);
-      DequantizeRow(t, plain.data(), want.data(), K);
-      std::vector<uint8_t> buf(rb + 64);
-      for (int off = 0; off < 64; off += 7) {
-        SCOPED_TRACE(testing::Message() << Name(t) << " K=" << K << " offset " << off);
-        uint8_t* row = buf.data() + off;
-        std::memcpy(row, plain.data(), rb);
-        RepackColumnGroups(t, row, K);
-        for (int64_t b = 0; b < nb; ++b) {
-          const uint8_t *p = row + b * bb, *q = plain.data() + b * bb;
-          EXPECT_NE(0, std::memcmp(p + codes0, q + codes0, codes1 - codes0)) << "b=" << b;
-          EXPECT_EQ(0, std::memcmp(p, q, codes0));
-          EXPECT_EQ(0, std::memcmp(p + codes1, q + codes1, bb - codes1));
-          uint8_t back[sizeof(BlockQ3K)];
-          UnpackQ23Records(three, p, back);
-          EXPECT_EQ(0, std::memcmp(back, q, bb)) << "b=" << b;
-        }
-        DequantizeRow(ColumnGroupsOf(t), row, got.data(), K);
-        ASSERT_EQ(0, std::memcmp(want.data(), got.data(), K * 4));
-        ExpectPartsDecode(t, row, K, kQKK, want, rng, 4);
-      }
-    }
-  }
+  EXPECT_EQ(DType::kQ2_KCols, ColumnGroupsOf(DType::kQ2_K));
+  EXPECT_EQ(DType::kQ3_KCols, ColumnGroupsOf(DType::kQ3_K));
+  ExpectRepackedAloneKeepsEveryValue(
+      DType::kQ2_K, 16, 80, [](const uint8_t* s, uint8_t* d) { UnpackQ23Records(false, s, d); },
+      rng);
+  ExpectRepackedAloneKeepsEveryValue(
+      DType::kQ3_K, 0, 96, [](const uint8_t* s, uint8_t* d) { UnpackQ23Records(true, s, d); }, rng);
 }
 
 // Q2_K / Q3_K records: element 16 h + 4 t + i of block l at bits 2 t of qs

@@ -57,7 +57,7 @@ namespace {
 // the activation sums the offsets multiply.
 struct Acts {
   int levels = 1;
-  int order = 0;           // kNatural, kRecords, kSlices or kSuper (see Prepare)
+  int order = 0;           // kNatural, kRecords, kSlices, kSuper or kMlxRecords (see Prepare)
   int64_t nb = 0;          // blocks per row
   std::vector<int8_t> q;   // [M][nb][levels][32]
   std::vector<float> d;    // [M][nb]: d (one level) or d2 = d / 256 (two)
@@ -89,7 +89,12 @@ struct Acts {
 // kSuper: kRecords' chunks over the whole row (K-quant rows, whose blocks
 // come in super-blocks of 8), for the Q2_K / Q3_K kernels, which move their
 // codes into records in registers (Q23KRecordsRows).
-enum Order { kNatural, kRecords, kSlices, kSuper };
+// kMlxRecords: kSuper's chunks over the row's whole runs of 8 blocks, each
+// block's elements first deinterleaved (the even ones, then the odd ones),
+// for MLX 4-bit rows: record r of a block then holds elements 8 (r % 4) + 2 i
+// + r / 4 (i = 0..3), the codes that dword r % 4 of the block's MLX bytes
+// holds in its low (r < 4) or high nibbles (Mlx4RecordsRows).
+enum Order { kNatural, kRecords, kSlices, kSuper, kMlxRecords, kOrders };
 
 // The nb blocks of the row x quantized (QuantizeBlockQ8, or QuantizeBlockQ8x2
 // with the levels' codes together per block, as Acts::q), their scales (d, or
@@ -124,15 +129,20 @@ void Prepare(const float* X, int64_t M, int64_t ldx, int64_t K, int levels, int 
   }
   if (order == kNatural) return;
   // Chunks of `blocks` blocks: `lanes` runs of `run` elements, 4 bytes of each per record.
-  const bool records = order == kRecords || order == kSuper;
+  const bool records = order != kSlices, mlx = order == kMlxRecords;
   const int64_t blocks = records ? 8 : 4, run = records ? kQK : 16, lanes = 8, recs = run / 4;
-  const int64_t end = order == kRecords ? K / kColsElems * kColsBlocks : nb;
+  const int64_t end = order == kRecords ? K / kColsElems * kColsBlocks : nb / blocks * blocks;
   const int64_t chunk = blocks * kQK * levels;
   std::vector<int8_t> tmp(static_cast<size_t>(chunk));
   for (int64_t m = 0; m < M; ++m)
     for (int64_t b0 = 0; b0 < end; b0 += blocks) {
       int8_t* c = a->q.data() + (m * nb + b0) * kQK * levels;
-      std::memcpy(tmp.data(), c, static_cast<size_t>(chunk));
+      if (mlx) {
+        for (int64_t j = 0; j < blocks * levels; ++j)  // each block and level's 32 codes
+          for (int64_t e = 0; e < kQK; ++e) tmp[j * kQK + e % 2 * 16 + e / 2] = c[j * kQK + e];
+      } else {
+        std::memcpy(tmp.data(), c, static_cast<size_t>(chunk));
+      }
       for (int lv = 0; lv < levels; ++lv)
         for (int64_t r = 0; r < recs; ++r)
           for (int64_t l = 0; l < lanes; ++l) {
@@ -173,6 +183,7 @@ enum class Fmt {
 constexpr Order OrderOf(Fmt f) {
   return f == Fmt::kQ2K || f == Fmt::kQ3K || f == Fmt::kQ2KC || f == Fmt::kQ3KC ? kSuper
          : f == Fmt::kQ6KC                                                      ? kSlices
+         : f == Fmt::kMlx4                                                      ? kMlxRecords
          : f >= Fmt::kQ4_0C                                                     ? kRecords
                                                                                 : kNatural;
 }
@@ -780,6 +791,25 @@ LUMEN_AVX2 void Q23KRecordsRows(const uint8_t* w, const Acts& a, int64_t m0, flo
   for (int r = 0; r < MB; ++r) y[r * ldy] = HSum(_mm256_add_ps(acc[r], off[r]));
 }
 
+// The 8 lanes' dot products of 8 records of unsigned codes (below 16 where
+// kRun is 8: 8 x 2 x 15 x 127 < 2^15) against the activation records at x
+// (Prepare's [level][record][lane]): kRun records' int16 products summed
+// before one vpmaddwd per level.
+template <int L, int kRun>
+LUMEN_AVX2 inline __m256i RecordsDot(const __m256i* codes, const int8_t* x) {
+  __m256i i = _mm256_setzero_si256();
+  for (int lv = 0; lv < L; ++lv) {
+    const __m256i k = _mm256_set1_epi16(L == 2 && lv == 0 ? 256 : 1);
+    for (int q0 = 0; q0 < 8; q0 += kRun) {
+      __m256i sum = _mm256_maddubs_epi16(codes[q0], Load32(x + 256 * lv + 32 * q0));
+      for (int q = q0 + 1; q < q0 + kRun; ++q)
+        sum = _mm256_add_epi16(sum, _mm256_maddubs_epi16(codes[q], Load32(x + 256 * lv + 32 * q)));
+      i = _mm256_add_epi32(i, _mm256_madd_epi16(sum, k));
+    }
+  }
+  return i;
+}
+
 // Column groups (core/repack.h): each half group is 8 blocks (K-quants: 8
 // sub-blocks, one super-block) in the 8 lanes of 8 code records, record r
 // holding elements 4r .. 4r + 3 of each (Prepare's records order), so all of
@@ -844,19 +874,18 @@ LUMEN_AVX2 void ColsRows(const uint8_t* w, const Acts& a, int64_t m0, float* y, 
       }
       for (int r = 0; r < MB; ++r) {
         const int8_t* x = a.Q(m0 + r, b0);
-        __m256i i = _mm256_setzero_si256();
-        for (int lv = 0; lv < L; ++lv) {
-          const __m256i k = _mm256_set1_epi16(L == 2 && lv == 0 ? 256 : 1);
-          for (int q0 = 0; q0 < 8; q0 += kRun) {
-            __m256i sum = _mm256_setzero_si256();
-            for (int q = q0; q < q0 + kRun; ++q) {
-              const __m256i xv = Load32(x + 256 * lv + 32 * q);
-              const __m256i p = kQ8 ? _mm256_maddubs_epi16(mag[q], _mm256_sign_epi8(xv, codes[q]))
-                                    : _mm256_maddubs_epi16(codes[q], xv);
-              sum = q == q0 ? p : _mm256_add_epi16(sum, p);
+        __m256i i;
+        if constexpr (kQ8) {
+          i = _mm256_setzero_si256();
+          for (int lv = 0; lv < L; ++lv)
+            for (int q = 0; q < 8; ++q) {
+              const __m256i xv = _mm256_sign_epi8(Load32(x + 256 * lv + 32 * q), codes[q]);
+              const __m256i p = _mm256_maddubs_epi16(mag[q], xv);
+              i = _mm256_add_epi32(
+                  i, _mm256_madd_epi16(p, _mm256_set1_epi16(L == 2 && lv == 0 ? 256 : 1)));
             }
-            i = _mm256_add_epi32(i, _mm256_madd_epi16(sum, k));
-          }
+        } else {
+          i = RecordsDot<L, kRun>(codes, x);
         }
         if constexpr (ShiftLog2<F>() > 0)
           i = _mm256_sub_epi32(i, _mm256_slli_epi32(Load32(a.Sums(m0 + r) + b0), ShiftLog2<F>()));
@@ -1015,9 +1044,74 @@ LUMEN_AVX2 void MlxRows(const Matrix& W, int64_t n, const Acts& a, int64_t m0, f
     y[r * ldy] = HSum(_mm256_add_ps(even[r], odd[r])) + (off_even[r] + off_odd[r]);
 }
 
+// MLX 4-bit rows against kMlxRecords activations: each whole run of 8
+// blocks (128 code bytes) is transposed in registers, so that lane l of
+// vector c is dword c of block l (elements 8c .. 8c + 7, the even ones in the
+// low nibbles); with the activations deinterleaved to match (Prepare), every
+// product of a lane belongs to one block, and the lane work (conversion,
+// scales, FMA, the biases through the block sums) is paid once per 8 blocks,
+// as for the column groups, with no load-time rewrite (every other reader
+// sees the file's bytes). A half-row's 8 loads, 4 inserts and 8 unpacks
+// replace the natural kernel's per-block shuffles and scalar scale products
+// (half its time). The blocks after the last whole run take MlxBlock.
+template <int MB, int L>
+LUMEN_AVX2 void Mlx4RecordsRows(const Matrix& W, int64_t n, const Acts& a, int64_t m0, float* y,
+                                int64_t ldy) {
+  const uint8_t* row = W.w.row<const uint8_t>(n);
+  const int64_t groups = W.k / W.mlx_group;
+  const int shift = W.mlx_group == 32 ? 0 : W.mlx_group == 64 ? 1 : 2;  // block -> group
+  // Eight floats are read from a run's first group on (g128 uses two).
+  float sc[kMlxMaxGroups + 8], bias[kMlxMaxGroups + 8];
+  GroupFloats(W.scales.dtype, W.scales.row(n), groups, sc);
+  GroupFloats(W.biases.dtype, W.biases.row(n), groups, bias);
+  for (int64_t g = groups; g < groups + 8; ++g) sc[g] = bias[g] = 0;
+  // Lane l (block b0 + l) reads group (b0 >> shift) + spread[l].
+  const __m256i spread = shift == 0   ? _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)
+                         : shift == 1 ? _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3)
+                                      : _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  __m256 acc[MB];
+  float off[MB];
+  for (int r = 0; r < MB; ++r) {
+    acc[r] = _mm256_setzero_ps();
+    off[r] = 0;
+  }
+  const int64_t runs = a.nb / 8;
+  for (int64_t u = 0; u < runs; ++u) {
+    const int64_t b0 = 8 * u;
+    const uint8_t* p = row + b0 * (kQK / 2);
+    PrefetchAhead(p, 128);
+    __m256i v[4];  // blocks k and k + 4
+    for (int k = 0; k < 4; ++k)
+      v[k] = _mm256_loadu2_m128i(reinterpret_cast<const __m128i*>(p + 16 * (k + 4)),
+                                 reinterpret_cast<const __m128i*>(p + 16 * k));
+    const __m256i lo01 = _mm256_unpacklo_epi32(v[0], v[1]), hi01 = _mm256_unpackhi_epi32(v[0], v[1]);
+    const __m256i lo23 = _mm256_unpacklo_epi32(v[2], v[3]), hi23 = _mm256_unpackhi_epi32(v[2], v[3]);
+    const __m256i t[4] = {_mm256_unpacklo_epi64(lo01, lo23), _mm256_unpackhi_epi64(lo01, lo23),
+                          _mm256_unpacklo_epi64(hi01, hi23), _mm256_unpackhi_epi64(hi01, hi23)};
+    __m256i codes[8];
+    for (int c = 0; c < 4; ++c) {
+      codes[c] = _mm256_and_si256(t[c], m4);
+      codes[c + 4] = _mm256_and_si256(_mm256_srli_epi16(t[c], 4), m4);
+    }
+    const int64_t g0 = b0 >> shift;
+    const __m256 sw = _mm256_permutevar8x32_ps(_mm256_loadu_ps(sc + g0), spread);
+    const __m256 ow = _mm256_permutevar8x32_ps(_mm256_loadu_ps(bias + g0), spread);
+    for (int r = 0; r < MB; ++r) {
+      const __m256i i = RecordsDot<L, 8>(codes, a.Q(m0 + r, b0));
+      const __m256 scale = _mm256_mul_ps(sw, _mm256_loadu_ps(a.D(m0 + r) + b0));
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), scale, acc[r]);
+      acc[r] = _mm256_fmadd_ps(ow, _mm256_loadu_ps(a.S32(m0 + r) + b0), acc[r]);
+    }
+  }
+  for (int64_t b = 8 * runs; b < a.nb; ++b)
+    MlxBlock<4, MB, L>(row, a, m0, b, sc[b >> shift], bias[b >> shift], acc, off);
+  for (int r = 0; r < MB; ++r) y[r * ldy] = HSum(acc[r]) + off[r];
+}
+
 template <int MB, int L>
 MlxRowsFn PickMlxRows(Fmt f) {
-  return f == Fmt::kMlx4 ? MlxRows<4, MB, L> : MlxRows<8, MB, L>;
+  return f == Fmt::kMlx4 ? Mlx4RecordsRows<MB, L> : MlxRows<8, MB, L>;
 }
 
 MlxRowsFn PickMlx(Fmt f, int levels, int mb) {
@@ -1181,8 +1275,8 @@ void MatMulManyInt8Avx2(std::span<const MatMulOut> outs, const float* X, int64_t
   // Rows of X are taken four at a time: the decoded weights are shared by up
   // to four accumulators (and the 16 vector registers hold no more).
   constexpr int64_t kRowsPerPass = 4;
-  Acts acts[2][4];  // by level count and order, prepared when an out needs one
-  bool ready[2][4] = {};
+  Acts acts[2][kOrders];  // by level count and order, prepared when an out needs one
+  bool ready[2][kOrders] = {};
   struct Plan {
     RowsFn fn[kRowsPerPass];
     MlxRowsFn mlx[kRowsPerPass];  // MLX rows (fn null)

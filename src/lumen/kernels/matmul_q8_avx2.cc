@@ -1281,8 +1281,7 @@ int64_t Avx2Int8MaxRows(const Matrix& W) {
   Fmt f;
   if (!FmtOf(W, &f)) return kInt8MaxRows;  // no kernel here: what the route selection assumes
   switch (PlainFmt(f)) {
-    case Fmt::kMlx4:  // natural order: the exact panels pass them by 12 rows
-    case Fmt::kMlx8:
+    case Fmt::kMlx8:  // natural order: the exact panels pass them by 12 rows
       return kInt8MaxRows;
     case Fmt::kQ8_0:  // one vpmaddwd per record and level: the dearest per row
       return 12;

@@ -57,7 +57,7 @@ namespace {
 // the activation sums the offsets multiply.
 struct Acts {
   int levels = 1;
-  int order = 0;           // kNatural, kRecords, kSlices, kSuper or kMlxRecords (see Prepare)
+  int order = 0;           // an Order (see Prepare)
   int64_t nb = 0;          // blocks per row
   std::vector<int8_t> q;   // [M][nb][levels][32]
   std::vector<float> d;    // [M][nb]: d (one level) or d2 = d / 256 (two)
@@ -89,17 +89,23 @@ struct Acts {
 // kSuper: kRecords' chunks over the whole row (K-quant rows, whose blocks
 // come in super-blocks of 8), for the Q2_K / Q3_K kernels, which move their
 // codes into records in registers (Q23KRecordsRows).
-// kMlxRecords: kSuper's chunks over the row's whole runs of 8 blocks, each
+// kMlx4Records: kSuper's chunks over the row's whole runs of 8 blocks, each
 // block's elements first deinterleaved (the even ones, then the odd ones),
 // for MLX 4-bit rows: record r of a block then holds elements 8 (r % 4) + 2 i
 // + r / 4 (i = 0..3), the codes that dword r % 4 of the block's MLX bytes
 // holds in its low (r < 4) or high nibbles (Mlx4RecordsRows).
-enum Order { kNatural, kRecords, kSlices, kSuper, kMlxRecords, kOrders };
+// kMlx8Slices: kSlices' chunks over the row's whole runs of 4 blocks, for MLX
+// 8-bit rows (Mlx8SlicesRows), with the lanes in another order (below).
+enum Order { kNatural, kRecords, kSlices, kSuper, kMlx4Records, kMlx8Slices, kOrders };
 
-// kMlxRecords' lane l holds block MlxLaneBlock(l) of its run (0, 2, 4, 6, 1,
+// kMlx4Records' lane l holds block MlxLaneBlock(l) of its run (0, 2, 4, 6, 1,
 // 3, 5, 7): the blocks a 4 x 4 dword transpose of four 32-byte loads leaves
 // there (Mlx4RecordsRows); the run's d and s32 are in the same order.
 constexpr int64_t MlxLaneBlock(int64_t l) { return l < 4 ? 2 * l : 2 * (l - 4) + 1; }
+// kMlx8Slices' lane l holds 16-element slice MlxLaneSlice(l) of its chunk
+// (block l % 4, half l / 4: 0, 2, 4, 6, 1, 3, 5, 7), what the same transpose
+// of four blocks' 32 bytes leaves there; the chunk's s16 in the same order.
+constexpr int64_t MlxLaneSlice(int64_t l) { return 2 * (l % 4) + l / 4; }
 
 // The nb blocks of the row x quantized (QuantizeBlockQ8, or QuantizeBlockQ8x2
 // with the levels' codes together per block, as Acts::q), their scales (d, or
@@ -137,7 +143,7 @@ void Prepare(const float* X, int64_t M, int64_t ldx, int64_t K, int levels, int 
   }
   if (order == kNatural) return;
   // Chunks of `blocks` blocks: `lanes` runs of `run` elements, 4 bytes of each per record.
-  const bool records = order != kSlices, mlx = order == kMlxRecords;
+  const bool records = order != kSlices && order != kMlx8Slices, mlx = order == kMlx4Records;
   const int64_t blocks = records ? 8 : 4, run = records ? kQK : 16, lanes = 8, recs = run / 4;
   const int64_t end = order == kRecords ? K / kColsElems * kColsBlocks : nb / blocks * blocks;
   const int64_t chunk = blocks * kQK * levels;
@@ -154,16 +160,22 @@ void Prepare(const float* X, int64_t M, int64_t ldx, int64_t K, int levels, int 
         for (int64_t r = 0; r < recs; ++r)
           for (int64_t l = 0; l < lanes; ++l) {
             // element of the chunk; natural: [block][level][32]
-            const int64_t e = (mlx ? MlxLaneBlock(l) : l) * run + 4 * r;
+            const int64_t src = mlx ? MlxLaneBlock(l) : order == kMlx8Slices ? MlxLaneSlice(l) : l;
+            const int64_t e = src * run + 4 * r;
             std::memcpy(c + (lv * recs + r) * 32 + l * 4,
                         tmp.data() + (e / kQK * levels + lv) * kQK + e % kQK, 4);
           }
-      if (mlx)  // the block scales and sums in the lanes' order
-        for (float* v : {a->d.data() + m * nb + b0, a->s32.data() + m * nb + b0}) {
-          float t[8];
-          for (int l = 0; l < 8; ++l) t[l] = v[MlxLaneBlock(l)];
-          std::memcpy(v, t, sizeof t);
-        }
+      // The scales and sums the MLX kernels read per lane, in the lanes' order.
+      auto in_lane_order = [](float* v, int64_t (*src)(int64_t)) {
+        float t[8];
+        for (int l = 0; l < 8; ++l) t[l] = v[src(l)];
+        std::memcpy(v, t, sizeof t);
+      };
+      if (mlx) {
+        in_lane_order(a->d.data() + m * nb + b0, MlxLaneBlock);
+        in_lane_order(a->s32.data() + m * nb + b0, MlxLaneBlock);
+      }
+      if (order == kMlx8Slices) in_lane_order(a->s16.data() + m * 2 * nb + 2 * b0, MlxLaneSlice);
     }
 }
 
@@ -197,7 +209,8 @@ enum class Fmt {
 constexpr Order OrderOf(Fmt f) {
   return f == Fmt::kQ2K || f == Fmt::kQ3K || f == Fmt::kQ2KC || f == Fmt::kQ3KC ? kSuper
          : f == Fmt::kQ6KC                                                      ? kSlices
-         : f == Fmt::kMlx4                                                      ? kMlxRecords
+         : f == Fmt::kMlx4                                                      ? kMlx4Records
+         : f == Fmt::kMlx8                                                      ? kMlx8Slices
          : f >= Fmt::kQ4_0C                                                     ? kRecords
                                                                                 : kNatural;
 }
@@ -1002,8 +1015,15 @@ LUMEN_AVX2 inline void GroupFloats(DType t, const void* src, int64_t n, float* d
   if (i < n) DequantizeRow(t, h + Info(t).block_bytes * i, dst + i, n - i);
 }
 
-// One activation block b of an MLX row (scale s, bias o of its group) into
-// acc[r] and off[r] for rows m0 .. m0 + MB - 1.
+// One activation block b of an MLX row (w = s q + o in its group) into acc[r]
+// and off[r] for rows m0 .. m0 + MB - 1, in natural order (the blocks after a
+// row's last whole run). 4-bit: byte j holds elements 2j (low nibble) and 2j +
+// 1, so the block's 16 bytes' nibbles are interleaved back into element order;
+// 8-bit: codes up to 255 would saturate vpmaddubsw's int16 pairs (2 x 255 x
+// 127), so they go in as q - 128 (a signed byte: magnitudes against the
+// activations carrying the signs, as Q8_0) and 128 x the activation lane sums
+// come back in integers (exact: at most 32 x 128 x 32639 per lane); the bias
+// multiplies the activation block sum.
 template <int kBits, int MB, int L>
 LUMEN_AVX2 inline void MlxBlock(const uint8_t* row, const Acts& a, int64_t m0, int64_t b, float s,
                                 float o, __m256* acc, float* off) {
@@ -1034,42 +1054,23 @@ LUMEN_AVX2 inline void MlxBlock(const uint8_t* row, const Acts& a, int64_t m0, i
   }
 }
 
-// MLX affine rows: w = s q + b per group (scales and biases converted to f32
-// per row). 4-bit: byte j holds elements 2j (low nibble) and 2j + 1, so a
-// block's 16 bytes' nibbles are interleaved back into element order; 8-bit:
-// codes up to 255 would saturate vpmaddubsw's int16 pairs (2 x 255 x 127), so
-// they go in as q - 128 (a signed byte: magnitudes against the activations
-// carrying the signs, as Q8_0) and 128 x the activation lane sums come back in
-// integers (exact: at most 32 x 128 x 32639 per lane). The biases multiply the
-// activation block sums. Two FMA chains (even and odd blocks), whatever MB.
-template <int kBits, int MB, int L>
-LUMEN_AVX2 void MlxRows(const Matrix& W, int64_t n, const Acts& a, int64_t m0, float* y,
-                        int64_t ldy) {
-  const uint8_t* row = W.w.row<const uint8_t>(n);
+// An MLX row's group scales and biases as floats, and the block -> group
+// shift; the kernels read eight from a run's first group, so eight zeros follow.
+struct MlxGroups {
+  int shift;
+  float sc[kMlxMaxGroups + 8], bias[kMlxMaxGroups + 8];
+};
+
+LUMEN_AVX2 inline void LoadMlxGroups(const Matrix& W, int64_t n, MlxGroups* g) {
   const int64_t groups = W.k / W.mlx_group;
-  const int shift = W.mlx_group == 32 ? 0 : W.mlx_group == 64 ? 1 : 2;  // block -> group
-  float sc[kMlxMaxGroups], bias[kMlxMaxGroups];
-  GroupFloats(W.scales.dtype, W.scales.row(n), groups, sc);
-  GroupFloats(W.biases.dtype, W.biases.row(n), groups, bias);
-  __m256 even[MB], odd[MB];
-  float off_even[MB], off_odd[MB];
-  for (int r = 0; r < MB; ++r) {
-    even[r] = odd[r] = _mm256_setzero_ps();
-    off_even[r] = off_odd[r] = 0;
-  }
-  int64_t b = 0;
-  for (; b + 2 <= a.nb; b += 2) {
-    const int64_t g0 = b >> shift, g1 = (b + 1) >> shift;
-    MlxBlock<kBits, MB, L>(row, a, m0, b, sc[g0], bias[g0], even, off_even);
-    MlxBlock<kBits, MB, L>(row, a, m0, b + 1, sc[g1], bias[g1], odd, off_odd);
-  }
-  if (b < a.nb)
-    MlxBlock<kBits, MB, L>(row, a, m0, b, sc[b >> shift], bias[b >> shift], even, off_even);
-  for (int r = 0; r < MB; ++r)
-    y[r * ldy] = HSum(_mm256_add_ps(even[r], odd[r])) + (off_even[r] + off_odd[r]);
+  g->shift = W.mlx_group == 32 ? 0 : W.mlx_group == 64 ? 1 : 2;
+  GroupFloats(W.scales.dtype, W.scales.row(n), groups, g->sc);
+  GroupFloats(W.biases.dtype, W.biases.row(n), groups, g->bias);
+  std::fill_n(g->sc + groups, 8, 0.0f);
+  std::fill_n(g->bias + groups, 8, 0.0f);
 }
 
-// MLX 4-bit rows against kMlxRecords activations: each whole run of 8
+// MLX 4-bit rows against kMlx4Records activations: each whole run of 8
 // blocks (128 code bytes) is transposed in registers, so that lane l of
 // vector c is dword c of block MlxLaneBlock(l) (elements 8c .. 8c + 7, the
 // even ones in the low nibbles); with the activations deinterleaved and in
@@ -1084,13 +1085,10 @@ template <int MB, int L>
 LUMEN_AVX2 void Mlx4RecordsRows(const Matrix& W, int64_t n, const Acts& a, int64_t m0, float* y,
                                 int64_t ldy) {
   const uint8_t* row = W.w.row<const uint8_t>(n);
-  const int64_t groups = W.k / W.mlx_group;
-  const int shift = W.mlx_group == 32 ? 0 : W.mlx_group == 64 ? 1 : 2;  // block -> group
-  // Eight floats are read from a run's first group on (g128 uses two).
-  float sc[kMlxMaxGroups + 8], bias[kMlxMaxGroups + 8];
-  GroupFloats(W.scales.dtype, W.scales.row(n), groups, sc);
-  GroupFloats(W.biases.dtype, W.biases.row(n), groups, bias);
-  for (int64_t g = groups; g < groups + 8; ++g) sc[g] = bias[g] = 0;
+  MlxGroups grp;
+  LoadMlxGroups(W, n, &grp);
+  const int shift = grp.shift;
+  const float *sc = grp.sc, *bias = grp.bias;
   // Lane l (block b0 + MlxLaneBlock(l)) reads group (b0 >> shift) + spread[l].
   const __m256i spread = shift == 0   ? _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7)
                          : shift == 1 ? _mm256_setr_epi32(0, 1, 2, 3, 0, 1, 2, 3)
@@ -1109,8 +1107,10 @@ LUMEN_AVX2 void Mlx4RecordsRows(const Matrix& W, int64_t n, const Acts& a, int64
     PrefetchAhead(p, 128);
     __m256i v[4];  // blocks 2k and 2k + 1
     for (int k = 0; k < 4; ++k) v[k] = Load32(p + 32 * k);
-    const __m256i lo01 = _mm256_unpacklo_epi32(v[0], v[1]), hi01 = _mm256_unpackhi_epi32(v[0], v[1]);
-    const __m256i lo23 = _mm256_unpacklo_epi32(v[2], v[3]), hi23 = _mm256_unpackhi_epi32(v[2], v[3]);
+    const __m256i lo01 = _mm256_unpacklo_epi32(v[0], v[1]),
+                  hi01 = _mm256_unpackhi_epi32(v[0], v[1]);
+    const __m256i lo23 = _mm256_unpacklo_epi32(v[2], v[3]),
+                  hi23 = _mm256_unpackhi_epi32(v[2], v[3]);
     const __m256i t[4] = {_mm256_unpacklo_epi64(lo01, lo23), _mm256_unpackhi_epi64(lo01, lo23),
                           _mm256_unpacklo_epi64(hi01, hi23), _mm256_unpackhi_epi64(hi01, hi23)};
     __m256i codes[8];
@@ -1133,9 +1133,76 @@ LUMEN_AVX2 void Mlx4RecordsRows(const Matrix& W, int64_t n, const Acts& a, int64
   for (int r = 0; r < MB; ++r) y[r * ldy] = HSum(acc[r]) + off[r];
 }
 
+// MLX 8-bit rows against kMlx8Slices activations: the four blocks of a run
+// (128 code bytes) transposed in registers within 128-bit halves, so that
+// lane l of vector c is dword c + 4 (l / 4) of block l % 4 (slice
+// MlxLaneSlice(l)): a lane's products belong to one half block. The codes go
+// in as q - 128, as MlxBlock's (one vpmaddwd per record and level: two
+// records' int16 pairs could overflow), and the 128 comes back with the bias:
+// w = s (q - 128) + (b + 128 s), the second term through the slices' sums. The
+// lane work is paid once per 4 blocks where MlxBlock pays it per block. The
+// blocks after the last whole run take MlxBlock.
+template <int MB, int L>
+LUMEN_AVX2 void Mlx8SlicesRows(const Matrix& W, int64_t n, const Acts& a, int64_t m0, float* y,
+                               int64_t ldy) {
+  const uint8_t* row = W.w.row<const uint8_t>(n);
+  MlxGroups grp;
+  LoadMlxGroups(W, n, &grp);
+  const int shift = grp.shift;
+  const float *sc = grp.sc, *bias = grp.bias;
+  // Lane l (block b0 + l % 4) reads group (b0 >> shift) + spread[l].
+  const __m256i spread = shift == 0   ? _mm256_setr_epi32(0, 1, 2, 3, 0, 1, 2, 3)
+                         : shift == 1 ? _mm256_setr_epi32(0, 0, 1, 1, 0, 0, 1, 1)
+                                      : _mm256_setzero_si256();
+  const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
+  __m256 acc[MB];
+  float off[MB];
+  for (int r = 0; r < MB; ++r) {
+    acc[r] = _mm256_setzero_ps();
+    off[r] = 0;
+  }
+  const int64_t runs = a.nb / 4;
+  for (int64_t u = 0; u < runs; ++u) {
+    const int64_t b0 = 4 * u;
+    const uint8_t* p = row + b0 * kQK;
+    PrefetchAhead(p, 128);
+    __m256i v[4];  // block k, as q - 128
+    for (int k = 0; k < 4; ++k) v[k] = _mm256_xor_si256(Load32(p + 32 * k), flip);
+    const __m256i lo01 = _mm256_unpacklo_epi32(v[0], v[1]),
+                  hi01 = _mm256_unpackhi_epi32(v[0], v[1]);
+    const __m256i lo23 = _mm256_unpacklo_epi32(v[2], v[3]),
+                  hi23 = _mm256_unpackhi_epi32(v[2], v[3]);
+    const __m256i codes[4] = {_mm256_unpacklo_epi64(lo01, lo23), _mm256_unpackhi_epi64(lo01, lo23),
+                              _mm256_unpacklo_epi64(hi01, hi23), _mm256_unpackhi_epi64(hi01, hi23)};
+    __m256i mag[4];
+    for (int c = 0; c < 4; ++c) mag[c] = _mm256_sign_epi8(codes[c], codes[c]);
+    const int64_t g0 = b0 >> shift;
+    const __m256 sw = _mm256_permutevar8x32_ps(_mm256_loadu_ps(sc + g0), spread);
+    const __m256 ow = _mm256_fmadd_ps(sw, _mm256_set1_ps(128.0f),
+                                      _mm256_permutevar8x32_ps(_mm256_loadu_ps(bias + g0), spread));
+    for (int r = 0; r < MB; ++r) {
+      const int8_t* x = a.Q(m0 + r, b0);
+      __m256i i = _mm256_setzero_si256();
+      for (int lv = 0; lv < L; ++lv)
+        for (int c = 0; c < 4; ++c) {
+          const __m256i xv = _mm256_sign_epi8(Load32(x + 128 * lv + 32 * c), codes[c]);
+          i = _mm256_add_epi32(i,
+                               _mm256_madd_epi16(_mm256_maddubs_epi16(mag[c], xv),
+                                                 _mm256_set1_epi16(L == 2 && lv == 0 ? 256 : 1)));
+        }
+      const __m256 dx = _mm256_broadcast_ps(reinterpret_cast<const __m128*>(a.D(m0 + r) + b0));
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_mul_ps(sw, dx), acc[r]);
+      acc[r] = _mm256_fmadd_ps(ow, _mm256_loadu_ps(a.S16(m0 + r) + 2 * b0), acc[r]);
+    }
+  }
+  for (int64_t b = 4 * runs; b < a.nb; ++b)
+    MlxBlock<8, MB, L>(row, a, m0, b, sc[b >> shift], bias[b >> shift], acc, off);
+  for (int r = 0; r < MB; ++r) y[r * ldy] = HSum(acc[r]) + off[r];
+}
+
 template <int MB, int L>
 MlxRowsFn PickMlxRows(Fmt f) {
-  return f == Fmt::kMlx4 ? Mlx4RecordsRows<MB, L> : MlxRows<8, MB, L>;
+  return f == Fmt::kMlx4 ? Mlx4RecordsRows<MB, L> : Mlx8SlicesRows<MB, L>;
 }
 
 MlxRowsFn PickMlx(Fmt f, int levels, int mb) {

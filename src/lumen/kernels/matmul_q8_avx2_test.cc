@@ -217,10 +217,12 @@ OwnedMatrix MakeMlx(int bits, int group, DType scale_type, int64_t N, int64_t K,
 }
 
 // MLX affine rows: every bit width, group and scale type within the oracle
-// bound (and at two levels the exact product's); a row alone, in a batch and
-// on two threads the same bits; 8-bit codes 255 and 0 (bytes that would
-// saturate vpmaddubsw's int16 pairs unshifted: 2 x 255 x 127) against +-127
-// activations within the bound.
+// bound (and at two levels the exact product's), with and without blocks
+// after the last whole run (4-bit runs of 8 blocks, 8-bit of 4: K = 160, 384
+// and 448 leave 1-6, K = 128 is a tail alone for 4-bit); a row alone, in a
+// batch and on two threads the same bits; 8-bit codes 255 and 0 (bytes that
+// would saturate vpmaddubsw's int16 pairs unshifted: 2 x 255 x 127) against
+// +-127 activations within the bound.
 TEST(MatMulInt8Avx2, MlxRowsWithinBoundBitIdenticalAndUnsaturated) {
   SKIP_WITHOUT_AVX2();
   std::mt19937 rng(59);
@@ -228,8 +230,9 @@ TEST(MatMulInt8Avx2, MlxRowsWithinBoundBitIdenticalAndUnsaturated) {
   for (int bits : {4, 8})
     for (int group : {32, 64, 128})
       for (DType st : {DType::kF16, DType::kBF16, DType::kF32})
-        for (int64_t K : {128, 384, 2048})
+        for (int64_t K : {128, 160, 384, 448, 2048})
           for (int levels : {1, 2}) {
+            if (K % group != 0) continue;
             const std::string what = "mlx" + std::to_string(bits) + " g" + std::to_string(group) +
                                      " " + std::string(Name(st)) + " K=" + std::to_string(K) +
                                      " levels=" + std::to_string(levels);

@@ -430,6 +430,17 @@ LUMEN_AVX2 inline __m256i DotSigned(__m256i w, const int8_t* xq) {
   }
 }
 
+// A 4 x 4 dword transpose within each 128-bit half: dword k of t[c]'s half
+// is dword c of v[k]'s.
+LUMEN_AVX2 inline void TransposeDwords(const __m256i* v, __m256i* t) {
+  const __m256i lo01 = _mm256_unpacklo_epi32(v[0], v[1]), hi01 = _mm256_unpackhi_epi32(v[0], v[1]);
+  const __m256i lo23 = _mm256_unpacklo_epi32(v[2], v[3]), hi23 = _mm256_unpackhi_epi32(v[2], v[3]);
+  t[0] = _mm256_unpacklo_epi64(lo01, lo23);
+  t[1] = _mm256_unpackhi_epi64(lo01, lo23);
+  t[2] = _mm256_unpacklo_epi64(hi01, hi23);
+  t[3] = _mm256_unpackhi_epi64(hi01, hi23);
+}
+
 // Byte j = `value` where bit j of bits is set, else 0.
 LUMEN_AVX2 inline __m256i BitBytes(uint32_t bits, char value) {
   // Byte j of each 64-bit quarter q reads byte q of bits; the mask picks its bit j % 8.
@@ -792,14 +803,7 @@ LUMEN_AVX2 void Q23KRecordsRows(const uint8_t* w, const Acts& a, int64_t m0, flo
           s[2] = _mm256_or_si256(s[2], _mm256_and_si256(hq, four));
           s[3] = _mm256_or_si256(s[3], _mm256_and_si256(_mm256_srli_epi16(hq, 1), four));
         }
-        const __m256i u01l = _mm256_unpacklo_epi32(s[0], s[1]),
-                      u01h = _mm256_unpackhi_epi32(s[0], s[1]);
-        const __m256i u23l = _mm256_unpacklo_epi32(s[2], s[3]),
-                      u23h = _mm256_unpackhi_epi32(s[2], s[3]);
-        codes[0] = _mm256_unpacklo_epi64(u01l, u23l);
-        codes[1] = _mm256_unpackhi_epi64(u01l, u23l);
-        codes[2] = _mm256_unpacklo_epi64(u01h, u23h);
-        codes[3] = _mm256_unpackhi_epi64(u01h, u23h);
+        TransposeDwords(s, codes);
       }
       // int16 pairs of lane l: 256 s of sub-block 2l + h in the high byte.
       const __m256i s256 = _mm256_shuffle_epi8(scales, h == 0 ? first : second);
@@ -1079,7 +1083,7 @@ LUMEN_AVX2 inline void LoadMlxGroups(const Matrix& W, int64_t n, MlxGroups* g) {
 // sums) is paid once per 8 blocks, as for the column groups, with no
 // load-time rewrite (every other reader sees the file's bytes). A run's 4
 // loads and 8 unpacks replace the natural kernel's per-block shuffles and
-// scalar scale products (row 161 -> 97 ns at K = 2048 on Zen 2). The blocks
+// scalar scale products (row 161 -> 91 ns at K = 2048 on Zen 2). The blocks
 // after the last whole run take MlxBlock.
 template <int MB, int L>
 LUMEN_AVX2 void Mlx4RecordsRows(const Matrix& W, int64_t n, const Acts& a, int64_t m0, float* y,
@@ -1105,14 +1109,9 @@ LUMEN_AVX2 void Mlx4RecordsRows(const Matrix& W, int64_t n, const Acts& a, int64
     const int64_t b0 = 8 * u;
     const uint8_t* p = row + b0 * (kQK / 2);
     PrefetchAhead(p, 128);
-    __m256i v[4];  // blocks 2k and 2k + 1
+    __m256i v[4], t[4];  // v[k]: blocks 2k and 2k + 1
     for (int k = 0; k < 4; ++k) v[k] = Load32(p + 32 * k);
-    const __m256i lo01 = _mm256_unpacklo_epi32(v[0], v[1]),
-                  hi01 = _mm256_unpackhi_epi32(v[0], v[1]);
-    const __m256i lo23 = _mm256_unpacklo_epi32(v[2], v[3]),
-                  hi23 = _mm256_unpackhi_epi32(v[2], v[3]);
-    const __m256i t[4] = {_mm256_unpacklo_epi64(lo01, lo23), _mm256_unpackhi_epi64(lo01, lo23),
-                          _mm256_unpacklo_epi64(hi01, hi23), _mm256_unpackhi_epi64(hi01, hi23)};
+    TransposeDwords(v, t);
     __m256i codes[8];
     for (int c = 0; c < 4; ++c) {
       codes[c] = _mm256_and_si256(t[c], m4);
@@ -1166,15 +1165,9 @@ LUMEN_AVX2 void Mlx8SlicesRows(const Matrix& W, int64_t n, const Acts& a, int64_
     const int64_t b0 = 4 * u;
     const uint8_t* p = row + b0 * kQK;
     PrefetchAhead(p, 128);
-    __m256i v[4];  // block k, as q - 128
+    __m256i v[4], codes[4], mag[4];  // v[k]: block k, as q - 128
     for (int k = 0; k < 4; ++k) v[k] = _mm256_xor_si256(Load32(p + 32 * k), flip);
-    const __m256i lo01 = _mm256_unpacklo_epi32(v[0], v[1]),
-                  hi01 = _mm256_unpackhi_epi32(v[0], v[1]);
-    const __m256i lo23 = _mm256_unpacklo_epi32(v[2], v[3]),
-                  hi23 = _mm256_unpackhi_epi32(v[2], v[3]);
-    const __m256i codes[4] = {_mm256_unpacklo_epi64(lo01, lo23), _mm256_unpackhi_epi64(lo01, lo23),
-                              _mm256_unpacklo_epi64(hi01, hi23), _mm256_unpackhi_epi64(hi01, hi23)};
-    __m256i mag[4];
+    TransposeDwords(v, codes);
     for (int c = 0; c < 4; ++c) mag[c] = _mm256_sign_epi8(codes[c], codes[c]);
     const int64_t g0 = b0 >> shift;
     const __m256 sw = _mm256_permutevar8x32_ps(_mm256_loadu_ps(sc + g0), spread);
@@ -1350,7 +1343,7 @@ int64_t Avx2Int8MaxRows(const Matrix& W) {
   switch (PlainFmt(f)) {
     case Fmt::kQ8_0:  // one vpmaddwd per record and level: the dearest per row
       return 12;
-    case Fmt::kMlx8:  // the same, and a quarter of the lane work of Q8_0's groups: even at 10
+    case Fmt::kMlx8:  // the same, and lane work per 4 blocks (Q8_0: 8): even with the panels at 10
       return 10;
     case Fmt::kQ2K:  // file order 20; records (f) 24: int8x2 ahead by 5% at 24 rows, behind at 32
     case Fmt::kQ3K:

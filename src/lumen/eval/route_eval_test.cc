@@ -377,5 +377,57 @@ TEST(RouteKl, Int8x2DecodeGateOnEveryWeightType) {
   fs::remove_all(dir);
 }
 
+// MLX rows take the int8x2 route at prefill too where the AVX2 kernels run
+// (4-bit: prompts of up to 32 tokens, 8-bit: 10): the default gate measured
+// where it runs (one prefill per sequence, every position's logits), on a
+// random-weight tiny Llama 256 wide, whose rows hold whole runs of the
+// kernels' blocks (stories260K's 64-wide rows are all tail).
+TEST(RouteKl, Int8x2ShortPrefillGateOnMlx) {
+  if (kernels::CpuHasVnni() || !kernels::CpuHasAvx2())
+    GTEST_SKIP() << "MLX prompts above 8 tokens take the int8x2 route only with the AVX2 kernels "
+                    "(no AVX512-VNNI): not on this CPU";
+  const fs::path dir = GateDir("lumen_gate_mlxp");
+  engine::SynthOptions so;
+  so.name = "tiny-llama";
+  so.dim = 256;
+  so.ffn = 512;
+  so.out = (dir / "tiny256.gguf").string();
+  ASSERT_TRUE(engine::Synthesize(so).ok());
+  auto tiny = Load(so.out, kernels::ActRoute::kExact);
+  ASSERT_TRUE(tiny);
+  auto prompts = EncodePrompts(*tiny, std::vector<std::string>{"the cat", "a b c d", "x y z"});
+  ASSERT_TRUE(prompts.ok());
+  size_t longest = 0;
+  for (const Seq& s : *prompts) longest = std::max(longest, s.size());
+  auto q8 = Load(WriteAs(*tiny, {DType::kQ8_0}, dir), kernels::ActRoute::kExact);
+  ASSERT_TRUE(q8);
+  for (const Storage& st : {Storage{DType::kF32, 4, 64}, Storage{DType::kF32, 8, 128}}) {
+    const std::string path = WriteAs(*tiny, st, dir);
+    auto exact = Load(path, kernels::ActRoute::kExact);
+    auto x2 = Load(path, kernels::ActRoute::kInt8x2);
+    ASSERT_TRUE(exact && x2) << st.name();
+    const kernels::Matrix& up = x2->weights().layers[0].w_up;
+    ASSERT_TRUE(st.Holds(up)) << st.name();
+    const int64_t rows = kernels::Int8MaxRows(up);
+    ASSERT_EQ(rows, st.mlx_bits == 4 ? 32 : 10) << st.name();
+    ASSERT_TRUE(kernels::UsesInt8Route(up, rows)) << st.name();
+    EvalOptions o;
+    o.samples = 2;
+    o.max_tokens = static_cast<int>(rows - static_cast<int64_t>(longest));
+    auto w = RouteKl(*tiny, *q8, *prompts, o, RouteMode::kPrefill);  // what Q8_0 weights cost
+    auto r = RouteKl(*exact, *x2, *prompts, o, RouteMode::kPrefill);
+    ASSERT_TRUE(w.ok() && r.ok()) << st.name();
+    std::printf(
+        "%s: int8x2 prefill of at most %lld tokens: KL %.3g (max %.3g, top-1 %.3f over %lld) vs "
+        "Q8_0 weights %.3g (ratio %.2g)\n",
+        st.name().c_str(), static_cast<long long>(rows), r->kl_mean, r->kl_max, r->top1,
+        static_cast<long long>(r->positions), w->kl_mean, r->kl_mean / w->kl_mean);
+    EXPECT_GT(r->kl_mean, 0.0) << st.name();  // the route ran
+    EXPECT_LT(r->kl_mean, 0.25 * w->kl_mean) << st.name();
+    EXPECT_GE(r->top1, 0.99) << st.name();
+  }
+  fs::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace lumen::eval

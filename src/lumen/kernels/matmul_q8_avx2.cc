@@ -45,7 +45,8 @@ LUMEN_ROUTE(
               "ThreadsManyAndBatchesAreBitIdentical;MatMulInt8Avx2.ExtremeCodesDoNotSaturate;"
               "MatMulInt8Avx2.MlxRowsWithinBoundBitIdenticalAndUnsaturated;"
               "RouteKl.Int8x2DecodeGateOnEveryWeightType;RouteKl."
-              "Int8x2ShortPrefillPassesTheDefaultGate;MatMulInt8.RouteSelection",
+              "Int8x2ShortPrefillPassesTheDefaultGate;RouteKl.Int8x2ShortPrefillGateOnMlx;"
+              "MatMulInt8.RouteSelection",
      .measure = "docs/reference/performance.md#the-int8x2-decode-route-on-avx2",
      .when = "act=int8x2|int8x2+bf16 cpu=avx2 int8=kernel",
      .priority = 15});

@@ -7,7 +7,7 @@
 namespace lumen {
 namespace {
 
-constexpr std::array<DTypeInfo, 34> kInfo = {{
+constexpr std::array<DTypeInfo, 35> kInfo = {{
     {"f32", 1, 4, false},          {"f16", 1, 2, false},          {"bf16", 1, 2, false},
     {"f64", 1, 8, false},          {"i8", 1, 1, false},           {"u8", 1, 1, false},
     {"i16", 1, 2, false},          {"u16", 1, 2, false},          {"i32", 1, 4, false},
@@ -19,7 +19,7 @@ constexpr std::array<DTypeInfo, 34> kInfo = {{
     {"q4_0_cols", 32, 18, true},   {"q4_1_cols", 32, 20, true},   {"q5_0_cols", 32, 22, true},
     {"q5_1_cols", 32, 24, true},   {"q4_k_cols", 256, 144, true}, {"q5_k_cols", 256, 176, true},
     {"q8_0_cols", 32, 34, true},   {"q6_k_cols", 256, 210, true}, {"q2_k_cols", 256, 84, true},
-    {"q3_k_cols", 256, 110, true},
+    {"q3_k_cols", 256, 110, true}, {"q5_k_planes", 256, 176, true},
 }};
 
 }  // namespace

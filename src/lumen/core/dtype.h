@@ -50,6 +50,9 @@ enum class DType : uint8_t {
   kQ6_KCols,
   kQ2_KCols,
   kQ3_KCols,
+  // Q5_K column groups with the 5th bits in planes (core/repack.h), where
+  // the AVX2 kernels run.
+  kQ5_KPlanes,
 };
 
 struct DTypeInfo {

@@ -368,8 +368,9 @@ void DequantizeRow(DType t, const void* src_v, float* dst, int64_t n) {
     case DType::kQ8_0Cols:
     case DType::kQ6_KCols:
     case DType::kQ2_KCols:
-    case DType::kQ3_KCols:  // a whole row (repack.h)
-      DequantizeColumnGroups(PlainOf(t), src, n, 0, n, dst);
+    case DType::kQ3_KCols:
+    case DType::kQ5_KPlanes:  // a whole row (repack.h)
+      DequantizeColumnGroups(t, src, n, 0, n, dst);
       return;
   }
   LUMEN_CHECK(false && "unknown dtype");

@@ -73,12 +73,13 @@ void CopyCodes(const uint8_t* src, uint8_t* dst, uint32_t flip) {
 // Sub-blocks 2 m and 2 m + 1 share qs[32 m, 32 m + 32) (low, high nibbles),
 // so lane l's four code words take their nibbles from the bytes 4 c and
 // 16 + 4 c of its pair, four at a time.
-void RepackSuperPair(const Plain& p, const uint8_t* sb, uint8_t* grp) {
+void RepackSuperPair(const Plain& p, const uint8_t* sb, uint8_t* grp, bool planes) {
   uint8_t src[2 * sizeof(BlockQ5K)];
   std::memcpy(src, sb, 2 * p.bytes);
   const ColsFields f = ColsFieldsAt(p.qh >= 0 ? DType::kQ5_K : DType::kQ4_K, grp);
   constexpr uint32_t kLow = 0x0F0F0F0Fu;
   uint64_t masks[8] = {};
+  uint32_t plane[kColsBlocks] = {};  // planes: lane l's dword of the high field
   for (int64_t l = 0; l < kColsBlocks; ++l) {
     const uint8_t* blk = src + l / 8 * p.bytes;
     const int s = static_cast<int>(l % 8);
@@ -90,10 +91,18 @@ void RepackSuperPair(const Plain& p, const uint8_t* sb, uint8_t* grp) {
       std::memcpy(grp + f.codes + 64 * c + 4 * l, &w, 4);
     }
     if (p.qh < 0) continue;
-    for (int w = 0; w < 8; ++w)
-      masks[w] |= uint64_t{Nibble(LoadU32(blk + p.qh + 4 * w) >> s)} << (4 * l);
+    for (int w = 0; w < 8; ++w) {
+      // qh[4w + i] bit s: the 5th bit of element 4w + i of sub-block s.
+      const uint32_t bits = LoadU32(blk + p.qh + 4 * w) >> s;
+      if (planes) {
+        plane[l] |= (bits & 0x01010101u) << w;
+      } else {
+        masks[w] |= uint64_t{Nibble(bits)} << (4 * l);
+      }
+    }
   }
-  if (f.high >= 0) std::memcpy(grp + f.high, masks, sizeof(masks));
+  if (f.high >= 0 && planes) std::memcpy(grp + f.high, plane, sizeof(plane));
+  if (f.high >= 0 && !planes) std::memcpy(grp + f.high, masks, sizeof(masks));
   for (int s = 0; s < 2; ++s) {
     std::memcpy(grp + f.scales + 12 * s, src + s * p.bytes + p.m, 12);
     std::memcpy(grp + f.d + 4 * s, src + s * p.bytes, 4);  // d, dmin
@@ -106,14 +115,14 @@ void RepackSuperPair(const Plain& p, const uint8_t* sb, uint8_t* grp) {
 // (element k in the low nibble of byte k, k + 16 in the high), and
 // sub-blocks 2m, 2m + 1 of a super-block share qs[32 m ..] as its low and
 // high nibbles.
-void UnpackSuperPair(const Plain& p, const uint8_t* grp, uint8_t* blocks) {
+void UnpackSuperPair(const Plain& p, const uint8_t* grp, uint8_t* blocks, bool planes) {
   const ColsFields f = ColsFieldsAt(p.qh >= 0 ? DType::kQ5_K : DType::kQ4_K, grp);
   std::memset(blocks, 0, 2 * p.bytes);
   for (int s = 0; s < 2; ++s) {
     std::memcpy(blocks + s * p.bytes + p.m, grp + f.scales + 12 * s, 12);
     std::memcpy(blocks + s * p.bytes, grp + f.d + 4 * s, 4);
   }
-  constexpr uint32_t kLo = 0x0F0F0F0Fu;
+  constexpr uint32_t kLo = 0x0F0F0F0Fu, kOne = 0x01010101u;
   for (int64_t l = 0; l < kColsBlocks; l += 2) {  // sub-blocks l (low nibbles), l + 1 (high)
     uint8_t* qs = blocks + l / 8 * p.bytes + p.qs + 32 * (l % 8 / 2);
     for (int c = 0; c < 4; ++c) {
@@ -125,6 +134,16 @@ void UnpackSuperPair(const Plain& p, const uint8_t* grp, uint8_t* blocks) {
     }
   }
   if (f.high < 0) return;
+  if (planes) {  // qh[4w + i] bit j: bit w of byte 4 (8s + j) + i of the planes
+    for (int s = 0; s < 2; ++s)
+      for (int w = 0; w < 8; ++w) {
+        uint32_t qh = 0;
+        for (int j = 0; j < 8; ++j)
+          qh |= (LoadU32(grp + f.high + 4 * (8 * s + j)) >> w & kOne) << j;
+        std::memcpy(blocks + s * p.bytes + p.qh + 4 * w, &qh, 4);
+      }
+    return;
+  }
   // qh[e] bit j: the 5th bit of element e of sub-block j, bit 4 (8s + j) + e % 4
   // of mask e / 4: qh[4w .. 4w + 3] of super-block s transpose mask w's nibbles.
   for (int w = 0; w < 8; ++w) {
@@ -194,6 +213,8 @@ DType PlainOf(DType t) {
       return DType::kQ2_K;
     case DType::kQ3_KCols:
       return DType::kQ3_K;
+    case DType::kQ5_KPlanes:
+      return DType::kQ5_K;
     default:
       return t;
   }
@@ -328,7 +349,8 @@ void UnpackAlone(DType plain, const uint8_t* src, uint8_t* dst) {
 
 }  // namespace
 
-void RepackColumnGroups(DType plain, uint8_t* row, int64_t K) {
+void RepackColumnGroups(DType t, uint8_t* row, int64_t K) {
+  const DType plain = PlainOf(t);
   if (const int64_t bytes = AloneBytes(plain)) {
     LUMEN_CHECK(K % kQKK == 0);
     for (int64_t b = 0; b < K / kQKK; ++b) RepackAlone(plain, row + b * bytes, row + b * bytes);
@@ -338,7 +360,7 @@ void RepackColumnGroups(DType plain, uint8_t* row, int64_t K) {
   LUMEN_CHECK(K % p.elems == 0);
   if (p.super()) {
     for (int64_t g = 0; g < K / kColsElems; ++g)
-      RepackSuperPair(p, row + 2 * g * p.bytes, row + 2 * g * p.bytes);
+      RepackSuperPair(p, row + 2 * g * p.bytes, row + 2 * g * p.bytes, t == DType::kQ5_KPlanes);
     return;
   }
   uint8_t blocks[kColsBlocks * sizeof(BlockQ8_0)];  // the largest legacy block
@@ -361,13 +383,14 @@ void RepackColumnGroups(DType plain, uint8_t* row, int64_t K) {
   }
 }
 
-void UnpackColumnGroup(DType plain, const uint8_t* g, uint8_t* blocks) {
+void UnpackColumnGroup(DType t, const uint8_t* g, uint8_t* blocks) {
+  const DType plain = PlainOf(t);
   if (const int64_t bytes = AloneBytes(plain)) {
     for (int s = 0; s < 2; ++s) UnpackAlone(plain, g + s * bytes, blocks + s * bytes);
     return;
   }
   const Plain p = PlainFields(plain);
-  if (p.super()) return UnpackSuperPair(p, g, blocks);
+  if (p.super()) return UnpackSuperPair(p, g, blocks, t == DType::kQ5_KPlanes);
   const ColsFields f = ColsFieldsAt(plain, g);
   for (int64_t l = 0; l < kColsBlocks; ++l) {
     uint8_t* blk = blocks + l * p.bytes;
@@ -383,8 +406,9 @@ void UnpackColumnGroup(DType plain, const uint8_t* g, uint8_t* blocks) {
   }
 }
 
-void DequantizeColumnGroups(DType plain, const uint8_t* row, int64_t K, int64_t k0, int64_t k1,
+void DequantizeColumnGroups(DType t, const uint8_t* row, int64_t K, int64_t k0, int64_t k1,
                             float* dst) {
+  const DType plain = PlainOf(t);
   if (const int64_t bytes = AloneBytes(plain)) {  // every super-block repacked alone
     LUMEN_CHECK(K % kQKK == 0 && k0 % kQKK == 0 && 0 <= k0 && k0 <= k1 && k1 <= K &&
                 (k1 % kQKK == 0 || k1 == K));
@@ -406,7 +430,7 @@ void DequantizeColumnGroups(DType plain, const uint8_t* row, int64_t K, int64_t 
   while (i < std::min(k1, end)) {
     const int64_t g = i / kColsElems * kColsElems;
     const int64_t e = std::min(k1, g + kColsElems);
-    UnpackColumnGroup(plain, row + g / be * bb, blocks);
+    UnpackColumnGroup(t, row + g / be * bb, blocks);
     DequantizeRow(plain, blocks + (i - g) / be * bb, dst + (i - k0), e - i);
     i = e;
   }

@@ -1,6 +1,7 @@
 // The 4- and 5-bit formats, Q8_0, Q6_K, Q2_K and Q3_K repacked at load for
 // the int8 decode kernels (DType::kQ4_0Cols .. kQ5_1Cols, kQ4_KCols,
-// kQ5_KCols, kQ8_0Cols, kQ6_KCols, kQ2_KCols, kQ3_KCols: "column groups").
+// kQ5_KCols, kQ8_0Cols, kQ6_KCols, kQ2_KCols, kQ3_KCols, kQ5_KPlanes:
+// "column groups").
 //
 // A row keeps its size. Its first K / 512 * 512 elements become groups of
 // 512 (16 legacy blocks, or two K-quant super-blocks: 16 sub-blocks of 32);
@@ -14,7 +15,11 @@
 //          block l plus 128 (as an unsigned byte: the sign bit flipped);
 //   high   (Q5_*) 8 little-endian 64-bit masks: bit 4 l + i of mask w is the
 //          5th bit of element 4 w + i of block l (masks 0-3 the low nibbles'
-//          elements of columns 0-3, masks 4-7 the high nibbles');
+//          elements of columns 0-3, masks 4-7 the high nibbles'); in
+//          kQ5_KPlanes (Q5_K where the AVX2 kernels run) the same bits as
+//          planes: bit w of byte 4 l + i is bit 4 l + i of mask w, so the
+//          AVX2 kernel's record w of a half group is a shift and a mask of
+//          one 32-byte load (from the masks: five instructions per record);
 //   legacy: d, m  16 f16 each (m: Q4_1, Q5_1), block l at 2 l;
 //   K-quants: meta, 32 bytes: the 12 scale bytes of super-block 0, those of
 //          super-block 1, then d0, dmin0, d1, dmin1 (f16): sub-block l is
@@ -93,13 +98,16 @@ inline ColsFields ColsFieldsAt(DType plain, const void* group) {
   return f;
 }
 
-// A row of K elements (a whole number of blocks) of `plain` rewritten in
-// place as its column groups.
-void RepackColumnGroups(DType plain, uint8_t* row, int64_t K);
+// In the three functions below t names the column-group type (kQ5_KPlanes
+// or ColumnGroupsOf(plain)); a plain type names its ColumnGroupsOf form.
+
+// A row of K elements (a whole number of blocks) of PlainOf(t) rewritten in
+// place as t.
+void RepackColumnGroups(DType t, uint8_t* row, int64_t K);
 
 // The plain blocks of the group at g (16 legacy blocks, 2 super-blocks;
 // Q6_K, Q2_K, Q3_K: 2 super-blocks, each repacked alone).
-void UnpackColumnGroup(DType plain, const uint8_t* g, uint8_t* blocks);
+void UnpackColumnGroup(DType t, const uint8_t* g, uint8_t* blocks);
 
 // Q6_K: the super-block at src in the layout above, into dst (210 bytes
 // each; src == dst allowed), and back.
@@ -113,9 +121,9 @@ void UnpackQ23Records(bool three, const uint8_t* src, uint8_t* dst);
 
 // dst[0..k1 - k0) = elements [k0, k1) of the column-group row of K elements
 // at row (k0 a multiple of the plain block; k1 too, or K): the values
-// DequantizeRow(plain, ...) gives for the row before it was repacked, bit for
-// bit.
-void DequantizeColumnGroups(DType plain, const uint8_t* row, int64_t K, int64_t k0, int64_t k1,
+// DequantizeRow(PlainOf(t), ...) gives for the row before it was repacked,
+// bit for bit.
+void DequantizeColumnGroups(DType t, const uint8_t* row, int64_t K, int64_t k0, int64_t k1,
                             float* dst);
 
 }  // namespace lumen

@@ -39,9 +39,13 @@ void ExpectPartsDecode(DType plain, const uint8_t* row, int64_t K, int64_t block
 TEST(ColumnGroups, KeepEveryValueAtEveryAddress) {
   std::mt19937 rng(5);
   std::normal_distribution<float> nd(0.0f, 1.0f);
-  for (DType t : kPlain) {
-    EXPECT_EQ(t, PlainOf(ColumnGroupsOf(t)));
-    EXPECT_TRUE(IsColumnGroups(ColumnGroupsOf(t)));
+  std::vector<DType> forms;  // each plain type's column groups, and Q5_K's planes
+  for (DType t : kPlain) forms.push_back(ColumnGroupsOf(t));
+  forms.push_back(DType::kQ5_KPlanes);
+  for (DType c : forms) {
+    const DType t = PlainOf(c);
+    EXPECT_NE(t, c);
+    EXPECT_TRUE(IsColumnGroups(c));
     const int64_t be = Info(t).block_elems, bb = Info(t).block_bytes;
     const int64_t gb = kColsElems / be * bb;
     // Legacy: no group, one, one with quads after it, several with a pair
@@ -58,10 +62,10 @@ TEST(ColumnGroups, KeepEveryValueAtEveryAddress) {
       std::vector<uint8_t> buf(rb + 128);
       const auto mis = static_cast<int64_t>(reinterpret_cast<uintptr_t>(buf.data()) % 64);
       for (int off = 0; off < 64; ++off) {
-        SCOPED_TRACE(testing::Message() << Name(t) << " K=" << K << " offset " << off);
+        SCOPED_TRACE(testing::Message() << Name(c) << " K=" << K << " offset " << off);
         uint8_t* row = buf.data() + (64 - mis) % 64 + off;
         std::memcpy(row, plain.data(), rb);
-        RepackColumnGroups(t, row, K);
+        RepackColumnGroups(c, row, K);
         const int64_t groups = K / kColsElems;
         if (groups > 0) {
           EXPECT_NE(0, std::memcmp(row, plain.data(), gb));
@@ -78,12 +82,12 @@ TEST(ColumnGroups, KeepEveryValueAtEveryAddress) {
             }
           }
           std::vector<uint8_t> blocks(gb);
-          UnpackColumnGroup(t, p, blocks.data());
+          UnpackColumnGroup(c, p, blocks.data());
           EXPECT_EQ(0, std::memcmp(blocks.data(), plain.data() + g * gb, gb)) << "g=" << g;
         }
-        DequantizeRow(ColumnGroupsOf(t), row, got.data(), K);
+        DequantizeRow(c, row, got.data(), K);
         ASSERT_EQ(0, std::memcmp(want.data(), got.data(), K * 4));
-        ExpectPartsDecode(t, row, K, be, want, rng, 8);
+        ExpectPartsDecode(c, row, K, be, want, rng, 8);
       }
     }
   }
@@ -174,13 +178,14 @@ TEST(ColumnGroups, Q8BlocksHoldOneBlockPerLaneFlipped) {
 
 // K-quants: lane l is sub-block l % 8 of super-block l / 8, its codes in
 // the legacy columns (low nibble element 4 c + i, high 16 + 4 c + i), the
-// 5th bits in the legacy masks, then [scales 0 | scales 1 | d0 dmin0 d1 dmin1]
-// (the meta field where a legacy group has d).
+// 5th bits in the legacy masks (planes: bit w of byte 4 l + i), then [scales 0 | scales 1 | d0
+// dmin0 d1 dmin1] (the meta field where a legacy group has d).
 TEST(ColumnGroups, SuperBlocksHoldOneSubBlockPerLane) {
   alignas(64) uint8_t buf[64 + 2 * sizeof(BlockQ5K)];
-  for (DType t : {DType::kQ4_K, DType::kQ5_K})
+  for (DType c : {DType::kQ4_KCols, DType::kQ5_KCols, DType::kQ5_KPlanes})
     for (int off : {0, 32}) {
-      SCOPED_TRACE(testing::Message() << Name(t) << " offset " << off);
+      SCOPED_TRACE(testing::Message() << Name(c) << " offset " << off);
+      const DType t = PlainOf(c);
       const bool five = t == DType::kQ5_K;
       const int64_t bb = Info(t).block_bytes, qs = five ? 48 : 16;
       // Code of element e of super-block s: (7 e + 3 s) % 16, plus 16 where
@@ -203,7 +208,7 @@ TEST(ColumnGroups, SuperBlocksHoldOneSubBlockPerLane) {
           if (five) blk[16 + e % 32] |= static_cast<uint8_t>((code(s, e) >> 4) << (e / 32));
         }
       }
-      RepackColumnGroups(t, row, kColsElems);
+      RepackColumnGroups(c, row, kColsElems);
       const ColsFields f = ColsFieldsAt(t, row);
       EXPECT_EQ(off == 32 ? 32 : 0, f.codes);
       EXPECT_EQ(five ? f.codes + 256 : -1, f.high);
@@ -222,7 +227,10 @@ TEST(ColumnGroups, SuperBlocksHoldOneSubBlockPerLane) {
           const int want = code(l / 8, 32 * (l % 8) + j);
           const uint8_t byte = row[f.codes + 64 * ((j % 16) / 4) + 4 * l + j % 4];
           EXPECT_EQ(want & 15, (byte >> (4 * (j / 16))) & 15) << "lane " << l << " j " << j;
-          if (five) {
+          if (c == DType::kQ5_KPlanes) {  // bit j / 4 of byte 4 l + j % 4
+            EXPECT_EQ(want >> 4, (row[f.high + 4 * l + j % 4] >> (j / 4)) & 1)
+                << "lane " << l << " j " << j;
+          } else if (five) {
             uint64_t mask;
             std::memcpy(&mask, row + f.high + 8 * (j / 4), 8);
             EXPECT_EQ(want >> 4, (mask >> (4 * l + j % 4)) & 1) << "lane " << l << " j " << j;

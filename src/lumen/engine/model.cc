@@ -58,7 +58,7 @@ Status NotSafetensors(const std::string& path, const Status& why) {
 // where the AVX2 kernels are the int8 ones) rewritten in place as column groups
 // (core/repack.h) for the int8 decode kernels, which then pay their
 // per-lane work once per 512 weights with no shuffles (the AVX2 kernels once per 256:
-// kernels::Int8ReadsColumnGroups). Only in a copied file (no second copy: the
+// kernels::Int8ColumnGroupsOf). Only in a copied file (no second copy: the
 // memory is the file's), with an int8 route on a CPU that runs it, and not
 // under LUMEN_REPACK=0. Every other reader decodes the new type to the same
 // values (the exact route to the same bits). Rows are rewritten on the
@@ -70,19 +70,18 @@ int RepackColumnGroupsForInt8(formats::GgufFile& gg, std::vector<StoredTensor>& 
   int count = 0;
   for (StoredTensor& t : tensors) {
     kernels::Matrix& m = t.matrix;
-    const DType plain = m.w.dtype;
-    if (m.mlx_bits != 0 || !kernels::Int8ReadsColumnGroups(plain) || m.k < kColsElems || m.n == 0)
-      continue;
+    const DType plain = m.w.dtype, cols = kernels::Int8ColumnGroupsOf(plain);
+    if (m.mlx_bits != 0 || cols == plain || m.k < kColsElems || m.n == 0) continue;
     const size_t rb = *RowBytes(plain, m.k);
     const auto stride = static_cast<size_t>(m.w.row<const uint8_t>(1) - m.w.row<const uint8_t>(0));
     const size_t len = (static_cast<size_t>(m.n) - 1) * stride + rb;
     const bool done = gg.RewriteInPlace(m.w.data, len, [&](uint8_t* p) {
       pool.ParallelFor(m.n, [&](int64_t n0, int64_t n1, int) {
-        for (int64_t n = n0; n < n1; ++n) RepackColumnGroups(plain, p + n * stride, m.k);
+        for (int64_t n = n0; n < n1; ++n) RepackColumnGroups(cols, p + n * stride, m.k);
       });
     });
     if (!done) return count;  // the file is mapped, not copied: none can be
-    m.w.dtype = ColumnGroupsOf(plain);
+    m.w.dtype = cols;
     ++count;
   }
   return count;

@@ -408,16 +408,17 @@ HWY_INLINE void DecodeQ4K5K(const uint8_t* row, int64_t K, Sink& sink) {
 // (DecodeQ4K5K: sub-block 8 s + t feeds chain P0 / P1 / P2 / P3 for t % 4
 // = 0 / 1 / 2 / 3, elements 0-15 then 16-31), so the exact products are that
 // row's bits. On 16-lane AVX-512 vectors the codes come from a
-// TransposedGroup (a sub-block's bytes are a legacy block's qs); otherwise
-// each group is unpacked to its two super-blocks.
-template <bool kQ5, class Sink>
+// TransposedGroup (a sub-block's bytes are a legacy block's qs); otherwise,
+// and for Q5_K's planes (made only where the AVX2 kernels run), each group is
+// unpacked to its two super-blocks.
+template <bool kQ5, class Sink, bool kPlanes = false>
 HWY_INLINE void DecodeSuperColumnGroups(const uint8_t* row, int64_t K, Sink& sink) {
   using Block = std::conditional_t<kQ5, BlockQ5K, BlockQ4K>;
   constexpr DType kPlain = kQ5 ? DType::kQ5_K : DType::kQ4_K;
   int64_t at = 0;
   auto shifted = [&](int64_t k, auto v, auto p) HWY_ATTR { sink(at + k, v, p); };
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
-  if constexpr (hn::MaxLanes(DF()) == 16) {
+  if constexpr (hn::MaxLanes(DF()) == 16 && !kPlanes) {
     const DF d;
     for (; at + kColsElems <= K; at += kColsElems) {
       const uint8_t* g = row + at / kQKK * sizeof(Block);
@@ -467,7 +468,8 @@ HWY_INLINE void DecodeSuperColumnGroups(const uint8_t* row, int64_t K, Sink& sin
 #endif
   alignas(64) uint8_t blocks[2 * sizeof(Block)];
   for (; at + kColsElems <= K; at += kColsElems) {
-    UnpackColumnGroup(kPlain, row + at / kQKK * sizeof(Block), blocks);
+    UnpackColumnGroup(kPlanes ? DType::kQ5_KPlanes : kPlain, row + at / kQKK * sizeof(Block),
+                      blocks);
     DecodeQ4K5K<kQ5>(blocks, kColsElems, shifted);
   }
   DecodeQ4K5K<kQ5>(row + at / kQKK * sizeof(Block), K - at, shifted);
@@ -761,6 +763,7 @@ enum class Path {
   kQ5_1Cols,
   kQ4KCols,
   kQ5KCols,
+  kQ5KPlanes,
   kQ8_0Cols,
   kQ6KCols,
   kQ2KCols,
@@ -808,6 +811,8 @@ Path PathFor(const Matrix& W) {
       return 32 % N == 0 ? Path::kQ4KCols : Path::kGeneric;
     case DType::kQ5_KCols:
       return 32 % N == 0 ? Path::kQ5KCols : Path::kGeneric;
+    case DType::kQ5_KPlanes:
+      return 32 % N == 0 ? Path::kQ5KPlanes : Path::kGeneric;
     case DType::kQ8_0Cols:
       return 16 % N == 0 ? Path::kQ8_0Cols : Path::kGeneric;
     case DType::kQ6_KCols:
@@ -864,6 +869,8 @@ HWY_INLINE void DecodeStorage(Path path, const uint8_t* row, int64_t K, Sink& si
       return DecodeSuperColumnGroups<false>(row, K, sink);
     case Path::kQ5KCols:
       return DecodeSuperColumnGroups<true>(row, K, sink);
+    case Path::kQ5KPlanes:
+      return DecodeSuperColumnGroups<true, Sink, true>(row, K, sink);
     case Path::kQ8_0Cols:
       return DecodeColumnGroups<DType::kQ8_0>(row, K, sink);
     case Path::kQ6KCols:

@@ -1878,11 +1878,14 @@ int64_t Int8MaxRows(const Matrix& W) {
   return Avx2Int8MaxRows(W);
 }
 
-bool Int8ReadsColumnGroups(DType plain) {
+DType Int8ColumnGroupsOf(DType plain) {
+  const bool avx2_only = !CpuHasVnni() && CpuHasAvx2();
   // Q2_K / Q3_K records: only the AVX2 kernels read them (the VNNI ones
   // decode the file's order, unmeasured against a repacked one).
-  if (plain == DType::kQ2_K || plain == DType::kQ3_K) return !CpuHasVnni() && CpuHasAvx2();
-  return (CpuHasVnni() || CpuHasAvx2()) && HasColumnGroups(plain);
+  if (plain == DType::kQ2_K || plain == DType::kQ3_K)
+    return avx2_only ? ColumnGroupsOf(plain) : plain;
+  if (plain == DType::kQ5_K && avx2_only) return DType::kQ5_KPlanes;
+  return CpuHasVnni() || CpuHasAvx2() ? ColumnGroupsOf(plain) : plain;
 }
 
 bool Int8RouteSupports(const Matrix& W) {

@@ -66,11 +66,12 @@ bool CpuHasVnni();
 // MLX with K a whole number of 32-element blocks (Avx2Int8Covers).
 bool Int8RouteSupports(const Matrix& W);
 
-// True when this CPU's int8 kernels read `plain`'s column groups
-// (core/repack.h), which the loader then makes: every type that has them,
-// where the CPU has VNNI or AVX2; Q2_K and Q3_K only without VNNI (the AVX2
-// kernels read their records, the VNNI ones the file's order).
-bool Int8ReadsColumnGroups(DType plain);
+// The column-group type (core/repack.h) this CPU's int8 kernels read for
+// `plain`, which the loader then makes, else plain itself: ColumnGroupsOf for
+// every type that has one, where the CPU has VNNI or AVX2; Q2_K and Q3_K only
+// without VNNI (the AVX2 kernels read their records, the VNNI ones the file's
+// order); Q5_K without VNNI as kQ5_KPlanes (the AVX2 kernels' 5th bits).
+DType Int8ColumnGroupsOf(DType plain);
 
 // True when MatMul(W, ..., M, ...) takes the int8 route.
 inline bool UsesInt8Route(const Matrix& W, int64_t M) {

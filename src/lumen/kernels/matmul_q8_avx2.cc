@@ -204,7 +204,8 @@ enum class Fmt {
   kQ5KC,
   kQ6KC,
   kQ2KC,  // Q2_K / Q3_K records: repacked a super-block at a time, as Q6_K
-  kQ3KC
+  kQ3KC,
+  kQ5KP  // Q5_K column groups with the 5th bits in planes
 };
 
 constexpr Order OrderOf(Fmt f) {
@@ -232,6 +233,7 @@ constexpr Fmt PlainFmt(Fmt f) {
     case Fmt::kQ4KC:
       return Fmt::kQ4K;
     case Fmt::kQ5KC:
+    case Fmt::kQ5KP:
       return Fmt::kQ5K;
     case Fmt::kQ2KC:
       return Fmt::kQ2K;
@@ -255,7 +257,8 @@ constexpr struct {
                  {DType::kQ5_0Cols, Fmt::kQ5_0C}, {DType::kQ5_1Cols, Fmt::kQ5_1C},
                  {DType::kQ8_0Cols, Fmt::kQ8_0C}, {DType::kQ4_KCols, Fmt::kQ4KC},
                  {DType::kQ5_KCols, Fmt::kQ5KC},  {DType::kQ6_KCols, Fmt::kQ6KC},
-                 {DType::kQ2_KCols, Fmt::kQ2KC},  {DType::kQ3_KCols, Fmt::kQ3KC}};
+                 {DType::kQ2_KCols, Fmt::kQ2KC},  {DType::kQ3_KCols, Fmt::kQ3KC},
+                 {DType::kQ5_KPlanes, Fmt::kQ5KP}};
 
 constexpr DType TypeOf(Fmt f) {
   for (const auto& s : kStorages)
@@ -898,12 +901,26 @@ LUMEN_AVX2 void ColsRows(const uint8_t* w, const Acts& a, int64_t m0, float* y, 
           codes[col] = _mm256_and_si256(v, m4);
           codes[col + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
         }
-        if constexpr (kFive)
+        if constexpr (C == Fmt::kQ5KP) {  // record q's 5th bits: bit q of the planes' bytes
+          const __m256i v = Load32(grp + c.high + 32 * h);
+          // Bit q moved to bit 4 (16-bit shifts: no other byte's bit lands there).
+          const __m256i at4[8] = {_mm256_slli_epi16(v, 4),
+                                  _mm256_slli_epi16(v, 3),
+                                  _mm256_slli_epi16(v, 2),
+                                  _mm256_slli_epi16(v, 1),
+                                  v,
+                                  _mm256_srli_epi16(v, 1),
+                                  _mm256_srli_epi16(v, 2),
+                                  _mm256_srli_epi16(v, 3)};
+          for (int q = 0; q < 8; ++q)
+            codes[q] = _mm256_or_si256(codes[q], _mm256_and_si256(at4[q], _mm256_set1_epi8(0x10)));
+        } else if constexpr (kFive) {
           for (int q = 0; q < 8; ++q) {
             uint32_t bits;  // mask q, the bits of lanes 8h .. 8h + 7
             std::memcpy(&bits, grp + c.high + 8 * q + 4 * h, 4);
             codes[q] = _mm256_or_si256(codes[q], BitBytes(bits, 0x10));
           }
+        }
       }
       __m256 sw, ow = _mm256_setzero_ps();  // per lane: w = sw q - ow (legacy m: + ow)
       if constexpr (kK) {
@@ -1253,6 +1270,8 @@ RowsFn PickRows(Fmt f) {
       return ColsRows<Fmt::kQ4KC, MB, L>;
     case Fmt::kQ5KC:
       return ColsRows<Fmt::kQ5KC, MB, L>;
+    case Fmt::kQ5KP:
+      return ColsRows<Fmt::kQ5KP, MB, L>;
     case Fmt::kQ6KC:
       return Q6SlicesRows<MB, L>;
     case Fmt::kMlx4:

@@ -35,7 +35,7 @@ constexpr DType kTypes[] = {DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ5
                             // the column groups the loader makes for these kernels
                             DType::kQ4_0Cols, DType::kQ4_1Cols, DType::kQ5_0Cols, DType::kQ5_1Cols,
                             DType::kQ8_0Cols, DType::kQ4_KCols, DType::kQ5_KCols, DType::kQ6_KCols,
-                            DType::kQ2_KCols, DType::kQ3_KCols};
+                            DType::kQ2_KCols, DType::kQ3_KCols, DType::kQ5_KPlanes};
 
 #define SKIP_WITHOUT_AVX2() \
   if (!CpuHasAvx2()) GTEST_SKIP() << "no AVX2/FMA/F16C on this CPU: the AVX2 kernels cannot run"
@@ -161,9 +161,9 @@ TEST(MatMulInt8Avx2, ExtremeCodesDoNotSaturate) {
   std::vector<float> X(M * K);
   for (int64_t i = 0; i < K; ++i) X[i] = i % 2 == 0 ? 3.0f : -3.0f;
   for (int64_t i = K; i < M * K; ++i) X[i] = 0.5f;
-  for (DType t :
-       {DType::kQ8_0, DType::kQ6_K, DType::kQ5_0, DType::kQ5_K, DType::kQ4_0, DType::kQ8_0Cols,
-        DType::kQ5_0Cols, DType::kQ5_KCols, DType::kQ4_0Cols, DType::kQ4_KCols, DType::kQ6_KCols})
+  for (DType t : {DType::kQ8_0, DType::kQ6_K, DType::kQ5_0, DType::kQ5_K, DType::kQ4_0,
+                  DType::kQ8_0Cols, DType::kQ5_0Cols, DType::kQ5_KCols, DType::kQ4_0Cols,
+                  DType::kQ4_KCols, DType::kQ6_KCols, DType::kQ5_KPlanes})
     for (int levels : {1, 2}) {
       const DType plain = PlainOf(t);
       OwnedMatrix W = MakeRoute(plain, N, K, levels, rng);
@@ -194,7 +194,7 @@ TEST(MatMulInt8Avx2, ExtremeCodesDoNotSaturate) {
           for (int64_t sb = 0; sb < K / kQKK; ++sb)
             std::memset(row + sb * sizeof(BlockQ5K) + 16, 0xFF, 160);  // qh and qs
         }
-        if (t != plain) RepackColumnGroups(plain, row, K);
+        if (t != plain) RepackColumnGroups(t, row, K);
       }
       W.m.w.dtype = t;
       std::vector<float> Y(M * N);

@@ -187,7 +187,8 @@ inline void WeightParts(const Matrix& W, int64_t n, double* a, double* o) {
     case DType::kQ4_K:
     case DType::kQ5_K:
     case DType::kQ4_KCols:
-    case DType::kQ5_KCols: {
+    case DType::kQ5_KCols:
+    case DType::kQ5_KPlanes: {
       const DType plain = PlainOf(W.w.dtype);
       const bool five = plain == DType::kQ5_K;
       const int64_t bytes = five ? sizeof(BlockQ5K) : sizeof(BlockQ4K), qs = five ? 48 : 16;
@@ -206,8 +207,12 @@ inline void WeightParts(const Matrix& W, int64_t n, double* a, double* o) {
           for (int j = 0; j < kQK; ++j) {
             const int byte = j % 16;
             int q = (g[c.codes + 64 * (byte / 4) + 4 * l + byte % 4] >> (4 * (j / 16))) & 15;
-            const int64_t bit = 64 * (j / 4) + 4 * l + j % 4;
-            if (five) q |= ((g[c.high + bit / 8] >> (bit % 8)) & 1) << 4;
+            const int64_t bit = 64 * (j / 4) + 4 * l + j % 4;  // of mask j / 4
+            if (W.w.dtype == DType::kQ5_KPlanes) {             // bit j / 4 of byte 4 l + j % 4
+              q |= ((g[c.high + 4 * l + j % 4] >> (j / 4)) & 1) << 4;
+            } else if (five) {
+              q |= ((g[c.high + bit / 8] >> (bit % 8)) & 1) << 4;
+            }
             a[sb * kQKK + 32 * l + j] = d * sc * q;
             o[sb * kQKK + 32 * l + j] = dmin * m;
           }

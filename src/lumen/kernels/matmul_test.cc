@@ -196,9 +196,11 @@ TEST(MatMulTest, ColumnGroupsGiveThePlainBitsOnTheExactAndBf16Routes) {
   std::vector<ActRoute> routes = {ActRoute::kExact};
   if (CpuHasBf16()) routes.push_back(ActRoute::kBf16);
   for (ActRoute route : routes)
-    for (DType t : {DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1, DType::kQ4_K,
-                    DType::kQ5_K, DType::kQ8_0, DType::kQ6_K, DType::kQ2_K, DType::kQ3_K})
+    for (DType c : {DType::kQ4_0Cols, DType::kQ4_1Cols, DType::kQ5_0Cols, DType::kQ5_1Cols,
+                    DType::kQ4_KCols, DType::kQ5_KCols, DType::kQ8_0Cols, DType::kQ6_KCols,
+                    DType::kQ2_KCols, DType::kQ3_KCols, DType::kQ5_KPlanes})
       for (int64_t K : {512, 640, 768, 1120, 2048, 4160, 4352}) {
+        const DType t = PlainOf(c);
         if (K % Info(t).block_elems != 0) continue;
         const int64_t N = 19;
         Spec s;
@@ -219,11 +221,11 @@ TEST(MatMulTest, ColumnGroupsGiveThePlainBitsOnTheExactAndBf16Routes) {
           std::vector<float> want(M * N), got(M * N);
           MatMul(q.m, X.data(), M, K, want.data(), N, nullptr);
           for (int64_t n = 0; n < N; ++n)
-            RepackColumnGroups(t, const_cast<uint8_t*>(q.m.w.row<const uint8_t>(n)), K);
-          cols.w.dtype = ColumnGroupsOf(t);
+            RepackColumnGroups(c, const_cast<uint8_t*>(q.m.w.row<const uint8_t>(n)), K);
+          cols.w.dtype = c;
           MatMul(cols, X.data(), M, K, got.data(), N, nullptr);
           EXPECT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * 4))
-              << Name(t) << " K=" << K << " M=" << M << " route " << int(route);
+              << Name(c) << " K=" << K << " M=" << M << " route " << int(route);
           std::copy(plain.begin(), plain.end(), q.bytes.begin());  // plain rows again
         }
       }

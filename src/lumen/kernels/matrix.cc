@@ -50,7 +50,7 @@ void DequantizeMatrixColumns(const Matrix& m, int64_t r, int64_t k0, int64_t k1,
               (k1 % align == 0 || k1 == m.k));
   if (k0 == k1) return;
   if (IsColumnGroups(m.w.dtype)) {  // its groups decode from the row's start
-    DequantizeColumnGroups(PlainOf(m.w.dtype), m.w.row<const uint8_t>(r), m.k, k0, k1, dst);
+    DequantizeColumnGroups(m.w.dtype, m.w.row<const uint8_t>(r), m.k, k0, k1, dst);
     return;
   }
   if (m.mlx_bits == 0) {

@@ -42,7 +42,7 @@ inline OwnedMatrix Make(const Spec& s, int64_t N, int64_t K, std::mt19937& rng) 
     const DType plain = PlainOf(s.dtype);  // column groups: repacked where they lie
     for (int64_t n = 0; n < N; ++n) {
       QuantizeRow(plain, &w[n * K], base + n * stride, K);
-      if (plain != s.dtype) RepackColumnGroups(plain, base + n * stride, K);
+      if (plain != s.dtype) RepackColumnGroups(s.dtype, base + n * stride, K);
     }
     o.m.w = TensorView::Contiguous(base, s.dtype, {N, K});
     o.m.w.stride[0] = static_cast<int64_t>(stride);
@@ -91,11 +91,11 @@ inline std::vector<float> RandomActivations(int64_t M, int64_t K, std::mt19937& 
 inline std::vector<Spec> AllSpecs() {
   std::vector<Spec> v;
   for (DType t :
-       {DType::kF32,      DType::kF16,      DType::kBF16,     DType::kQ4_0,     DType::kQ4_1,
-        DType::kQ5_0,     DType::kQ5_1,     DType::kQ8_0,     DType::kQ2_K,     DType::kQ3_K,
-        DType::kQ4_K,     DType::kQ5_K,     DType::kQ6_K,     DType::kQ4_0Cols, DType::kQ4_1Cols,
-        DType::kQ5_0Cols, DType::kQ5_1Cols, DType::kQ4_KCols, DType::kQ5_KCols, DType::kQ8_0Cols,
-        DType::kQ6_KCols, DType::kQ2_KCols, DType::kQ3_KCols}) {
+       {DType::kF32,      DType::kF16,      DType::kBF16,     DType::kQ4_0,      DType::kQ4_1,
+        DType::kQ5_0,     DType::kQ5_1,     DType::kQ8_0,     DType::kQ2_K,      DType::kQ3_K,
+        DType::kQ4_K,     DType::kQ5_K,     DType::kQ6_K,     DType::kQ4_0Cols,  DType::kQ4_1Cols,
+        DType::kQ5_0Cols, DType::kQ5_1Cols, DType::kQ4_KCols, DType::kQ5_KCols,  DType::kQ8_0Cols,
+        DType::kQ6_KCols, DType::kQ2_KCols, DType::kQ3_KCols, DType::kQ5_KPlanes}) {
     Spec s;
     s.name = std::string(Name(t));
     s.dtype = t;

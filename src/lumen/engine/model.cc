@@ -55,7 +55,8 @@ Status NotSafetensors(const std::string& path, const Status& why) {
 }
 
 // Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q8_0 and Q6_K matrices (and Q2_K, Q3_K
-// where the AVX2 kernels are the int8 ones) rewritten in place as column groups
+// where the AVX2 kernels are the int8 ones; Q5_K's 5th bits there in planes)
+// rewritten in place as column groups
 // (core/repack.h) for the int8 decode kernels, which then pay their
 // per-lane work once per 512 weights with no shuffles (the AVX2 kernels once per 256:
 // kernels::Int8ColumnGroupsOf). Only in a copied file (no second copy: the

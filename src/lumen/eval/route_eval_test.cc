@@ -40,7 +40,7 @@ std::unique_ptr<engine::Model> Load(const std::string& path, kernels::ActRoute r
 
 // The gate tests' scratch folder (removed by the test) and prompts.
 fs::path GateDir(const std::string& tag) {
-  const fs::path dir = fs::temp_directory_path() / (tag + "_" + std::to_string(::getpid()));
+  fs::path dir = fs::temp_directory_path() / (tag + "_" + std::to_string(::getpid()));
   fs::create_directories(dir);
   return dir;
 }
@@ -268,7 +268,7 @@ struct Storage {
 
 // `src` written as `st` into dir: a GGUF file, or an MLX (Hugging Face) directory.
 std::string WriteAs(const engine::Model& src, const Storage& st, const fs::path& dir) {
-  const std::string path = (dir / st.name()).string() + (st.mlx_bits ? "" : ".gguf");
+  std::string path = (dir / st.name()).string() + (st.mlx_bits ? "" : ".gguf");
   if (!st.mlx_bits) {
     EXPECT_TRUE(engine::ConvertModel(src, engine::OutputFormat::kGguf, path, st.type).ok());
     return path;

@@ -511,7 +511,7 @@ TEST(Synth, Q4KMMix) {
 // that names it, and no file is written; before, the writer wrote f16.
 TEST(Synth, RefusesTypesAGgufFileCannotHold) {
   const fs::path dir = TempDir("badquant");
-  for (const char* q : {"q4_0_cols", "q2_k_cols", "q6_k_cols", "i8", "u32"}) {
+  for (const char* q : {"q4_0_cols", "q2_k_cols", "q6_k_cols", "q5_k_planes", "i8", "u32"}) {
     SynthOptions o = Tiny256();
     o.out = (dir / "m.gguf").string();
     ASSERT_TRUE(ParseSynthQuant(q, o).ok()) << q;  // a name Name() prints: parsed, then refused

@@ -659,9 +659,8 @@ LUMEN_AVX2 inline void SixteensSuperBlock(__m128i sc8, float d, __m256 mn_lo, __
   }
 }
 
-// The 16 signed bytes of sc8 as floats times f, in two vectors of 8.
-LUMEN_AVX2 inline void SignedBytesTimes(__m128i sc8, float f, __m256* lo, __m256* hi) {
-  const __m256 k = _mm256_set1_ps(f);
+// The 16 signed bytes of sc8 as floats times k, in two vectors of 8.
+LUMEN_AVX2 inline void SignedBytesTimes(__m128i sc8, __m256 k, __m256* lo, __m256* hi) {
   *lo = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc8)), k);
   *hi = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(sc8, 8))), k);
 }
@@ -677,7 +676,7 @@ LUMEN_AVX2 void Q6KRows(const uint8_t* w, const Acts& a, int64_t m0, float* y, i
     const float d = Half(blk + 208);
     const __m128i sc8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 192));
     __m256 mn_lo, mn_hi;
-    SignedBytesTimes(sc8, 32 * d, &mn_lo, &mn_hi);  // w = d sc (q - 32)
+    SignedBytesTimes(sc8, _mm256_set1_ps(32 * d), &mn_lo, &mn_hi);  // w = d sc (q - 32)
     // Block k = 4 h + p: low bits from ql[64 h + 32 (p % 2)] (nibble p / 2),
     // high bits 2p of qh[32 h].
     SixteensSuperBlock<MB, L>(sc8, d, mn_lo, mn_hi, a, m0, sb * 8, acc, off, [&](int k) LUMEN_AVX2 {
@@ -726,10 +725,10 @@ LUMEN_AVX2 void Q23KRecordsRows(const uint8_t* w, const Acts& a, int64_t m0, flo
     const uint8_t* blk = w + sb * kBytes;
     PrefetchAhead(blk, kBytes);
     __m128i sc8;
-    __m256 mn_lo, mn_hi;
-    float d;
+    __m256 mn_lo, mn_hi, d;  // d in every lane (its f16 loaded to a vector register: through
+                             // a general one, Q2_K's d and dmin cost 5% of its decode)
     if constexpr (kThree) {  // w = d (sc - 32) (q - 4); Q3KScale's packing, in 64-bit words
-      d = Half(blk + 108);
+      d = _mm256_broadcastss_ps(_mm_cvtph_ps(_mm_loadu_si16(blk + 108)));
       uint64_t lo;
       uint32_t hi;
       std::memcpy(&lo, blk + 96, 8);
@@ -741,14 +740,15 @@ LUMEN_AVX2 void Q23KRecordsRows(const uint8_t* w, const Acts& a, int64_t m0, flo
       sc8 = _mm_sub_epi8(_mm_set_epi64x(static_cast<int64_t>(((lo >> 4) & kLo4) | top_b << 4),
                                         static_cast<int64_t>((lo & kLo4) | top_a << 4)),
                          _mm_set1_epi8(32));
-      SignedBytesTimes(sc8, 4 * d, &mn_lo, &mn_hi);
+      SignedBytesTimes(sc8, _mm256_mul_ps(d, _mm256_set1_ps(4.0f)), &mn_lo, &mn_hi);
     } else {  // w = d (sc & 15) q - dmin (sc >> 4)
-      d = Half(blk + 80);
+      const __m128 dd = _mm_cvtph_ps(_mm_loadu_si32(blk + 80));  // d, dmin
+      d = _mm256_broadcastss_ps(dd);
       const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk));
       sc8 = _mm_and_si128(v, lo4);
       // dmin (sc >> 4), the bytes widened as they load (widening the
       // nibbles in a register cost 7% of a weight row)
-      const __m256 k = _mm256_set1_ps(Half(blk + 82));
+      const __m256 k = _mm256_broadcastss_ps(_mm_movehdup_ps(dd));
       auto mins = [&](int at) LUMEN_AVX2 {
         const __m128i b8 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + at));
         return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(_mm256_cvtepu8_epi32(b8), 4)), k);
@@ -830,7 +830,7 @@ LUMEN_AVX2 void Q23KRecordsRows(const uint8_t* w, const Acts& a, int64_t m0, flo
       }
     }
     for (int r = 0; r < MB; ++r) {
-      const __m256 scale = _mm256_mul_ps(_mm256_set1_ps(d), _mm256_loadu_ps(a.D(m0 + r) + b0));
+      const __m256 scale = _mm256_mul_ps(d, _mm256_loadu_ps(a.D(m0 + r) + b0));
       acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), scale, acc[r]);
       const float* s16 = a.S16(m0 + r) + 2 * b0;
       off[r] = _mm256_fnmadd_ps(mn_lo, _mm256_loadu_ps(s16), off[r]);

@@ -283,6 +283,18 @@ std::string WriteAs(const engine::Model& src, const Storage& st, const fs::path&
   return path;
 }
 
+// A random-weight tiny Llama 256 wide written into dir (the K-quants need
+// 256-wide rows), and its path.
+std::string SynthTiny256(const fs::path& dir) {
+  engine::SynthOptions so;
+  so.name = "tiny-llama";
+  so.dim = 256;
+  so.ffn = 512;
+  so.out = (dir / "tiny256.gguf").string();
+  EXPECT_TRUE(engine::Synthesize(so).ok());
+  return so.out;
+}
+
 // The default gate for the int8x2 decode route on each storage of `f32`'s
 // weights: KL to the exact route below a quarter of what Q8_0 weights cost
 // on the same model, with the storage's int8 kernel in use.
@@ -357,15 +369,9 @@ TEST(RouteKl, Int8x2DecodeGateOnEveryWeightType) {
                            "Tom had a red ball", "One day, a little bird"},
                           dir);
 
-  engine::SynthOptions so;
-  so.name = "tiny-llama";
-  so.dim = 256;
-  so.ffn = 512;
-  so.out = (dir / "tiny256.gguf").string();
-  ASSERT_TRUE(engine::Synthesize(so).ok());
   engine::LoadOptions lo;
   lo.threads = 1;
-  auto tiny = engine::Model::Load(so.out, lo);
+  auto tiny = engine::Model::Load(SynthTiny256(dir), lo);
   ASSERT_TRUE(tiny.ok()) << tiny.status().message();
   ExpectGateOnEachStorage(**tiny,
                           {{DType::kQ2_K},
@@ -387,13 +393,7 @@ TEST(RouteKl, Int8x2ShortPrefillGateOnMlx) {
     GTEST_SKIP() << "MLX prompts above 8 tokens take the int8x2 route only with the AVX2 kernels "
                     "(no AVX512-VNNI): not on this CPU";
   const fs::path dir = GateDir("lumen_gate_mlxp");
-  engine::SynthOptions so;
-  so.name = "tiny-llama";
-  so.dim = 256;
-  so.ffn = 512;
-  so.out = (dir / "tiny256.gguf").string();
-  ASSERT_TRUE(engine::Synthesize(so).ok());
-  auto tiny = Load(so.out, kernels::ActRoute::kExact);
+  auto tiny = Load(SynthTiny256(dir), kernels::ActRoute::kExact);
   ASSERT_TRUE(tiny);
   auto prompts = EncodePrompts(*tiny, std::vector<std::string>{"the cat", "a b c d", "x y z"});
   ASSERT_TRUE(prompts.ok());

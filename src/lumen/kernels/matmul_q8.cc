@@ -1879,13 +1879,12 @@ int64_t Int8MaxRows(const Matrix& W) {
 }
 
 DType Int8ColumnGroupsOf(DType plain) {
-  const bool avx2_only = !CpuHasVnni() && CpuHasAvx2();
-  // Q2_K / Q3_K records: only the AVX2 kernels read them (the VNNI ones
-  // decode the file's order, unmeasured against a repacked one).
-  if (plain == DType::kQ2_K || plain == DType::kQ3_K)
-    return avx2_only ? ColumnGroupsOf(plain) : plain;
-  if (plain == DType::kQ5_K && avx2_only) return DType::kQ5_KPlanes;
-  return CpuHasVnni() || CpuHasAvx2() ? ColumnGroupsOf(plain) : plain;
+  // The VNNI kernels decode Q2_K / Q3_K in the file's order (unmeasured
+  // against records) and take Q5_K's masks as they are.
+  if (CpuHasVnni())
+    return plain == DType::kQ2_K || plain == DType::kQ3_K ? plain : ColumnGroupsOf(plain);
+  if (!CpuHasAvx2()) return plain;
+  return plain == DType::kQ5_K ? DType::kQ5_KPlanes : ColumnGroupsOf(plain);
 }
 
 bool Int8RouteSupports(const Matrix& W) {

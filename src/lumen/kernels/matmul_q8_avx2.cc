@@ -1078,16 +1078,23 @@ LUMEN_AVX2 inline void MlxBlock(const uint8_t* row, const Acts& a, int64_t m0, i
   }
 }
 
-// An MLX row's group scales and biases as floats, and the block -> group
-// shift; the kernels read eight from a run's first group, so eight zeros follow.
+// An MLX row's group scales and biases as floats (the kernels read eight
+// from a run's first group, so eight zeros follow), the block -> group shift,
+// and the group of each lane of a run whose lane l holds block lane_block(l),
+// relative to the group of the run's first block.
 struct MlxGroups {
   int shift;
+  __m256i spread;
   float sc[kMlxMaxGroups + 8], bias[kMlxMaxGroups + 8];
 };
 
-LUMEN_AVX2 inline void LoadMlxGroups(const Matrix& W, int64_t n, MlxGroups* g) {
+LUMEN_AVX2 inline void LoadMlxGroups(const Matrix& W, int64_t n, int64_t (*lane_block)(int64_t),
+                                     MlxGroups* g) {
   const int64_t groups = W.k / W.mlx_group;
   g->shift = W.mlx_group == 32 ? 0 : W.mlx_group == 64 ? 1 : 2;
+  alignas(32) int32_t spread[8];
+  for (int l = 0; l < 8; ++l) spread[l] = static_cast<int32_t>(lane_block(l) >> g->shift);
+  g->spread = _mm256_load_si256(reinterpret_cast<const __m256i*>(spread));
   GroupFloats(W.scales.dtype, W.scales.row(n), groups, g->sc);
   GroupFloats(W.biases.dtype, W.biases.row(n), groups, g->bias);
   std::fill_n(g->sc + groups, 8, 0.0f);
@@ -1109,21 +1116,12 @@ template <int MB, int L>
 LUMEN_AVX2 void Mlx4RecordsRows(const Matrix& W, int64_t n, const Acts& a, int64_t m0, float* y,
                                 int64_t ldy) {
   const uint8_t* row = W.w.row<const uint8_t>(n);
-  MlxGroups grp;
-  LoadMlxGroups(W, n, &grp);
-  const int shift = grp.shift;
-  const float *sc = grp.sc, *bias = grp.bias;
-  // Lane l (block b0 + MlxLaneBlock(l)) reads group (b0 >> shift) + spread[l].
-  const __m256i spread = shift == 0   ? _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7)
-                         : shift == 1 ? _mm256_setr_epi32(0, 1, 2, 3, 0, 1, 2, 3)
-                                      : _mm256_setr_epi32(0, 0, 1, 1, 0, 0, 1, 1);
+  MlxGroups g;
+  LoadMlxGroups(W, n, MlxLaneBlock, &g);
   const __m256i m4 = _mm256_set1_epi8(0x0F);
   __m256 acc[MB];
-  float off[MB];
-  for (int r = 0; r < MB; ++r) {
-    acc[r] = _mm256_setzero_ps();
-    off[r] = 0;
-  }
+  float off[MB] = {};
+  for (int r = 0; r < MB; ++r) acc[r] = _mm256_setzero_ps();
   const int64_t runs = a.nb / 8;
   for (int64_t u = 0; u < runs; ++u) {
     const int64_t b0 = 8 * u;
@@ -1137,9 +1135,9 @@ LUMEN_AVX2 void Mlx4RecordsRows(const Matrix& W, int64_t n, const Acts& a, int64
       codes[c] = _mm256_and_si256(t[c], m4);
       codes[c + 4] = _mm256_and_si256(_mm256_srli_epi16(t[c], 4), m4);
     }
-    const int64_t g0 = b0 >> shift;
-    const __m256 sw = _mm256_permutevar8x32_ps(_mm256_loadu_ps(sc + g0), spread);
-    const __m256 ow = _mm256_permutevar8x32_ps(_mm256_loadu_ps(bias + g0), spread);
+    const int64_t g0 = b0 >> g.shift;
+    const __m256 sw = _mm256_permutevar8x32_ps(_mm256_loadu_ps(g.sc + g0), g.spread);
+    const __m256 ow = _mm256_permutevar8x32_ps(_mm256_loadu_ps(g.bias + g0), g.spread);
     for (int r = 0; r < MB; ++r) {
       const __m256i i = RecordsDot<L, 8>(codes, a.Q(m0 + r, b0));
       const __m256 scale = _mm256_mul_ps(sw, _mm256_loadu_ps(a.D(m0 + r) + b0));
@@ -1148,9 +1146,12 @@ LUMEN_AVX2 void Mlx4RecordsRows(const Matrix& W, int64_t n, const Acts& a, int64
     }
   }
   for (int64_t b = 8 * runs; b < a.nb; ++b)
-    MlxBlock<4, MB, L>(row, a, m0, b, sc[b >> shift], bias[b >> shift], acc, off);
+    MlxBlock<4, MB, L>(row, a, m0, b, g.sc[b >> g.shift], g.bias[b >> g.shift], acc, off);
   for (int r = 0; r < MB; ++r) y[r * ldy] = HSum(acc[r]) + off[r];
 }
+
+// Lane l of a kMlx8Slices chunk holds block l % 4.
+constexpr int64_t MlxSliceBlock(int64_t l) { return MlxLaneSlice(l) / 2; }
 
 // MLX 8-bit rows against kMlx8Slices activations: the four blocks of a run
 // (128 code bytes) transposed in registers within 128-bit halves, so that
@@ -1165,21 +1166,12 @@ template <int MB, int L>
 LUMEN_AVX2 void Mlx8SlicesRows(const Matrix& W, int64_t n, const Acts& a, int64_t m0, float* y,
                                int64_t ldy) {
   const uint8_t* row = W.w.row<const uint8_t>(n);
-  MlxGroups grp;
-  LoadMlxGroups(W, n, &grp);
-  const int shift = grp.shift;
-  const float *sc = grp.sc, *bias = grp.bias;
-  // Lane l (block b0 + l % 4) reads group (b0 >> shift) + spread[l].
-  const __m256i spread = shift == 0   ? _mm256_setr_epi32(0, 1, 2, 3, 0, 1, 2, 3)
-                         : shift == 1 ? _mm256_setr_epi32(0, 0, 1, 1, 0, 0, 1, 1)
-                                      : _mm256_setzero_si256();
+  MlxGroups g;
+  LoadMlxGroups(W, n, MlxSliceBlock, &g);
   const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
   __m256 acc[MB];
-  float off[MB];
-  for (int r = 0; r < MB; ++r) {
-    acc[r] = _mm256_setzero_ps();
-    off[r] = 0;
-  }
+  float off[MB] = {};
+  for (int r = 0; r < MB; ++r) acc[r] = _mm256_setzero_ps();
   const int64_t runs = a.nb / 4;
   for (int64_t u = 0; u < runs; ++u) {
     const int64_t b0 = 4 * u;
@@ -1189,10 +1181,11 @@ LUMEN_AVX2 void Mlx8SlicesRows(const Matrix& W, int64_t n, const Acts& a, int64_
     for (int k = 0; k < 4; ++k) v[k] = _mm256_xor_si256(Load32(p + 32 * k), flip);
     TransposeDwords(v, codes);
     for (int c = 0; c < 4; ++c) mag[c] = _mm256_sign_epi8(codes[c], codes[c]);
-    const int64_t g0 = b0 >> shift;
-    const __m256 sw = _mm256_permutevar8x32_ps(_mm256_loadu_ps(sc + g0), spread);
-    const __m256 ow = _mm256_fmadd_ps(sw, _mm256_set1_ps(128.0f),
-                                      _mm256_permutevar8x32_ps(_mm256_loadu_ps(bias + g0), spread));
+    const int64_t g0 = b0 >> g.shift;
+    const __m256 sw = _mm256_permutevar8x32_ps(_mm256_loadu_ps(g.sc + g0), g.spread);
+    const __m256 ow =
+        _mm256_fmadd_ps(sw, _mm256_set1_ps(128.0f),
+                        _mm256_permutevar8x32_ps(_mm256_loadu_ps(g.bias + g0), g.spread));
     for (int r = 0; r < MB; ++r) {
       const int8_t* x = a.Q(m0 + r, b0);
       __m256i i = _mm256_setzero_si256();
@@ -1209,7 +1202,7 @@ LUMEN_AVX2 void Mlx8SlicesRows(const Matrix& W, int64_t n, const Acts& a, int64_
     }
   }
   for (int64_t b = 4 * runs; b < a.nb; ++b)
-    MlxBlock<8, MB, L>(row, a, m0, b, sc[b >> shift], bias[b >> shift], acc, off);
+    MlxBlock<8, MB, L>(row, a, m0, b, g.sc[b >> g.shift], g.bias[b >> g.shift], acc, off);
   for (int r = 0; r < MB; ++r) y[r * ldy] = HSum(acc[r]) + off[r];
 }
 

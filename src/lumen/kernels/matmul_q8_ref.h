@@ -207,10 +207,10 @@ inline void WeightParts(const Matrix& W, int64_t n, double* a, double* o) {
           for (int j = 0; j < kQK; ++j) {
             const int byte = j % 16;
             int q = (g[c.codes + 64 * (byte / 4) + 4 * l + byte % 4] >> (4 * (j / 16))) & 15;
-            const int64_t bit = 64 * (j / 4) + 4 * l + j % 4;  // of mask j / 4
-            if (W.w.dtype == DType::kQ5_KPlanes) {             // bit j / 4 of byte 4 l + j % 4
+            if (W.w.dtype == DType::kQ5_KPlanes) {  // bit j / 4 of byte 4 l + j % 4
               q |= ((g[c.high + 4 * l + j % 4] >> (j / 4)) & 1) << 4;
-            } else if (five) {
+            } else if (five) {  // bit 4 l + j % 4 of mask j / 4
+              const int64_t bit = 64 * (j / 4) + 4 * l + j % 4;
               q |= ((g[c.high + bit / 8] >> (bit % 8)) & 1) << 4;
             }
             a[sb * kQKK + 32 * l + j] = d * sc * q;

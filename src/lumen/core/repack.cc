@@ -268,29 +268,66 @@ void UnpackQ6Slices(const uint8_t* src, uint8_t* dst) {
   }
 }
 
+namespace {
+
+constexpr uint32_t kOne = 0x01010101u, kTwo = 0x03030303u, kThree = 0x07070707u;
+
+// Q3_K's planes from its records form, a dword (4 lane bytes) at a time: q[h]
+// holds record 4 h + t's low 2 bits at bits 2 t, hm record r's third bit at
+// bit r; every term is masked to its byte before a shift (a 32-bit shift
+// carries the next byte's bits down).
+void Q3RecordsToPlanes(const uint32_t* q, uint32_t hm, uint32_t* p) {
+  uint32_t c[8];
+  for (int r = 0; r < 8; ++r) c[r] = (q[r / 4] >> (2 * (r % 4)) & kTwo) | (hm >> r & kOne) << 2;
+  p[0] = c[0] | c[1] << 3 | (c[6] & kTwo) << 6;
+  p[1] = c[2] | c[3] << 3 | (c[7] & kTwo) << 6;
+  p[2] = c[4] | c[5] << 3 | (c[6] >> 2 & kOne) << 6 | (c[7] >> 2 & kOne) << 7;
+}
+
+void Q3PlanesToRecords(const uint32_t* p, uint32_t* q, uint32_t* hm) {
+  const uint32_t c[8] = {p[0] & kThree,
+                         p[0] >> 3 & kThree,
+                         p[1] & kThree,
+                         p[1] >> 3 & kThree,
+                         p[2] & kThree,
+                         p[2] >> 3 & kThree,
+                         (p[0] >> 6 & kTwo) | (p[2] >> 6 & kOne) << 2,
+                         (p[1] >> 6 & kTwo) | (p[2] >> 7 & kOne) << 2};
+  q[0] = q[1] = *hm = 0;
+  for (int r = 0; r < 8; ++r) {
+    q[r / 4] |= (c[r] & kTwo) << (2 * (r % 4));
+    *hm |= (c[r] >> 2 & kOne) << r;
+  }
+}
+
+}  // namespace
+
 // Q2_K and Q3_K records. Block l = 4 n + j's element e sits at bits 2 j of
 // qs[32 n + e] (its third bit at bit l of hmask[e]); for e = 16 h + 4 t + i
 // the four codes i = 0..3 are one dword of the plain qs (and hmask), so each
-// moves as a 32-bit word.
+// moves as a 32-bit word. Q3_K's records then become planes, a dword at a
+// time.
 void RepackQ23Records(bool three, const uint8_t* src, uint8_t* dst) {
   uint8_t blk[sizeof(BlockQ3K)];
   const int64_t bytes = three ? sizeof(BlockQ3K) : sizeof(BlockQ2K);
   const int64_t qs = three ? offsetof(BlockQ3K, qs) : offsetof(BlockQ2K, qs);
   std::memcpy(blk, src, bytes);
   std::memcpy(dst, blk, bytes);  // scales and d (the codes are rewritten below)
-  constexpr uint32_t kTwo = 0x03030303u, kOne = 0x01010101u;
   for (int l = 0; l < 8; ++l) {
     const int n = l / 4, j = l % 4;
-    uint32_t high = 0;
-    for (int h = 0; h < 2; ++h) {
-      uint32_t w = 0;
+    uint32_t high = 0, w[2] = {};
+    for (int h = 0; h < 2; ++h)
       for (int t = 0; t < 4; ++t) {
-        w |= (LoadU32(blk + qs + 32 * n + 16 * h + 4 * t) >> (2 * j) & kTwo) << (2 * t);
+        w[h] |= (LoadU32(blk + qs + 32 * n + 16 * h + 4 * t) >> (2 * j) & kTwo) << (2 * t);
         if (three) high |= (LoadU32(blk + 16 * h + 4 * t) >> l & kOne) << (4 * h + t);
       }
-      std::memcpy(dst + qs + 32 * h + 4 * l, &w, 4);
+    if (!three) {
+      for (int h = 0; h < 2; ++h) std::memcpy(dst + qs + 32 * h + 4 * l, &w[h], 4);
+      continue;
     }
-    if (three) std::memcpy(dst + 4 * l, &high, 4);
+    uint32_t p[3];
+    Q3RecordsToPlanes(w, high, p);
+    for (int k = 0; k < 3; ++k) std::memcpy(dst + 32 * k + 4 * l, &p[k], 4);
   }
 }
 
@@ -304,7 +341,15 @@ void UnpackQ23Records(bool three, const uint8_t* src, uint8_t* dst) {
   const int64_t qs = three ? offsetof(BlockQ3K, qs) : offsetof(BlockQ2K, qs);
   std::memcpy(g, src, bytes);
   std::memcpy(dst, g, bytes);
-  constexpr uint32_t kTwo = 0x03030303u, kOne = 0x01010101u;
+  if (three)  // planes -> records form (hmask at 0, qs halves at 32, 64), in g
+    for (int l = 0; l < 8; ++l) {
+      const uint32_t p[3] = {LoadU32(g + 4 * l), LoadU32(g + 32 + 4 * l), LoadU32(g + 64 + 4 * l)};
+      uint32_t q[2], hm;
+      Q3PlanesToRecords(p, q, &hm);
+      std::memcpy(g + 4 * l, &hm, 4);
+      std::memcpy(g + qs + 4 * l, &q[0], 4);
+      std::memcpy(g + qs + 32 + 4 * l, &q[1], 4);
+    }
   for (int h = 0; h < 2; ++h)
     for (int t = 0; t < 4; ++t) {
       for (int n = 0; n < 2; ++n) {

@@ -47,11 +47,16 @@
 // Q2_K and Q3_K are repacked the same way, a super-block at a time ("records",
 // made only where the AVX2 kernels read them): byte 4 l + i of qs half h (the
 // 32 bytes at qs + 32 h) holds at bits 2 t the 2-bit code of element 16 h +
-// 4 t + i of 32-element block l; Q3_K's hmask byte 4 l + i holds at bit 4 h +
-// t that element's third bit; the scales and d stay. The AVX2 kernel's
-// records (lane l = block l, record 4 h + t = elements 4 (4 h + t) .. + 3 of
+// 4 t + i of 32-element block l; the scales and d stay. The AVX2 kernel's
+// records (lane l = block l, record r = 4 h + t = elements 4 r .. 4 r + 3 of
 // each block) are then a shift and a mask of one load, where the file's order
-// needs a 4 x 4 dword transpose per record quad.
+// needs a 4 x 4 dword transpose per record quad. Q3_K's codes (hmask and qs,
+// bytes 0-95) become three planes of 32 bytes instead: lane byte 4 l + i of
+// plane k (at 32 k) holds the 3-bit codes (low 2 bits | third bit << 2) of
+// records 2 k and 2 k + 1 at bits 0-2 and 3-5, and bits 6-7 of planes 0 and 1
+// the low 2 bits of records 6 and 7, bits 6 and 7 of plane 2 their third
+// bits: six of the eight records are a mask or a shift and a mask (from a 2-bit
+// field and an hmask bit: five instructions each).
 #pragma once
 
 #include <cstdint>

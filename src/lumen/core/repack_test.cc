@@ -300,9 +300,11 @@ TEST(ColumnGroups, Q23RecordsKeepEveryValueAtEveryAddress) {
       DType::kQ3_K, 0, 96, [](const uint8_t* s, uint8_t* d) { UnpackQ23Records(true, s, d); }, rng);
 }
 
-// Q2_K / Q3_K records: element 16 h + 4 t + i of block l at bits 2 t of qs
-// byte 32 h + 4 l + i, Q3_K's third bit at bit 4 h + t of hmask byte 4 l + i;
-// the scales and d where they were. (GGUF: element 128 n + 32 j + e at bits
+// Q2_K / Q3_K records: Q2_K's element 16 h + 4 t + i of block l at bits 2 t
+// of qs byte 32 h + 4 l + i; Q3_K's element 4 r + i of block l (record r) in
+// lane byte 4 l + i of its planes: records 0-5 at bits 3 (r % 2) of plane r /
+// 2, records 6 and 7 at bits 6-7 of planes 0 and 1 (low 2 bits) and bits 6
+// and 7 of plane 2 (third bit); the scales and d where they were. (GGUF: element 128 n + 32 j + e at bits
 // 2 j of qs[32 n + e], its third bit at bit (128 n + 32 j + e) / 32 of
 // hmask[e].)
 TEST(ColumnGroups, Q23RecordsHoldOneBlockPerLane) {
@@ -324,10 +326,15 @@ TEST(ColumnGroups, Q23RecordsHoldOneBlockPerLane) {
       EXPECT_EQ(44, blk[83]);
     }
     for (int e = 0; e < 256; ++e) {
-      const int l = e / 32, h = e % 32 / 16, t = e % 16 / 4, i = e % 4;
-      EXPECT_EQ(code(e) & 3, (blk[qs + 32 * h + 4 * l + i] >> (2 * t)) & 3) << "e=" << e;
-      if (three) {
-        EXPECT_EQ(code(e) >> 2, (blk[4 * l + i] >> (4 * h + t)) & 1) << "e=" << e;
+      const int l = e / 32, h = e % 32 / 16, t = e % 16 / 4, i = e % 4, r = 4 * h + t;
+      const uint8_t* lane = blk + 4 * l + i;  // Q3_K: byte 4 l + i of plane 0
+      if (!three) {
+        EXPECT_EQ(code(e) & 3, (blk[qs + 32 * h + 4 * l + i] >> (2 * t)) & 3) << "e=" << e;
+      } else if (r < 6) {
+        EXPECT_EQ(code(e), (lane[32 * (r / 2)] >> (3 * (r % 2))) & 7) << "e=" << e;
+      } else {
+        EXPECT_EQ(code(e) & 3, lane[32 * (r - 6)] >> 6) << "e=" << e;
+        EXPECT_EQ(code(e) >> 2, (lane[64] >> r) & 1) << "e=" << e;
       }
     }
   }

@@ -706,9 +706,12 @@ LUMEN_AVX2 void Q6KRows(const uint8_t* w, const Acts& a, int64_t m0, float* y, i
 // super-block. On CPUs whose vpmaddubsw and vpmaddwd share one port (Zen 2),
 // the natural order's two vpmaddwd per block and level cost as much as the
 // byte products. kRepacked: the super-block is in core/repack.h's records
-// layout (the loader's kQ2_KCols / kQ3_KCols), so record 4 h + t is bits 2 t
-// of qs half h and its third bits bit 4 h + t of hmask: no transpose (Q2_K
-// one weight row 97 -> 80 ns in the experiment that motivated it).
+// layout (the loader's kQ2_KCols / kQ3_KCols), so Q2_K's record 4 h + t is
+// bits 2 t of qs half h: no transpose (one weight row 97 -> 80 ns in the
+// experiment that motivated it); Q3_K's records are a mask or a shift and a
+// mask of its three planes, records 6 and 7 two of each and an or (from the
+// records' 2-bit fields and hmask bits, five instructions per record: one
+// weight row 102 -> 91 ns).
 template <bool kThree, bool kRepacked, int MB, int L>
 LUMEN_AVX2 void Q23KRecordsRows(const uint8_t* w, const Acts& a, int64_t m0, float* y,
                                 int64_t ldy) {
@@ -760,33 +763,33 @@ LUMEN_AVX2 void Q23KRecordsRows(const uint8_t* w, const Acts& a, int64_t m0, flo
     const __m256i qs0 = Load32(blk + kQs), qs1 = Load32(blk + kQs + 32);
     __m256i hm = _mm256_setzero_si256();
     if constexpr (kThree) hm = Load32(blk);
-    // Records: bit b of each hmask byte at bit 2, masked (16-bit shifts: no
-    // bit of a byte reaches another byte's bit 2 for shifts of -2 .. 5).
-    auto third = [&](int b) LUMEN_AVX2 {
-      const __m256i v = b == 0   ? _mm256_slli_epi16(hm, 2)
-                        : b == 1 ? _mm256_slli_epi16(hm, 1)
-                        : b == 2 ? hm
-                        : b == 3 ? _mm256_srli_epi16(hm, 1)
-                        : b == 4 ? _mm256_srli_epi16(hm, 2)
-                        : b == 5 ? _mm256_srli_epi16(hm, 3)
-                        : b == 6 ? _mm256_srli_epi16(hm, 4)
-                                 : _mm256_srli_epi16(hm, 5);
-      return _mm256_and_si256(v, four);
-    };
     const int64_t b0 = sb * 8;
     __m256i isum[MB];
     for (int r = 0; r < MB; ++r) isum[r] = _mm256_setzero_si256();
     // Half h: records 4h .. 4h + 3, the blocks' sub-block h.
     for (int h = 0; h < 2; ++h) {
       __m256i codes[4];
-      if constexpr (kRepacked) {
+      if constexpr (kRepacked && kThree) {  // planes 0, 1, 2: hm, qs0, qs1
+        const __m256i m7 = _mm256_set1_epi8(7);
+        if (h == 0) {
+          codes[0] = _mm256_and_si256(hm, m7);
+          codes[1] = _mm256_and_si256(_mm256_srli_epi16(hm, 3), m7);
+          codes[2] = _mm256_and_si256(qs0, m7);
+          codes[3] = _mm256_and_si256(_mm256_srli_epi16(qs0, 3), m7);
+        } else {
+          codes[0] = _mm256_and_si256(qs1, m7);
+          codes[1] = _mm256_and_si256(_mm256_srli_epi16(qs1, 3), m7);
+          codes[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(hm, 6), m3),
+                                     _mm256_and_si256(_mm256_srli_epi16(qs1, 4), four));
+          codes[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(qs0, 6), m3),
+                                     _mm256_and_si256(_mm256_srli_epi16(qs1, 5), four));
+        }
+      } else if constexpr (kRepacked) {
         const __m256i q = h == 0 ? qs0 : qs1;
         codes[0] = _mm256_and_si256(q, m3);
         codes[1] = _mm256_and_si256(_mm256_srli_epi16(q, 2), m3);
         codes[2] = _mm256_and_si256(_mm256_srli_epi16(q, 4), m3);
         codes[3] = _mm256_and_si256(_mm256_srli_epi16(q, 6), m3);
-        if constexpr (kThree)
-          for (int t = 0; t < 4; ++t) codes[t] = _mm256_or_si256(codes[t], third(4 * h + t));
       } else {
         // Dwords 4h .. 4h + 3 of each qs half, shifted by 2j (j = 0..3) and
         // masked, then transposed 4 x 4 in each 128-bit lane: record 4h + t,

@@ -53,16 +53,20 @@ inline int TwoBitCode(const uint8_t* qs, int e) {
   return (qs[32 * (e / 128) + e % 32] >> (2 * ((e % 128) / 32))) & 3;
 }
 
-// The same in Q2_K / Q3_K records (core/repack.h): element j = 16 h + 4 t + i
-// of block l at bits 2 t of qs[32 h + 4 l + i]; Q3_K's third bit at bit 4 h +
-// t of hmask[4 l + i].
+// The same in Q2_K records (core/repack.h): element j = 16 h + 4 t + i of
+// block l at bits 2 t of qs[32 h + 4 l + i].
 inline int RecordCode(const uint8_t* qs, int e) {
   const int l = e / 32, j = e % 32;
   return (qs[32 * (j / 16) + 4 * l + j % 4] >> (2 * (j % 16 / 4))) & 3;
 }
-inline int RecordThirdBit(const uint8_t* hmask, int e) {
-  const int l = e / 32, j = e % 32;
-  return (hmask[4 * l + j % 4] >> (4 * (j / 16) + j % 16 / 4)) & 1;
+
+// The 3-bit code (0..7) of element e in Q3_K's planes (core/repack.h):
+// element 4 r + i of block l is record r of lane byte 4 l + i.
+inline int PlaneCode(const uint8_t* planes, int e) {
+  const int r = e % 32 / 4;
+  const uint8_t* b = planes + 4 * (e / 32) + e % 4;
+  if (r < 6) return (b[32 * (r / 2)] >> (3 * (r % 2))) & 7;
+  return ((b[32 * (r - 6)] >> 6) & 3) | ((b[64] >> r) & 1) << 2;
 }
 
 // a[0..K), o[0..K) of row n (w = a - o).
@@ -176,7 +180,7 @@ inline void WeightParts(const Matrix& W, int64_t n, double* a, double* o) {
         const double d = HalfAt(blk + 108);
         for (int e = 0; e < kQKK; ++e) {
           const int q = W.w.dtype == DType::kQ3_KCols
-                            ? RecordCode(blk + 32, e) | RecordThirdBit(blk, e) << 2
+                            ? PlaneCode(blk, e)
                             : TwoBitCode(blk + 32, e) | (((blk[e % 32] >> (e / 32)) & 1) << 2);
           const double as = d * (Q3KScale(blk + 96, e / 16) - 32);
           a[sb * kQKK + e] = as * q;

@@ -304,9 +304,9 @@ TEST(ColumnGroups, Q23RecordsKeepEveryValueAtEveryAddress) {
 // of qs byte 32 h + 4 l + i; Q3_K's element 4 r + i of block l (record r) in
 // lane byte 4 l + i of its planes: records 0-5 at bits 3 (r % 2) of plane r /
 // 2, records 6 and 7 at bits 6-7 of planes 0 and 1 (low 2 bits) and bits 6
-// and 7 of plane 2 (third bit); the scales and d where they were. (GGUF: element 128 n + 32 j + e at bits
-// 2 j of qs[32 n + e], its third bit at bit (128 n + 32 j + e) / 32 of
-// hmask[e].)
+// and 7 of plane 2 (third bit); the scales and d where they were. (GGUF:
+// element 128 n + 32 j + e at bits 2 j of qs[32 n + e], its third bit at bit
+// (128 n + 32 j + e) / 32 of hmask[e].)
 TEST(ColumnGroups, Q23RecordsHoldOneBlockPerLane) {
   for (bool three : {false, true}) {
     SCOPED_TRACE(three ? "q3_k" : "q2_k");

@@ -674,12 +674,13 @@ HWY_INLINE void UnpackRecordsAvx2(const uint8_t* src, uint8_t* dst) {
         _mm256_or_si256(bits(_mm256_srli_epi16(p0, 2), 0x01), bits(_mm256_srli_epi16(p0, 4), 0x02)),
         _mm256_or_si256(_mm256_or_si256(bits(p1, 0x04), bits(_mm256_srli_epi16(p1, 2), 0x08)),
                         _mm256_or_si256(bits(_mm256_slli_epi16(p2, 2), 0x10), bits(p2, 0xE0))));
-    const __m256i q0 = _mm256_or_si256(
-        _mm256_or_si256(bits(p0, 0x03), bits(_mm256_srli_epi16(p0, 1), 0x0C)),
-        _mm256_or_si256(bits(_mm256_slli_epi16(p1, 4), 0x30), bits(_mm256_slli_epi16(p1, 3), 0xC0)));
-    const __m256i q1 = _mm256_or_si256(
-        _mm256_or_si256(bits(p2, 0x03), bits(_mm256_srli_epi16(p2, 1), 0x0C)),
-        _mm256_or_si256(bits(_mm256_srli_epi16(p0, 2), 0x30), bits(p1, 0xC0)));
+    const __m256i q0 =
+        _mm256_or_si256(_mm256_or_si256(bits(p0, 0x03), bits(_mm256_srli_epi16(p0, 1), 0x0C)),
+                        _mm256_or_si256(bits(_mm256_slli_epi16(p1, 4), 0x30),
+                                        bits(_mm256_slli_epi16(p1, 3), 0xC0)));
+    const __m256i q1 =
+        _mm256_or_si256(_mm256_or_si256(bits(p2, 0x03), bits(_mm256_srli_epi16(p2, 1), 0x0C)),
+                        _mm256_or_si256(bits(_mm256_srli_epi16(p0, 2), 0x30), bits(p1, 0xC0)));
     _mm256_store_si256(reinterpret_cast<__m256i*>(from_planes), hm);
     _mm256_store_si256(reinterpret_cast<__m256i*>(from_planes + 32), q0);
     _mm256_store_si256(reinterpret_cast<__m256i*>(from_planes + 64), q1);

@@ -1,9 +1,9 @@
 // The int8-activation routes (matmul_q8.h) on CPUs without AVX512-VNNI: AVX2
 // kernels (Haswell and later, AMD Zen 1-3) over the weights as the file has
-// them. Same activation quantization as the VNNI kernels (QuantizeBlockQ8,
-// or QuantizeBlockQ8x2 for int8x2), laid out in natural order, one 32-element
-// block's levels together; the same oracles (MatMulInt8Ref, MatMulInt8x2Ref)
-// and bounds.
+// them or as the loader repacked them for these kernels. Same activation
+// quantization as the VNNI kernels (QuantizeBlockQ8, or QuantizeBlockQ8x2 for
+// int8x2), laid out for each weight layout; the same oracles (MatMulInt8Ref,
+// MatMulInt8x2Ref) and bounds.
 //
 // Per 32-element block and activation row: the weight codes, decoded once per
 // block for up to four rows into 32 unsigned bytes (Q8_0: their magnitudes,
@@ -18,9 +18,11 @@
 // kernels as for VNNI (core/repack.h) put one block (Q6_K: one 16-element
 // sub-block) in each 32-bit lane of a record of 8, so that the lane work is
 // paid once per 8 lanes and the products of several records are summed as
-// int16 first (matmul_q8_avx2.cc: ColsRows, Q6SlicesRows).
-// MLX affine 4- and 8-bit rows (groups of 32, 64 or 128) take a natural-order
-// kernel (matmul_q8_avx2.cc: MlxRows).
+// int16 first (matmul_q8_avx2_gguf.cc: ColsRows, Q6SlicesRows, and
+// Q23KRecordsRows for Q2_K / Q3_K's records). MLX affine 4- and 8-bit rows
+// (groups of 32, 64 or 128) transpose runs of 8 (4) blocks in registers against
+// activations laid out to match (matmul_q8_avx2_mlx.cc). The activations'
+// preparation and the dispatch are in matmul_q8_avx2.cc.
 #pragma once
 
 #include <cstdint>
@@ -46,8 +48,8 @@ bool Avx2Int8Covers(const Matrix& W);
 // which decode the weights once for all rows, overtake them on a Zen 2 (2
 // threads, the 1B model's prompts of 12-32 tokens, performance.md "Short
 // prompts on AVX2"): 12 rows for Q8_0, 20 for Q2_K / Q3_K (24 for their
-// records, kQ2_KCols / kQ3_KCols), 32 for the other GGUF types; 8 for MLX
-// (natural order: the exact panels were faster from 12).
+// records, kQ2_KCols / kQ3_KCols), 32 for the other GGUF types and MLX 4-bit,
+// 10 for MLX 8-bit.
 int64_t Avx2Int8MaxRows(const Matrix& W);
 
 // QuantizeBlocksQ8 / QuantizeBlocksQ8x2 (matmul_q8.h) on AVX2: the bits of

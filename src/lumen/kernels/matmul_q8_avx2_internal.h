@@ -26,7 +26,7 @@ namespace lumen::kernels::int8_avx2 {
 // the activation sums the offsets multiply.
 struct Acts {
   int levels = 1;
-  int order = 0;           // an Order (see Prepare)
+  int order = 0;           // an Order (below; Prepare in matmul_q8_avx2.cc)
   int64_t nb = 0;          // blocks per row
   std::vector<int8_t> q;   // [M][nb][levels][32]
   std::vector<float> d;    // [M][nb]: d (one level) or d2 = d / 256 (two)
@@ -56,8 +56,9 @@ struct Acts {
 // bytes], record j holding elements 4j .. 4j + 3 of each slice. A chunk keeps
 // its bytes' place in the row.
 // kSuper: kRecords' chunks over the whole row (K-quant rows, whose blocks
-// come in super-blocks of 8), for the Q2_K / Q3_K kernels, which move their
-// codes into records in registers (Q23KRecordsRows).
+// come in super-blocks of 8), for the Q2_K / Q3_K kernels (Q23KRecordsRows),
+// which read the loader's records (core/repack.h) or move the file's codes
+// into records in registers.
 // kMlx4Records: kSuper's chunks over the row's whole runs of 8 blocks, each
 // block's elements first deinterleaved (the even ones, then the odd ones),
 // for MLX 4-bit rows: record r of a block then holds elements 8 (r % 4) + 2 i

@@ -37,18 +37,20 @@ struct Weight {
   Matrix m;
 };
 
-// Weight "type" index -> storage; 7 = MLX 4-bit g64 (bf16 scales), 9, 10, 12,
-// 13, 14 and 15 = Q4_0, Q4_K, Q8_0, Q6_K, Q2_K and Q3_K repacked at load
-// (core/repack.h; Q2_K and Q3_K only on CPUs without VNNI).
+// Weight "type" index -> storage; 7 and 16 = MLX 4-bit and 8-bit g64 (bf16
+// scales), 9, 10, 12, 13, 14 and 15 = Q4_0, Q4_K, Q8_0, Q6_K, Q2_K and Q3_K
+// repacked at load (core/repack.h; Q2_K and Q3_K only on CPUs without VNNI).
 constexpr DType kTypes[] = {DType::kF32,      DType::kF16,      DType::kBF16,     DType::kQ8_0,
                             DType::kQ4_0,     DType::kQ4_K,     DType::kQ6_K,     DType::kU32,
                             DType::kQ2_K,     DType::kQ4_0Cols, DType::kQ4_KCols, DType::kQ3_K,
-                            DType::kQ8_0Cols, DType::kQ6_KCols, DType::kQ2_KCols, DType::kQ3_KCols};
-constexpr int kMlx = 7;
+                            DType::kQ8_0Cols, DType::kQ6_KCols, DType::kQ2_KCols, DType::kQ3_KCols,
+                            DType::kU32};
+constexpr int kMlx = 7, kMlx8 = 16;
 const char* TypeName(int t) {
-  static const char* names[] = {
-      "f32",  "f16",       "bf16",      "q8_0", "q4_0",      "q4_k",      "q6_k",      "mlx4_g64",
-      "q2_k", "q4_0_cols", "q4_k_cols", "q3_k", "q8_0_cols", "q6_k_cols", "q2_k_cols", "q3_k_cols"};
+  static const char* names[] = {"f32",       "f16",     "bf16",      "q8_0",      "q4_0",
+                                "q4_k",      "q6_k",    "mlx4_g64",  "q2_k",      "q4_0_cols",
+                                "q4_k_cols", "q3_k",    "q8_0_cols", "q6_k_cols", "q2_k_cols",
+                                "q3_k_cols", "mlx8_g64"};
   return names[t];
 }
 
@@ -79,9 +81,9 @@ std::vector<float> SlabSource(int64_t K) {
 std::unique_ptr<Weight> MakeWeight(int type, int64_t N, int64_t K) {
   auto w = std::make_unique<Weight>();
   const std::vector<float> src = SlabSource(K);
-  if (type == kMlx) {
-    const int G = 64;
-    const int64_t words = K / 8, groups = K / G;
+  if (type == kMlx || type == kMlx8) {
+    const int G = 64, bits = type == kMlx ? 4 : 8;
+    const int64_t words = K * bits / 32, groups = K / G;
     w->bytes = AlignedBuffer(N * words * 4);
     w->sb = AlignedBuffer(N * groups * 2);
     w->bb = AlignedBuffer(N * groups * 2);
@@ -89,7 +91,7 @@ std::unique_ptr<Weight> MakeWeight(int type, int64_t N, int64_t K) {
     std::vector<float> sc(groups), bi(groups);
     for (int64_t n = 0; n < N; ++n) {
       if (n < kSlab) {
-        QuantizeMlxRow(&src[n * K], 4, G, packed.data(), sc.data(), bi.data(), K);
+        QuantizeMlxRow(&src[n * K], bits, G, packed.data(), sc.data(), bi.data(), K);
         std::memcpy(w->bytes.as<uint8_t>() + n * words * 4, packed.data(), words * 4);
         QuantizeRow(DType::kBF16, sc.data(), w->sb.as<uint8_t>() + n * groups * 2, groups);
         QuantizeRow(DType::kBF16, bi.data(), w->bb.as<uint8_t>() + n * groups * 2, groups);
@@ -105,7 +107,7 @@ std::unique_ptr<Weight> MakeWeight(int type, int64_t N, int64_t K) {
     w->m.w = TensorView::Contiguous(w->bytes.data(), DType::kU32, {N, words});
     w->m.scales = TensorView::Contiguous(w->sb.data(), DType::kBF16, {N, groups});
     w->m.biases = TensorView::Contiguous(w->bb.data(), DType::kBF16, {N, groups});
-    w->m.mlx_bits = 4;
+    w->m.mlx_bits = bits;
     w->m.mlx_group = G;
   } else {
     const DType t = kTypes[type];
@@ -352,7 +354,7 @@ void BM_MatMulRowCost(benchmark::State& state) {
   state.SetLabel(TypeName(type));
 }
 BENCHMARK(BM_MatMulRowCost)
-    ->ArgsProduct({{3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}, {1, 4}})
+    ->ArgsProduct({{3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16}, {1, 4}})
     ->UseRealTime();
 // The bf16 prefill route (matmul_bf16.h) beside the exact M=256 rows above.
 BENCHMARK(BM_MatMul)

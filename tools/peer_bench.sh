@@ -16,6 +16,12 @@
 # each side's tokens/s and lumen / llama.cpp. The CPU, the load average and the
 # exact commands go on top, so the table can be pasted into
 # docs/reference/performance.md as it is.
+#
+# The decode columns are not at the same depth: lumen decodes right after its
+# PROMPT-token prompt (positions PROMPT .. PROMPT + GEN), llama-bench's tg
+# test starts from an empty context. At PROMPT=512 the attention over the
+# prompt costs lumen a few percent (the comparison issue 13 states); PROMPT=16
+# compares decode at nearly the same depth, as the docs' decode tables do.
 set -euo pipefail
 if [ $# -lt 2 ]; then
   echo "usage: tools/peer_bench.sh PEER_DIR MODEL.gguf..." >&2
@@ -95,6 +101,7 @@ for m in "$@"; do
   done
 done
 echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "decode: lumen at positions $prompt..$((prompt + gen)), llama.cpp at 0..$gen"
 echo
 "$py" - "$tmp/runs" "$depth" <<'EOF'
 import math, statistics, sys, os

@@ -658,37 +658,35 @@ HWY_INLINE void UnpackRecordsAvx2(const uint8_t* src, uint8_t* dst) {
   constexpr int64_t kBytes = kThree ? sizeof(BlockQ3K) : sizeof(BlockQ2K), kQs = kThree ? 32 : 16;
   std::memcpy(dst, src, kBytes);  // scales, d (the codes are rewritten below)
   const __m256i m3 = _mm256_set1_epi8(3);
-  const uint8_t* rec = src;  // the records form: Q3_K's hmask at 0, qs halves at 32, 64
-  alignas(32) uint8_t from_planes[96];
-  if constexpr (kThree) {  // Q3_K's planes (core/repack.h) back to the records form
-    auto load = [&](int k) HWY_ATTR {
-      return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + 32 * k));
-    };
+  auto load = [&](int64_t at) HWY_ATTR {
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + at));
+  };
+  // The records form: qs halves (record 4 h + t at bits 2 t of half h) and,
+  // for Q3_K, hmask (record r's third bit at bit r), from Q3_K's planes
+  // (core/repack.h) in registers.
+  __m256i rec[2], hm = _mm256_setzero_si256();
+  if constexpr (kThree) {
     auto bits = [](__m256i v, int m) HWY_ATTR {
       return _mm256_and_si256(v, _mm256_set1_epi8(static_cast<char>(m)));
     };
-    const __m256i p0 = load(0), p1 = load(1), p2 = load(2);
-    // byte bits per record r: low 2 bits at 2 (r % 4) of qs half r / 4, the
-    // third at bit r of hmask (16-bit shifts: every field masked to its byte)
-    const __m256i hm = _mm256_or_si256(
+    const __m256i p0 = load(0), p1 = load(32), p2 = load(64);
+    // 16-bit shifts: every field masked to its byte
+    hm = _mm256_or_si256(
         _mm256_or_si256(bits(_mm256_srli_epi16(p0, 2), 0x01), bits(_mm256_srli_epi16(p0, 4), 0x02)),
         _mm256_or_si256(_mm256_or_si256(bits(p1, 0x04), bits(_mm256_srli_epi16(p1, 2), 0x08)),
                         _mm256_or_si256(bits(_mm256_slli_epi16(p2, 2), 0x10), bits(p2, 0xE0))));
-    const __m256i q0 =
-        _mm256_or_si256(_mm256_or_si256(bits(p0, 0x03), bits(_mm256_srli_epi16(p0, 1), 0x0C)),
-                        _mm256_or_si256(bits(_mm256_slli_epi16(p1, 4), 0x30),
-                                        bits(_mm256_slli_epi16(p1, 3), 0xC0)));
-    const __m256i q1 =
-        _mm256_or_si256(_mm256_or_si256(bits(p2, 0x03), bits(_mm256_srli_epi16(p2, 1), 0x0C)),
-                        _mm256_or_si256(bits(_mm256_srli_epi16(p0, 2), 0x30), bits(p1, 0xC0)));
-    _mm256_store_si256(reinterpret_cast<__m256i*>(from_planes), hm);
-    _mm256_store_si256(reinterpret_cast<__m256i*>(from_planes + 32), q0);
-    _mm256_store_si256(reinterpret_cast<__m256i*>(from_planes + 64), q1);
-    rec = from_planes;
+    rec[0] = _mm256_or_si256(_mm256_or_si256(bits(p0, 0x03), bits(_mm256_srli_epi16(p0, 1), 0x0C)),
+                             _mm256_or_si256(bits(_mm256_slli_epi16(p1, 4), 0x30),
+                                             bits(_mm256_slli_epi16(p1, 3), 0xC0)));
+    rec[1] = _mm256_or_si256(_mm256_or_si256(bits(p2, 0x03), bits(_mm256_srli_epi16(p2, 1), 0x0C)),
+                             _mm256_or_si256(bits(_mm256_srli_epi16(p0, 2), 0x30), bits(p1, 0xC0)));
+  } else {
+    rec[0] = load(kQs);
+    rec[1] = load(kQs + 32);
   }
   __m256i q[2];
   for (int h = 0; h < 2; ++h) {
-    const __m256i r = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + kQs + 32 * h));
+    const __m256i r = rec[h];
     const __m256i c0 = _mm256_and_si256(r, m3), c1 = _mm256_and_si256(_mm256_srli_epi16(r, 2), m3);
     const __m256i c2 = _mm256_and_si256(_mm256_srli_epi16(r, 4), m3);
     const __m256i c3 = _mm256_and_si256(_mm256_srli_epi16(r, 6), m3);
@@ -706,7 +704,6 @@ HWY_INLINE void UnpackRecordsAvx2(const uint8_t* src, uint8_t* dst) {
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + kQs + 32),
                       _mm256_permute2x128_si256(q[0], q[1], 0x31));
   if constexpr (kThree) {
-    const __m256i hm = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec));
     // byte 4 l + i -> 8 i + l: a 4 x 4 byte transpose per lane, then dword i
     // of each lane side by side
     const __m128i t4 = _mm_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);

@@ -94,6 +94,16 @@ LUMEN_AVX2 inline void LoadMlxGroups(const Matrix& W, int64_t n, int64_t (*lane_
   std::fill_n(g->bias + groups, 8, 0.0f);
 }
 
+// A row's blocks from b_begin on (after its last whole run) in natural order,
+// then each activation row's sum into y.
+template <int kBits, int MB, int L>
+LUMEN_AVX2 inline void MlxTail(const uint8_t* row, const Acts& a, int64_t m0, const MlxGroups& g,
+                               int64_t b_begin, __m256* acc, float* off, float* y, int64_t ldy) {
+  for (int64_t b = b_begin; b < a.nb; ++b)
+    MlxBlock<kBits, MB, L>(row, a, m0, b, g.sc[b >> g.shift], g.bias[b >> g.shift], acc, off);
+  for (int r = 0; r < MB; ++r) y[r * ldy] = HSum(acc[r]) + off[r];
+}
+
 // MLX 4-bit rows against kMlx4Records activations: each whole run of 8
 // blocks (128 code bytes) is transposed in registers, so that lane l of
 // vector c is dword c of block MlxLaneBlock(l) (elements 8c .. 8c + 7, the
@@ -138,9 +148,7 @@ LUMEN_AVX2 void Mlx4RecordsRows(const Matrix& W, int64_t n, const Acts& a, int64
       acc[r] = _mm256_fmadd_ps(ow, _mm256_loadu_ps(a.S32(m0 + r) + b0), acc[r]);
     }
   }
-  for (int64_t b = 8 * runs; b < a.nb; ++b)
-    MlxBlock<4, MB, L>(row, a, m0, b, g.sc[b >> g.shift], g.bias[b >> g.shift], acc, off);
-  for (int r = 0; r < MB; ++r) y[r * ldy] = HSum(acc[r]) + off[r];
+  MlxTail<4, MB, L>(row, a, m0, g, 8 * runs, acc, off, y, ldy);
 }
 
 // Lane l of a kMlx8Slices chunk holds block l % 4.
@@ -194,9 +202,7 @@ LUMEN_AVX2 void Mlx8SlicesRows(const Matrix& W, int64_t n, const Acts& a, int64_
       acc[r] = _mm256_fmadd_ps(ow, _mm256_loadu_ps(a.S16(m0 + r) + 2 * b0), acc[r]);
     }
   }
-  for (int64_t b = 4 * runs; b < a.nb; ++b)
-    MlxBlock<8, MB, L>(row, a, m0, b, g.sc[b >> g.shift], g.bias[b >> g.shift], acc, off);
-  for (int r = 0; r < MB; ++r) y[r * ldy] = HSum(acc[r]) + off[r];
+  MlxTail<8, MB, L>(row, a, m0, g, 4 * runs, acc, off, y, ldy);
 }
 
 template <int MB, int L>

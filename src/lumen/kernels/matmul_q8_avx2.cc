@@ -132,7 +132,7 @@ bool FmtOf(const Matrix& W, Fmt* f) {
     const int64_t G = W.mlx_group;
     *f = W.mlx_bits == 4 ? Fmt::kMlx4 : Fmt::kMlx8;
     return (W.mlx_bits == 4 || W.mlx_bits == 8) && (G == 32 || G == 64 || G == 128) &&
-           W.k % G == 0 && W.k / G <= kMlxMaxGroups && flt(W.scales.dtype) && flt(W.biases.dtype);
+           W.k % G == 0 && flt(W.scales.dtype) && flt(W.biases.dtype);
   }
   for (const auto& s : kStorages)
     if (s.type == W.w.dtype) {
@@ -340,7 +340,8 @@ void MatMulManyInt8Avx2(std::span<const MatMulOut> outs, const float* X, int64_t
     const bool mlx = f == Fmt::kMlx4 || f == Fmt::kMlx8;
     for (int mb = 1; mb <= kRowsPerPass; ++mb) {
       plans[i].fn[mb - 1] = mlx ? nullptr : int8_avx2::PickRows(f, levels, mb);
-      plans[i].mlx[mb - 1] = mlx ? int8_avx2::PickMlxRows(f, levels, mb) : nullptr;
+      plans[i].mlx[mb - 1] =
+          mlx ? int8_avx2::PickMlxRows(f, static_cast<int>(w.mlx_group), levels, mb) : nullptr;
     }
     total += w.n;
   }

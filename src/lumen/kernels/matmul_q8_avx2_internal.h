@@ -163,10 +163,6 @@ constexpr DType TypeOf(Fmt f) {
   return DType::kF32;
 }
 
-// MLX rows convert their group scales and biases to f32 on the stack: at most
-// this many groups per row (K up to 32768 at groups of 32).
-constexpr int64_t kMlxMaxGroups = 1024;
-
 // One weight row against activation rows m0 .. m0 + MB - 1: y[r * ldy].
 using RowsFn = void (*)(const uint8_t* w, const Acts& a, int64_t m0, float* y, int64_t ldy);
 // The same for MLX rows, which also read their row of W's scales and biases.
@@ -175,9 +171,9 @@ using MlxRowsFn = void (*)(const Matrix& W, int64_t n, const Acts& a, int64_t m0
 
 // The row kernel for format f at `levels` activation levels and mb (1..4)
 // activation rows: matmul_q8_avx2_gguf.cc (GGUF storages) and
-// matmul_q8_avx2_mlx.cc (MLX).
+// matmul_q8_avx2_mlx.cc (MLX, groups of `group` = 32, 64 or 128 elements).
 RowsFn PickRows(Fmt f, int levels, int mb);
-MlxRowsFn PickMlxRows(Fmt f, int levels, int mb);
+MlxRowsFn PickMlxRows(Fmt f, int group, int levels, int mb);
 
 #if defined(__x86_64__)
 

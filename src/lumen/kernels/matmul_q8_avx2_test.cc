@@ -219,7 +219,8 @@ OwnedMatrix MakeMlx(int bits, int group, DType scale_type, int64_t N, int64_t K,
 // MLX affine rows: every bit width, group and scale type within the oracle
 // bound (and at two levels the exact product's), with and without blocks
 // after the last whole run (4-bit runs of 8 blocks, 8-bit of 4: K = 160, 384
-// and 448 leave 1-6, K = 128 is a tail alone for 4-bit); a row alone, in a
+// and 448 leave 1-6, K = 128 is a tail alone for 4-bit; and rows of over
+// 1024 groups); a row alone, in a
 // batch and on two threads the same bits; 8-bit codes 255 and 0 (bytes that
 // would saturate vpmaddubsw's int16 pairs unshifted: 2 x 255 x 127) against
 // +-127 activations within the bound.
@@ -249,10 +250,17 @@ TEST(MatMulInt8Avx2, MlxRowsWithinBoundBitIdenticalAndUnsaturated) {
             RunAvx2(W.m, X.data() + 5 * K, 1, row.data());
             EXPECT_EQ(row, std::vector<float>(Y.begin() + 5 * N, Y.end())) << what;
           }
-  // Rows of more than 1024 groups (the kernel's stack arrays) are not taken:
-  // the exact route runs them.
-  EXPECT_FALSE(Avx2Int8Covers(MakeMlx(4, 32, DType::kF16, 2, 32 * 1025, 2, rng).m));
-  EXPECT_TRUE(Avx2Int8Covers(MakeMlx(4, 32, DType::kF16, 2, 32 * 1024, 2, rng).m));
+  // Rows of any length: the groups are read a run at a time (the kernels
+  // once converted a row's groups into stack arrays of 1024).
+  for (int bits : {4, 8}) {
+    const int64_t K = 32 * 1025 + 32 * 3, N = 3, M = 2;
+    OwnedMatrix W = MakeMlx(bits, 32, DType::kBF16, N, K, 2, rng);
+    ASSERT_TRUE(Avx2Int8Covers(W.m));
+    const std::vector<float> X = RandomActivations(M, K, rng);
+    std::vector<float> Y(M * N);
+    RunAvx2(W.m, X.data(), M, Y.data());
+    EXPECT_EQ(CheckAgainstOracles(W.m, X.data(), M, Y, "mlx long row"), 0);
+  }
   for (int levels : {1, 2}) {
     const int64_t K = 256, N = 2, M = 2;
     OwnedMatrix W = MakeMlx(8, 32, DType::kF16, N, K, levels, rng);

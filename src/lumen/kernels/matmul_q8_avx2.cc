@@ -87,6 +87,14 @@ void Prepare(const float* X, int64_t M, int64_t ldx, int64_t K, int levels, int 
       a->sums[m * nb + b] = half[0] + half[1];
     }
   }
+  if (order == kMlx4Records || order == kMlx8Slices)
+    for (int s = 0; s < 3; ++s) {
+      const int64_t per = int64_t{1} << s, groups = nb >> s;
+      if (nb % per != 0) continue;
+      a->gsum[s].assign(static_cast<size_t>(M * groups), 0.0f);
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t b = 0; b < nb; ++b) a->gsum[s][m * groups + b / per] += a->s32[m * nb + b];
+    }
   if (order == kNatural) return;
   // Chunks of `blocks` blocks: `lanes` runs of `run` elements, 4 bytes of each per record.
   const bool records = order != kSlices && order != kMlx8Slices, mlx = order == kMlx4Records;
@@ -111,17 +119,13 @@ void Prepare(const float* X, int64_t M, int64_t ldx, int64_t K, int levels, int 
             std::memcpy(c + (lv * recs + r) * 32 + l * 4,
                         tmp.data() + (e / kQK * levels + lv) * kQK + e % kQK, 4);
           }
-      // The scales and sums the MLX kernels read per lane, in the lanes' order.
-      auto in_lane_order = [](float* v, int64_t (*src)(int64_t)) {
-        float t[8];
-        for (int l = 0; l < 8; ++l) t[l] = v[src(l)];
-        std::memcpy(v, t, sizeof t);
-      };
+      // The scales the MLX 4-bit kernel reads per lane, in the lanes' order.
       if (mlx) {
-        in_lane_order(a->d.data() + m * nb + b0, MlxLaneBlock);
-        in_lane_order(a->s32.data() + m * nb + b0, MlxLaneBlock);
+        float* d = a->d.data() + m * nb + b0;
+        float t[8];
+        for (int l = 0; l < 8; ++l) t[l] = d[MlxLaneBlock(l)];
+        std::memcpy(d, t, sizeof t);
       }
-      if (order == kMlx8Slices) in_lane_order(a->s16.data() + m * 2 * nb + 2 * b0, MlxLaneSlice);
     }
 }
 

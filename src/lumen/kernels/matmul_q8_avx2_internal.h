@@ -37,12 +37,17 @@ struct Acts {
   // the VNNI kernels do), since d q x and d 8 x nearly cancel.
   std::vector<int32_t> lanes;
   std::vector<int32_t> sums;  // [M][nb]: the same over the block
+  // MLX orders only: [M][nb >> s] for s = 0, 1, 2 where nb allows, the s32
+  // sums of each 32 << s element group, in the row's order (the MLX kernels'
+  // bias terms).
+  std::vector<float> gsum[3];
   const int8_t* Q(int64_t m, int64_t b) const { return q.data() + (m * nb + b) * kQK * levels; }
   const float* D(int64_t m) const { return d.data() + m * nb; }
   const float* S16(int64_t m) const { return s16.data() + m * 2 * nb; }
   const float* S32(int64_t m) const { return s32.data() + m * nb; }
   const int32_t* Lanes(int64_t m, int64_t b) const { return lanes.data() + (m * nb + b) * 8; }
   const int32_t* Sums(int64_t m) const { return sums.data() + m * nb; }
+  const float* GroupSums(int64_t m, int s) const { return gsum[s].data() + m * (nb >> s); }
 };
 
 // The activations' byte order. kRecords: the blocks of the row's whole
@@ -70,11 +75,11 @@ enum Order { kNatural, kRecords, kSlices, kSuper, kMlx4Records, kMlx8Slices, kOr
 
 // kMlx4Records' lane l holds block MlxLaneBlock(l) of its run (0, 2, 4, 6, 1,
 // 3, 5, 7): the blocks a 4 x 4 dword transpose of four 32-byte loads leaves
-// there (Mlx4RecordsRows); the run's d and s32 are in the same order.
+// there (Mlx4RecordsRows); the run's d is in the same order.
 constexpr int64_t MlxLaneBlock(int64_t l) { return l < 4 ? 2 * l : 2 * (l - 4) + 1; }
 // kMlx8Slices' lane l holds 16-element slice MlxLaneSlice(l) of its chunk
 // (block l % 4, half l / 4: 0, 2, 4, 6, 1, 3, 5, 7), what the same transpose
-// of four blocks' 32 bytes leaves there; the chunk's s16 in the same order.
+// of four blocks' 32 bytes leaves there.
 constexpr int64_t MlxLaneSlice(int64_t l) { return 2 * (l % 4) + l / 4; }
 
 enum class Fmt {

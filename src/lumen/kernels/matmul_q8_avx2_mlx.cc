@@ -3,6 +3,7 @@
 // match (Prepare's kMlx4Records / kMlx8Slices), the blocks after the last
 // whole run in natural order.
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -75,17 +76,16 @@ LUMEN_AVX2 inline __m256 RunGroups(const GroupRow& r, int64_t g0, __m128i words,
 }
 
 // One activation block b of an MLX row (w = s q + o in its group) into acc[r]
-// and off[r] for rows m0 .. m0 + MB - 1, in natural order (the blocks after a
-// row's last whole run). 4-bit: byte j holds elements 2j (low nibble) and 2j +
-// 1, so the block's 16 bytes' nibbles are interleaved back into element order;
-// 8-bit: codes up to 255 would saturate vpmaddubsw's int16 pairs (2 x 255 x
-// 127), so they go in as q - 128 (a signed byte: magnitudes against the
-// activations carrying the signs, as Q8_0) and 128 x the activation lane sums
-// come back in integers (exact: at most 32 x 128 x 32639 per lane); the bias
-// multiplies the activation block sum.
+// for rows m0 .. m0 + MB - 1, in natural order (the blocks after a row's last
+// whole run): its s q part; the o part is the row's BiasDot. 4-bit: byte j
+// holds elements 2j (low nibble) and 2j + 1, so the block's 16 bytes'
+// nibbles are interleaved back into element order; 8-bit: codes up to 255
+// would saturate vpmaddubsw's int16 pairs (2 x 255 x 127), so they go in as q
+// - 128 (a signed byte: magnitudes against the activations carrying the
+// signs, as Q8_0), and the 128 s goes with the bias.
 template <int kBits, int MB, int L>
 LUMEN_AVX2 inline void MlxBlock(const uint8_t* row, const Acts& a, int64_t m0, int64_t b, float s,
-                                float o, __m256* acc, float* off) {
+                                __m256* acc) {
   __m256i codes;
   if constexpr (kBits == 4) {
     const uint8_t* blk = row + b * (kQK / 2);
@@ -101,15 +101,8 @@ LUMEN_AVX2 inline void MlxBlock(const uint8_t* row, const Acts& a, int64_t m0, i
   }
   for (int r = 0; r < MB; ++r) {
     const int8_t* xq = a.Q(m0 + r, b);
-    __m256i i;
-    if constexpr (kBits == 4) {
-      i = Dot<L>(codes, xq);
-    } else {
-      i = _mm256_add_epi32(DotSigned<L>(codes, xq),
-                           _mm256_slli_epi32(Load32(a.Lanes(m0 + r, b)), 7));
-    }
+    const __m256i i = kBits == 4 ? Dot<L>(codes, xq) : DotSigned<L>(codes, xq);
     acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_set1_ps(s * a.D(m0 + r)[b]), acc[r]);
-    off[r] += o * a.S32(m0 + r)[b];
   }
 }
 
@@ -124,7 +117,8 @@ struct MlxGroups {
 };
 
 template <int kShift>
-LUMEN_AVX2 inline MlxGroups RowGroups(const Matrix& W, int64_t n, int64_t (*lane_block)(int64_t)) {
+[[gnu::always_inline]] LUMEN_AVX2 inline MlxGroups RowGroups(const Matrix& W, int64_t n,
+                                                             int64_t (*lane_block)(int64_t)) {
   MlxGroups g;
   g.sc = {W.scales.dtype, static_cast<const uint8_t*>(W.scales.row(n))};
   g.bias = {W.biases.dtype, static_cast<const uint8_t*>(W.biases.row(n))};
@@ -140,14 +134,52 @@ LUMEN_AVX2 inline MlxGroups RowGroups(const Matrix& W, int64_t n, int64_t (*lane
   return g;
 }
 
+// Eight groups from g on as floats.
+LUMEN_AVX2 inline __m256 Groups8(const GroupRow& r, int64_t g) {
+  if (r.t == DType::kF32) return _mm256_loadu_ps(reinterpret_cast<const float*>(r.p) + g);
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(r.p + 2 * g));
+  if (r.t == DType::kF16) return _mm256_cvtph_ps(v);
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(v), 16));
+}
+
+// The bias part of a row, sum over its groups of o_g X_g (X_g: the group's
+// activation sum, Acts::GroupSums), o_g = b_g (4-bit) or b_g + 128 s_g
+// (8-bit: the codes go in as q - 128), for rows m0 .. m0 + MB - 1 into
+// off[r]: one dot per row over the groups in file order, where each run paid a
+// load, a conversion, a spread and an FMA per row for its groups' biases (MLX
+// 4-bit row 80 -> 75.5 ns, 8-bit 148 -> 136 at K = 2048 on Zen 2).
+template <int kBits, int kShift, int MB>
+[[gnu::always_inline]] LUMEN_AVX2 inline void BiasDot(const MlxGroups& g, const Acts& a, int64_t m0,
+                                                      float* off) {
+  const int64_t groups = a.nb >> kShift;
+  __m256 acc[MB];
+  for (int r = 0; r < MB; ++r) acc[r] = _mm256_setzero_ps();
+  int64_t j = 0;
+  for (; j + 8 <= groups; j += 8) {
+    __m256 o = Groups8(g.bias, j);
+    if constexpr (kBits == 8) o = _mm256_fmadd_ps(Groups8(g.sc, j), _mm256_set1_ps(128.0f), o);
+    for (int r = 0; r < MB; ++r)
+      acc[r] = _mm256_fmadd_ps(o, _mm256_loadu_ps(a.GroupSums(m0 + r, kShift) + j), acc[r]);
+  }
+  for (int r = 0; r < MB; ++r) off[r] = HSum(acc[r]);
+  for (; j < groups; ++j) {
+    // fmaf: the same rounding in every instantiation (a row alone and in a batch)
+    float o = GroupValue(g.bias, j);
+    if constexpr (kBits == 8) o = std::fmaf(128.0f, GroupValue(g.sc, j), o);
+    for (int r = 0; r < MB; ++r) off[r] = std::fmaf(o, a.GroupSums(m0 + r, kShift)[j], off[r]);
+  }
+}
+
 // A row's blocks from b_begin on (after its last whole run) in natural order,
-// then each activation row's sum into y.
+// its bias part, then each activation row's sum into y.
 template <int kBits, int kShift, int MB, int L>
-LUMEN_AVX2 inline void MlxTail(const uint8_t* row, const Acts& a, int64_t m0, const MlxGroups& g,
-                               int64_t b_begin, __m256* acc, float* off, float* y, int64_t ldy) {
+[[gnu::always_inline]] LUMEN_AVX2 inline void MlxTail(const uint8_t* row, const Acts& a, int64_t m0,
+                                                      const MlxGroups& g, int64_t b_begin,
+                                                      __m256* acc, float* y, int64_t ldy) {
   for (int64_t b = b_begin; b < a.nb; ++b)
-    MlxBlock<kBits, MB, L>(row, a, m0, b, GroupValue(g.sc, b >> kShift),
-                           GroupValue(g.bias, b >> kShift), acc, off);
+    MlxBlock<kBits, MB, L>(row, a, m0, b, GroupValue(g.sc, b >> kShift), acc);
+  float off[MB];
+  BiasDot<kBits, kShift, MB>(g, a, m0, off);
   for (int r = 0; r < MB; ++r) y[r * ldy] = HSum(acc[r]) + off[r];
 }
 
@@ -156,9 +188,9 @@ LUMEN_AVX2 inline void MlxTail(const uint8_t* row, const Acts& a, int64_t m0, co
 // vector c is dword c of block MlxLaneBlock(l) (elements 8c .. 8c + 7, the
 // even ones in the low nibbles); with the activations deinterleaved and in
 // that lane order (Prepare), every product of a lane belongs to one block,
-// and the lane work (conversion, scales, FMA, the biases through the block
-// sums) is paid once per 8 blocks, as for the column groups, with no
-// load-time rewrite (every other reader sees the file's bytes). A run's 4
+// and the lane work (conversion, scales, FMA) is paid once per 8 blocks, as
+// for the column groups, with no load-time rewrite (every other reader sees
+// the file's bytes); the biases are the row's BiasDot. A run's 4
 // loads and 8 unpacks replace the natural kernel's per-block shuffles and
 // scalar scale products (row 161 -> 91 ns at K = 2048 on Zen 2). The blocks
 // after the last whole run take MlxBlock.
@@ -170,7 +202,6 @@ LUMEN_AVX2 void Mlx4RecordsRows(const Matrix& W, int64_t n, const Acts& a, int64
   constexpr int kGroups = std::max(1, 8 >> kShift);  // per run
   const __m256i m4 = _mm256_set1_epi8(0x0F);
   __m256 acc[MB];
-  float off[MB] = {};
   for (int r = 0; r < MB; ++r) acc[r] = _mm256_setzero_ps();
   const int64_t runs = a.nb / 8;
   for (int64_t u = 0; u < runs; ++u) {
@@ -187,15 +218,13 @@ LUMEN_AVX2 void Mlx4RecordsRows(const Matrix& W, int64_t n, const Acts& a, int64
     }
     const int64_t g0 = b0 >> kShift;
     const __m256 sw = RunGroups<kGroups>(g.sc, g0, g.words, g.lanes);
-    const __m256 ow = RunGroups<kGroups>(g.bias, g0, g.words, g.lanes);
     for (int r = 0; r < MB; ++r) {
       const __m256i i = RecordsDot<L, 8>(codes, a.Q(m0 + r, b0));
       const __m256 scale = _mm256_mul_ps(sw, _mm256_loadu_ps(a.D(m0 + r) + b0));
       acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), scale, acc[r]);
-      acc[r] = _mm256_fmadd_ps(ow, _mm256_loadu_ps(a.S32(m0 + r) + b0), acc[r]);
     }
   }
-  MlxTail<4, kShift, MB, L>(row, a, m0, g, 8 * runs, acc, off, y, ldy);
+  MlxTail<4, kShift, MB, L>(row, a, m0, g, 8 * runs, acc, y, ldy);
 }
 
 // Lane l of a kMlx8Slices chunk holds block l % 4.
@@ -207,9 +236,9 @@ constexpr int64_t MlxSliceBlock(int64_t l) { return MlxLaneSlice(l) / 2; }
 // MlxLaneSlice(l)): a lane's products belong to one half block. The codes go
 // in as q - 128, as MlxBlock's (one vpmaddwd per record and level: two
 // records' int16 pairs could overflow), and the 128 comes back with the bias:
-// w = s (q - 128) + (b + 128 s), the second term through the slices' sums. The
-// lane work is paid once per 4 blocks where MlxBlock pays it per block. The
-// blocks after the last whole run take MlxBlock.
+// w = s (q - 128) + (b + 128 s), the second term the row's BiasDot. The lane
+// work is paid once per 4 blocks where MlxBlock pays it per block. The blocks
+// after the last whole run take MlxBlock.
 template <int kShift, int MB, int L>
 LUMEN_AVX2 void Mlx8SlicesRows(const Matrix& W, int64_t n, const Acts& a, int64_t m0, float* y,
                                int64_t ldy) {
@@ -218,7 +247,6 @@ LUMEN_AVX2 void Mlx8SlicesRows(const Matrix& W, int64_t n, const Acts& a, int64_
   constexpr int kGroups = std::max(1, 4 >> kShift);  // per run
   const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
   __m256 acc[MB];
-  float off[MB] = {};
   for (int r = 0; r < MB; ++r) acc[r] = _mm256_setzero_ps();
   const int64_t runs = a.nb / 4;
   for (int64_t u = 0; u < runs; ++u) {
@@ -231,8 +259,6 @@ LUMEN_AVX2 void Mlx8SlicesRows(const Matrix& W, int64_t n, const Acts& a, int64_
     for (int c = 0; c < 4; ++c) mag[c] = _mm256_sign_epi8(codes[c], codes[c]);
     const int64_t g0 = b0 >> kShift;
     const __m256 sw = RunGroups<kGroups>(g.sc, g0, g.words, g.lanes);
-    const __m256 ow = _mm256_fmadd_ps(sw, _mm256_set1_ps(128.0f),
-                                      RunGroups<kGroups>(g.bias, g0, g.words, g.lanes));
     for (int r = 0; r < MB; ++r) {
       const int8_t* x = a.Q(m0 + r, b0);
       __m256i i = _mm256_setzero_si256();
@@ -245,10 +271,9 @@ LUMEN_AVX2 void Mlx8SlicesRows(const Matrix& W, int64_t n, const Acts& a, int64_
         }
       const __m256 dx = _mm256_broadcast_ps(reinterpret_cast<const __m128*>(a.D(m0 + r) + b0));
       acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_mul_ps(sw, dx), acc[r]);
-      acc[r] = _mm256_fmadd_ps(ow, _mm256_loadu_ps(a.S16(m0 + r) + 2 * b0), acc[r]);
     }
   }
-  MlxTail<8, kShift, MB, L>(row, a, m0, g, 4 * runs, acc, off, y, ldy);
+  MlxTail<8, kShift, MB, L>(row, a, m0, g, 4 * runs, acc, y, ldy);
 }
 
 template <int MB, int L>

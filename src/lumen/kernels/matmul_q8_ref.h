@@ -257,7 +257,8 @@ inline void WeightParts(const Matrix& W, int64_t n, double* a, double* o) {
             low = part < 2 ? (lo & 15) : (lo >> 4);
             high = (blk[128 + 32 * h + l] >> (2 * part)) & 3;
           }
-          const double as = d * sc[e / 16];
+          const int sub = e / 16;  // the 16-element sub-block
+          const double as = d * sc[sub];
           a[sb * kQKK + e] = as * (low | (high << 4));
           o[sb * kQKK + e] = 32 * as;
         }

@@ -482,4 +482,16 @@ void DequantizeColumnGroups(DType t, const uint8_t* row, int64_t K, int64_t k0, 
   if (i < k1) DequantizeRow(plain, row + i / be * bb, dst + (i - k0), k1 - i);
 }
 
+void TransposeMlxRuns(uint8_t* codes, int64_t bytes) {
+  for (int64_t u = 0; u + kMlxRunBytes <= bytes; u += kMlxRunBytes) {
+    uint8_t* run = codes + u;
+    uint8_t t[kMlxRunBytes];
+    for (int k = 0; k < 4; ++k)
+      for (int h = 0; h < 2; ++h)
+        for (int c = 0; c < 4; ++c)
+          std::memcpy(t + 32 * c + 16 * h + 4 * k, run + 32 * k + 16 * h + 4 * c, 4);
+    std::memcpy(run, t, kMlxRunBytes);
+  }
+}
+
 }  // namespace lumen

@@ -131,4 +131,15 @@ void UnpackQ23Records(bool three, const uint8_t* src, uint8_t* dst);
 void DequantizeColumnGroups(DType t, const uint8_t* row, int64_t K, int64_t k0, int64_t k1,
                             float* dst);
 
+// MLX 4- and 8-bit rows for the AVX2 int8 kernels ("runs",
+// kernels::Matrix::mlx_runs; made at load only where those kernels run).
+// Each whole kMlxRunBytes of a row's codes (a run: 8 blocks of 32 4-bit codes,
+// or 4 of 32 8-bit ones) has its 32 dwords transposed within 16-byte halves:
+// the dword at byte 32 k + 16 h + 4 c moves to 32 c + 16 h + 4 k (k, c < 4,
+// h < 2), which is what the kernels' 4 x 4 in-register transpose of the run's
+// four 32-byte loads gave; the bytes after the last whole run stay. The
+// transform is its own inverse: the same call gives the file's bytes back.
+inline constexpr int64_t kMlxRunBytes = 128;
+void TransposeMlxRuns(uint8_t* codes, int64_t bytes);
+
 }  // namespace lumen

@@ -361,5 +361,31 @@ TEST(ColumnGroups, Q6SlicesHoldOneSubBlockPerLane) {
   }
 }
 
+// MLX runs (repack.h): dword 4 c + ... by the header's own formula, a
+// known pattern: every byte names its source position; the bytes after the
+// last whole run stay; a second call gives the file's bytes back.
+TEST(MlxRuns, TransposeDwordsWithinHalvesAndUndoThemselves) {
+  for (int64_t bytes : {0, 64, 128, 200, 384, 1152}) {
+    std::vector<uint8_t> row(bytes);
+    for (int64_t i = 0; i < bytes; ++i) row[i] = static_cast<uint8_t>(i * 7 + 3);
+    const std::vector<uint8_t> file = row;
+    TransposeMlxRuns(row.data(), bytes);
+    for (int64_t u = 0; u + kMlxRunBytes <= bytes; u += kMlxRunBytes)
+      for (int k = 0; k < 4; ++k)
+        for (int h = 0; h < 2; ++h)
+          for (int c = 0; c < 4; ++c)
+            for (int b = 0; b < 4; ++b)
+              ASSERT_EQ(row[u + 32 * c + 16 * h + 4 * k + b], file[u + 32 * k + 16 * h + 4 * c + b])
+                  << "bytes " << bytes << " run at " << u << " k " << k << " h " << h << " c " << c;
+    for (int64_t i = bytes / kMlxRunBytes * kMlxRunBytes; i < bytes; ++i)
+      EXPECT_EQ(row[i], file[i]);
+    if (bytes >= kMlxRunBytes) {
+      EXPECT_NE(row, file);
+    }
+    TransposeMlxRuns(row.data(), bytes);
+    EXPECT_EQ(row, file) << bytes;
+  }
+}
+
 }  // namespace
 }  // namespace lumen

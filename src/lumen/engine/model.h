@@ -30,8 +30,9 @@ struct LoadOptions {
   kernels::ActRoute act_route = kernels::ActRoute::kExact;
   // A LoRA adapter directory (PEFT layout, engine/adapter.h) applied unmerged.
   std::string adapter_dir;
-  // How a GGUF file's bytes are made resident (core/buffer.h; tests force kCopy,
-  // under which Q4_0 matrices are repacked for the int8 routes).
+  // How a GGUF file's or a Hugging Face directory's safetensors shards' bytes
+  // are made resident (core/buffer.h; tests force kCopy, under which the int8
+  // routes' load-time layouts are made: GGUF column groups, MLX runs).
   Residency residency = Residency::kAuto;
 };
 

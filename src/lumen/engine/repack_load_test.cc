@@ -49,6 +49,17 @@ std::vector<float> Logits(Model& m, std::span<const int32_t> ids) {
   return out;
 }
 
+// The last position's logits after one prefill of every id.
+std::vector<float> PrefillLogits(Model& m, std::span<const int32_t> ids) {
+  SessionOptions o;
+  o.ctx = 64;
+  o.kv_dtype = DType::kF32;
+  auto s = Session::Create(m, o);
+  EXPECT_TRUE(s.ok());
+  EXPECT_TRUE((*s)->Append(ids).ok());
+  return {(*s)->logits().begin(), (*s)->logits().end()};
+}
+
 TEST(RepackLoad, ColumnGroupsOnlyForInt8RoutesInCopiedFilesWithTheMappedLogits) {
   if (!kernels::CpuHasVnni() && !kernels::CpuHasAvx2())
     GTEST_SKIP() << "no AVX512-VNNI and no AVX2: the int8 routes do not run";
@@ -116,6 +127,75 @@ TEST(RepackLoad, ColumnGroupsOnlyForInt8RoutesInCopiedFilesWithTheMappedLogits) 
     ASSERT_TRUE(ConvertModel(*mapped, OutputFormat::kGguf, from_map, std::nullopt).ok());
     EXPECT_EQ(ReadAll(from_map), ReadAll(from_copy));
     EXPECT_EQ(fs::file_size(path), fs::file_size(from_copy));
+  }
+  fs::remove_all(dir);
+}
+
+// MLX matrices' codes rewritten as runs (core/repack.h: TransposeMlxRuns) at
+// load: only for an int8 route in a copied file where the AVX2 kernels are
+// the int8 ones, every MLX matrix (the tied embedding table too, whose rows
+// the lookup reads back in the file's order); the logits bit for bit those of
+// the same file mapped (the kernels' sums are the same, only where the
+// transpose happens moves), through the int8x2 rows and the exact panels of
+// a longer prompt; converted, the same file. Rows with and without blocks
+// after their last whole run.
+TEST(RepackLoad, MlxRunsOnlyForAvx2Int8RoutesInCopiedFilesWithTheMappedLogits) {
+  if (!kernels::Int8MlxRuns()) GTEST_SKIP() << "the int8 kernels here are not the AVX2 ones";
+  const fs::path dir = fs::temp_directory_path() / ("lumen_mlxruns_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  struct Case {
+    int bits, group, dim, ffn;
+  };
+  // 4-bit runs hold 256 elements, 8-bit 128: K = 640 leaves 4-bit a tail of
+  // 128, 1120 leaves 96 (8-bit: 96), 1152 leaves 4-bit 128; 768 and 1280 none.
+  for (const Case c : {Case{4, 32, 640, 1120}, Case{8, 32, 640, 1120}, Case{4, 64, 640, 1152},
+                       Case{8, 64, 640, 1152}, Case{4, 128, 768, 1280}}) {
+    const std::string name = "mlx" + std::to_string(c.bits) + "_g" + std::to_string(c.group);
+    SCOPED_TRACE(name);
+    const std::string path = (dir / name).string();
+    SynthOptions so;
+    so.name = "tiny-llama";
+    so.out = path;
+    so.format = OutputFormat::kHf;
+    so.mlx_bits = c.bits;
+    so.mlx_group = c.group;
+    so.dim = c.dim;
+    so.ffn = c.ffn;
+    so.heads = 4;
+    so.kv_heads = 2;
+    ASSERT_TRUE(Synthesize(so).ok());
+    auto load = [&](kernels::ActRoute r, Residency res) {
+      LoadOptions lo;
+      lo.threads = 2;
+      lo.act_route = r;
+      lo.residency = res;
+      auto m = Model::Load(path, lo);
+      EXPECT_TRUE(m.ok()) << m.status().message();
+      return std::move(m).value();
+    };
+    auto copied = load(kernels::ActRoute::kInt8x2, Residency::kCopy);
+    auto mapped = load(kernels::ActRoute::kInt8x2, Residency::kMap);
+    auto exact = load(kernels::ActRoute::kExact, Residency::kCopy);
+    const auto& w = copied->weights();
+    for (const kernels::Matrix* m :
+         {&w.tok_embd, &w.output, &w.layers[0].wq, &w.layers[1].w_down, &w.layers[1].w_up}) {
+      EXPECT_EQ(c.bits, m->mlx_bits);
+      EXPECT_TRUE(m->mlx_runs);
+    }
+    EXPECT_FALSE(mapped->weights().layers[0].wq.mlx_runs);
+    EXPECT_FALSE(exact->weights().layers[0].wq.mlx_runs);
+
+    const std::vector<int32_t> ids = {1, 17, 230, 5, 99, 311, 42, 7, 480};
+    EXPECT_EQ(Logits(*mapped, ids), Logits(*copied, ids));
+    std::vector<int32_t> longer(40);  // one prefill of 40 rows: the exact panels
+    for (size_t i = 0; i < longer.size(); ++i) longer[i] = static_cast<int32_t>(i * 37 % 500 + 1);
+    EXPECT_EQ(PrefillLogits(*mapped, longer), PrefillLogits(*copied, longer));
+
+    const std::string from_copy = (dir / "copy.gguf").string(),
+                      from_map = (dir / "map.gguf").string();
+    ASSERT_TRUE(ConvertModel(*copied, OutputFormat::kGguf, from_copy, std::nullopt).ok());
+    ASSERT_TRUE(ConvertModel(*mapped, OutputFormat::kGguf, from_map, std::nullopt).ok());
+    EXPECT_EQ(ReadAll(from_map), ReadAll(from_copy));
   }
   fs::remove_all(dir);
 }

@@ -38,7 +38,7 @@ Result<nlohmann::json> ReadJsonFile(const std::string& path) {
 
 Status HfModelDir::AddShard(const std::string& file_name) {
   const std::string path = (fs::path(dir_) / file_name).string();
-  LUMEN_ASSIGN_OR_RETURN(SafetensorsFile f, SafetensorsFile::Open(path));
+  LUMEN_ASSIGN_OR_RETURN(SafetensorsFile f, SafetensorsFile::Open(path, residency_));
   const size_t shard = shards_.size();
   for (const SafetensorsTensor& t : f.tensors()) {
     if (const auto it = index_.find(t.name); it != index_.end()) {
@@ -53,9 +53,10 @@ Status HfModelDir::AddShard(const std::string& file_name) {
   return Status::Ok();
 }
 
-Result<HfModelDir> HfModelDir::Open(const std::string& dir) {
+Result<HfModelDir> HfModelDir::Open(const std::string& dir, Residency residency) {
   HfModelDir d;
   d.dir_ = dir;
+  d.residency_ = residency;
   const fs::path root(dir);
   std::error_code ec;
   if (!fs::is_directory(root, ec)) return Errorf("{}: not a directory", dir);

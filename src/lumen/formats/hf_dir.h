@@ -18,6 +18,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -43,7 +44,8 @@ struct HfTensor {
 
 class HfModelDir {
  public:
-  static Result<HfModelDir> Open(const std::string& dir);
+  // residency: how each shard is held (MappedFile::Open).
+  static Result<HfModelDir> Open(const std::string& dir, Residency residency = Residency::kAuto);
 
   const std::string& dir() const { return dir_; }
   const nlohmann::json& config() const { return config_; }
@@ -62,6 +64,13 @@ class HfModelDir {
   // All tensors of all shards, shard by shard, each in data order.
   const std::vector<HfTensor>& tensors() const { return tensors_; }
   const HfTensor* Find(std::string_view name) const;
+  // The bytes [at, at + len) of a tensor of a shard, writable for fn
+  // (SafetensorsFile::RewriteInPlace); false where no copied shard holds them.
+  bool RewriteInPlace(const void* at, size_t len, const std::function<void(uint8_t*)>& fn) {
+    for (auto& s : shards_)
+      if (s->RewriteInPlace(at, len, fn)) return true;
+    return false;
+  }
   // Bytes of the shards copied into anonymous memory (Residency::kCopy).
   size_t copied_bytes() const {
     size_t n = 0;
@@ -73,6 +82,7 @@ class HfModelDir {
   Status AddShard(const std::string& file_name);
 
   std::string dir_;
+  Residency residency_ = Residency::kAuto;
   nlohmann::json config_;
   std::optional<nlohmann::json> generation_config_;
   std::optional<std::string> tokenizer_json_, tokenizer_config_, tokenizer_model_;

@@ -201,8 +201,8 @@ std::optional<std::string_view> SafetensorsDTypeName(DType t) {
   return std::nullopt;
 }
 
-Result<SafetensorsFile> SafetensorsFile::Open(const std::string& path) {
-  LUMEN_ASSIGN_OR_RETURN(MappedFile m, MappedFile::Open(path));
+Result<SafetensorsFile> SafetensorsFile::Open(const std::string& path, Residency residency) {
+  LUMEN_ASSIGN_OR_RETURN(MappedFile m, MappedFile::Open(path, residency));
   LUMEN_ASSIGN_OR_RETURN(SafetensorsFile f, Parse(m.data(), m.size(), path));
   f.file_ = std::move(m);  // the mapping's address is unchanged by the move
   return f;
@@ -291,6 +291,13 @@ Result<SafetensorsFile> SafetensorsFile::Parse(const uint8_t* bytes, size_t size
     f.tensors_.push_back(std::move(t));
   }
   return f;
+}
+
+bool SafetensorsFile::RewriteInPlace(const void* at, size_t len,
+                                     const std::function<void(uint8_t*)>& fn) {
+  const auto* p = static_cast<const uint8_t*>(at);
+  if (file_.data() == nullptr || p < file_.data() || p > file_.data() + file_.size()) return false;
+  return file_.RewriteInPlace(static_cast<size_t>(p - file_.data()), len, fn);
 }
 
 const SafetensorsTensor* SafetensorsFile::Find(std::string_view name) const {

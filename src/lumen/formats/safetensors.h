@@ -28,6 +28,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -56,7 +57,8 @@ struct SafetensorsTensor {
 
 class SafetensorsFile {
  public:
-  static Result<SafetensorsFile> Open(const std::string& path);
+  static Result<SafetensorsFile> Open(const std::string& path,
+                                      Residency residency = Residency::kAuto);
   // Parses from memory (fuzzer, tests); `bytes` must outlive the object.
   static Result<SafetensorsFile> FromBytes(const uint8_t* bytes, size_t size, std::string name);
 
@@ -70,6 +72,10 @@ class SafetensorsFile {
   const nlohmann::json& metadata() const { return metadata_; }
   // Offset of the data section from the start of the file (8 + N).
   uint64_t data_offset() const { return data_offset_; }
+  // The bytes [at, at + len) of this file, writable for fn:
+  // MappedFile::RewriteInPlace. False where they are not in this file or the
+  // file is mapped, not copied (fn is not called).
+  bool RewriteInPlace(const void* at, size_t len, const std::function<void(uint8_t*)>& fn);
 
  private:
   static Result<SafetensorsFile> Parse(const uint8_t* bytes, size_t size, std::string name);

@@ -747,14 +747,14 @@ HWY_INLINE void DecodeQ23Records(const uint8_t* row, int64_t K, Sink& sink) {
   }
 }
 
-// MLX affine rows. ss/bb: the row's per-group scales and biases as f32.
+// MLX affine rows: p the row's codes in the file's order (MlxFileCodes),
+// ss/bb its per-group scales and biases as f32.
 template <class Sink>
-HWY_INLINE void DecodeMlx(const Matrix& W, int64_t r, const float* ss, const float* bb,
+HWY_INLINE void DecodeMlx(const Matrix& W, const uint8_t* p, const float* ss, const float* bb,
                           Sink& sink) {
   const DF d;
   const DI di;
   const int64_t N = hn::Lanes(d), K = W.k, G = W.mlx_group;
-  const uint8_t* p = W.w.row<const uint8_t>(r);
   if (W.mlx_bits == 4) {
     const auto k15 = hn::Set(di, 15);
     for (int64_t g = 0; g < K / G; ++g) {
@@ -956,6 +956,7 @@ struct RowDecoder {
   const Matrix& W;
   Path path;
   std::vector<float> scratch;  // generic: one dequantized row; MLX: scales + biases
+  std::vector<uint8_t> codes;  // MLX runs: a row's codes in the file's order
 
   explicit RowDecoder(const Matrix& w) : W(w), path(PathFor(w)) {
     if (path == Path::kGeneric) scratch.resize(W.k);
@@ -970,7 +971,7 @@ struct RowDecoder {
         const int64_t groups = W.k / W.mlx_group;
         DequantizeRow(W.scales.dtype, W.scales.row(r), scratch.data(), groups);
         DequantizeRow(W.biases.dtype, W.biases.row(r), scratch.data() + groups, groups);
-        return DecodeMlx(W, r, scratch.data(), scratch.data() + groups, sink);
+        return DecodeMlx(W, MlxCodes(r), scratch.data(), scratch.data() + groups, sink);
       }
       case Path::kGeneric: {
         DequantizeMatrixRow(W, r, scratch.data());
@@ -989,6 +990,8 @@ struct RowDecoder {
         return DecodeStorage(path, row, W.k, sink);
     }
   }
+
+  const uint8_t* MlxCodes(int64_t r) { return MlxFileCodes(W, r, 0, W.k * W.mlx_bits / 8, &codes); }
 };
 
 // X rows as the decoders index them: MLX 4-bit permuted within 2N chunks, and
@@ -1154,7 +1157,7 @@ void SmallM(RowDecoder& dec, const PreparedX& X, int64_t m0, float* Y, int64_t l
     for (int64_t n = n0; n < n1; ++n) {
       DequantizeRow(W.scales.dtype, W.scales.row(n), ss, groups);
       DequantizeRow(W.biases.dtype, W.biases.row(n), ss + groups, groups);
-      float y = MlxDot4(W.w.row<const uint8_t>(n), ss, ss + groups, W.k, W.mlx_group, x[0]);
+      float y = MlxDot4(dec.MlxCodes(n), ss, ss + groups, W.k, W.mlx_group, x[0]);
       if constexpr (E)
         y += hn::GetLane(
             hn::SumOfLanes(DF(), LowRankDot(epi->brow(n), epi->urow(m0), epi->rp, hn::Zero(DF()))));

@@ -1887,8 +1887,11 @@ DType Int8ColumnGroupsOf(DType plain) {
   return plain == DType::kQ5_K ? DType::kQ5_KPlanes : ColumnGroupsOf(plain);
 }
 
+bool Int8MlxRuns() { return !CpuHasVnni() && CpuHasAvx2(); }
+
 bool Int8RouteSupports(const Matrix& W) {
   if (!CpuHasVnni()) return CpuHasAvx2() && Avx2Int8Covers(W);
+  if (W.mlx_runs) return false;  // the AVX2 kernels' layout, made only where they run
   if (W.mlx_bits != 0) {
     const DType st = W.scales.dtype, bt = W.biases.dtype;
     auto flt = [](DType t) { return t == DType::kF16 || t == DType::kBF16 || t == DType::kF32; };

@@ -72,6 +72,9 @@ bool Int8RouteSupports(const Matrix& W);
 // without VNNI (the AVX2 kernels read their records, the VNNI ones the file's
 // order); Q5_K without VNNI as kQ5_KPlanes (the AVX2 kernels' 5th bits).
 DType Int8ColumnGroupsOf(DType plain);
+// Whether the loader makes MLX runs (core/repack.h, Matrix::mlx_runs): where
+// the int8 kernels are the AVX2 ones (the VNNI kernels read the file's order).
+bool Int8MlxRuns();
 
 // True when MatMul(W, ..., M, ...) takes the int8 route.
 inline bool UsesInt8Route(const Matrix& W, int64_t M) {

@@ -345,7 +345,8 @@ void MatMulManyInt8Avx2(std::span<const MatMulOut> outs, const float* X, int64_t
     for (int mb = 1; mb <= kRowsPerPass; ++mb) {
       plans[i].fn[mb - 1] = mlx ? nullptr : int8_avx2::PickRows(f, levels, mb);
       plans[i].mlx[mb - 1] =
-          mlx ? int8_avx2::PickMlxRows(f, static_cast<int>(w.mlx_group), levels, mb) : nullptr;
+          mlx ? int8_avx2::PickMlxRows(f, static_cast<int>(w.mlx_group), w.mlx_runs, levels, mb)
+              : nullptr;
     }
     total += w.n;
   }

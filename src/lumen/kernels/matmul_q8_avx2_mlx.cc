@@ -194,7 +194,7 @@ template <int kBits, int kShift, int MB, int L>
 // loads and 8 unpacks replace the natural kernel's per-block shuffles and
 // scalar scale products (row 161 -> 91 ns at K = 2048 on Zen 2). The blocks
 // after the last whole run take MlxBlock.
-template <int kShift, int MB, int L>
+template <bool kRuns, int kShift, int MB, int L>
 LUMEN_AVX2 void Mlx4RecordsRows(const Matrix& W, int64_t n, const Acts& a, int64_t m0, float* y,
                                 int64_t ldy) {
   const uint8_t* row = W.w.row<const uint8_t>(n);
@@ -210,7 +210,11 @@ LUMEN_AVX2 void Mlx4RecordsRows(const Matrix& W, int64_t n, const Acts& a, int64
     PrefetchAhead(p, 128);
     __m256i v[4], t[4];  // v[k]: blocks 2k and 2k + 1
     for (int k = 0; k < 4; ++k) v[k] = Load32(p + 32 * k);
-    TransposeDwords(v, t);
+    if constexpr (kRuns) {  // transposed at load (core/repack.h)
+      for (int k = 0; k < 4; ++k) t[k] = v[k];
+    } else {
+      TransposeDwords(v, t);
+    }
     __m256i codes[8];
     for (int c = 0; c < 4; ++c) {
       codes[c] = _mm256_and_si256(t[c], m4);
@@ -239,7 +243,7 @@ constexpr int64_t MlxSliceBlock(int64_t l) { return MlxLaneSlice(l) / 2; }
 // w = s (q - 128) + (b + 128 s), the second term the row's BiasDot. The lane
 // work is paid once per 4 blocks where MlxBlock pays it per block. The blocks
 // after the last whole run take MlxBlock.
-template <int kShift, int MB, int L>
+template <bool kRuns, int kShift, int MB, int L>
 LUMEN_AVX2 void Mlx8SlicesRows(const Matrix& W, int64_t n, const Acts& a, int64_t m0, float* y,
                                int64_t ldy) {
   const uint8_t* row = W.w.row<const uint8_t>(n);
@@ -255,7 +259,11 @@ LUMEN_AVX2 void Mlx8SlicesRows(const Matrix& W, int64_t n, const Acts& a, int64_
     PrefetchAhead(p, 128);
     __m256i v[4], codes[4], mag[4];  // v[k]: block k, as q - 128
     for (int k = 0; k < 4; ++k) v[k] = _mm256_xor_si256(Load32(p + 32 * k), flip);
-    TransposeDwords(v, codes);
+    if constexpr (kRuns) {  // transposed at load (core/repack.h)
+      for (int k = 0; k < 4; ++k) codes[k] = v[k];
+    } else {
+      TransposeDwords(v, codes);
+    }
     for (int c = 0; c < 4; ++c) mag[c] = _mm256_sign_epi8(codes[c], codes[c]);
     const int64_t g0 = b0 >> kShift;
     const __m256 sw = RunGroups<kGroups>(g.sc, g0, g.words, g.lanes);
@@ -276,35 +284,40 @@ LUMEN_AVX2 void Mlx8SlicesRows(const Matrix& W, int64_t n, const Acts& a, int64_
   MlxTail<8, kShift, MB, L>(row, a, m0, g, 4 * runs, acc, y, ldy);
 }
 
-template <int MB, int L>
+template <bool kRuns, int MB, int L>
 MlxRowsFn MlxRowsFor(Fmt f, int group) {
   if (f == Fmt::kMlx4)
-    return group == 32   ? Mlx4RecordsRows<0, MB, L>
-           : group == 64 ? Mlx4RecordsRows<1, MB, L>
-                         : Mlx4RecordsRows<2, MB, L>;
-  return group == 32   ? Mlx8SlicesRows<0, MB, L>
-         : group == 64 ? Mlx8SlicesRows<1, MB, L>
-                       : Mlx8SlicesRows<2, MB, L>;
+    return group == 32   ? Mlx4RecordsRows<kRuns, 0, MB, L>
+           : group == 64 ? Mlx4RecordsRows<kRuns, 1, MB, L>
+                         : Mlx4RecordsRows<kRuns, 2, MB, L>;
+  return group == 32   ? Mlx8SlicesRows<kRuns, 0, MB, L>
+         : group == 64 ? Mlx8SlicesRows<kRuns, 1, MB, L>
+                       : Mlx8SlicesRows<kRuns, 2, MB, L>;
+}
+
+template <bool kRuns>
+MlxRowsFn MlxRowsPick(Fmt f, int group, int levels, int mb) {
+  switch (mb) {
+    case 1:
+      return levels == 2 ? MlxRowsFor<kRuns, 1, 2>(f, group) : MlxRowsFor<kRuns, 1, 1>(f, group);
+    case 2:
+      return levels == 2 ? MlxRowsFor<kRuns, 2, 2>(f, group) : MlxRowsFor<kRuns, 2, 1>(f, group);
+    case 3:
+      return levels == 2 ? MlxRowsFor<kRuns, 3, 2>(f, group) : MlxRowsFor<kRuns, 3, 1>(f, group);
+    default:
+      return levels == 2 ? MlxRowsFor<kRuns, 4, 2>(f, group) : MlxRowsFor<kRuns, 4, 1>(f, group);
+  }
 }
 
 }  // namespace
 
-MlxRowsFn PickMlxRows(Fmt f, int group, int levels, int mb) {
-  switch (mb) {
-    case 1:
-      return levels == 2 ? MlxRowsFor<1, 2>(f, group) : MlxRowsFor<1, 1>(f, group);
-    case 2:
-      return levels == 2 ? MlxRowsFor<2, 2>(f, group) : MlxRowsFor<2, 1>(f, group);
-    case 3:
-      return levels == 2 ? MlxRowsFor<3, 2>(f, group) : MlxRowsFor<3, 1>(f, group);
-    default:
-      return levels == 2 ? MlxRowsFor<4, 2>(f, group) : MlxRowsFor<4, 1>(f, group);
-  }
+MlxRowsFn PickMlxRows(Fmt f, int group, bool runs, int levels, int mb) {
+  return runs ? MlxRowsPick<true>(f, group, levels, mb) : MlxRowsPick<false>(f, group, levels, mb);
 }
 
 #else  // no x86: never covered
 
-MlxRowsFn PickMlxRows(Fmt, int, int, int) { return nullptr; }
+MlxRowsFn PickMlxRows(Fmt, int, bool, int, int) { return nullptr; }
 
 #endif
 

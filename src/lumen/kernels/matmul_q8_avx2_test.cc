@@ -19,6 +19,7 @@
 #include "lumen/core/quant.h"
 #include "lumen/core/repack.h"
 #include "lumen/core/thread_pool.h"
+#include "lumen/kernels/matmul.h"
 #include "lumen/kernels/matmul_q8.h"
 #include "lumen/kernels/matmul_q8_avx2.h"
 #include "lumen/kernels/matmul_q8_ref.h"
@@ -205,6 +206,58 @@ TEST(MatMulInt8Avx2, ExtremeCodesDoNotSaturate) {
     }
 }
 
+// W (file order, Y its kernel's output for X) rewritten as runs
+// (core/repack.h), as the loader does: the kernel gives the same bits (the
+// same sums; only where the transpose happens moves) within the oracle's
+// bound by its own reading of runs, and every other reader sees the file's
+// values: the rows dequantized, the exact route's matvec and panels bit for
+// bit, and a column slice from the second run on.
+void ExpectRunsReadAsTheFile(OwnedMatrix& W, const std::vector<float>& X, int64_t M,
+                             const std::vector<float>& Y, const std::string& what) {
+  const int64_t N = W.m.n, K = W.m.k, run = kMlxRunBytes * 8 / W.m.mlx_bits;
+  const ActRoute route = W.m.route;
+  std::vector<float> rows(N * K), exact(M * N), exact1(N);
+  for (int64_t n = 0; n < N; ++n) DequantizeMatrixRow(W.m, n, rows.data() + n * K);
+  W.m.route = ActRoute::kExact;
+  MatMul(W.m, X.data(), M, K, exact.data(), N, nullptr);
+  MatMul(W.m, X.data(), 1, K, exact1.data(), N, nullptr);
+  for (int64_t n = 0; n < N; ++n) TransposeMlxRuns(W.m.w.row<uint8_t>(n), K * W.m.mlx_bits / 8);
+  W.m.mlx_runs = true;
+  if (K >= run) {  // otherwise nothing moved
+    std::vector<float> file_order(M * N);
+    W.m.mlx_runs = false;
+    RunAvx2(W.m, X.data(), M, file_order.data());
+    W.m.mlx_runs = true;
+    EXPECT_NE(file_order, Y) << what << ": the runs not read as runs";
+  }
+  std::vector<float> got(M * N), got1(N), r(K);
+  for (int64_t n = 0; n < N; ++n) {
+    DequantizeMatrixRow(W.m, n, r.data());
+    EXPECT_EQ(0, std::memcmp(r.data(), rows.data() + n * K, K * sizeof(float)))
+        << what << " row " << n;
+  }
+  MatMul(W.m, X.data(), M, K, got.data(), N, nullptr);
+  EXPECT_EQ(exact, got) << what << ": exact panels";
+  MatMul(W.m, X.data(), 1, K, got1.data(), N, nullptr);
+  EXPECT_EQ(exact1, got1) << what << ": exact matvec";
+  const int64_t G = W.m.mlx_group;
+  if (K >= 3 * G) {  // columns from inside a run
+    DequantizeMatrixColumns(W.m, 0, G, K - G, r.data());
+    EXPECT_EQ(0, std::memcmp(r.data(), rows.data() + G, (K - 2 * G) * sizeof(float)))
+        << what << ": columns";
+  }
+  if (K > run) {
+    const Matrix s = W.m.ColSlice(run, K);
+    DequantizeMatrixRow(s, N - 1, r.data());
+    EXPECT_EQ(0, std::memcmp(r.data(), rows.data() + (N - 1) * K + run, (K - run) * sizeof(float)))
+        << what << ": a column slice";
+  }
+  W.m.route = route;
+  RunAvx2(W.m, X.data(), M, got.data());
+  EXPECT_EQ(Y, got) << what << ": runs";
+  EXPECT_EQ(CheckAgainstOracles(W.m, X.data(), M, got, what + " runs"), 0);
+}
+
 OwnedMatrix MakeMlx(int bits, int group, DType scale_type, int64_t N, int64_t K, int levels,
                     std::mt19937& rng) {
   Spec s;
@@ -249,6 +302,7 @@ TEST(MatMulInt8Avx2, MlxRowsWithinBoundBitIdenticalAndUnsaturated) {
             std::vector<float> row(N);
             RunAvx2(W.m, X.data() + 5 * K, 1, row.data());
             EXPECT_EQ(row, std::vector<float>(Y.begin() + 5 * N, Y.end())) << what;
+            ExpectRunsReadAsTheFile(W, X, M, Y, what);
           }
   // Rows of any length: the groups are read a run at a time (the kernels
   // once converted a row's groups into stack arrays of 1024).

@@ -69,6 +69,16 @@ inline int PlaneCode(const uint8_t* planes, int e) {
   return ((b[32 * (r - 6)] >> 6) & 3) | ((b[64] >> r) & 1) << 2;
 }
 
+// Byte f (in the file's order) of an MLX row's codes at row: in runs
+// (Matrix::mlx_runs), byte b of the dword at 32 k + 16 h + 4 c of a whole
+// 128-byte run is stored at 32 c + 16 h + 4 k + b (core/repack.h).
+inline uint8_t MlxCodeByte(const Matrix& W, const uint8_t* row, int64_t f) {
+  const int64_t run = f / 128, o = f % 128;
+  if (!W.mlx_runs || (run + 1) * 128 > W.k * W.mlx_bits / 8) return row[f];
+  const int64_t k = o / 32, h = o % 32 / 16, c = o % 16 / 4, b = o % 4;
+  return row[run * 128 + 32 * c + 16 * h + 4 * k + b];
+}
+
 // a[0..K), o[0..K) of row n (w = a - o).
 inline void WeightParts(const Matrix& W, int64_t n, double* a, double* o) {
   const uint8_t* row = W.w.row<const uint8_t>(n);
@@ -81,7 +91,8 @@ inline void WeightParts(const Matrix& W, int64_t n, double* a, double* o) {
     DequantizeRow(W.scales.dtype, W.scales.row(n), s.data(), K / G);
     DequantizeRow(W.biases.dtype, W.biases.row(n), b.data(), K / G);
     for (int64_t i = 0; i < K; ++i) {
-      const int q = W.mlx_bits == 8 ? row[i] : (row[i / 2] >> (4 * (i % 2))) & 15;
+      const int q = W.mlx_bits == 8 ? MlxCodeByte(W, row, i)
+                                    : (MlxCodeByte(W, row, i / 2) >> (4 * (i % 2))) & 15;
       a[i] = double(s[i / G]) * q;
       o[i] = -double(b[i / G]);
     }

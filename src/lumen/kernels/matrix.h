@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <optional>
 #include <string_view>
+#include <vector>
 
 #include "lumen/core/tensor.h"
 
@@ -54,6 +55,9 @@ struct Matrix {
   TensorView biases;  // MLX only: [N, K / group]
   int mlx_bits = 0;   // 0: not MLX
   int mlx_group = 0;
+  // MLX codes in runs (core/repack.h: TransposeMlxRuns), made at load for the
+  // AVX2 int8 kernels; every other reader takes MlxFileCodes.
+  bool mlx_runs = false;
   int64_t n = 0, k = 0;  // logical shape
   ActRoute route = ActRoute::kExact;
 
@@ -88,6 +92,12 @@ struct Matrix {
 
 // dst[0..K) = row r of m as f32.
 void DequantizeMatrixRow(const Matrix& m, int64_t r, float* dst);
+
+// Bytes [b0, b1) of row r of an MLX matrix's codes in the file's order: the
+// row's own bytes, or (mlx_runs) the whole runs that cover them transposed
+// back into *buf. b0 a multiple of 4.
+const uint8_t* MlxFileCodes(const Matrix& m, int64_t r, int64_t b0, int64_t b1,
+                            std::vector<uint8_t>* buf);
 
 // The column granularity of m's storage: 1 for plain types, the block size of
 // a GGUF block type (32, 256), the group size of MLX.

@@ -210,8 +210,9 @@ TEST(MatMulInt8Avx2, ExtremeCodesDoNotSaturate) {
 // (core/repack.h), as the loader does: the kernel gives the same bits (the
 // same sums; only where the transpose happens moves) within the oracle's
 // bound by its own reading of runs, and every other reader sees the file's
-// values: the rows dequantized, the exact route's matvec and panels bit for
-// bit, and a column slice from the second run on.
+// values: the rows dequantized and a range of their columns, the exact route's matvec and
+// panels and the transposed product (the backward's) bit for bit, and a column
+// slice from the second run on.
 void ExpectRunsReadAsTheFile(OwnedMatrix& W, const std::vector<float>& X, int64_t M,
                              const std::vector<float>& Y, const std::string& what) {
   const int64_t N = W.m.n, K = W.m.k, run = kMlxRunBytes * 8 / W.m.mlx_bits;
@@ -221,6 +222,9 @@ void ExpectRunsReadAsTheFile(OwnedMatrix& W, const std::vector<float>& X, int64_
   W.m.route = ActRoute::kExact;
   MatMul(W.m, X.data(), M, K, exact.data(), N, nullptr);
   MatMul(W.m, X.data(), 1, K, exact1.data(), N, nullptr);
+  std::vector<float> dY(M * N), dX(M * K), dX_runs(M * K);  // the backward's product
+  for (int64_t i = 0; i < M * N; ++i) dY[i] = X[i % (M * K)];
+  MatMulT(W.m, dY.data(), M, dX.data(), nullptr);
   for (int64_t n = 0; n < N; ++n) TransposeMlxRuns(W.m.w.row<uint8_t>(n), K * W.m.mlx_bits / 8);
   W.m.mlx_runs = true;
   if (K >= run) {  // otherwise nothing moved
@@ -240,6 +244,8 @@ void ExpectRunsReadAsTheFile(OwnedMatrix& W, const std::vector<float>& X, int64_
   EXPECT_EQ(exact, got) << what << ": exact panels";
   MatMul(W.m, X.data(), 1, K, got1.data(), N, nullptr);
   EXPECT_EQ(exact1, got1) << what << ": exact matvec";
+  MatMulT(W.m, dY.data(), M, dX_runs.data(), nullptr);
+  EXPECT_EQ(dX, dX_runs) << what << ": the transposed product";
   const int64_t G = W.m.mlx_group;
   if (K >= 3 * G) {  // columns from inside a run
     DequantizeMatrixColumns(W.m, 0, G, K - G, r.data());

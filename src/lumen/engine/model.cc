@@ -64,10 +64,15 @@ Status NotSafetensors(const std::string& path, const Status& why) {
 // under LUMEN_REPACK=0. Every other reader decodes the new type to the same
 // values (the exact route to the same bits). Rows are rewritten on the
 // pool's threads. Returns the matrices rewritten.
+// Whether the load-time layouts are wanted: an int8 route, not LUMEN_REPACK=0.
+bool RepackWanted(kernels::ActRoute route) {
+  const char* env = std::getenv("LUMEN_REPACK");
+  return kernels::RouteHasInt8(route) && (env == nullptr || std::string_view(env) != "0");
+}
+
 int RepackColumnGroupsForInt8(formats::GgufFile& gg, std::vector<StoredTensor>& tensors,
                               kernels::ActRoute route, ThreadPool& pool) {
-  const char* env = std::getenv("LUMEN_REPACK");
-  if (!kernels::RouteHasInt8(route) || (env != nullptr && std::string_view(env) == "0")) return 0;
+  if (!RepackWanted(route)) return 0;
   int count = 0;
   for (StoredTensor& t : tensors) {
     kernels::Matrix& m = t.matrix;
@@ -97,10 +102,7 @@ int RepackColumnGroupsForInt8(formats::GgufFile& gg, std::vector<StoredTensor>& 
 // file's order back (kernels::MlxFileCodes). Returns the matrices rewritten.
 int RepackMlxRunsForInt8(formats::HfModelDir& hf, std::vector<StoredTensor>& tensors,
                          kernels::ActRoute route, ThreadPool& pool) {
-  const char* env = std::getenv("LUMEN_REPACK");
-  if (!kernels::RouteHasInt8(route) || !kernels::Int8MlxRuns() ||
-      (env != nullptr && std::string_view(env) == "0"))
-    return 0;
+  if (!RepackWanted(route) || !kernels::Int8MlxRuns()) return 0;
   int count = 0;
   for (StoredTensor& t : tensors) {
     kernels::Matrix& m = t.matrix;

@@ -158,9 +158,10 @@ Result<BenchReport> RunBench(const Model& model, const BenchOptions& o) {
   model::ForEachMatrix(w, [&](const kernels::Matrix& m) {
     r.weight_bytes_per_token += m.bytes();
     if (&m != &w.output) mat_flops += 2.0 * double(m.n) * double(m.k);
-    const std::string name =
-        m.mlx_bits ? "mlx" + std::to_string(m.mlx_bits) + "_g" + std::to_string(m.mlx_group)
-                   : std::string(Name(m.w.dtype));
+    const std::string name = m.mlx_bits
+                                 ? "mlx" + std::to_string(m.mlx_bits) + "_g" +
+                                       std::to_string(m.mlx_group) + (m.mlx_runs ? "_runs" : "")
+                                 : std::string(Name(m.w.dtype));
     std::string route = !kernels::UsesInt8Route(m, 1)
                             ? (kernels::MatMulIsFused(m) ? ": fused decode" : ": scalar dequant")
                         : kernels::Int8Levels(m.route) == 2

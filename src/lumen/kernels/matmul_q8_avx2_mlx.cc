@@ -1,7 +1,8 @@
 // The AVX2 int8 row kernels for MLX affine 4- and 8-bit rows (matmul_q8_avx2.h):
-// runs of blocks transposed in registers against activations laid out to
-// match (Prepare's kMlx4Records / kMlx8Slices), the blocks after the last
-// whole run in natural order.
+// runs of blocks transposed in registers, or by the loader (Matrix::mlx_runs,
+// core/repack.h), against activations laid out to match (Prepare's
+// kMlx4Records / kMlx8Slices), the blocks after the last whole run in natural
+// order; the biases one dot per row.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -189,11 +190,11 @@ template <int kBits, int kShift, int MB, int L>
 // even ones in the low nibbles); with the activations deinterleaved and in
 // that lane order (Prepare), every product of a lane belongs to one block,
 // and the lane work (conversion, scales, FMA) is paid once per 8 blocks, as
-// for the column groups, with no load-time rewrite (every other reader sees
-// the file's bytes); the biases are the row's BiasDot. A run's 4
-// loads and 8 unpacks replace the natural kernel's per-block shuffles and
-// scalar scale products (row 161 -> 91 ns at K = 2048 on Zen 2). The blocks
-// after the last whole run take MlxBlock.
+// for the column groups; the biases are the row's BiasDot. A run's 4 loads
+// and 8 unpacks replace the natural kernel's per-block shuffles and scalar
+// scale products (row 161 -> 91 ns at K = 2048 on Zen 2); kRuns: the loader
+// stored the run transposed (core/repack.h), so the unpacks go too. The
+// blocks after the last whole run take MlxBlock.
 template <bool kRuns, int kShift, int MB, int L>
 LUMEN_AVX2 void Mlx4RecordsRows(const Matrix& W, int64_t n, const Acts& a, int64_t m0, float* y,
                                 int64_t ldy) {
@@ -241,8 +242,10 @@ constexpr int64_t MlxSliceBlock(int64_t l) { return MlxLaneSlice(l) / 2; }
 // in as q - 128, as MlxBlock's (one vpmaddwd per record and level: two
 // records' int16 pairs could overflow), and the 128 comes back with the bias:
 // w = s (q - 128) + (b + 128 s), the second term the row's BiasDot. The lane
-// work is paid once per 4 blocks where MlxBlock pays it per block. The blocks
-// after the last whole run take MlxBlock.
+// work is paid once per 4 blocks where MlxBlock pays it per block. kRuns: the
+// run stored transposed by the loader (its 8 unpacks cost 11 of the row's 140
+// ns at K = 2048 on Zen 2). The blocks after the last whole run take
+// MlxBlock.
 template <bool kRuns, int kShift, int MB, int L>
 LUMEN_AVX2 void Mlx8SlicesRows(const Matrix& W, int64_t n, const Acts& a, int64_t m0, float* y,
                                int64_t ldy) {

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -60,6 +61,38 @@ std::vector<float> PrefillLogits(Model& m, std::span<const int32_t> ids) {
   return {(*s)->logits().begin(), (*s)->logits().end()};
 }
 
+// A tiny Llama of dim x ffn at `out` (the rest of so as given).
+SynthOptions Tiny(SynthOptions so, const std::string& out, int dim, int ffn) {
+  so.name = "tiny-llama";
+  so.out = out;
+  so.dim = dim;
+  so.ffn = ffn;
+  so.heads = 4;
+  so.kv_heads = 2;
+  return so;
+}
+
+std::unique_ptr<Model> LoadAs(const std::string& path, kernels::ActRoute route, Residency res) {
+  LoadOptions lo;
+  lo.threads = 2;
+  lo.act_route = route;
+  lo.residency = res;
+  auto m = Model::Load(path, lo);
+  EXPECT_TRUE(m.ok()) << m.status().message();
+  return std::move(m).value();
+}
+
+// Both models converted to GGUF in dir write the same bytes; returns the
+// size of the file written.
+uintmax_t ExpectSameConversion(const Model& copied, const Model& mapped, const fs::path& dir) {
+  const std::string from_copy = (dir / "copy.gguf").string(),
+                    from_map = (dir / "map.gguf").string();
+  EXPECT_TRUE(ConvertModel(copied, OutputFormat::kGguf, from_copy, std::nullopt).ok());
+  EXPECT_TRUE(ConvertModel(mapped, OutputFormat::kGguf, from_map, std::nullopt).ok());
+  EXPECT_EQ(ReadAll(from_map), ReadAll(from_copy));
+  return fs::file_size(from_copy);
+}
+
 TEST(RepackLoad, ColumnGroupsOnlyForInt8RoutesInCopiedFilesWithTheMappedLogits) {
   if (!kernels::CpuHasVnni() && !kernels::CpuHasAvx2())
     GTEST_SKIP() << "no AVX512-VNNI and no AVX2: the int8 routes do not run";
@@ -70,29 +103,14 @@ TEST(RepackLoad, ColumnGroupsOnlyForInt8RoutesInCopiedFilesWithTheMappedLogits) 
     SCOPED_TRACE(std::string(Name(t)));
     const std::string path = (dir / (std::string(Name(t)) + ".gguf")).string();
     SynthOptions so;
-    so.name = "tiny-llama";
-    so.out = path;
     so.dtype = t;
     // Legacy, K = 640: a group and a quad; 1120: two groups, a pair and a
     // half block. K-quants, 768: a group and a super-block; 1280: two and one.
     const bool super = Info(t).block_elems == 256;
-    so.dim = super ? 768 : 640;
-    so.ffn = super ? 1280 : 1120;
-    so.heads = 4;
-    so.kv_heads = 2;
-    ASSERT_TRUE(Synthesize(so).ok());
-    auto load = [&](kernels::ActRoute r, Residency res) {
-      LoadOptions lo;
-      lo.threads = 2;
-      lo.act_route = r;
-      lo.residency = res;
-      auto m = Model::Load(path, lo);
-      EXPECT_TRUE(m.ok()) << m.status().message();
-      return std::move(m).value();
-    };
-    auto copied = load(kernels::ActRoute::kInt8x2, Residency::kCopy);
-    auto mapped = load(kernels::ActRoute::kInt8x2, Residency::kMap);
-    auto exact = load(kernels::ActRoute::kExact, Residency::kCopy);
+    ASSERT_TRUE(Synthesize(Tiny(so, path, super ? 768 : 640, super ? 1280 : 1120)).ok());
+    auto copied = LoadAs(path, kernels::ActRoute::kInt8x2, Residency::kCopy);
+    auto mapped = LoadAs(path, kernels::ActRoute::kInt8x2, Residency::kMap);
+    auto exact = LoadAs(path, kernels::ActRoute::kExact, Residency::kCopy);
     const auto& w = copied->weights();
     for (const kernels::Matrix* m :
          {&w.tok_embd, &w.output, &w.layers[0].wq, &w.layers[1].w_down, &w.layers[1].w_up})
@@ -121,12 +139,7 @@ TEST(RepackLoad, ColumnGroupsOnlyForInt8RoutesInCopiedFilesWithTheMappedLogits) 
 
     // Converted, the repacked model writes the plain type, byte for byte the
     // file the mapped model writes.
-    const std::string from_copy = (dir / "copy.gguf").string(),
-                      from_map = (dir / "map.gguf").string();
-    ASSERT_TRUE(ConvertModel(*copied, OutputFormat::kGguf, from_copy, std::nullopt).ok());
-    ASSERT_TRUE(ConvertModel(*mapped, OutputFormat::kGguf, from_map, std::nullopt).ok());
-    EXPECT_EQ(ReadAll(from_map), ReadAll(from_copy));
-    EXPECT_EQ(fs::file_size(path), fs::file_size(from_copy));
+    EXPECT_EQ(fs::file_size(path), ExpectSameConversion(*copied, *mapped, dir));
   }
   fs::remove_all(dir);
 }
@@ -154,28 +167,13 @@ TEST(RepackLoad, MlxRunsOnlyForAvx2Int8RoutesInCopiedFilesWithTheMappedLogits) {
     SCOPED_TRACE(name);
     const std::string path = (dir / name).string();
     SynthOptions so;
-    so.name = "tiny-llama";
-    so.out = path;
     so.format = OutputFormat::kHf;
     so.mlx_bits = c.bits;
     so.mlx_group = c.group;
-    so.dim = c.dim;
-    so.ffn = c.ffn;
-    so.heads = 4;
-    so.kv_heads = 2;
-    ASSERT_TRUE(Synthesize(so).ok());
-    auto load = [&](kernels::ActRoute r, Residency res) {
-      LoadOptions lo;
-      lo.threads = 2;
-      lo.act_route = r;
-      lo.residency = res;
-      auto m = Model::Load(path, lo);
-      EXPECT_TRUE(m.ok()) << m.status().message();
-      return std::move(m).value();
-    };
-    auto copied = load(kernels::ActRoute::kInt8x2, Residency::kCopy);
-    auto mapped = load(kernels::ActRoute::kInt8x2, Residency::kMap);
-    auto exact = load(kernels::ActRoute::kExact, Residency::kCopy);
+    ASSERT_TRUE(Synthesize(Tiny(so, path, c.dim, c.ffn)).ok());
+    auto copied = LoadAs(path, kernels::ActRoute::kInt8x2, Residency::kCopy);
+    auto mapped = LoadAs(path, kernels::ActRoute::kInt8x2, Residency::kMap);
+    auto exact = LoadAs(path, kernels::ActRoute::kExact, Residency::kCopy);
     const auto& w = copied->weights();
     for (const kernels::Matrix* m :
          {&w.tok_embd, &w.output, &w.layers[0].wq, &w.layers[1].w_down, &w.layers[1].w_up}) {
@@ -191,11 +189,7 @@ TEST(RepackLoad, MlxRunsOnlyForAvx2Int8RoutesInCopiedFilesWithTheMappedLogits) {
     for (size_t i = 0; i < longer.size(); ++i) longer[i] = static_cast<int32_t>(i * 37 % 500 + 1);
     EXPECT_EQ(PrefillLogits(*mapped, longer), PrefillLogits(*copied, longer));
 
-    const std::string from_copy = (dir / "copy.gguf").string(),
-                      from_map = (dir / "map.gguf").string();
-    ASSERT_TRUE(ConvertModel(*copied, OutputFormat::kGguf, from_copy, std::nullopt).ok());
-    ASSERT_TRUE(ConvertModel(*mapped, OutputFormat::kGguf, from_map, std::nullopt).ok());
-    EXPECT_EQ(ReadAll(from_map), ReadAll(from_copy));
+    ExpectSameConversion(*copied, *mapped, dir);
   }
   fs::remove_all(dir);
 }

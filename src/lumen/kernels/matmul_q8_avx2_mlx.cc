@@ -135,6 +135,19 @@ template <int kShift>
   return g;
 }
 
+// A run's four 32-byte vectors (v) as the kernels read them (t): dword c of
+// each 16-byte half of t[k] is dword k of v[c]'s, by a 4 x 4 transpose in
+// registers, or as they are where the loader stored the run so (kRuns,
+// core/repack.h).
+template <bool kRuns>
+LUMEN_AVX2 inline void RunOrder(const __m256i* v, __m256i* t) {
+  if constexpr (kRuns) {
+    for (int k = 0; k < 4; ++k) t[k] = v[k];
+  } else {
+    TransposeDwords(v, t);
+  }
+}
+
 // Eight groups from g on as floats.
 LUMEN_AVX2 inline __m256 Groups8(const GroupRow& r, int64_t g) {
   if (r.t == DType::kF32) return _mm256_loadu_ps(reinterpret_cast<const float*>(r.p) + g);
@@ -211,11 +224,7 @@ LUMEN_AVX2 void Mlx4RecordsRows(const Matrix& W, int64_t n, const Acts& a, int64
     PrefetchAhead(p, 128);
     __m256i v[4], t[4];  // v[k]: blocks 2k and 2k + 1
     for (int k = 0; k < 4; ++k) v[k] = Load32(p + 32 * k);
-    if constexpr (kRuns) {  // transposed at load (core/repack.h)
-      for (int k = 0; k < 4; ++k) t[k] = v[k];
-    } else {
-      TransposeDwords(v, t);
-    }
+    RunOrder<kRuns>(v, t);
     __m256i codes[8];
     for (int c = 0; c < 4; ++c) {
       codes[c] = _mm256_and_si256(t[c], m4);
@@ -262,11 +271,7 @@ LUMEN_AVX2 void Mlx8SlicesRows(const Matrix& W, int64_t n, const Acts& a, int64_
     PrefetchAhead(p, 128);
     __m256i v[4], codes[4], mag[4];  // v[k]: block k, as q - 128
     for (int k = 0; k < 4; ++k) v[k] = _mm256_xor_si256(Load32(p + 32 * k), flip);
-    if constexpr (kRuns) {  // transposed at load (core/repack.h)
-      for (int k = 0; k < 4; ++k) codes[k] = v[k];
-    } else {
-      TransposeDwords(v, codes);
-    }
+    RunOrder<kRuns>(v, codes);
     for (int c = 0; c < 4; ++c) mag[c] = _mm256_sign_epi8(codes[c], codes[c]);
     const int64_t g0 = b0 >> kShift;
     const __m256 sw = RunGroups<kGroups>(g.sc, g0, g.words, g.lanes);

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "lumen/core/buffer.h"
+#include "lumen/core/cache_size.h"
 #include "lumen/core/check.h"
 #include "lumen/core/half.h"
 #include "lumen/core/quant.h"
@@ -1236,21 +1237,44 @@ void PackLowRank(const LowRankTile& epi, int64_t n, int64_t nr, int64_t NR, floa
     for (int64_t i = 0; i < NR; ++i) bp[j * NR + i] = i < nr ? epi.brow(n + i)[j] : 0.0f;
 }
 
+// GemmRows' block sizes in bytes (below), per target as measured there.
+struct GemmBlocking {
+  int64_t slice;        // a k block of one panel (KC NR floats), columns path
+  int64_t x_rows;       // the X rows of one row block, columns path
+  int64_t panel_slice;  // a k block of one panel, panel path
+  int64_t group;        // the decoded whole panels of one group, panel path
+};
+
+// AVX-512 (Zen 5, Xeon: sessions 12-28): slices in L1, X blocks and panel
+// groups of 1 MiB. AVX2 (Zen 2, a 512 KiB L2: session 35): a slice of a
+// quarter of L2 (the whole K of a 2048-wide product) read from L2 keeps the
+// FMAs as busy as a 16 KiB one from L1 there, and the work per slice and
+// per tile (the decode and transposes once per row block, the Y tile's loads
+// and stores) is paid once per panel, not once per 256 columns; X blocks of
+// 4 L2 (256 rows at K = 2048) come from L3. The 512-token prefill rose 7-19%
+// (performance.md, "Zen 2 a seventh time").
+HWY_INLINE GemmBlocking Blocking() {
+#if HWY_TARGET == HWY_AVX2
+  const int64_t l2 = L2CacheBytes();
+  return {l2 / 4, 4 * l2, l2 / 4, l2 / 4};
+#else
+  return {16 << 10, 1 << 20, 24 << 10, 1 << 20};
+#endif
+}
+
 // Rows [n0, n1) of W against all M rows of X as an outer-product GEMM
 // (gemm-inl.h). W's rows are decoded a vector's worth at a time and
 // transposed in registers into k-major panels [K, NR], NR = NV vectors of
-// rows; f32 rows are transposed straight from W.
+// rows; f32 rows are transposed straight from W. Sizes: Blocking().
 //
 // Where the storage decodes column ranges (f32, f16, bf16 and the
 // 32-element blocks Q8_0, Q4_0, Q4_1, Q5_0, Q5_1: DecodeColumns), each panel
-// is built KC columns at a time (KC NR floats, in L1) and a block of X's
-// rows runs over that slice at once: the decoded weights never leave L1. The
-// row blocks are as many rows as fill half of L2 (all M when X fits), so X
-// is read from L2; W is decoded once per block. Other storage (the K-quants,
-// whose 256-element super-blocks do not fit KC, and MLX) decodes whole
-// panels, in groups of about 1 MiB (half of L2) where X is larger than
-// 512 KiB, and for each block of KC columns every panel of the group runs
-// all M rows: the group's X slice [M, KC] is read once per panel from L2.
+// is built KC columns at a time (a slice) and a block of X's rows runs over
+// that slice at once; W is decoded once per row block (all M where X
+// fits). Other storage (the K-quants, whose 256-element super-blocks do not
+// fit every KC, MLX and the column groups) decodes whole panels, in groups
+// where X is larger than 512 KiB, and for each block of KC columns every
+// panel of the group runs all M rows.
 //
 // Every output is one FMA chain in k order (then its r epilogue terms), so
 // the tile height, the k blocks, the panel layout and the thread split
@@ -1269,6 +1293,7 @@ void GemmRows(RowDecoder& dec, const PreparedX& X, int64_t M, float* Y, int64_t 
                        dec.path == Path::kQ4_1 || dec.path == Path::kQ5_0 ||
                        dec.path == Path::kQ5_1;
   const int64_t r = epi ? epi->r : 0;
+  const GemmBlocking sizes = Blocking();
   std::vector<float> bp(r * NR);
   AlignedBuffer zero_buf(kp * sizeof(float));  // rows past n1
   // Packs the NV strips of the NR rows from n (nr of them real; the rest read
@@ -1294,12 +1319,14 @@ void GemmRows(RowDecoder& dec, const PreparedX& X, int64_t M, float* Y, int64_t 
     }
   };
   if (columns) {
-    // KC: 16 KiB of panel, a multiple of DecodeColumns' 2 vectors (K is too).
-    const int64_t KC = std::max<int64_t>(2 * L, (16 << 10) / (NR * 4) / (2 * L) * (2 * L));
+    // KC: a multiple of DecodeColumns' 2 vectors (K is too), at most K's.
+    const int64_t KC =
+        std::clamp<int64_t>(sizes.slice / (NR * 4) / (2 * L) * (2 * L), 2 * L,
+                            std::max<int64_t>(2 * L, (K + 2 * L - 1) / (2 * L) * (2 * L)));
     const int64_t kblocks = std::max<int64_t>(1, (K + KC - 1) / KC);  // K = 0: Y = 0
     AlignedBuffer slice_buf(KC * NR * sizeof(float)), rows_buf(L * KC * sizeof(float));
     float* slice = slice_buf.as<float>();
-    const int64_t mc = std::max<int64_t>(kGemmMR, (1 << 20) / (std::max<int64_t>(K, 1) * 4));
+    const int64_t mc = std::max<int64_t>(kGemmMR, sizes.x_rows / (std::max<int64_t>(K, 1) * 4));
     for (int64_t m0 = 0; m0 < M; m0 += mc)
       for (int64_t n = n0; n < n1; n += NR) {
         const int64_t nr = std::min(NR, n1 - n);
@@ -1318,10 +1345,10 @@ void GemmRows(RowDecoder& dec, const PreparedX& X, int64_t M, float* Y, int64_t 
     return;
   }
   const int64_t panels = (n1 - n0 + NR - 1) / NR;
-  const int64_t group = M * K * 4 <= (512 << 10) ? 1 : (1 << 20) / (kp * NR * 4);
+  const int64_t group = M * K * 4 <= (512 << 10) ? 1 : sizes.group / (kp * NR * 4);
   const int64_t NP = std::min(panels, std::clamp<int64_t>(group, 1, 16));
-  const int64_t KC = std::max<int64_t>(L, (24 << 10) / (NR * 4) / L * L);  // 24 KiB of panel
-  const int64_t kblocks = std::max<int64_t>(1, (K + KC - 1) / KC);         // K = 0: Y = 0
+  const int64_t KC = std::max<int64_t>(L, sizes.panel_slice / (NR * 4) / L * L);
+  const int64_t kblocks = std::max<int64_t>(1, (K + KC - 1) / KC);  // K = 0: Y = 0
   AlignedBuffer panel_buf(NP * kp * NR * sizeof(float));
   AlignedBuffer rows_buf(direct ? 0 : L * kp * sizeof(float));  // one strip's decoded rows
   std::vector<float> bpanel(NP * r * NR);

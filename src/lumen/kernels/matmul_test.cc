@@ -231,6 +231,57 @@ TEST(MatMulTest, ColumnGroupsGiveThePlainBitsOnTheExactAndBf16Routes) {
       }
 }
 
+// For M > 4 each output of the exact route is one f32 FMA chain over k in
+// order from +0 (gemm-inl.h), however the target blocks the product
+// (matmul.cc Blocking(): k blocks of up to a quarter of L2 on AVX2, 256-384
+// columns on AVX-512; row blocks; whole-panel groups): against that chain
+// over the reference's weights, bit for bit, for the storages whose decode
+// is one rounding of the reference's value, through both GEMM paths (f32,
+// f16, bf16, Q8_0, Q4_0 by column ranges; Q8_0 and Q4_0 column groups as
+// whole panels). K = 16448 spans two k blocks and a partial one up to a
+// 2 MiB L2 (and a row's plain blocks after its last group), 40 rows two row
+// blocks, N = 37 whole and partial panels. Targets without FMA (SSE4,
+// scalar) may round each product first (Highway's MulAdd there): the same
+// chain, fused or not.
+TEST(MatMulTest, PrefillOutputsAreOneFmaChainInKOrderAcrossBlocks) {
+  std::mt19937 rng(29);
+  constexpr int64_t N = 37, K = 16448, M = 40;
+  const std::vector<float> X = RandomActivations(M, K, rng);
+  for (DType t : {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0, DType::kQ4_0,
+                  DType::kQ8_0Cols, DType::kQ4_0Cols}) {
+    Spec s;
+    s.dtype = t;
+    const OwnedMatrix o = Make(s, N, K, rng);
+    std::vector<float> want(M * N), unfused(M * N), w(K);
+    for (int64_t n = 0; n < N; ++n) {
+      DequantizeMatrixRow(o.m, n, w.data());
+      for (int64_t m = 0; m < M; ++m) {
+        float acc = 0.0f, acc2 = 0.0f;
+        for (int64_t k = 0; k < K; ++k) {
+          acc = std::fma(X[m * K + k], w[k], acc);
+          const float p = X[m * K + k] * w[k];
+          acc2 = acc2 + p;
+        }
+        want[m * N + n] = acc;
+        unfused[m * N + n] = acc2;
+      }
+    }
+    for (int64_t target : Targets()) {
+      hwy::SetSupportedTargetsForTest(target);
+      ThreadPool pool(2);
+      for (ThreadPool* p : {(ThreadPool*)nullptr, &pool}) {
+        std::vector<float> got(M * N, -1.0f);
+        MatMul(o.m, X.data(), M, K, got.data(), N, p);
+        const bool fused = 0 == std::memcmp(want.data(), got.data(), got.size() * 4);
+        const bool chain = fused || 0 == std::memcmp(unfused.data(), got.data(), got.size() * 4);
+        EXPECT_TRUE(target <= HWY_AVX2 ? fused : chain)
+            << hwy::TargetName(target) << " " << Name(t) << (p ? " 2 threads" : " 1 thread");
+      }
+    }
+  }
+  hwy::SetSupportedTargetsForTest(0);
+}
+
 // MatMulAccumulate over column slices of W (Matrix::ColSlice) and the
 // matching columns of X continues the product: for M > 4 the exact route's
 // chains and the AVX512-BF16 route's 2048-column blocks give the unsplit

@@ -240,42 +240,58 @@ TEST(MatMulTest, ColumnGroupsGiveThePlainBitsOnTheExactAndBf16Routes) {
 // f16, bf16, Q8_0, Q4_0 by column ranges; Q8_0 and Q4_0 column groups as
 // whole panels). K = 16448 spans two k blocks and a partial one up to a
 // 2 MiB L2 (and a row's plain blocks after its last group), 40 rows two row
-// blocks, N = 37 whole and partial panels. Targets without FMA (SSE4,
+// blocks, N = 37 whole and partial panels; plain and with the LoRA
+// epilogue (MatMulLowRank: its r terms after the last k block). Targets without FMA (SSE4,
 // scalar) may round each product first (Highway's MulAdd there): the same
 // chain, fused or not.
 TEST(MatMulTest, PrefillOutputsAreOneFmaChainInKOrderAcrossBlocks) {
   std::mt19937 rng(29);
-  constexpr int64_t N = 37, K = 16448, M = 40;
-  const std::vector<float> X = RandomActivations(M, K, rng);
+  constexpr int64_t N = 37, K = 16448, M = 40, kR = 5;
+  constexpr float kScale = 0.375f;
+  const std::vector<float> X = RandomActivations(M, K, rng), U = RandomActivations(M, kR, rng),
+                           B = RandomActivations(N, kR, rng);
   for (DType t : {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0, DType::kQ4_0,
                   DType::kQ8_0Cols, DType::kQ4_0Cols}) {
     Spec s;
     s.dtype = t;
     const OwnedMatrix o = Make(s, N, K, rng);
-    std::vector<float> want(M * N), unfused(M * N), w(K);
-    for (int64_t n = 0; n < N; ++n) {
-      DequantizeMatrixRow(o.m, n, w.data());
-      for (int64_t m = 0; m < M; ++m) {
-        float acc = 0.0f, acc2 = 0.0f;
-        for (int64_t k = 0; k < K; ++k) {
-          acc = std::fma(X[m * K + k], w[k], acc);
-          const float p = X[m * K + k] * w[k];
-          acc2 = acc2 + p;
+    // lora: then the epilogue's r terms of the same chain (scale u_j, b_j).
+    auto chains = [&](bool lora, bool fma) {
+      std::vector<float> y(M * N), w(K);
+      for (int64_t n = 0; n < N; ++n) {
+        DequantizeMatrixRow(o.m, n, w.data());
+        for (int64_t m = 0; m < M; ++m) {
+          float acc = 0.0f;
+          auto add = [&](float a, float b) {
+            const float p = a * b;
+            acc = fma ? std::fma(a, b, acc) : acc + p;
+          };
+          for (int64_t k = 0; k < K; ++k) add(X[m * K + k], w[k]);
+          if (lora)
+            for (int64_t j = 0; j < kR; ++j) add(kScale * U[m * kR + j], B[n * kR + j]);
+          y[m * N + n] = acc;
         }
-        want[m * N + n] = acc;
-        unfused[m * N + n] = acc2;
       }
-    }
-    for (int64_t target : Targets()) {
-      hwy::SetSupportedTargetsForTest(target);
-      ThreadPool pool(2);
-      for (ThreadPool* p : {(ThreadPool*)nullptr, &pool}) {
-        std::vector<float> got(M * N, -1.0f);
-        MatMul(o.m, X.data(), M, K, got.data(), N, p);
-        const bool fused = 0 == std::memcmp(want.data(), got.data(), got.size() * 4);
-        const bool chain = fused || 0 == std::memcmp(unfused.data(), got.data(), got.size() * 4);
-        EXPECT_TRUE(target <= HWY_AVX2 ? fused : chain)
-            << hwy::TargetName(target) << " " << Name(t) << (p ? " 2 threads" : " 1 thread");
+      return y;
+    };
+    for (bool lora : {false, true}) {
+      const std::vector<float> want = chains(lora, true), unfused = chains(lora, false);
+      const LowRank lr{.u = U.data(), .v = B.data(), .r = kR, .scale = kScale};
+      for (int64_t target : Targets()) {
+        hwy::SetSupportedTargetsForTest(target);
+        ThreadPool pool(2);
+        for (ThreadPool* p : {(ThreadPool*)nullptr, &pool}) {
+          std::vector<float> got(M * N, -1.0f);
+          if (lora)
+            MatMulLowRank(o.m, X.data(), M, K, lr, got.data(), N, p);
+          else
+            MatMul(o.m, X.data(), M, K, got.data(), N, p);
+          const bool fused = 0 == std::memcmp(want.data(), got.data(), got.size() * 4);
+          const bool chain = fused || 0 == std::memcmp(unfused.data(), got.data(), got.size() * 4);
+          EXPECT_TRUE(target <= HWY_AVX2 ? fused : chain)
+              << hwy::TargetName(target) << " " << Name(t) << (lora ? " with the epilogue" : "")
+              << (p ? " 2 threads" : " 1 thread");
+        }
       }
     }
   }

@@ -298,6 +298,56 @@ TEST(MatMulTest, PrefillOutputsAreOneFmaChainInKOrderAcrossBlocks) {
   hwy::SetSupportedTargetsForTest(0);
 }
 
+// The transposed product dX = dY W (MatMulT, the backward's) adds each
+// output's terms in ascending n as one FMA chain from +0 (panels of 128
+// rows, the chain stored to dX and loaded back between them), whatever the
+// column blocks (matmul.cc MatMulTRows: 512 columns on AVX2 at a 512 KiB L2,
+// 2048 on AVX-512), row blocks and thread split; the columns after the last
+// whole vector are a product then a sum. Against that chain, bit for bit:
+// K = 4164 (a 4-column tail) for f32, 4160 for Q8_0 and its column groups,
+// 4096 for Q4_K (two or more column blocks on every target); N = 260 (three
+// panels), M = 14 (6-row tiles and a remainder).
+TEST(MatMulTest, TransposedOutputsAreOneFmaChainInNOrderAcrossBlocks) {
+  std::mt19937 rng(31);
+  constexpr int64_t N = 260, M = 14;
+  const std::vector<float> dY = RandomActivations(M, N, rng);
+  for (DType t : {DType::kF32, DType::kQ8_0, DType::kQ8_0Cols, DType::kQ4_K}) {
+    const int64_t K = t == DType::kF32 ? 4164 : t == DType::kQ4_K ? 4096 : 4160;
+    Spec s;
+    s.dtype = t;
+    const OwnedMatrix o = Make(s, N, K, rng);
+    std::vector<float> w(N * K);
+    for (int64_t n = 0; n < N; ++n) DequantizeMatrixRow(o.m, n, w.data() + n * K);
+    // fused_until: columns from here on take a product then a sum.
+    auto chains = [&](int64_t fused_until) {
+      std::vector<float> dx(M * K);
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t k = 0; k < K; ++k) {
+          float acc = 0.0f;
+          for (int64_t n = 0; n < N; ++n) {
+            const float a = dY[m * N + n], b = w[n * K + k], p = a * b;
+            acc = k < fused_until ? std::fma(a, b, acc) : acc + p;
+          }
+          dx[m * K + k] = acc;
+        }
+      return dx;
+    };
+    const std::vector<float> fused = chains(K - K % 8), unfused = chains(0);
+    for (int64_t target : Targets()) {
+      hwy::SetSupportedTargetsForTest(target);
+      ThreadPool pool(2);
+      for (ThreadPool* p : {(ThreadPool*)nullptr, &pool}) {
+        std::vector<float> got(M * K, -1.0f);
+        MatMulT(o.m, dY.data(), M, got.data(), p);
+        const std::vector<float>& want = target <= HWY_AVX2 ? fused : unfused;
+        EXPECT_EQ(0, std::memcmp(want.data(), got.data(), got.size() * 4))
+            << hwy::TargetName(target) << " " << Name(t) << (p ? " 2 threads" : " 1 thread");
+      }
+    }
+  }
+  hwy::SetSupportedTargetsForTest(0);
+}
+
 // MatMulAccumulate over column slices of W (Matrix::ColSlice) and the
 // matching columns of X continues the product: for M > 4 the exact route's
 // chains and the AVX512-BF16 route's 2048-column blocks give the unsplit

@@ -1761,9 +1761,10 @@ void MatMulTRange(const Matrix& W, const float* dY, int64_t M, float* dX, int64_
 }
 
 // MatMulTRange over [k0, k1) in column blocks of at most 2048, so a panel
-// of 128 decoded rows stays within 1 MiB whatever K is; on AVX2, of a
-// quarter of L2 (512 columns at a 512 KiB L2: Zen 2's training step 3-5%
-// faster than 2048, session 35). Block edges are multiples of 512 (whole
+// of 128 decoded rows stays within 1 MiB whatever K is; on AVX2, a panel
+// of a quarter of L2 where that is 512 columns or more, else 512 (Zen 2's
+// 512 KiB L2: 256 KiB panels, the training step 3-5% faster than with 2048,
+// session 35). Block edges are multiples of 512 (whole
 // vectors and storage blocks: every MatrixColumnAlign divides it), so every
 // column keeps its place in the vector part or the scalar tail and the
 // blocks change no bit.

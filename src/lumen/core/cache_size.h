@@ -1,7 +1,8 @@
 // The data caches' sizes, as the OS reports them, for kernels that block
 // their work to fit a level (the exact GEMM's row blocks). Read once per
-// process; where the OS says nothing (0 or -1), the value a current x86 core
-// has at least, so a block sized by it still fits.
+// process; where the OS says nothing (0 or -1) or under 64 KiB, the value a
+// current x86 core has at least, so a block sized by it still fits; at most
+// 4 MiB (a figure above that is a shared cache's).
 #pragma once
 
 #include <cstdint>

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "lumen/core/buffer.h"
+#include "lumen/core/cache_size.h"
 #include "lumen/core/half.h"
 #include "lumen/core/status.h"
 #include "lumen/core/tensor.h"
@@ -436,6 +437,15 @@ TEST(Utf8, StrictValidation) {
   EXPECT_EQ(bad, 1u);
   EXPECT_FALSE(ValidUtf8("\x80"));             // lone continuation byte
   EXPECT_TRUE(ValidUtf8("\xf4\x8f\xbf\xbf"));  // U+10FFFF itself
+}
+
+// The OS's per-core L2 figure where it is plausible (64 KiB and up, capped at
+// 4 MiB), else 512 KiB; read once, so every call agrees.
+TEST(CacheSize, L2IsTheOsFigureWithinItsBounds) {
+  const long os = sysconf(_SC_LEVEL2_CACHE_SIZE);
+  const int64_t want = os >= (64 << 10) ? std::min<int64_t>(os, 4 << 20) : 512 << 10;
+  EXPECT_EQ(L2CacheBytes(), want) << "sysconf: " << os;
+  EXPECT_EQ(L2CacheBytes(), L2CacheBytes());
 }
 
 }  // namespace

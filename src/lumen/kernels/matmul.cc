@@ -1237,12 +1237,15 @@ void PackLowRank(const LowRankTile& epi, int64_t n, int64_t nr, int64_t NR, floa
     for (int64_t i = 0; i < NR; ++i) bp[j * NR + i] = i < nr ? epi.brow(n + i)[j] : 0.0f;
 }
 
-// GemmRows' block sizes in bytes (below), per target as measured there.
+// The exact products' block sizes, per target as measured there: GemmRows'
+// (bytes) and the transposed product's (MatMulTRows, MatMulTRange).
 struct GemmBlocking {
   int64_t slice;        // a k block of one panel (KC NR floats), columns path
   int64_t x_rows;       // the X rows of one row block, columns path
   int64_t panel_slice;  // a k block of one panel, panel path
   int64_t group;        // the decoded whole panels of one group, panel path
+  int64_t t_cols;       // transposed: columns per block (a multiple of 512)
+  int64_t t_rows;       // transposed: the dX rows of one row block (bytes)
 };
 
 // AVX-512 (Zen 5, Xeon: sessions 12-28): slices in L1, X blocks and panel
@@ -1252,13 +1255,21 @@ struct GemmBlocking {
 // per tile (the decode and transposes once per row block, the Y tile's loads
 // and stores) is paid once per panel, not once per 256 columns; X blocks of
 // 4 L2 (256 rows at K = 2048) come from L3. The 512-token prefill rose 7-19%
-// (performance.md, "Zen 2 a seventh time").
+// (performance.md, "Zen 2 a seventh time"). Transposed: column blocks of
+// 2048 and dX row blocks of 1 MiB on AVX-512; on AVX2 a 128-row panel of a
+// quarter of L2 where that is 512 columns or more, else 512 (Zen 2: 256 KiB
+// panels, the training step 3-5% faster than with 2048), and half of L2.
 HWY_INLINE GemmBlocking Blocking() {
 #if HWY_TARGET == HWY_AVX2
   const int64_t l2 = L2CacheBytes();
-  return {l2 / 4, 4 * l2, l2 / 4, l2 / 4};
+  return {l2 / 4,
+          4 * l2,
+          l2 / 4,
+          l2 / 4,
+          std::clamp<int64_t>(l2 / 4 / (128 * 4) / 512 * 512, 512, 2048),
+          l2 / 2};
 #else
-  return {16 << 10, 1 << 20, 24 << 10, 1 << 20};
+  return {16 << 10, 1 << 20, 24 << 10, 1 << 20, 2048, 1 << 20};
 #endif
 }
 
@@ -1690,15 +1701,10 @@ void MatMulTRange(const Matrix& W, const float* dY, int64_t M, float* dX, int64_
   std::vector<float> row(columns ? 0 : K), panel(kTn * ldp);
   const Path path = PathFor(W);
   // Rows of dX in blocks whose [rows, KW] slice stays in L2 across all the
-  // panels (each panel adds into it; half of L2, 1 MiB on AVX-512 as measured
-  // there); the panels are decoded again per block. Per element the panels
-  // still add in n order: the same bits for any block.
-#if HWY_TARGET == HWY_AVX2
-  const int64_t half_l2 = L2CacheBytes() / 2;
-#else
-  constexpr int64_t half_l2 = 1 << 20;
-#endif
-  const int64_t kTm = std::clamp<int64_t>(half_l2 / (KW * 4) / 4 * 4, 32, 1 << 20);
+  // panels (each panel adds into it: Blocking().t_rows); the panels are
+  // decoded again per block. Per element the panels still add in n order:
+  // the same bits for any block.
+  const int64_t kTm = std::clamp<int64_t>(Blocking().t_rows / (KW * 4) / 4 * 4, 32, 1 << 20);
   for (int64_t mb = 0; mb < M; mb += kTm) {
     const int64_t me = std::min(M, mb + kTm);
     for (int64_t n0 = 0; n0 < N; n0 += kTn) {
@@ -1760,21 +1766,14 @@ void MatMulTRange(const Matrix& W, const float* dY, int64_t M, float* dX, int64_
   }
 }
 
-// MatMulTRange over [k0, k1) in column blocks of at most 2048, so a panel
-// of 128 decoded rows stays within 1 MiB whatever K is; on AVX2, a panel
-// of a quarter of L2 where that is 512 columns or more, else 512 (Zen 2's
-// 512 KiB L2: 256 KiB panels, the training step 3-5% faster than with 2048,
-// session 35). Block edges are multiples of 512 (whole
-// vectors and storage blocks: every MatrixColumnAlign divides it), so every
-// column keeps its place in the vector part or the scalar tail and the
-// blocks change no bit.
+// MatMulTRange over [k0, k1) in column blocks of Blocking().t_cols (at
+// most 2048), so a panel of 128 decoded rows stays within L2 whatever K is.
+// Block edges are multiples of 512 (whole vectors and storage blocks: every
+// MatrixColumnAlign divides it), so every column keeps its place in the
+// vector part or the scalar tail and the blocks change no bit.
 void MatMulTRows(const Matrix& W, const float* dY, int64_t M, float* dX, int64_t k0, int64_t k1,
                  const LowRank* lr) {
-#if HWY_TARGET == HWY_AVX2
-  const int64_t kCols = std::clamp<int64_t>(L2CacheBytes() / 4 / (128 * 4) / 512 * 512, 512, 2048);
-#else
-  constexpr int64_t kCols = 2048;
-#endif
+  const int64_t kCols = Blocking().t_cols;
   for (int64_t c0 = k0; c0 < k1;) {
     const int64_t c1 = std::min(k1, (c0 / kCols + 1) * kCols);
     MatMulTRange(W, dY, M, dX, c0, c1, lr);

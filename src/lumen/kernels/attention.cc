@@ -20,6 +20,8 @@
 #include <hwy/contrib/math/math-inl.h>  // per-target; must follow highway.h
 // clang-format on
 
+#include "lumen/kernels/kv_load-inl.h"
+
 // Decode attention is a stream over the KV ring: for each kv head, the q heads
 // of its group each take one pass over that head's K (scores) and one over its
 // V (weighted sum). A head's K or V slice is S * Dh * 2 bytes (1 MiB at 8k
@@ -35,29 +37,6 @@ namespace {
 
 using DF = hn::ScalableTag<float>;
 using VF = hn::Vec<DF>;
-
-template <DType T>
-HWY_INLINE VF LoadKv(const void* base, int64_t at) {
-  const DF d;
-  if constexpr (T == DType::kF16) {
-    const hn::Rebind<hwy::float16_t, DF> dh;
-    return hn::PromoteTo(d, hn::LoadU(dh, static_cast<const hwy::float16_t*>(base) + at));
-  } else if constexpr (T == DType::kBF16) {
-    const hn::Rebind<hwy::bfloat16_t, DF> dh;
-    return hn::PromoteTo(d, hn::LoadU(dh, static_cast<const hwy::bfloat16_t*>(base) + at));
-  } else if constexpr (T == DType::kQ8_0) {  // lanes never cross a 32-block (Dh % 32 == 0)
-    const uint8_t* blk = static_cast<const uint8_t*>(base) + (at / kQK) * sizeof(BlockQ8_0);
-    uint16_t h;
-    std::memcpy(&h, blk, 2);
-    const hn::Rebind<int8_t, DF> d8;
-    const hn::RebindToSigned<DF> di;
-    const auto q =
-        hn::PromoteTo(di, hn::LoadU(d8, reinterpret_cast<const int8_t*>(blk + 2) + at % kQK));
-    return hn::Mul(hn::ConvertTo(d, q), hn::Set(d, F16ToF32(h)));
-  } else {
-    return hn::LoadU(d, static_cast<const float*>(base) + at);
-  }
-}
 
 // Softmax numerators of one head's scores in place (vector exp); returns 1/sum.
 HWY_INLINE float SoftmaxNumerators(float* sh, int64_t S) {

@@ -62,6 +62,33 @@ void AttendSoftmax(int64_t S, float* scores, int h0, int h1);
 void AttendValues(const AttentionShape& s, const KvRing& kv, int64_t pos_begin, int64_t pos_end,
                   int64_t j0, int64_t j1, const float* probs, float* out);
 
+// Prefill: a run of consecutive query tokens of one sequence, token t at
+// position pos0 + t (q row at q + t * q_stride, output at out + t *
+// out_stride, both [H * Dh]), each seeing positions [window > 0 ? max(0, p -
+// window + 1) : 0, p] of the ring (all stored before the call). A call covers
+// kv head kv_head's query heads for tokens [t0, t1), t1 - t0 <=
+// AttendRowsTokens(s), so callers split a chunk into (head, token block)
+// units across threads. The K and V tiles are widened once per unit of 48
+// query rows and the products run as GEMM tiles (attention_rows.cc), where
+// AttendOne takes each row alone. A row's bits depend only on its position
+// and the ring, never on the other tokens of its call or the thread count.
+// Tier: L2 against AttendOneRef per row (attention_test.cc's bound).
+struct AttentionRows {
+  const float* q = nullptr;
+  int64_t q_stride = 0;
+  float* out = nullptr;
+  int64_t out_stride = 0;
+  int64_t pos0 = 0;
+  int64_t window = 0;
+};
+// Whether this CPU's kernels cover the shape and KV type (else AttendOne per row).
+bool AttendRowsSupported(const AttentionShape& s, DType kv);
+int64_t AttendRowsTokens(const AttentionShape& s);
+// Floats of scratch one call needs (the same on every target).
+int64_t AttendRowsScratchFloats(const AttentionShape& s);
+void AttendRows(const AttentionShape& s, const KvRing& kv, const AttentionRows& rows, int kv_head,
+                int64_t t0, int64_t t1, float* scratch);
+
 // Stores a key/value row (f32 in) at position pos of the ring.
 void StoreKv(const KvRing& kv, int64_t row_elems, int64_t pos, const float* k, const float* v);
 

@@ -98,6 +98,10 @@ Activations::Activations(const ModelConfig& c, int threads)
   // attn_scratch is sized by RunRows for the longest cache it is given: the
   // model's context (128k for Llama-3.2) would cost 35 MB for a 4k session.
   attn_parts = AlignedBuffer(size_t(threads) * c.q_dim() * sizeof(float));
+  const kernels::AttentionShape shape{c.n_heads, c.n_kv_heads, c.head_dim, c.attn_scale,
+                                      c.attn_softcap};
+  attn_rows_per_thread = kernels::AttendRowsScratchFloats(shape);
+  attn_rows = AlignedBuffer(size_t(threads) * attn_rows_per_thread * sizeof(float));
 }
 
 float EmbedScale(const ModelConfig& c, const Weights& w) {
@@ -207,24 +211,10 @@ void Forward::AttentionBlock(int l, std::span<const BatchRow> rows) {
   const kernels::AttentionShape shape{c_.n_heads, c_.n_kv_heads, c_.head_dim, c_.attn_scale,
                                       c_.attn_softcap};
   const int64_t window = sliding ? c_.sliding_window : 0;
-  auto attend = [&](int64_t b, int64_t e, int thread) {
-    float* scratch = a_.attn_scratch.as<float>() + thread * a_.attn_scratch_per_thread;
-    for (int64_t t = b; t < e; ++t) {
-      const int64_t p = rows[t].pos;
-      const int64_t begin = window > 0 ? std::max<int64_t>(0, p - window + 1) : 0;
-      kernels::AttendOne(qkv + t * QKV, shape, rows[t].cache->layer(l), begin, p + 1, att + t * Q,
-                         scratch);
-    }
-  };
   const int threads = pool_ ? pool_->size() : 1;
-  if (T >= threads) {
-    // Rows taken one at a time, first come: a causal chunk's later rows see
-    // more positions, so contiguous halves would leave the first thread waiting.
-    if (pool_)
-      pool_->ParallelForDynamic(T, attend, 1);
-    else
-      attend(0, T, 0);
-  } else if (position_split_ && max_pos + 1 >= kSplitAttention &&
+  if (T >= threads || step_invariant_ || HasRun(rows)) {
+    AttendRuns(l, rows, shape, window);
+  } else if (max_pos + 1 >= kSplitAttention &&
              std::all_of(rows.begin(), rows.end(), [&](const BatchRow& r) {
                return kernels::AttendSplitSupported(shape, r.cache->layer(l).dtype);
              })) {
@@ -261,6 +251,65 @@ void Forward::AttentionBlock(int l, std::span<const BatchRow> rows) {
     float* xr = x + t * D;
     for (int64_t i = 0; i < D; ++i) xr[i] += o[i] * c_.residual_scale;
   });
+}
+
+// Whether some two rows are consecutive tokens of one sequence (a prefill
+// chunk, or a forced run), which AttendRuns takes as GEMM tiles.
+bool Forward::HasRun(std::span<const BatchRow> rows) const {
+  for (size_t t = 1; t < rows.size(); ++t)
+    if (rows[t].cache == rows[t - 1].cache && rows[t].pos == rows[t - 1].pos + 1) return true;
+  return false;
+}
+
+// Attention of a chunk's rows in units spread over the threads, first come:
+// a run of consecutive tokens of one sequence goes to kernels::AttendRows in
+// (kv head, token block) units, a head's blocks together (its K and V stay
+// in L2 between them), the last blocks (the most positions) first; a lone row
+// (a batched decode step's) to AttendOne whole, whose bits are the
+// single-stream decode step's (AttendHeads splits by head bit for bit),
+// unless step_invariant_ (RunHidden) asks for AttendRows for every row.
+void Forward::AttendRuns(int l, std::span<const BatchRow> rows,
+                         const kernels::AttentionShape& shape, int64_t window) {
+  const int64_t T = static_cast<int64_t>(rows.size()), Q = c_.q_dim(), QKV = Q + 2 * c_.kv_dim();
+  float* qkv = a_.qkv();
+  float* att = a_.att();
+  const int64_t block = kernels::AttendRowsTokens(shape);
+  attn_units_.clear();
+  for (int64_t t = 0; t < T;) {
+    int64_t e = t + 1;
+    while (e < T && rows[e].cache == rows[t].cache && rows[e].pos == rows[e - 1].pos + 1) ++e;
+    if ((e - t >= 2 || step_invariant_) &&
+        kernels::AttendRowsSupported(shape, rows[t].cache->layer(l).dtype)) {
+      for (int h = 0; h < c_.n_kv_heads; ++h)
+        for (int64_t b = t + (e - t - 1) / block * block; b >= t; b -= block)
+          attn_units_.push_back({t, b, std::min(e, b + block), h});
+    } else {
+      for (int64_t u = t; u < e; ++u) attn_units_.push_back({u, u, u + 1, -1});
+    }
+    t = e;
+  }
+  auto run = [&](int64_t b, int64_t e, int thread) {
+    for (int64_t i = b; i < e; ++i) {
+      const AttentionUnit& u = attn_units_[i];
+      const BatchRow& first = rows[u.run];
+      const kernels::KvRing& kv = first.cache->layer(l);
+      if (u.kv_head < 0) {
+        const int64_t p = first.pos;
+        const int64_t begin = window > 0 ? std::max<int64_t>(0, p - window + 1) : 0;
+        float* scratch = a_.attn_scratch.as<float>() + thread * a_.attn_scratch_per_thread;
+        kernels::AttendOne(qkv + u.run * QKV, shape, kv, begin, p + 1, att + u.run * Q, scratch);
+        continue;
+      }
+      const kernels::AttentionRows r{qkv + u.run * QKV, QKV, att + u.run * Q, Q, first.pos, window};
+      kernels::AttendRows(shape, kv, r, u.kv_head, u.t0 - u.run, u.t1 - u.run,
+                          a_.attn_rows.as<float>() + thread * a_.attn_rows_per_thread);
+    }
+  };
+  const int64_t n = static_cast<int64_t>(attn_units_.size());
+  if (pool_)
+    pool_->ParallelForDynamic(n, run, 1);
+  else
+    run(0, n, 0);
 }
 
 // One decode row's attention split across threads by position (three passes;
@@ -522,13 +571,13 @@ Status Forward::RunHidden(std::span<const BatchRow> rows, float* hidden) {
     if (rows[t].pos < 0 || rows[t].pos >= rows[t].cache->ctx())
       return Errorf("context full: position {} does not fit the context of {} tokens (row {})",
                     rows[t].pos, rows[t].cache->ctx(), t);
-  // The position split sums a row's attention in another order than the
-  // other two routes: off here, so a row's result does not depend on how many
-  // rows share its step (the batched embedding route is L1 against one input
-  // at a time).
-  position_split_ = false;
+  // Every row's attention through AttendRuns, lone rows tiled too, so a
+  // row's result does not depend on how many rows share its step or how its
+  // input was cut into steps (the batched embedding route is L1 against one
+  // input at a time).
+  step_invariant_ = true;
   const Status st = RunLayers(rows);
-  position_split_ = true;
+  step_invariant_ = false;
   LUMEN_RETURN_IF_ERROR(st);
   const int64_t D = c_.dim;
   const float* x = a_.x.as<float>();

@@ -60,6 +60,8 @@ struct Activations {
   AlignedBuffer attn_scratch;  // per thread: see kernels::AttendOne (grown by RunRows)
   int64_t attn_scratch_per_thread = 0;
   AlignedBuffer attn_parts;  // [threads, H*Dh]: position-split attention's partial outputs
+  AlignedBuffer attn_rows;   // per thread: kernels::AttendRows's scratch
+  int64_t attn_rows_per_thread = 0;
 };
 
 enum class LogitsFor { kLast, kAll };
@@ -112,6 +114,9 @@ class Forward {
   void AttentionBlock(int l, std::span<const BatchRow> rows);
   void AttendByPosition(int l, const BatchRow& row, int64_t t, const kernels::AttentionShape& shape,
                         int64_t window);
+  bool HasRun(std::span<const BatchRow> rows) const;
+  void AttendRuns(int l, std::span<const BatchRow> rows, const kernels::AttentionShape& shape,
+                  int64_t window);
   void FfnBlock(int l, std::span<const BatchRow> rows);
   void FfnPiece(int l, int64_t T, int64_t f0, int64_t f1);
   void FfnWhole(int l, std::span<const BatchRow> rows, float* xn);
@@ -135,11 +140,20 @@ class Forward {
   float embed_scale_;  // c_.embed_scale, rounded to the embedding dtype when HF does
   kernels::RopeTable rope_global_, rope_local_;
   int64_t rope_seq_len_ = -1;
-  bool position_split_ = true;  // RunHidden turns it off (see forward.cc)
-  size_t lora_terms_ = 0;       // the most terms of any row's set in this call (0: no row has one)
+  // RunHidden: a row's result must not depend on the step's other rows (no
+  // position split; lone rows through AttendRows too).
+  bool step_invariant_ = false;
+  size_t lora_terms_ = 0;  // the most terms of any row's set in this call (0: no row has one)
   std::vector<const LoraWeights*> lora_seen_;
   std::vector<int64_t> lora_rows_;
   std::vector<float> lora_weights_, lora_u_;
+  // AttendRuns's work: rows [t0, t1) of the run starting at row `run`, kv
+  // head kv_head (-1: row t0 alone, every head).
+  struct AttentionUnit {
+    int64_t run, t0, t1;
+    int kv_head;
+  };
+  std::vector<AttentionUnit> attn_units_;
 };
 
 }  // namespace lumen::model

@@ -267,9 +267,10 @@ TEST(AttentionTest, RowsWithinBoundAndIndependentOfTheirCall) {
       for (int64_t t = 0; t < c.T; ++t) {
         const int64_t p = c.pos0 + t;
         const int64_t begin = c.window > 0 ? std::max<int64_t>(0, p - c.window + 1) : 0;
-        const double tiles = double((p + 1 - begin + 63) / 64 + 1);
+        const int64_t tiles = (p + 1 - begin + 63) / 64 + 1;  // 64-key tiles, one more at an edge
         ExpectWithinBound(q.data() + t * q_stride, shape, kv, begin, p + 1,
-                          out.data() + t * out_stride, what + " t=" + std::to_string(t), 4 * tiles);
+                          out.data() + t * out_stride, what + " t=" + std::to_string(t),
+                          4.0 * double(tiles));
         EXPECT_EQ(out[t * out_stride + Q], -9.0f) << what << ": wrote past the row";
       }
       // A row's bits do not depend on which tokens share its call.

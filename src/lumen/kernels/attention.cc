@@ -422,14 +422,6 @@ LUMEN_ROUTE(attn_long_one_thread, {.node = "attn.decode.long",
                                    .bound = "the bound of attention_test.cc",
                                    .tests = "AttentionTest.EveryTargetWithinBound",
                                    .priority = 0});
-LUMEN_ROUTE(attn_prefill,
-            {.node = "attn.prefill",
-             .name = "simd-rows",
-             .tier = Tier::kL2,
-             .oracle = "AttendOneRef (attention_ref.h), one query row at a time",
-             .bound = "the bound of attention_test.cc",
-             .tests = "AttentionTest.EveryTargetWithinBound;Stories260K.LogitsMatchRunC",
-             .priority = 10});
 namespace {
 
 void LoadRow(DType t, const void* base, int64_t at, int64_t n, float* dst) {

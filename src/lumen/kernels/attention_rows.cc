@@ -21,6 +21,7 @@
 #include <limits>
 
 #include "lumen/core/check.h"
+#include "lumen/core/route.h"
 #include "lumen/kernels/attention.h"
 
 #undef HWY_TARGET_INCLUDE
@@ -261,6 +262,17 @@ HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
 namespace lumen::kernels {
+
+LUMEN_ROUTE(attn_prefill,
+            {.node = "attn.prefill",
+             .name = "gemm-tiles",
+             .tier = Tier::kL2,
+             .oracle = "AttendOneRef (attention_ref.h), one query row at a time",
+             .bound = "the bound of attention_test.cc, plus 4 u per 64-key tile (the online "
+                      "softmax's rescales)",
+             .tests = "AttentionTest.RowsWithinBoundAndIndependentOfTheirCall;Stories260K."
+                      "LogitsMatchRunC",
+             .priority = 10});
 
 HWY_EXPORT(AttendRowsSupportedT);
 HWY_EXPORT(AttendRowsT);

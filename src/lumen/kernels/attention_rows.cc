@@ -135,22 +135,28 @@ void WidenTile(const KvRing& kv, int64_t row, int64_t off, int64_t Dh, int64_t j
 HWY_INLINE void SoftmaxStep(const AttentionShape& s, float* sr, int64_t jlo, int64_t jhi,
                             int64_t knv, float& m, float& l, float* o, int64_t Dh) {
   const DF d;
+  const hn::RebindToSigned<DF> di;
   const int64_t L = hn::Lanes(d);
-  const VF scale = hn::Set(d, s.scale);
+  const VF scale = hn::Set(d, s.scale), neg_inf = hn::Set(d, kNegInf);
+  const bool whole = jlo == 0 && jhi == knv;
+  const auto lo = hn::Set(di, static_cast<int32_t>(jlo)),
+             hi = hn::Set(di, static_cast<int32_t>(jhi));
+  VF vmax = neg_inf;
   for (int64_t j = 0; j < knv; j += L) {
     VF v = hn::Mul(hn::LoadU(d, sr + j), scale);
     if (s.softcap > 0) {
       const VF cap = hn::Set(d, s.softcap), inv = hn::Set(d, 1.0f / s.softcap);
       v = hn::Mul(cap, hn::Tanh(d, hn::Mul(v, inv)));
     }
+    if (!whole) {
+      const auto at = hn::Iota(di, static_cast<int32_t>(j));
+      v = hn::IfThenElse(hn::RebindMask(d, hn::And(hn::Not(hn::Lt(at, lo)), hn::Lt(at, hi))), v,
+                         neg_inf);
+    }
     hn::StoreU(v, d, sr + j);
+    vmax = hn::Max(vmax, v);
   }
-  std::fill(sr, sr + jlo, kNegInf);
-  std::fill(sr + jhi, sr + knv, kNegInf);
-  VF vmax = hn::Set(d, kNegInf);
-  for (int64_t j = 0; j < knv; j += L) vmax = hn::Max(vmax, hn::LoadU(d, sr + j));
   const float m_new = std::max(m, hn::GetLane(hn::MaxOfLanes(d, vmax)));
-  const float a = std::exp(m - m_new);  // 0 on the row's first tile (m = -inf)
   const VF vm = hn::Set(d, m_new);
   VF vsum = hn::Zero(d);
   for (int64_t j = 0; j < knv; j += L) {
@@ -158,10 +164,18 @@ HWY_INLINE void SoftmaxStep(const AttentionShape& s, float* sr, int64_t jlo, int
     hn::StoreU(p, d, sr + j);
     vsum = hn::Add(vsum, p);
   }
-  l = l * a + hn::GetLane(hn::SumOfLanes(d, vsum));
-  if (a != 1.0f) {
-    const VF va = hn::Set(d, a);
-    for (int64_t e = 0; e < Dh; e += L) hn::StoreU(hn::Mul(hn::LoadU(d, o + e), va), d, o + e);
+  const float part = hn::GetLane(hn::SumOfLanes(d, vsum));
+  // The output and sum so far (zero before the row's first tile) rescale
+  // only when the max grew.
+  if (m_new > m && m != kNegInf) {
+    const float a = std::exp(m - m_new);
+    l = l * a + part;
+    if (a != 1.0f) {
+      const VF va = hn::Set(d, a);
+      for (int64_t e = 0; e < Dh; e += L) hn::StoreU(hn::Mul(hn::LoadU(d, o + e), va), d, o + e);
+    }
+  } else {
+    l += part;
   }
   m = m_new;
 }
@@ -188,10 +202,18 @@ void RowsCall(const AttentionShape& s, const KvRing& kv, const AttentionRows& a,
   const float* q[kRows];
   float* sr[kRows];
   float* orow[kRows];
-  for (int64_t r = 0; r < prows; ++r) {
-    q[r] = r < nrows ? a.q + (t0 + r / G) * a.q_stride + (int64_t(kh) * G + r % G) * Dh : zero;
+  int64_t tok[kRows];  // row r = t * G + g: token t (past nrows: padding, t1 - t0)
+  int64_t head[kRows];
+  for (int64_t r = 0, t = 0, g = 0; r < prows; ++r) {
+    tok[r] = r < nrows ? t : t1 - t0;
+    head[r] = int64_t(kh) * G + g;
+    q[r] = r < nrows ? a.q + (t0 + t) * a.q_stride + head[r] * Dh : zero;
     sr[r] = w + at.scores + r * kKeys;
     orow[r] = out + r * Dh;
+    if (++g == G) {
+      g = 0;
+      ++t;
+    }
   }
   // FirstSeen grows with the position: the call's keys are [lo, hi).
   const int64_t lo = FirstSeen(a, a.pos0 + t0), hi = a.pos0 + t1;
@@ -207,7 +229,7 @@ void RowsCall(const AttentionShape& s, const KvRing& kv, const AttentionRows& a,
                                           nullptr, nullptr, 0);
       }
     for (int64_t r = 0; r < prows; ++r) {
-      const int64_t p = a.pos0 + t0 + r / G;
+      const int64_t p = a.pos0 + t0 + tok[r];
       const int64_t jlo = std::clamp<int64_t>(FirstSeen(a, p) - j0, 0, kn);
       const int64_t jhi = r < nrows ? std::clamp<int64_t>(p + 1 - j0, 0, kn) : 0;
       if (jlo >= jhi) {
@@ -226,7 +248,7 @@ void RowsCall(const AttentionShape& s, const KvRing& kv, const AttentionRows& a,
       }
   }
   for (int64_t r = 0; r < nrows; ++r) {
-    float* dst = a.out + (t0 + r / G) * a.out_stride + (int64_t(kh) * G + r % G) * Dh;
+    float* dst = a.out + (t0 + tok[r]) * a.out_stride + head[r] * Dh;
     const VF inv = hn::Set(d, 1.0f / sum[r]);  // > 0: a row sees at least its own position
     for (int64_t e = 0; e < Dh; e += L)
       hn::StoreU(hn::Mul(hn::LoadU(d, orow[r] + e), inv), d, dst + e);

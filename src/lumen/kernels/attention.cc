@@ -20,7 +20,7 @@
 #include <hwy/contrib/math/math-inl.h>  // per-target; must follow highway.h
 // clang-format on
 
-#include "lumen/kernels/kv_load-inl.h"
+#include "lumen/kernels/attention-inl.h"
 
 // Decode attention is a stream over the KV ring: for each kv head, the q heads
 // of its group each take one pass over that head's K (scores) and one over its

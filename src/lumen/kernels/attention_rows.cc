@@ -32,8 +32,8 @@
 #include <hwy/contrib/math/math-inl.h>  // per-target; must follow highway.h
 // clang-format on
 
+#include "lumen/kernels/attention-inl.h"
 #include "lumen/kernels/gemm-inl.h"
-#include "lumen/kernels/kv_load-inl.h"
 
 #ifndef LUMEN_KERNELS_ATTENTION_ROWS_CC_ONCE
 #define LUMEN_KERNELS_ATTENTION_ROWS_CC_ONCE
@@ -80,12 +80,6 @@ using namespace attention_rows_detail;
 using DF = hn::ScalableTag<float>;
 using VF = hn::Vec<DF>;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-
-// exp(x) with exact zeros for -inf (and below the float range).
-HWY_INLINE VF ExpZ(DF d, VF x) {
-  const VF lo = hn::Set(d, -104.0f);
-  return hn::IfThenElseZero(hn::Ge(x, lo), hn::Exp(d, hn::Max(x, lo)));
-}
 
 // The first position a token at p sees.
 HWY_INLINE int64_t FirstSeen(const AttentionRows& a, int64_t p) {
@@ -180,6 +174,22 @@ HWY_INLINE void SoftmaxStep(const AttentionShape& s, float* sr, int64_t jlo, int
   m = m_new;
 }
 
+// y[r][0, cols) (first: =, else +=) x[r][0, K) times the panels, for rows
+// [0, prows) (whole tiles): panel st (columns st * NR ..) at panels + st *
+// stride, k-major [K][NR]. Both products of a key tile: the scores (panels
+// of keys) and the output (panels of V's dimensions).
+HWY_INLINE void TileProduct(const float* panels, int64_t stride, const float* const* x, int64_t K,
+                            float* const* y, int64_t cols, int64_t prows, bool first) {
+  const int64_t NR = kGemmNV * static_cast<int64_t>(hn::Lanes(DF()));
+  for (int64_t r0 = 0; r0 < prows; r0 += kGemmMR)
+    for (int64_t st = 0; st * NR < cols; ++st) {
+      float* yt[kGemmMR];
+      for (int i = 0; i < kGemmMR; ++i) yt[i] = y[r0 + i] + st * NR;
+      GemmTile<kGemmMR, kGemmNV, false>(panels + st * stride, x + r0, 0, K, first, false, yt,
+                                        std::min(NR, cols - st * NR), nullptr, nullptr, 0);
+    }
+}
+
 template <DType T>
 void RowsCall(const AttentionShape& s, const KvRing& kv, const AttentionRows& a, int kh, int64_t t0,
               int64_t t1, float* w) {
@@ -220,14 +230,7 @@ void RowsCall(const AttentionShape& s, const KvRing& kv, const AttentionRows& a,
   for (int64_t j0 = lo / kKeys * kKeys; j0 < hi; j0 += kKeys) {
     const int64_t kn = std::min(kKeys, hi - j0), knv = (kn + L - 1) / L * L;
     WidenTile<T>(kv, row, off, Dh, j0, kn, lo, at, w);
-    for (int64_t r0 = 0; r0 < prows; r0 += kGemmMR)
-      for (int64_t st = 0; st * NR < kn; ++st) {
-        float* y[kGemmMR];
-        for (int i = 0; i < kGemmMR; ++i) y[i] = sr[r0 + i] + st * NR;
-        GemmTile<kGemmMR, kGemmNV, false>(w + at.key_panels + st * Dh * NR, q + r0, 0, Dh,
-                                          /*first=*/true, false, y, std::min(NR, kn - st * NR),
-                                          nullptr, nullptr, 0);
-      }
+    TileProduct(w + at.key_panels, Dh * NR, q, Dh, sr, kn, prows, /*first=*/true);
     for (int64_t r = 0; r < prows; ++r) {
       const int64_t p = a.pos0 + t0 + tok[r];
       const int64_t jlo = std::clamp<int64_t>(FirstSeen(a, p) - j0, 0, kn);
@@ -238,14 +241,7 @@ void RowsCall(const AttentionShape& s, const KvRing& kv, const AttentionRows& a,
       }
       SoftmaxStep(s, sr[r], jlo, jhi, knv, mx[r], sum[r], orow[r], Dh);
     }
-    for (int64_t r0 = 0; r0 < prows; r0 += kGemmMR)
-      for (int64_t st = 0; st * NR < Dh; ++st) {
-        float* y[kGemmMR];
-        for (int i = 0; i < kGemmMR; ++i) y[i] = orow[r0 + i] + st * NR;
-        GemmTile<kGemmMR, kGemmNV, false>(w + at.value_panels + st * kKeys * NR, sr + r0, 0, kn,
-                                          /*first=*/false, false, y, std::min(NR, Dh - st * NR),
-                                          nullptr, nullptr, 0);
-      }
+    TileProduct(w + at.value_panels, kKeys * NR, sr, kn, orow, Dh, prows, /*first=*/false);
   }
   for (int64_t r = 0; r < nrows; ++r) {
     float* dst = a.out + (t0 + tok[r]) * a.out_stride + head[r] * Dh;

@@ -47,6 +47,8 @@
 #include <hwy/contrib/math/math-inl.h>  // per-target; must follow highway.h
 // clang-format on
 
+#include "lumen/kernels/attention-inl.h"
+
 #ifndef LUMEN_KERNELS_ATTENTION_TRAIN_CC_ONCE
 #define LUMEN_KERNELS_ATTENTION_TRAIN_CC_ONCE
 namespace lumen::kernels::attention_train_detail {
@@ -185,12 +187,6 @@ void Gemm(int64_t rows, int64_t cols, int64_t K, const float* a, int64_t am, int
       }
     }
   }
-}
-
-// exp(x) with exact zeros below the float range (and for -inf and NaN).
-HWY_INLINE VF ExpZ(DF d, VF x) {
-  const VF lo = hn::Set(d, -104.0f);
-  return hn::IfThenElseZero(hn::Ge(x, lo), hn::Exp(d, hn::Max(x, lo)));
 }
 
 // Scores in place: s * scale, then the soft cap.

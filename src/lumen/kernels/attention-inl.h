@@ -1,13 +1,14 @@
-// Per-target load of KV-ring elements widened to f32 (Highway): one vector of
-// a row's elements at a given element offset, for every KV storage type the
-// attention kernels take (f32, f16, bf16, Q8_0 in blocks of kQK along the
-// row). Included by attention.cc and attention_rows.cc inside their
-// HWY_NAMESPACE; never outside src/lumen/kernels/.
-#if defined(LUMEN_KERNELS_KV_LOAD_INL_H_) == defined(HWY_TARGET_TOGGLE)
-#ifdef LUMEN_KERNELS_KV_LOAD_INL_H_
-#undef LUMEN_KERNELS_KV_LOAD_INL_H_
+// Per-target pieces the attention kernels share (Highway): the load of
+// KV-ring elements widened to f32 (one vector of a row's elements at an
+// element offset, for f32, f16, bf16 and Q8_0 in blocks of kQK along the
+// row), and exp with exact zeros for masked scores. Included by attention.cc,
+// attention_rows.cc and attention_train.cc after hwy/contrib/math/math-inl.h;
+// never outside src/lumen/kernels/.
+#if defined(LUMEN_KERNELS_ATTENTION_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef LUMEN_KERNELS_ATTENTION_INL_H_
+#undef LUMEN_KERNELS_ATTENTION_INL_H_
 #else
-#define LUMEN_KERNELS_KV_LOAD_INL_H_
+#define LUMEN_KERNELS_ATTENTION_INL_H_
 #endif
 
 #include <cstdint>
@@ -46,6 +47,14 @@ HWY_INLINE hn::Vec<hn::ScalableTag<float>> LoadKv(const void* base, int64_t at) 
   } else {
     return hn::LoadU(d, static_cast<const float*>(base) + at);
   }
+}
+
+// exp(x) with exact zeros below the float range (and for -inf, a masked score,
+// and NaN).
+HWY_INLINE hn::Vec<hn::ScalableTag<float>> ExpZ(hn::ScalableTag<float> d,
+                                                hn::Vec<hn::ScalableTag<float>> x) {
+  const auto lo = hn::Set(d, -104.0f);
+  return hn::IfThenElseZero(hn::Ge(x, lo), hn::Exp(d, hn::Max(x, lo)));
 }
 
 }  // namespace lumen::kernels::HWY_NAMESPACE

@@ -1,7 +1,8 @@
 // Per-target pieces the attention kernels share (Highway): the load of
 // KV-ring elements widened to f32 (one vector of a row's elements at an
 // element offset, for f32, f16, bf16 and Q8_0 in blocks of kQK along the
-// row), and exp with exact zeros for masked scores. Included by attention.cc,
+// row) and the dispatch over those types, and exp with exact zeros for
+// masked scores. Included by attention.cc,
 // attention_rows.cc and attention_train.cc after hwy/contrib/math/math-inl.h;
 // never outside src/lumen/kernels/.
 #if defined(LUMEN_KERNELS_ATTENTION_INL_H_) == defined(HWY_TARGET_TOGGLE)
@@ -46,6 +47,23 @@ HWY_INLINE hn::Vec<hn::ScalableTag<float>> LoadKv(const void* base, int64_t at) 
     return hn::Mul(hn::ConvertTo(d, q), hn::Set(d, F16ToF32(h)));
   } else {
     return hn::LoadU(d, static_cast<const float*>(base) + at);
+  }
+}
+
+// Calls f.template operator()<T>() for a KV type LoadKv takes; false for others.
+template <class F>
+bool ForKvType(DType t, const F& f) {
+  switch (t) {
+    case DType::kF16:
+      return f.template operator()<DType::kF16>();
+    case DType::kBF16:
+      return f.template operator()<DType::kBF16>();
+    case DType::kF32:
+      return f.template operator()<DType::kF32>();
+    case DType::kQ8_0:
+      return f.template operator()<DType::kQ8_0>();
+    default:
+      return false;
   }
 }
 

@@ -302,23 +302,6 @@ bool Dispatch(const float* q, const AttentionShape& s, const KvRing& kv, int64_t
   }
 }
 
-// Calls f.template operator()<T>() for a KV type with vector kernels; false for others.
-template <class F>
-bool ForKvType(DType t, const F& f) {
-  switch (t) {
-    case DType::kF16:
-      return f.template operator()<DType::kF16>();
-    case DType::kBF16:
-      return f.template operator()<DType::kBF16>();
-    case DType::kF32:
-      return f.template operator()<DType::kF32>();
-    case DType::kQ8_0:
-      return f.template operator()<DType::kQ8_0>();
-    default:
-      return false;
-  }
-}
-
 // Calls f.template operator()<T, G>() when the blocked kernels cover the
 // shape (head_dim a multiple of the lanes, G = H / Hkv in {1, 2, 4, 8}) and
 // the KV type; false otherwise.

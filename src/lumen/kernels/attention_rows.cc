@@ -256,23 +256,16 @@ void RowsCall(const AttentionShape& s, const KvRing& kv, const AttentionRows& a,
 bool AttendRowsSupportedT(const AttentionShape& s, DType t) {
   if (s.n_kv_heads <= 0 || s.n_heads % s.n_kv_heads != 0) return false;
   if (s.n_heads / s.n_kv_heads > kRows || s.head_dim % int(hn::Lanes(DF())) != 0) return false;
-  return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16 || t == DType::kQ8_0;
+  return ForKvType(t, []<DType>() { return true; });
 }
 
 void AttendRowsT(const AttentionShape& s, const KvRing& kv, const AttentionRows& a, int kh,
                  int64_t t0, int64_t t1, float* scratch) {
-  switch (kv.dtype) {
-    case DType::kF32:
-      return RowsCall<DType::kF32>(s, kv, a, kh, t0, t1, scratch);
-    case DType::kF16:
-      return RowsCall<DType::kF16>(s, kv, a, kh, t0, t1, scratch);
-    case DType::kBF16:
-      return RowsCall<DType::kBF16>(s, kv, a, kh, t0, t1, scratch);
-    case DType::kQ8_0:
-      return RowsCall<DType::kQ8_0>(s, kv, a, kh, t0, t1, scratch);
-    default:
-      LUMEN_CHECK(false && "AttendRows: unsupported KV type");
-  }
+  const bool ok = ForKvType(kv.dtype, [&]<DType T>() {
+    RowsCall<T>(s, kv, a, kh, t0, t1, scratch);
+    return true;
+  });
+  LUMEN_CHECK(ok && "AttendRows: a KV type AttendRowsSupported refuses");
 }
 
 }  // namespace lumen::kernels::HWY_NAMESPACE

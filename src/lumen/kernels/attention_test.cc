@@ -283,6 +283,13 @@ TEST(AttentionTest, RowsWithinBoundAndIndependentOfTheirCall) {
   }
   hwy::SetSupportedTargetsForTest(0);
   EXPECT_GT(ran, 20);  // every case on at least two targets (Dh 24 on the 8-lane ones)
+  // Shapes and types the forward must send to AttendOne instead.
+  const AttentionShape llama{32, 8, 64, 0.125f, 0.0f};
+  EXPECT_TRUE(AttendRowsSupported(llama, DType::kF16));
+  EXPECT_FALSE(AttendRowsSupported(llama, DType::kQ4_0));                     // no KV loader
+  EXPECT_FALSE(AttendRowsSupported({6, 4, 64, 0.125f, 0.0f}, DType::kF16));   // H % Hkv != 0
+  EXPECT_FALSE(AttendRowsSupported({64, 1, 64, 0.125f, 0.0f}, DType::kF16));  // group > 48 rows
+  EXPECT_FALSE(AttendRowsSupported({8, 8, 36, 0.125f, 0.0f}, DType::kF32));   // Dh off the lanes
 }
 
 }  // namespace

@@ -197,6 +197,31 @@ template <int kBits, int kShift, int MB, int L>
   for (int r = 0; r < MB; ++r) y[r * ldy] = HSum(acc[r]) + off[r];
 }
 
+// One row's dot with a run of 8 blocks in record order (t[c]: records c in
+// the low nibbles and c + 4 in the high ones; RecordsDot's products and sums,
+// the same int16 sums in another order, exact: 8 x 2 x 15 x 127 < 2^15).
+// Both levels take a vector's codes as it is unpacked, so 2 of the 8 code
+// vectors are live, not all 8: with all 8, the row's float accumulator and
+// the level constants were spilled to the stack and the accumulator's chain
+// ran through a store and a load every run.
+template <int L>
+LUMEN_AVX2 inline __m256i NibbleRunDot(const __m256i* t, __m256i m4, const int8_t* x) {
+  __m256i sum[L];
+  for (int c = 0; c < 4; ++c) {
+    const __m256i lo = _mm256_and_si256(t[c], m4);
+    const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(t[c], 4), m4);
+    for (int lv = 0; lv < L; ++lv) {
+      const __m256i s =
+          _mm256_add_epi16(_mm256_maddubs_epi16(lo, Load32(x + 256 * lv + 32 * c)),
+                           _mm256_maddubs_epi16(hi, Load32(x + 256 * lv + 32 * (c + 4))));
+      sum[lv] = c == 0 ? s : _mm256_add_epi16(sum[lv], s);
+    }
+  }
+  __m256i i = _mm256_madd_epi16(sum[0], _mm256_set1_epi16(L == 2 ? 256 : 1));
+  if constexpr (L == 2) i = _mm256_add_epi32(i, _mm256_madd_epi16(sum[1], _mm256_set1_epi16(1)));
+  return i;
+}
+
 // MLX 4-bit rows against kMlx4Records activations: each whole run of 8
 // blocks (128 code bytes) is transposed in registers, so that lane l of
 // vector c is dword c of block MlxLaneBlock(l) (elements 8c .. 8c + 7, the
@@ -225,15 +250,17 @@ LUMEN_AVX2 void Mlx4RecordsRows(const Matrix& W, int64_t n, const Acts& a, int64
     __m256i v[4], t[4];  // v[k]: blocks 2k and 2k + 1
     for (int k = 0; k < 4; ++k) v[k] = Load32(p + 32 * k);
     RunOrder<kRuns>(v, t);
-    __m256i codes[8];
-    for (int c = 0; c < 4; ++c) {
-      codes[c] = _mm256_and_si256(t[c], m4);
-      codes[c + 4] = _mm256_and_si256(_mm256_srli_epi16(t[c], 4), m4);
-    }
+    __m256i codes[8];  // several rows share the unpacked codes
+    if constexpr (MB > 1)
+      for (int c = 0; c < 4; ++c) {
+        codes[c] = _mm256_and_si256(t[c], m4);
+        codes[c + 4] = _mm256_and_si256(_mm256_srli_epi16(t[c], 4), m4);
+      }
     const int64_t g0 = b0 >> kShift;
     const __m256 sw = RunGroups<kGroups>(g.sc, g0, g.words, g.lanes);
     for (int r = 0; r < MB; ++r) {
-      const __m256i i = RecordsDot<L, 8>(codes, a.Q(m0 + r, b0));
+      const int8_t* x = a.Q(m0 + r, b0);
+      const __m256i i = MB == 1 ? NibbleRunDot<L>(t, m4, x) : RecordsDot<L, 8>(codes, x);
       const __m256 scale = _mm256_mul_ps(sw, _mm256_loadu_ps(a.D(m0 + r) + b0));
       acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), scale, acc[r]);
     }
@@ -272,19 +299,24 @@ LUMEN_AVX2 void Mlx8SlicesRows(const Matrix& W, int64_t n, const Acts& a, int64_
     __m256i v[4], codes[4], mag[4];  // v[k]: block k, as q - 128
     for (int k = 0; k < 4; ++k) v[k] = _mm256_xor_si256(Load32(p + 32 * k), flip);
     RunOrder<kRuns>(v, codes);
-    for (int c = 0; c < 4; ++c) mag[c] = _mm256_sign_epi8(codes[c], codes[c]);
+    // One row: each vector's magnitudes made as both levels take them (as
+    // NibbleRunDot, the float accumulator spilled with all four live).
+    if constexpr (MB > 1)
+      for (int c = 0; c < 4; ++c) mag[c] = _mm256_sign_epi8(codes[c], codes[c]);
     const int64_t g0 = b0 >> kShift;
     const __m256 sw = RunGroups<kGroups>(g.sc, g0, g.words, g.lanes);
     for (int r = 0; r < MB; ++r) {
       const int8_t* x = a.Q(m0 + r, b0);
       __m256i i = _mm256_setzero_si256();
-      for (int lv = 0; lv < L; ++lv)
-        for (int c = 0; c < 4; ++c) {
+      for (int c = 0; c < 4; ++c) {
+        const __m256i m = MB > 1 ? mag[c] : _mm256_sign_epi8(codes[c], codes[c]);
+        for (int lv = 0; lv < L; ++lv) {
           const __m256i xv = _mm256_sign_epi8(Load32(x + 128 * lv + 32 * c), codes[c]);
           i = _mm256_add_epi32(i,
-                               _mm256_madd_epi16(_mm256_maddubs_epi16(mag[c], xv),
+                               _mm256_madd_epi16(_mm256_maddubs_epi16(m, xv),
                                                  _mm256_set1_epi16(L == 2 && lv == 0 ? 256 : 1)));
         }
+      }
       const __m256 dx = _mm256_broadcast_ps(reinterpret_cast<const __m128*>(a.D(m0 + r) + b0));
       acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_mul_ps(sw, dx), acc[r]);
     }

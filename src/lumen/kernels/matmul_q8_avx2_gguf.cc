@@ -281,7 +281,8 @@ LUMEN_AVX2 void Q23KRecordsRows(const uint8_t* w, const Acts& a, int64_t m0, flo
     const uint8_t* blk = w + sb * kBytes;
     PrefetchAhead(blk, kBytes);
     __m128i sc8;
-    __m256 mn_lo, mn_hi, d;  // d in every lane (its f16 loaded to a vector register: through
+    __m128 dd;               // Q2_K: d, dmin
+    __m256 d;                // d in every lane (its f16 loaded to a vector register: through
                              // a general one, Q2_K's d and dmin cost 5% of its decode)
     if constexpr (kThree) {  // w = d (sc - 32) (q - 4); Q3KScale's packing, in 64-bit words
       d = _mm256_broadcastss_ps(_mm_cvtph_ps(_mm_loadu_si16(blk + 108)));
@@ -296,21 +297,11 @@ LUMEN_AVX2 void Q23KRecordsRows(const uint8_t* w, const Acts& a, int64_t m0, flo
       sc8 = _mm_sub_epi8(_mm_set_epi64x(static_cast<int64_t>(((lo >> 4) & kLo4) | top_b << 4),
                                         static_cast<int64_t>((lo & kLo4) | top_a << 4)),
                          _mm_set1_epi8(32));
-      SignedBytesTimes(sc8, _mm256_mul_ps(d, _mm256_set1_ps(4.0f)), &mn_lo, &mn_hi);
     } else {  // w = d (sc & 15) q - dmin (sc >> 4)
-      const __m128 dd = _mm_cvtph_ps(_mm_loadu_si32(blk + 80));  // d, dmin
+      dd = _mm_cvtph_ps(_mm_loadu_si32(blk + 80));
       d = _mm256_broadcastss_ps(dd);
       const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk));
       sc8 = _mm_and_si128(v, lo4);
-      // dmin (sc >> 4), the bytes widened as they load (widening the
-      // nibbles in a register cost 7% of a weight row)
-      const __m256 k = _mm256_broadcastss_ps(_mm_movehdup_ps(dd));
-      auto mins = [&](int at) LUMEN_AVX2 {
-        const __m128i b8 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + at));
-        return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(_mm256_cvtepu8_epi32(b8), 4)), k);
-      };
-      mn_lo = mins(0);
-      mn_hi = mins(8);
     }
     const __m256i scales = _mm256_broadcastsi128_si256(sc8);
     const __m256i qs0 = Load32(blk + kQs), qs1 = Load32(blk + kQs + 32);
@@ -338,7 +329,9 @@ LUMEN_AVX2 void Q23KRecordsRows(const uint8_t* w, const Acts& a, int64_t m0, flo
                                      _mm256_and_si256(_mm256_srli_epi16(qs1, 5), four));
         }
       } else if constexpr (kRepacked) {
-        const __m256i q = h == 0 ? qs0 : qs1;
+        // loaded here, not from qs0 / qs1: kept live across the first half,
+        // they left one-row decode's accumulators on the stack
+        const __m256i q = Load32(blk + kQs + 32 * h);
         codes[0] = _mm256_and_si256(q, m3);
         codes[1] = _mm256_and_si256(_mm256_srli_epi16(q, 2), m3);
         codes[2] = _mm256_and_si256(_mm256_srli_epi16(q, 4), m3);
@@ -372,18 +365,37 @@ LUMEN_AVX2 void Q23KRecordsRows(const uint8_t* w, const Acts& a, int64_t m0, flo
       const __m256i s256 = _mm256_shuffle_epi8(scales, h == 0 ? first : second);
       const __m256i s1v = _mm256_srai_epi16(s256, 8);
       for (int r = 0; r < MB; ++r) {
+        // Both levels take a record's codes in turn (the same exact int16
+        // sums), so that one row keeps fewer vectors live.
         const int8_t* x = a.Q(m0 + r, b0) + 128 * h;
-        for (int lv = 0; lv < L; ++lv) {
-          const int8_t* xl = x + 256 * lv;
-          const __m256i sum =
-              _mm256_add_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(codes[0], Load32(xl)),
-                                                _mm256_maddubs_epi16(codes[1], Load32(xl + 32))),
-                               _mm256_add_epi16(_mm256_maddubs_epi16(codes[2], Load32(xl + 64)),
-                                                _mm256_maddubs_epi16(codes[3], Load32(xl + 96))));
+        __m256i sum[L];
+        for (int t = 0; t < 4; ++t)
+          for (int lv = 0; lv < L; ++lv) {
+            const __m256i p = _mm256_maddubs_epi16(codes[t], Load32(x + 256 * lv + 32 * t));
+            sum[lv] = t == 0 ? p : _mm256_add_epi16(sum[lv], p);
+          }
+        for (int lv = 0; lv < L; ++lv)
           isum[r] =
-              _mm256_add_epi32(isum[r], _mm256_madd_epi16(sum, L == 2 && lv == 0 ? s256 : s1v));
-        }
+              _mm256_add_epi32(isum[r], _mm256_madd_epi16(sum[lv], L == 2 && lv == 0 ? s256 : s1v));
       }
+    }
+    // The offsets o = mn per sub-block after the products: made before them,
+    // their two vectors stayed live across the products, and one-row decode
+    // kept its accumulators on the stack (a store and a load in each chain
+    // per super-block).
+    __m256 mn_lo, mn_hi;
+    if constexpr (kThree) {
+      SignedBytesTimes(sc8, _mm256_mul_ps(d, _mm256_set1_ps(4.0f)), &mn_lo, &mn_hi);
+    } else {
+      // dmin (sc >> 4), the bytes widened as they load (widening the
+      // nibbles in a register cost 7% of a weight row)
+      const __m256 k = _mm256_broadcastss_ps(_mm_movehdup_ps(dd));
+      auto mins = [&](int at) LUMEN_AVX2 {
+        const __m128i b8 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + at));
+        return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(_mm256_cvtepu8_epi32(b8), 4)), k);
+      };
+      mn_lo = mins(0);
+      mn_hi = mins(8);
     }
     for (int r = 0; r < MB; ++r) {
       const __m256 scale = _mm256_mul_ps(d, _mm256_loadu_ps(a.D(m0 + r) + b0));

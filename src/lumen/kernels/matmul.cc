@@ -1248,7 +1248,8 @@ void PackLowRank(const LowRankTile& epi, int64_t n, int64_t nr, int64_t NR, floa
 // (bytes) and the transposed product's (MatMulTRows, MatMulTRange).
 struct GemmBlocking {
   int64_t slice;        // a k block of one panel (KC NR floats), columns path
-  int64_t x_rows;       // the X rows of one row block, columns path
+  int64_t x_rows;       // the X rows of one row block (bytes), columns path:
+  bool x_per_slice;     // of one slice's KC columns (else of all K)
   int64_t panel_slice;  // a k block of one panel, panel path
   int64_t group;        // the decoded whole panels of one group, panel path
   int64_t t_cols;       // transposed: columns per block (a multiple of 512)
@@ -1262,21 +1263,23 @@ struct GemmBlocking {
 // per tile (the decode and transposes once per row block, the Y tile's loads
 // and stores) is paid once per panel, not once per 256 columns; X blocks of
 // 4 L2 (256 rows at K = 2048) come from L3. The 512-token prefill rose 7-19%
-// (performance.md, "Zen 2 a seventh time"). Transposed: column blocks of
-// 2048 and dX row blocks of 1 MiB on AVX-512; on AVX2 a 128-row panel of a
+// (performance.md, "Zen 2 a seventh time"). Those blocks are sized by the
+// slice, so K = 8192 keeps 256-row blocks (not 64) and decodes each slice
+// once per 256 rows, not four times (Q4_0 at M = 256, two threads: 150 -> 179
+// GFLOP/s; "Zen 2 a ninth time"); the AVX-512 blocks stay sized by K, as
+// measured there (by the slice, their 1 MiB would grow to all of X).
+// Transposed: column blocks of 2048 and dX row blocks of 1 MiB on AVX-512;
+// on AVX2 a 128-row panel of a
 // quarter of L2 where that is 512 columns or more, else 512 (Zen 2: 256 KiB
 // panels, the training step 3-5% faster than with 2048), and half of L2.
 HWY_INLINE GemmBlocking Blocking() {
 #if HWY_TARGET == HWY_AVX2
   const int64_t l2 = L2CacheBytes();
-  return {l2 / 4,
-          4 * l2,
-          l2 / 4,
-          l2 / 4,
-          std::clamp<int64_t>(l2 / 4 / (128 * 4) / 512 * 512, 512, 2048),
+  return {l2 / 4, 4 * l2, true,
+          l2 / 4, l2 / 4, std::clamp<int64_t>(l2 / 4 / (128 * 4) / 512 * 512, 512, 2048),
           l2 / 2};
 #else
-  return {16 << 10, 1 << 20, 24 << 10, 1 << 20, 2048, 1 << 20};
+  return {16 << 10, 1 << 20, false, 24 << 10, 1 << 20, 2048, 1 << 20};
 #endif
 }
 
@@ -1344,7 +1347,9 @@ void GemmRows(RowDecoder& dec, const PreparedX& X, int64_t M, float* Y, int64_t 
     const int64_t kblocks = std::max<int64_t>(1, (K + KC - 1) / KC);  // K = 0: Y = 0
     AlignedBuffer slice_buf(KC * NR * sizeof(float)), rows_buf(L * KC * sizeof(float));
     float* slice = slice_buf.as<float>();
-    const int64_t mc = std::max<int64_t>(kGemmMR, sizes.x_rows / (std::max<int64_t>(K, 1) * 4));
+    const int64_t x_cols = sizes.x_per_slice ? std::min(K, KC) : K;
+    const int64_t mc =
+        std::max<int64_t>(kGemmMR, sizes.x_rows / (std::max<int64_t>(x_cols, 1) * 4));
     for (int64_t m0 = 0; m0 < M; m0 += mc)
       for (int64_t n = n0; n < n1; n += NR) {
         const int64_t nr = std::min(NR, n1 - n);

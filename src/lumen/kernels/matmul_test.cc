@@ -239,14 +239,15 @@ TEST(MatMulTest, ColumnGroupsGiveThePlainBitsOnTheExactAndBf16Routes) {
 // is one rounding of the reference's value, through both GEMM paths (f32,
 // f16, bf16, Q8_0, Q4_0 by column ranges; Q8_0 and Q4_0 column groups as
 // whole panels). K = 16448 spans two k blocks and a partial one up to a
-// 2 MiB L2 (and a row's plain blocks after its last group), 40 rows two row
-// blocks, N = 37 whole and partial panels; plain and with the LoRA
-// epilogue (MatMulLowRank: its r terms after the last k block). Targets without FMA (SSE4,
-// scalar) may round each product first (Highway's MulAdd there): the same
-// chain, fused or not.
-TEST(MatMulTest, PrefillOutputsAreOneFmaChainInKOrderAcrossBlocks) {
-  std::mt19937 rng(29);
-  constexpr int64_t N = 37, K = 16448, M = 40, kR = 5;
+// 2 MiB L2 (and a row's plain blocks after its last group), with 40 rows
+// (three row blocks on AVX-512, whose blocks are sized by K); 262 rows at
+// K = 2080 span two row blocks on AVX2 (sized by the slice: 256 rows) and a
+// partial k block; N = 37 and 19, whole and partial panels; plain and with
+// the LoRA epilogue (MatMulLowRank: its r terms after the last k block).
+// Targets without FMA (SSE4, scalar) may round each product first
+// (Highway's MulAdd there): the same chain, fused or not.
+void ExpectOneFmaChainPerOutput(int64_t N, int64_t K, int64_t M, std::mt19937& rng) {
+  constexpr int64_t kR = 5;
   constexpr float kScale = 0.375f;
   const std::vector<float> X = RandomActivations(M, K, rng), U = RandomActivations(M, kR, rng),
                            B = RandomActivations(N, kR, rng);
@@ -290,12 +291,21 @@ TEST(MatMulTest, PrefillOutputsAreOneFmaChainInKOrderAcrossBlocks) {
           const bool chain = fused || 0 == std::memcmp(unfused.data(), got.data(), got.size() * 4);
           EXPECT_TRUE(target <= HWY_AVX2 ? fused : chain)
               << hwy::TargetName(target) << " " << Name(t) << (lora ? " with the epilogue" : "")
-              << (p ? " 2 threads" : " 1 thread");
+              << (p ? " 2 threads" : " 1 thread") << " M=" << M << " K=" << K;
         }
       }
     }
   }
   hwy::SetSupportedTargetsForTest(0);
+}
+
+TEST(MatMulTest, PrefillOutputsAreOneFmaChainInKOrderAcrossBlocks) {
+  std::mt19937 rng(29);
+  struct Shape {
+    int64_t N, K, M;
+  };
+  for (const Shape& shape : {Shape{37, 16448, 40}, Shape{19, 2080, 262}})
+    ExpectOneFmaChainPerOutput(shape.N, shape.K, shape.M, rng);
 }
 
 // The transposed product dX = dY W (MatMulT, the backward's) adds each

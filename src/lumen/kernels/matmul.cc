@@ -1265,13 +1265,13 @@ struct GemmBlocking {
 // 4 L2 (256 rows at K = 2048) come from L3. The 512-token prefill rose 7-19%
 // (performance.md, "Zen 2 a seventh time"). Those blocks are sized by the
 // slice, so K = 8192 keeps 256-row blocks (not 64) and decodes each slice
-// once per 256 rows, not four times (Q4_0 at M = 256, two threads: 150 -> 179
-// GFLOP/s; "Zen 2 a ninth time"); the AVX-512 blocks stay sized by K, as
-// measured there (by the slice, their 1 MiB would grow to all of X).
+// once per 256 rows, not four times (Q4_0 at M = 256, two threads: 150 ->
+// 180-186 GFLOP/s; "Zen 2 a ninth time"); the AVX-512 blocks stay sized by
+// K, as measured there (by the slice, their 1 MiB would grow to all of X).
 // Transposed: column blocks of 2048 and dX row blocks of 1 MiB on AVX-512;
-// on AVX2 a 128-row panel of a
-// quarter of L2 where that is 512 columns or more, else 512 (Zen 2: 256 KiB
-// panels, the training step 3-5% faster than with 2048), and half of L2.
+// on AVX2 a 128-row panel of a quarter of L2 where that is 512 columns or
+// more, else 512 (Zen 2: 256 KiB panels, the training step 3-5% faster than
+// with 2048), and half of L2.
 HWY_INLINE GemmBlocking Blocking() {
 #if HWY_TARGET == HWY_AVX2
   const int64_t l2 = L2CacheBytes();

@@ -1,8 +1,8 @@
 // Per-target pieces the attention kernels share (Highway): the load of
 // KV-ring elements widened to f32 (one vector of a row's elements at an
 // element offset, for f32, f16, bf16 and Q8_0 in blocks of kQK along the
-// row) and the dispatch over those types, and exp with exact zeros for
-// masked scores. Included by attention.cc,
+// row) and the dispatch over those types, the -inf of a masked score, and
+// exp with exact zeros for masked scores. Included by attention.cc,
 // attention_rows.cc and attention_train.cc after hwy/contrib/math/math-inl.h;
 // never outside src/lumen/kernels/.
 #if defined(LUMEN_KERNELS_ATTENTION_INL_H_) == defined(HWY_TARGET_TOGGLE)
@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <limits>
 
 #include <hwy/highway.h>
 
@@ -66,6 +67,8 @@ bool ForKvType(DType t, const F& f) {
       return false;
   }
 }
+
+inline constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 // exp(x) with exact zeros below the float range (and for -inf, a masked score,
 // and NaN).

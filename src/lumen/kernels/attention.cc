@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <limits>
 
 #include "lumen/core/check.h"
 #include "lumen/core/half.h"
@@ -42,7 +41,7 @@ using VF = hn::Vec<DF>;
 HWY_INLINE float SoftmaxNumerators(float* sh, int64_t S) {
   const DF d;
   const int64_t N = hn::Lanes(d);
-  auto vmax = hn::Set(d, -std::numeric_limits<float>::infinity());
+  auto vmax = hn::Set(d, kNegInf);
   int64_t j = 0;
   for (; j + N <= S; j += N) vmax = hn::Max(vmax, hn::LoadU(d, sh + j));
   float mx = hn::GetLane(hn::MaxOfLanes(d, vmax));

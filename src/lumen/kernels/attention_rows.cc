@@ -18,7 +18,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <limits>
 
 #include "lumen/core/check.h"
 #include "lumen/core/route.h"
@@ -79,7 +78,6 @@ using namespace attention_rows_detail;
 
 using DF = hn::ScalableTag<float>;
 using VF = hn::Vec<DF>;
-constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 // The first position a token at p sees.
 HWY_INLINE int64_t FirstSeen(const AttentionRows& a, int64_t p) {

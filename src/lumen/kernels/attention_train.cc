@@ -118,7 +118,6 @@ using namespace attention_train_detail;
 
 using DF = hn::ScalableTag<float>;
 using VF = hn::Vec<DF>;
-constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 // C[m][n] (+)= sum_k A(m, k) B[k][n] for R rows and CV vectors of columns:
 // A(m, k) = a[m * am + k * ak]; B and C row-major. Every element of C is one

@@ -61,7 +61,7 @@ Grads Step(const engine::Model& model, const LoraLayout& layout, const LoraParam
   head.set_compute((kinds & kHeadChunks) != 0, nullptr);
   const auto& h = g.Forward(b, &params, {}, true);
   std::vector<float> logp, dlogp;
-  head.Forward(h.data(), b, logp);
+  head.Forward(h.data(), b, logp, true);
   Objective(Method::kOrpo, ObjectiveParams{}, b, logp, pairs, dlogp);
   Grads out;
   head.Backward(dlogp.data(), out.dh);

@@ -55,19 +55,24 @@ TEST_P(FusedHeadTest, MatchesPlainHeadInF32) {
   FusedHeadOptions o;
   o.vocab_chunk = 100;  // 512 = 5 * 100 + 12
   o.row_block = 5;      // 19 scored rows = 3 * 5 + 4
-  FusedHead<float> fused(c, m->weights(), m->pool(), o);
-  std::vector<float> lp, lf, dlogp(b.size()), dp, df;
-  plain.Forward(h.data(), b, lp);
-  fused.Forward(h.data(), b, lf);
-  EXPECT_LT(testing::RelativeL2(lf, lp), 1e-5);
+  std::vector<float> lp, dlogp(b.size()), dp;
+  plain.Forward(h.data(), b, lp, true);
   for (int64_t i = 0; i < b.size(); ++i) dlogp[i] = float(Uniform01(Mix64(50 + i)) - 0.3);
   plain.Backward(dlogp.data(), dp);
-  fused.Backward(dlogp.data(), df);
-  EXPECT_LT(testing::RelativeL2(df, dp), 1e-5);
-  EXPECT_EQ(fused.visited_chunks(), 4 * 6);
-  EXPECT_EQ(fused.skipped_chunks(), 0);
-  // The head keeps O(R) plus one chunk, not [R, V].
-  EXPECT_LT(fused.saved_bytes(), plain.saved_bytes());
+  // grad: the backward's product made in the forward's pass; without: the
+  // backward recomputes the logits.
+  for (bool grad : {true, false}) {
+    FusedHead<float> fused(c, m->weights(), m->pool(), o);
+    std::vector<float> lf, df;
+    fused.Forward(h.data(), b, lf, grad);
+    EXPECT_LT(testing::RelativeL2(lf, lp), 1e-5) << grad;
+    fused.Backward(dlogp.data(), df);
+    EXPECT_LT(testing::RelativeL2(df, dp), 1e-5) << grad;
+    EXPECT_EQ(fused.visited_chunks(), 4 * 6);
+    EXPECT_EQ(fused.skipped_chunks(), 0);
+    // The head keeps O(R) plus one chunk, not [R, V].
+    EXPECT_LT(fused.saved_bytes(), plain.saved_bytes());
+  }
 }
 
 TEST_P(FusedHeadTest, BackwardMatchesFiniteDifferencesInDouble) {
@@ -81,28 +86,33 @@ TEST_P(FusedHeadTest, BackwardMatchesFiniteDifferencesInDouble) {
   o.vocab_chunk = 100;
   o.row_block = 4;
   FusedHead<double> head(c, m->weights(), nullptr, o);
-  std::vector<double> w(b.size()), logp, dh;
+  std::vector<double> w(b.size()), logp;
   for (int64_t i = 0; i < b.size(); ++i) w[i] = Uniform01(Mix64(900 + i)) - 0.4;
-  auto loss = [&] {
-    head.Forward(h.data(), b, logp);
+  auto loss = [&](bool grad) {
+    head.Forward(h.data(), b, logp, grad);
     double s = 0;
     for (int64_t i = 0; i < b.size(); ++i) s += w[i] * logp[i];
     return s;
   };
-  loss();
-  head.Backward(w.data(), dh);
+  std::vector<double> dh[2];  // the one-pass backward, the recomputing one
+  for (int k = 0; k < 2; ++k) {
+    loss(k == 0);
+    head.Backward(w.data(), dh[k]);
+  }
   for (int e = 0; e < 24; ++e) {
     const int64_t idx = int64_t(Mix64(e) % uint64_t(h.size()));
     const double x = h[idx], eps = 1e-4;
     auto f = [&](double d) {
       h[idx] = x + d;
-      const double v = loss();
+      const double v = loss(false);
       h[idx] = x;
       return v;
     };
     const double fd = (8 * (f(eps) - f(-eps)) - (f(2 * eps) - f(-2 * eps))) / (12 * eps);
-    EXPECT_LT(std::abs(fd - dh[idx]) / std::max(std::abs(dh[idx]), 1e-4), 1e-6)
-        << "index " << idx << " fd " << fd << " backward " << dh[idx];
+    for (int k = 0; k < 2; ++k)
+      EXPECT_LT(std::abs(fd - dh[k][idx]) / std::max(std::abs(dh[k][idx]), 1e-4), 1e-6)
+          << "index " << idx << " fd " << fd << " backward " << dh[k][idx]
+          << (k == 0 ? " (one pass)" : " (recomputing)");
   }
 }
 
@@ -158,13 +168,13 @@ TEST(CeSkip, MeasuredTeacherForcedOnStories260K) {
   FusedHeadOptions o;
   o.vocab_chunk = 32;
   FusedHead<float> ref(model.config(), model.weights(), model.pool(), o);
-  ref.Forward(h.data(), b, lp);
+  ref.Forward(h.data(), b, lp, true);
   ref.Backward(dlogp.data(), exact);
   std::string table = "| eps | chunks skipped | cosine(dh) | rel. L2 error |\n|---|---|---|---|\n";
   for (float eps : {0.0f, 1e-9f, 1e-8f, 1e-7f, 1e-6f, 1e-5f}) {
     o.skip_eps = eps;
     FusedHead<float> head(model.config(), model.weights(), model.pool(), o);
-    head.Forward(h.data(), b, lp);
+    head.Forward(h.data(), b, lp, true);
     head.Backward(dlogp.data(), dh);
     double dot = 0, na = 0, nb = 0, err = 0;
     for (size_t i = 0; i < dh.size(); ++i) {

@@ -310,7 +310,7 @@ Worst CompareToGolden(const std::string& name, const Bounds& bound_in) {
   {
     const auto& h = graph.Forward(b, nullptr, {}, false);
     std::vector<Real> logp;
-    head.Forward(h.data(), b, logp);
+    head.Forward(h.data(), b, logp, false);
     check_logp(logp, "ref_logp.");
     for (Pair& p : pk.pairs) {
       for (double x : SeqLogp(b, logp, p.chosen)) p.ref_chosen += x;
@@ -322,7 +322,7 @@ Worst CompareToGolden(const std::string& name, const Bounds& bound_in) {
     const auto [method, op] = MethodOf(mname, g.info["hyperparameters"][mname]);
     const auto& h = graph.Forward(b, &params, {}, true);
     std::vector<Real> logp, dlogp, dh;
-    head.Forward(h.data(), b, logp);
+    head.Forward(h.data(), b, logp, true);
     if (std::string(mname) == "sft") check_logp(logp, "logp.");
     const ObjectiveResult r = Objective(method, op, b, logp, pk.pairs, dlogp);
     const double want_loss = g.Get(std::string("loss.") + mname).at(0);

@@ -68,7 +68,7 @@ struct Harness {
   void SetReferences(Case& c) {
     const auto& h = graph.Forward(c.batch, nullptr, {}, false);
     std::vector<Real> logp;
-    head.Forward(h.data(), c.batch, logp);
+    head.Forward(h.data(), c.batch, logp, false);
     std::vector<double> S(c.batch.sequences(), 0.0);
     for (int64_t i = 0; i < c.batch.size(); ++i)
       if (c.batch.targets[i] >= 0) S[c.batch.seq[i]] += double(logp[i]);
@@ -82,7 +82,7 @@ struct Harness {
               std::vector<Real>* grad) {
     const auto& h = graph.Forward(c.batch, &p, {7, 3}, grad != nullptr);
     std::vector<Real> logp, dlogp, dh;
-    head.Forward(h.data(), c.batch, logp);
+    head.Forward(h.data(), c.batch, logp, grad != nullptr);
     const ObjectiveResult r = Objective(m, op, c.batch, logp, c.pairs, dlogp);
     if (grad) {
       head.Backward(dlogp.data(), dh);
@@ -278,7 +278,7 @@ TEST_P(PrefixShare, MatchesTwoForwards) {
   auto seq_logps = [&](Case& c) {
     const auto& h = H.graph.Forward(c.batch, &pf, {}, false);
     std::vector<float> logp;
-    H.head.Forward(h.data(), c.batch, logp);
+    H.head.Forward(h.data(), c.batch, logp, false);
     std::vector<std::vector<float>> out(c.batch.sequences());
     for (int64_t i = 0; i < c.batch.size(); ++i)
       if (c.batch.targets[i] >= 0) out[c.batch.seq[i]].push_back(logp[i]);

@@ -22,7 +22,8 @@ LUMEN_ROUTE(head_plain, {.node = "head.ce",
                          .priority = 0});
 
 template <class Real>
-void PlainHead<Real>::Forward(const Real* hidden, const PackedBatch& b, std::vector<Real>& logp) {
+void PlainHead<Real>::Forward(const Real* hidden, const PackedBatch& b, std::vector<Real>& logp,
+                              bool /*grad: the logits are kept either way*/) {
   const int64_t D = c_.dim, V = c_.vocab_size;
   M_ = b.size();
   ScoredRows(b, rows_, targets_);

@@ -25,8 +25,11 @@ template <class Real>
 class Head {
  public:
   virtual ~Head() = default;
-  // logp [M] (0 where the token has no target).
-  virtual void Forward(const Real* hidden, const PackedBatch& b, std::vector<Real>& logp) = 0;
+  // logp [M] (0 where the token has no target). grad: a Backward follows
+  // (a head may then do part of the backward's work in this pass); without
+  // it Backward still works, at whatever a head's recomputation costs.
+  virtual void Forward(const Real* hidden, const PackedBatch& b, std::vector<Real>& logp,
+                       bool grad) = 0;
   // dlogp [M] -> dhidden [M, D] (overwritten; zero rows where no target).
   virtual void Backward(const Real* dlogp, std::vector<Real>& dhidden) = 0;
   // Bytes the head keeps between Forward and Backward.
@@ -65,7 +68,8 @@ class PlainHead final : public Head<Real> {
  public:
   PlainHead(const model::ModelConfig& c, const model::Weights& w, ThreadPool* pool)
       : c_(c), w_(w), pool_(pool) {}
-  void Forward(const Real* hidden, const PackedBatch& b, std::vector<Real>& logp) override;
+  void Forward(const Real* hidden, const PackedBatch& b, std::vector<Real>& logp,
+               bool grad) override;
   void Backward(const Real* dlogp, std::vector<Real>& dhidden) override;
   size_t saved_bytes() const override {
     return (logits_.size() + xn_.size() + h_.size()) * sizeof(Real);

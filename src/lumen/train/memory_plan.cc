@@ -88,7 +88,9 @@ MemoryPlan PlanMemory(const model::ModelConfig& c, const LoraLayout& layout, con
   }
   // Heads: plain keeps logits [R, V], xn and h [R, D] until the next step, and
   // its backward adds dz [R, V] and dxn. Fused keeps lse and works on one
-  // [row_block, chunk] tile.
+  // [row_block, chunk] tile; its forward also holds d logp / d xn [R, D]
+  // until its backward (the one-pass head, fused_head.h; freed before the
+  // layers' backward).
   size_t head_kept, head_bwd;
   // With bf16 the dh product adds into dxn (no [rows, D] f32 result) and
   // holds the coefficients in bf16 and one panel per thread instead
@@ -97,7 +99,7 @@ MemoryPlan PlanMemory(const model::ModelConfig& c, const LoraLayout& layout, con
     const size_t rb = std::min<size_t>(in.row_block, std::max<size_t>(R, 1));
     const size_t ch = std::min<size_t>(in.vocab_chunk, V);
     head_kept = R * kF;
-    head_bwd = rb * ch * kF + 2 * rb * D * kF +
+    head_bwd = R * D * kF + rb * ch * kF + 2 * rb * D * kF +
                (in.bf16 ? kernels::MatMulTBf16TransientBytes(rb, ch, in.threads)
                         : rb * std::max(D, ch) * kF);
   } else {

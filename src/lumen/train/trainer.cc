@@ -143,7 +143,7 @@ Packed Pack(const Dataset& d, std::span<const int> rows, const PackOptions& o) {
 std::vector<double> SequenceSums(Graph<float>& g, Head<float>& head, const PackedBatch& b) {
   const auto& h = g.Forward(b, nullptr, {}, false);
   std::vector<float> logp;
-  head.Forward(h.data(), b, logp);
+  head.Forward(h.data(), b, logp, false);
   std::vector<double> S(b.sequences(), 0.0);
   for (int64_t i = 0; i < b.size(); ++i)
     if (b.targets[i] >= 0 && !b.nll_only[i]) S[b.seq[i]] += double(logp[i]);
@@ -327,7 +327,7 @@ Result<EvalMetrics> Evaluate(const engine::Model& model, const Dataset& data, co
     if (NeedsReference(m)) run.FillRefs(data, p, po);
     const auto& h = run.graph.Forward(p.batch, params, {}, false);
     std::vector<float> logp, dlogp;
-    run.head->Forward(h.data(), p.batch, logp);
+    run.head->Forward(h.data(), p.batch, logp, false);
     AddMetrics(out, Objective(m, op, p.batch, logp, p.pairs, dlogp));
   }
   FinishMetrics(out);
@@ -646,7 +646,7 @@ Result<TrainResult> Train(const engine::Model& model, const TrainOptions& opts) 
       std::vector<float> logp, dlogp, dh;
       {
         PhaseTimer timer(&prof.head_s);
-        run.head->Forward(h.data(), p.batch, logp);
+        run.head->Forward(h.data(), p.batch, logp, true);
         const ObjectiveResult r =
             Objective(o.method, objective_now(), p.batch, logp, p.pairs, dlogp);
         AddMetrics(window, r);

@@ -56,7 +56,7 @@ void FusedHead<Real>::ChunkLogits(const Real* xn, int64_t n, int64_t v0, int64_t
 
 template <class Real>
 void FusedHead<Real>::Forward(const Real* hidden, const PackedBatch& b, std::vector<Real>& logp,
-                             bool grad) {
+                              bool grad) {
   hidden_ = hidden;
   M_ = b.size();
   ScoredRows(b, rows_, targets_);
@@ -187,8 +187,8 @@ void FusedHead<Real>::Backward(const Real* dlogp, std::vector<Real>& dhidden) {
     Real* dn = dxn_.data() + r * D;
     const Real g = dlogp[rows_[r]] * Real(c_.logit_scale);
     for (int64_t k = 0; k < D; ++k) dn[k] *= g;
-    kernels::RmsNormRowBackward(hidden_ + rows_[r] * D, w_.output_norm, c_.norm_offset,
-                                c_.norm_eps, D, dn, dhidden.data() + rows_[r] * D);
+    kernels::RmsNormRowBackward(hidden_ + rows_[r] * D, w_.output_norm, c_.norm_offset, c_.norm_eps,
+                                D, dn, dhidden.data() + rows_[r] * D);
   });
   dxn_.clear();  // the layers' backward runs next: not held across it
   dxn_.shrink_to_fit();

@@ -6,7 +6,9 @@
 //   product.x    activations entering the frozen forward products (x of x W^T)
 //   product_t.dy cotangents entering the frozen backward products (dy of dy W)
 //   head.xn      normed hiddens entering the head's logit products
-//   head.coeff   coefficients g (onehot - softmax) entering the head's dh product
+//   head.coeff   the weights entering the head's dh product: exp(z - running max) c'
+//                (the one-pass fused head), g (onehot - softmax) (the plain head and
+//                the recomputing fused backward)
 //   lora.x       inputs of A x;  lora.u: A x entering B u
 //   lora.dy      cotangents entering dy B;  lora.du: s dy B entering du A
 //

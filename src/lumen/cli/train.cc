@@ -76,7 +76,8 @@ void RegisterTrain(CLI::App& app) {
   cmd->add_flag("--fused-ce", a->fused_ce, "fused linear cross-entropy head (default)");
   cmd->add_flag("--no-fused-ce", a->no_fused_ce, "plain head: materializes [tokens, vocab] logits");
   cmd->add_option("--ce-skip-eps", a->o.ce_skip_eps,
-                  "fused head: skip backward vocab chunks whose coefficients are all below E (L3)");
+                  "fused head: recompute the logits in the backward and skip vocab chunks whose "
+                  "coefficients are all below E (L3; slower than the default one-pass head)");
   cmd->add_flag("--prefix-share", a->prefix_share,
                 "preference rows: one forward with the prompt shared (default)");
   cmd->add_flag("--no-prefix-share", a->no_prefix_share, "two forwards per preference row");

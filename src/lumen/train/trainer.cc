@@ -381,6 +381,11 @@ Result<TrainResult> Train(const engine::Model& model, const TrainOptions& opts) 
     return Errorf("--lora-plus-ratio {}: must be a positive finite number", o.lora_plus_ratio);
   if (!nonneg(o.ce_skip_eps))
     return Errorf("--ce-skip-eps {}: must be 0 (off) or a positive finite number", o.ce_skip_eps);
+  if (o.ce_skip_eps > 0 && o.fused_ce)
+    LUMEN_LOG_WARN(
+        "--ce-skip-eps {}: the fused head recomputes its logits in the backward to skip chunks "
+        "(tier L3), which is slower than the default one-pass head; it is kept for measurement",
+        o.ce_skip_eps);
   LUMEN_RETURN_IF_ERROR(ValidateCompute(o.compute));
   if (o.out_dir.empty()) return Error("--out: an adapter directory is required");
   LUMEN_ASSIGN_OR_RETURN(LoraLayout layout, LoraLayout::Make(c, o.lora));

@@ -319,6 +319,27 @@ BENCHMARK(BM_MatMul)->ArgsProduct({{3, 4}, {4, 8}, {1, 2}, {2048, 8192}, {1}})->
 BENCHMARK(BM_MatMul)
     ->ArgsProduct({{3, 4, 5, 6, 7, 8, 9, 10, 12, 13}, {1, 4}, {1, 2}, {2048, 8192}, {3}})
     ->UseRealTime();
+// Training's backward through a frozen weight: dX[M, K] = dY[M, N] W (the
+// transposed product, MatMulT), beside BM_MatMul's forward of the same
+// shape. range: type, M, threads, N (8192: the fused head's vocabulary
+// chunk; 2048 a layer's q / o / gate / up width), K = 2048.
+void BM_MatMulT(benchmark::State& state) {
+  const int64_t M = state.range(1), N = state.range(3), K = 2048;
+  auto w = MakeWeight(static_cast<int>(state.range(0)), N, K);
+  std::vector<float> dy(M * N), dx(M * K);
+  std::mt19937 rng(4);
+  for (auto& v : dy) v = std::uniform_real_distribution<float>(-1, 1)(rng);
+  ThreadPool pool(static_cast<int>(state.range(2)));
+  for (auto _ : state) {
+    MatMulT(w->m, dy.data(), M, dx.data(), &pool);
+    benchmark::DoNotOptimize(dx.data());
+  }
+  state.SetLabel(TypeName(static_cast<int>(state.range(0))));
+  state.counters["FLOP/s"] =
+      benchmark::Counter(2.0 * M * N * K * state.iterations(), benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_MatMulT)->ArgsProduct({{0, 1, 4}, {128, 256}, {1, 2}, {2048, 8192}})->UseRealTime();
+
 // The same kernels with the weights in L2 (256 rows, at most 0.55 MB at
 // K = 2048): their compute ceiling at one row and at a batch step's four.
 void BM_MatMulL2(benchmark::State& state) {

@@ -278,6 +278,24 @@ TEST(TrainCli, ComputeFlagErrorsAndRangeProbeReport) {
             kernels::AmxBf16Usable() ? "bf16" : "f32");
 }
 
+// --ce-skip-eps: a negative value is refused before anything is written; a
+// positive one trains, warning that it keeps the recomputing head backward
+// (slower than the default one-pass head).
+TEST(TrainCli, CeSkipEpsRefusesNegativeAndWarnsItIsSlower) {
+  const std::string common =
+      "train --data " + Src("tests/data/train/uppercase") + " --method orpo --iters 1 -t 2 --out ";
+  const fs::path bad_out = Tmp() / "skip_bad";
+  CliResult bad = Lumen(common + bad_out.string() + " --ce-skip-eps -1");
+  EXPECT_NE(bad.code, 0);
+  EXPECT_NE(bad.err.find("--ce-skip-eps -1: must be 0 (off) or a positive finite number"),
+            std::string::npos)
+      << bad.err;
+  EXPECT_FALSE(fs::exists(bad_out));
+  CliResult run = Lumen(common + (Tmp() / "skip_on").string() + " --ce-skip-eps 1e-8");
+  ASSERT_EQ(run.code, 0) << run.err;
+  EXPECT_NE(run.err.find("slower than the default one-pass head"), std::string::npos) << run.err;
+}
+
 TEST(TrainCli, InspectReportsKindAndLengths) {
   CliResult r = Lumen("train --inspect " + Src("tests/data/train/uppercase") + " --max-seq-len 20");
   ASSERT_EQ(r.code, 0) << r.err;

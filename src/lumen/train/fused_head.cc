@@ -60,57 +60,28 @@ void FusedHead<Real>::Forward(const Real* hidden, const PackedBatch& b, std::vec
   hidden_ = hidden;
   M_ = b.size();
   ScoredRows(b, rows_, targets_);
-  const int64_t R = int64_t(rows_.size());
-  lse_.assign(R, Real(0));
-  logp.assign(M_, Real(0));
-  dxn_.clear();
-  dxn_.shrink_to_fit();
-  if (grad && o_.skip_eps <= 0) return ForwardWithGrad(logp);
-  const int64_t D = c_.dim, V = c_.vocab_size;
-  const int64_t RB = o_.row_block, VC = o_.vocab_chunk;
-  std::vector<Real> xn(std::min(RB, R) * D), z(std::min(RB, R) * std::min(VC, V));
-  std::vector<Real> mx, sum, tgt;
-  for (int64_t r0 = 0; r0 < R; r0 += RB) {
-    const int64_t n = std::min(RB, R - r0);
-    NormRows(r0, n, xn.data());
-    this->Probe(ProbeSite::kHeadXn, xn.data(), n * D);
-    mx.assign(n, -std::numeric_limits<Real>::infinity());
-    sum.assign(n, Real(0));
-    tgt.assign(n, Real(0));
-    for (int64_t v0 = 0; v0 < V; v0 += VC) {
-      const int64_t vn = std::min(VC, V - v0);
-      ChunkLogits(xn.data(), n, v0, vn, z.data());
-      RowsOnPool(pool_, n, [&](int64_t r, int) {
-        const Real* zr = z.data() + r * vn;
-        LseUpdate(zr, vn, mx[r], sum[r]);
-        const int32_t t = targets_[r0 + r];
-        if (t >= v0 && t < v0 + vn) tgt[r] = zr[t - v0];
-      });
-    }
-    for (int64_t r = 0; r < n; ++r) {
-      lse_[r0 + r] = mx[r] + std::log(sum[r]);
-      logp[rows_[r0 + r]] = tgt[r] - lse_[r0 + r];
-    }
-  }
-}
-
-template <class Real>
-void FusedHead<Real>::ForwardWithGrad(std::vector<Real>& logp) {
   const int64_t D = c_.dim, V = c_.vocab_size, R = int64_t(rows_.size());
   const int64_t RB = o_.row_block, VC = o_.vocab_chunk, ce = std::min(VC, V);
   const Real inf = std::numeric_limits<Real>::infinity();
   const float cap = c_.final_softcap;
-  skipped_ = visited_ = 0;
-  dxn_.assign(R * D, Real(0));
+  // One pass: the backward's product made here (skip_eps keeps the
+  // recomputing backward, which it needs to skip chunks).
+  const bool onepass = grad && o_.skip_eps <= 0;
+  lse_.assign(R, Real(0));
+  logp.assign(M_, Real(0));
+  dxn_.assign(onepass ? R * D : 0, Real(0));
+  dxn_.shrink_to_fit();
+  if (onepass) skipped_ = visited_ = 0;
   const int threads = pool_ ? pool_->size() : 1;
-  std::vector<Real> xn(std::min(RB, R) * D), z(std::min(RB, R) * ce), e(threads * ce);
-  std::vector<float> wt(threads * D);
+  std::vector<Real> xn(std::min(RB, R) * D), z(std::min(RB, R) * ce);
+  std::vector<Real> e(onepass && cap > 0 ? threads * ce : 0);
+  std::vector<float> wt(onepass ? threads * D : 0);
   // Per row: the running max, the sum of exp(z - mx) without the target's
   // term, and the target's logit.
   std::vector<Real> mx, rest, tgt;
   for (int64_t r0 = 0; r0 < R; r0 += RB) {
     const int64_t n = std::min(RB, R - r0);
-    Real* u = dxn_.data() + r0 * D;
+    Real* u = onepass ? dxn_.data() + r0 * D : nullptr;
     NormRows(r0, n, xn.data());
     this->Probe(ProbeSite::kHeadXn, xn.data(), n * D);
     mx.assign(n, -inf);
@@ -120,8 +91,8 @@ void FusedHead<Real>::ForwardWithGrad(std::vector<Real>& logp) {
       const int64_t vn = std::min(VC, V - v0);
       ChunkLogits(xn.data(), n, v0, vn, z.data());
       RowsOnPool(pool_, n, [&](int64_t r, int tid) {
-        // The chunk's weights e overwrite its logits in place (the soft-cap's
-        // derivative reads each capped logit first).
+        // One pass: the chunk's weights e overwrite its logits in place (the
+        // soft-cap's derivative reads each capped logit first).
         Real* zr = z.data() + r * vn;
         const int64_t t = targets_[r0 + r] - v0;
         const bool here = t >= 0 && t < vn;
@@ -135,14 +106,22 @@ void FusedHead<Real>::ForwardWithGrad(std::vector<Real>& logp) {
           tgt[r] = zr[t];
           zr[t] = -inf;  // the target's term stays out of rest and u (exp(-inf) = 0)
         }
-        // Without a soft-cap the weights are the exps, written in place.
-        Real* er = cap > 0 ? e.data() + tid * ce : zr;
+        // The exps: not kept without one pass; in place without a soft-cap.
+        Real* er = !onepass ? nullptr : cap > 0 ? e.data() + tid * ce : zr;
         double s = 0;
         if constexpr (std::is_same_v<Real, float>) {
           s = kernels::ExpShiftSum(zr, size_t(vn), m, er, nullptr);
         } else {
-          for (int64_t v = 0; v < vn; ++v) s += er[v] = std::exp(zr[v] - m);
+          for (int64_t v = 0; v < vn; ++v) {
+            const Real x = std::exp(zr[v] - m);
+            s += x;
+            if (er) er[v] = x;
+          }
         }
+        const Real scale = std::exp(mx[r] - m);  // 0 before the first chunk
+        rest[r] = Real(double(rest[r]) * double(scale) + s);
+        mx[r] = m;
+        if (!onepass) return;
         if (cap > 0) {
           for (int64_t v = 0; v < vn; ++v) {
             const Real tc = zr[v] / Real(cap);
@@ -150,28 +129,26 @@ void FusedHead<Real>::ForwardWithGrad(std::vector<Real>& logp) {
           }
           if (here) zr[t] = 0;  // (not 0 x -inf)
         }
-        const Real scale = std::exp(mx[r] - m);  // 0 before the first chunk
-        rest[r] = Real(double(rest[r]) * double(scale) + s);
-        mx[r] = m;
         if (scale != Real(1))
           for (int64_t k = 0; k < D; ++k) u[r * D + k] *= scale;
       });
+      if (!onepass) continue;
       ++visited_;
       this->Probe(ProbeSite::kHeadCoeff, z.data(), n * vn);
       FrozenProductT(w_.output.RowSlice(v0, v0 + vn), z.data(), n, u, pool_, this->bf16_);
     }
     RowsOnPool(pool_, n, [&](int64_t r, int tid) {
-      const int64_t t = targets_[r0 + r];
-      const Real et = std::exp(tgt[r] - mx[r]), s = rest[r] + et;
+      const Real s = rest[r] + std::exp(tgt[r] - mx[r]);
       lse_[r0 + r] = mx[r] + std::log(s);
       logp[rows_[r0 + r]] = tgt[r] - lse_[r0 + r];
+      if (!onepass) return;
       Real ct = rest[r] / s;  // 1 - p_t, without the cancellation
       if (cap > 0) {
         const Real tc = tgt[r] / Real(cap);
         ct *= Real(1) - tc * tc;
       }
       float* w = wt.data() + tid * D;
-      kernels::DequantizeMatrixRow(w_.output, t, w);
+      kernels::DequantizeMatrixRow(w_.output, targets_[r0 + r], w);
       Real* ur = u + r * D;
       for (int64_t k = 0; k < D; ++k) ur[k] = ct * Real(w[k]) - ur[k] / s;
     });

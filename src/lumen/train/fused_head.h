@@ -4,8 +4,9 @@
 // Forward, per block of scored rows: normalize the hidden rows, then for each
 // vocabulary chunk compute the chunk's logits h W_chunk^T (W decoded chunk by
 // chunk from any storage), soft-cap them, and fold them into a running max and
-// sum per row (online logsumexp), picking up the target's logit when it falls
-// in the chunk. Saves one lse per row and a pointer to the caller's hidden.
+// sum per row (online logsumexp; the target's logit picked up when it falls in
+// the chunk and its term summed apart, last). Saves one lse per row and a
+// pointer to the caller's hidden.
 //
 // With grad (a Backward follows), the same pass also makes the backward's
 // product: d logp / d xn = c'_t W_t - sum_v p_v c'_v W_v (p the softmax, c'
@@ -66,8 +67,6 @@ class FusedHead final : public Head<Real> {
   void NormRows(int64_t r0, int64_t n, Real* xn) const;
   // z [n, vn] = soft-capped logits of vocab rows [v0, v0 + vn) for xn [n, D].
   void ChunkLogits(const Real* xn, int64_t n, int64_t v0, int64_t vn, Real* z) const;
-  // The forward with the backward's product (grad, skip_eps = 0): fills dxn_.
-  void ForwardWithGrad(std::vector<Real>& logp);
   // The backward from the saved lse alone: every chunk's logits recomputed.
   void BackwardRecomputing(const Real* dlogp, std::vector<Real>& dhidden);
 

@@ -275,5 +275,25 @@ TEST(RoutesCli, GateFailsOnAFailedOrMissingTest) {
   EXPECT_NE(r.out.find("did not run"), std::string::npos) << r.out;
 }
 
+// A skipped test counts against a route only where the route can run. The
+// AVX2 int8 routes run only without AVX512-VNNI (a VNNI CPU has AVX2 too and
+// never takes them), so their route-specific tests may skip on a VNNI CPU but
+// not on an AVX2-only one; the gate once required them on every AVX2 CPU and
+// failed the README's test command on AVX-512 hosts.
+TEST(RoutesCli, GateAsksTheAvx2Int8TestsOnlyWhereThoseKernelsRun) {
+  const std::string dir = TempDir("gate_avx2");
+  const std::string junit = dir + "/junit.xml";
+  std::ofstream(junit) << "<testsuite>\n"
+                          "<testcase name=\"RouteKl.Int8x2ShortPrefillPassesTheDefaultGate\" "
+                          "status=\"run\"><skipped message=\"not on this CPU\"/></testcase>\n"
+                          "</testsuite>\n";
+  CliRun r = RunLumen("routes --check " + junit);
+  const bool runs_there = kernels::CpuHasAvx2() && !kernels::CpuHasVnni();
+  const std::string complaint =
+      "int8x2-avx2: test RouteKl.Int8x2ShortPrefillPassesTheDefaultGate was skipped";
+  EXPECT_EQ(r.out.find(complaint) != std::string::npos, runs_there) << r.out;
+  EXPECT_NE(r.code, 0);  // every other route's tests are missing from this file
+}
+
 }  // namespace
 }  // namespace lumen::testing

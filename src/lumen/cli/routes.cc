@@ -102,6 +102,18 @@ bool HasInt8Kernel(const engine::Model* model, const std::string& storage) {
   return any;
 }
 
+// The CPU's features as route conditions. "int8-avx2": the int8 products run
+// on the AVX2 kernels, which only a CPU without AVX512-VNNI takes
+// (kernels::Int8RouteSupports); a VNNI CPU has AVX2 too but never runs them,
+// so the gate must not ask their route-specific tests to run there.
+void AddCpuFacts(RouteContext* ctx) {
+  if (kernels::CpuHasBf16()) ctx->Add("cpu", "avx512bf16");
+  if (kernels::CpuHasVnni()) ctx->Add("cpu", "avx512vnni");
+  if (kernels::CpuHasAvx2()) ctx->Add("cpu", "avx2");
+  if (kernels::CpuHasAvx2() && !kernels::CpuHasVnni()) ctx->Add("cpu", "int8-avx2");
+  if (kernels::AmxBf16Usable()) ctx->Add("cpu", "amx");
+}
+
 std::vector<std::string> ProductDtypes(const engine::Model* model) {
   std::set<std::string> s;
   if (model)
@@ -113,10 +125,7 @@ std::vector<std::string> ProductDtypes(const engine::Model* model) {
 RouteContext MakeContext(std::string_view graph, const ModelArgs& args, const RouteChoice& c,
                          const engine::Model* model) {
   RouteContext ctx;
-  if (kernels::CpuHasBf16()) ctx.Add("cpu", "avx512bf16");
-  if (kernels::CpuHasVnni()) ctx.Add("cpu", "avx512vnni");
-  if (kernels::CpuHasAvx2()) ctx.Add("cpu", "avx2");
-  if (kernels::AmxBf16Usable()) ctx.Add("cpu", "amx");
+  AddCpuFacts(&ctx);
   ctx.Set("act", c.act_route);
   ctx.Set("kv", c.kv_type);
   const int threads = model && model->pool() ? model->pool()->size() : args.threads;
@@ -416,10 +425,7 @@ int CheckRoutes(const std::string& junit_path, const std::string& source_dir) {
     if (results.empty()) fail(fmt::format("no <testcase> in '{}'", junit_path));
   }
   RouteContext cpu;
-  if (kernels::CpuHasBf16()) cpu.Add("cpu", "avx512bf16");
-  if (kernels::CpuHasVnni()) cpu.Add("cpu", "avx512vnni");
-  if (kernels::CpuHasAvx2()) cpu.Add("cpu", "avx2");
-  if (kernels::AmxBf16Usable()) cpu.Add("cpu", "amx");
+  AddCpuFacts(&cpu);
 
   std::set<std::pair<std::string, std::string>> seen;
   int checked_tests = 0;

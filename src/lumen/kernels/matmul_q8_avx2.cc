@@ -29,7 +29,7 @@ LUMEN_ROUTE(matmul_int8_decode_avx2,
              .tests = "MatMulInt8Avx2.MatchesOracleAndExactBound;MatMulInt8Avx2."
                       "ThreadsManyAndBatchesAreBitIdentical;QuantTypes.Int8RouteTracksExact",
              .measure = "docs/reference/performance.md#exactness",
-             .when = "act=int8|int8+bf16 cpu=avx2 int8=kernel",
+             .when = "act=int8|int8+bf16 cpu=int8-avx2 int8=kernel",
              .priority = 15});
 LUMEN_ROUTE(
     matmul_int8x2_decode_avx2,
@@ -47,7 +47,7 @@ LUMEN_ROUTE(
               "Int8x2ShortPrefillPassesTheDefaultGate;RouteKl.Int8x2ShortPrefillGateOnMlx;"
               "MatMulInt8.RouteSelection",
      .measure = "docs/reference/performance.md#the-int8x2-decode-route-on-avx2",
-     .when = "act=int8x2|int8x2+bf16 cpu=avx2 int8=kernel",
+     .when = "act=int8x2|int8x2+bf16 cpu=int8-avx2 int8=kernel",
      .priority = 15});
 
 namespace int8_avx2 {

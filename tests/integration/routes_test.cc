@@ -275,6 +275,41 @@ TEST(RoutesCli, GateFailsOnAFailedOrMissingTest) {
   EXPECT_NE(r.out.find("did not run"), std::string::npos) << r.out;
 }
 
+// The default prefill is the faster route on this CPU: bf16 where
+// kernels::Bf16PrefillPays (AMX, or vdpbf16ps measured well above the f32 FMA
+// rate), the exact product elsewhere; --act-route int8x2+bf16 still asks for
+// bf16 wherever the CPU has it. The node table and the summary line agree
+// (the table once listed the exact route while int8x2+bf16 ran bf16).
+TEST(RoutesCli, DefaultPrefillIsTheFasterRouteAndTheTableSaysWhichRuns) {
+  const std::string path = TempDir("routes_prefill") + "/q4_0.gguf";
+  CliRun s = RunLumen("synth tiny-llama --dim 256 --ffn 512 --quant q4_0 -o " + path);
+  ASSERT_EQ(s.code, 0) << s.err;
+  const std::string bf16 = kernels::AmxBf16Usable() ? "bf16-amx" : "bf16-avx512";
+  struct Case {
+    std::string flags;
+    bool bf16;
+  };
+  const Case cases[] = {{"", kernels::Bf16PrefillPays()},
+                        {" --act-route int8x2+bf16", kernels::CpuHasBf16()},
+                        {" --act-route int8x2", false}};
+  for (const Case& c : cases) {
+    CliRun r = RunLumen("routes -m " + path + " --for generate --json" + c.flags);
+    ASSERT_EQ(r.code, 0) << r.err;
+    auto j = nlohmann::json::parse(r.out, nullptr, false);
+    ASSERT_TRUE(j.is_array()) << r.out;
+    int seen = 0;
+    for (const auto& n : j) {
+      if (n["node"] != "matmul.q4_0_cols.prefill" && n["node"] != "matmul.q4_0.prefill") continue;
+      ++seen;
+      EXPECT_EQ(n["route"] == bf16, c.bf16) << c.flags << ": " << n.dump();
+    }
+    EXPECT_EQ(seen, 1) << c.flags;
+    CliRun t = RunLumen("routes -m " + path + " --for generate" + c.flags);
+    ASSERT_EQ(t.code, 0) << t.err;
+    EXPECT_EQ(t.out.find("prefill products bf16") != std::string::npos, c.bf16) << c.flags << t.out;
+  }
+}
+
 // A skipped test counts against a route only where the route can run. The
 // AVX2 int8 routes run only without AVX512-VNNI (a VNNI CPU has AVX2 too and
 // never takes them), so their route-specific tests may skip on a VNNI CPU but

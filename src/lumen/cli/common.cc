@@ -36,8 +36,9 @@ void AddTierOptions(CLI::App* app, ModelArgs& args) {
                 "the reference path; same as --tier l1");
   app->add_option("--tier", args.tier,
                   "route preset: l1 (= --exact), l2 (no L3 route: exact products, f16 KV), l3 "
-                  "(every L3 route: int8 decode + bf16 prefill); default: bf16 prefill, int8x2 "
-                  "decode, f16 KV. --act-route / --kv-type override it")
+                  "(every L3 route: int8 decode + bf16 prefill); default: int8x2 decode, bf16 "
+                  "prefill where it is the faster (AMX, or vdpbf16ps measured at 1.25x the f32 "
+                  "FMA rate), f16 KV. --act-route / --kv-type override it")
       ->check(CLI::IsMember({"l1", "l2", "l3"}));
   app->add_flag("--show-routes", args.show_routes,
                 "print the resolved route of every graph node before running (lumen routes)");
@@ -80,7 +81,7 @@ void AddActRouteOption(CLI::App* app, std::string& act_route) {
                   "(prefill: bf16 weights and activations, AVX512-BF16 dot products); int8+bf16, "
                   "int8x2+bf16 (both). int8 and bf16 are tier L3, int8x2 L2, "
                   "docs/reference/performance.md. Default: the --tier preset's (int8x2+bf16 "
-                  "where the CPU has them)")
+                  "where the bf16 prefill is the faster on this CPU, else int8x2)")
       ->check(CLI::IsMember(std::vector<std::string>(kernels::kActRouteNames.begin(),
                                                      kernels::kActRouteNames.end())));
 }

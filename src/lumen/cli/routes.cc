@@ -182,6 +182,10 @@ Result<RouteChoice> ResolveRouteChoice(const ModelArgs& a) {
   c.preset = tier.empty() ? "default" : tier;
   if (tier.empty()) {
     c.act_route = a.default_act_route;
+    // The default takes the bf16 prefill only where it is the faster one
+    // (kernels::Bf16PrefillPays); --act-route and --tier l3 still ask for it.
+    if (c.act_route.ends_with("+bf16") && !kernels::Bf16PrefillPays())
+      c.act_route.resize(c.act_route.size() - std::string_view("+bf16").size());
     c.kv_type = "f16";
   } else if (tier == "l3") {
     c.act_route = "int8+bf16";

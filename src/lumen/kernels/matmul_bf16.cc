@@ -41,7 +41,7 @@ LUMEN_ROUTE(
          "RouteKl.Int8AndBf16RoutesCostAboutWhatQ8WeightsCost;RouteKl."
          "Bf16PrefillPassesTheDefaultGate",
      .measure = "docs/reference/performance.md#exactness",
-     .when = "act=bf16|int8+bf16 cpu=avx512bf16",
+     .when = "act=bf16|int8+bf16|int8x2+bf16 cpu=avx512bf16",
      .priority = 20});
 
 #if defined(__x86_64__)

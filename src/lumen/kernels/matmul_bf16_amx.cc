@@ -39,7 +39,7 @@ LUMEN_ROUTE(matmul_bf16_amx_prefill,
              .tests = "MatMulBf16Amx.*;MatMulBf16.RouteSelectionAndThreads;RouteKl."
                       "Bf16PrefillPassesTheDefaultGate",
              .measure = "docs/reference/performance.md#amx-prefill",
-             .when = "act=bf16|int8+bf16 cpu=amx",
+             .when = "act=bf16|int8+bf16|int8x2+bf16 cpu=amx",
              .priority = 30});
 
 #if defined(LUMEN_AMX_X86)

@@ -276,8 +276,8 @@ TEST(RoutesCli, GateFailsOnAFailedOrMissingTest) {
 }
 
 // The default prefill is the faster route on this CPU: bf16 where
-// kernels::Bf16PrefillPays (AMX, or vdpbf16ps measured well above the f32 FMA
-// rate), the exact product elsewhere; --act-route int8x2+bf16 still asks for
+// kernels::Bf16PrefillPays (AMX, or AVX512-BF16 on AMD, where vdpbf16ps runs
+// well above the f32 FMA rate), the exact product elsewhere; --act-route int8x2+bf16 still asks for
 // bf16 wherever the CPU has it. The node table and the summary line agree
 // (the table once listed the exact route while int8x2+bf16 ran bf16).
 TEST(RoutesCli, DefaultPrefillIsTheFasterRouteAndTheTableSaysWhichRuns) {

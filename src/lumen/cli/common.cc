@@ -37,8 +37,8 @@ void AddTierOptions(CLI::App* app, ModelArgs& args) {
   app->add_option("--tier", args.tier,
                   "route preset: l1 (= --exact), l2 (no L3 route: exact products, f16 KV), l3 "
                   "(every L3 route: int8 decode + bf16 prefill); default: int8x2 decode, bf16 "
-                  "prefill where it is the faster (AMX, or vdpbf16ps measured at 1.25x the f32 "
-                  "FMA rate), f16 KV. --act-route / --kv-type override it")
+                  "prefill where it is the faster (AMX, or AVX512-BF16 on AMD), f16 KV. "
+                  "--act-route / --kv-type override it")
       ->check(CLI::IsMember({"l1", "l2", "l3"}));
   app->add_flag("--show-routes", args.show_routes,
                 "print the resolved route of every graph node before running (lumen routes)");

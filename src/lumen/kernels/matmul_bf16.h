@@ -29,16 +29,12 @@ inline constexpr int64_t kBf16RowAlign = 32;
 // True when this CPU has AVX512-BF16 (and AVX512F/BW).
 bool CpuHasBf16();
 
-// How much faster than the f32 FMA peak `vdpbf16ps` must run for the bf16
-// route to be the default's prefill (cli/routes.cc). Measured per core: Zen 5
-// 1.8-1.9x; an Intel Xeon (family 6 model 207) without AMX 0.5x, where the
-// route's prefill ran 0.6x the exact GEMM's (docs/reference/performance.md).
-inline constexpr double kBf16PrefillMinGain = 1.25;
-
-// True when the bf16 route is the faster prefill on this CPU: AMX-BF16 tiles
-// usable (matmul_bf16_amx.h), or AVX512-BF16 whose measured `vdpbf16ps` rate
-// is at least kBf16PrefillMinGain x the f32 FMA rate. The first call measures
-// both (about 15 ms on one thread); the answer is fixed for the process.
+// True when the bf16 route is the faster prefill on this CPU, so the default
+// route preset takes it (cli/routes.cc): AMX-BF16 tiles usable
+// (matmul_bf16_amx.h), or AVX512-BF16 on an AMD CPU, whose `vdpbf16ps` runs
+// at 1.8-1.9x the f32 FMA rate (Zen 5). On an Intel Xeon without AMX it runs
+// at 0.5x, and the exact GEMM is the faster prefill
+// (docs/reference/performance.md, session 39).
 bool Bf16PrefillPays();
 
 // True when MatMul takes a product of M rows of W by this route (when the

@@ -5,6 +5,8 @@
 // f32 KV cache. Generate is compared on seeded T=1 sampling (a changed logit
 // bit moves a sample sooner or later) and serve on the logprob of every
 // generated token, compared as floats for equality.
+#include <algorithm>
+
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -62,6 +64,30 @@ Reference RunReference(const std::string& model_path, float temperature, uint64_
   ref.text = r->text;
   for (const auto& t : r->tokens) ref.logprobs.push_back(t.logprobs.chosen.logprob);
   return ref;
+}
+
+// The routes `lumen routes --for generate --json` names for the nodes whose
+// names are in `nodes`, for the model at path and the extra flags; a failed
+// run or unparsable output is a test failure and gives none.
+std::vector<std::string> RoutesOf(const std::string& path, const std::string& flags,
+                                  const std::vector<std::string>& nodes) {
+  std::vector<std::string> out;
+  CliRun r = RunLumen("routes -m " + path + " --for generate --json" + flags);
+  EXPECT_EQ(r.code, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out, nullptr, false);
+  EXPECT_TRUE(j.is_array()) << r.out;
+  if (r.code != 0 || !j.is_array()) return out;
+  for (const auto& n : j)
+    if (std::find(nodes.begin(), nodes.end(), n["node"].get<std::string>()) != nodes.end())
+      out.push_back(n["route"].get<std::string>());
+  return out;
+}
+
+// `lumen routes --check` on a results file holding the one <testcase> given.
+CliRun CheckGate(const std::string& dir_name, const std::string& testcase) {
+  const std::string junit = TempDir(dir_name) + "/junit.xml";
+  std::ofstream(junit) << "<testsuite>\n" << testcase << "\n</testsuite>\n";
+  return RunLumen("routes --check " + junit);
 }
 
 class ExactRoute : public ::testing::TestWithParam<std::string> {
@@ -238,18 +264,10 @@ TEST(RoutesCli, DecodeRoutePerWeightType) {
     CliRun s = RunLumen("synth tiny-llama --dim 256 --ffn 512 --quant " + w.quant + " -o " + path);
     ASSERT_EQ(s.code, 0) << s.err;
     for (const std::string flags : {"", " --exact"}) {
-      CliRun r = RunLumen("routes -m " + path + " --for generate --json" + flags);
-      ASSERT_EQ(r.code, 0) << r.err;
-      auto j = nlohmann::json::parse(r.out, nullptr, false);
-      ASSERT_TRUE(j.is_array()) << r.out;
-      int seen = 0;
-      for (const auto& n : j) {
-        if (n["node"] != w.node) continue;
-        ++seen;
-        const bool int8 = w.int8 && flags.empty();
-        EXPECT_EQ(n["route"] == route, int8) << w.quant << flags << ": " << n.dump();
-      }
-      EXPECT_EQ(seen, 1) << w.quant << flags << ": " << r.out;
+      const std::vector<std::string> routes = RoutesOf(path, flags, {w.node});
+      ASSERT_EQ(routes.size(), 1u) << w.quant << flags;
+      EXPECT_EQ(routes[0] == route, w.int8 && flags.empty())
+          << w.quant << flags << ": " << routes[0];
     }
     CliRun b = RunLumen("bench " + path + " --prompt 2 --gen 2 --repeat 1 --no-membw");
     ASSERT_EQ(b.code, 0) << b.err;
@@ -260,13 +278,9 @@ TEST(RoutesCli, DecodeRoutePerWeightType) {
 // The gate itself: a results file where a named test failed, or is missing,
 // fails the check, naming the route and the test.
 TEST(RoutesCli, GateFailsOnAFailedOrMissingTest) {
-  const std::string dir = TempDir("gate");
-  const std::string junit = dir + "/junit.xml";
-  std::ofstream(junit) << "<testsuite>\n"
-                          "<testcase name=\"GatedActivation.EveryTargetGivesTheReferenceBits\" "
-                          "status=\"fail\"><failure message=\"Failed\"/></testcase>\n"
-                          "</testsuite>\n";
-  CliRun r = RunLumen("routes --check " + junit);
+  CliRun r = CheckGate("gate",
+                       "<testcase name=\"GatedActivation.EveryTargetGivesTheReferenceBits\" "
+                       "status=\"fail\"><failure message=\"Failed\"/></testcase>");
   EXPECT_NE(r.code, 0);
   EXPECT_NE(r.out.find("act.gated / simd: test GatedActivation.EveryTargetGivesTheReferenceBits "
                        "failed"),
@@ -277,9 +291,9 @@ TEST(RoutesCli, GateFailsOnAFailedOrMissingTest) {
 
 // The default prefill is the faster route on this CPU: bf16 where
 // kernels::Bf16PrefillPays (AMX, or AVX512-BF16 on AMD, where vdpbf16ps runs
-// well above the f32 FMA rate), the exact product elsewhere; --act-route int8x2+bf16 still asks for
-// bf16 wherever the CPU has it. The node table and the summary line agree
-// (the table once listed the exact route while int8x2+bf16 ran bf16).
+// well above the f32 FMA rate), the exact product elsewhere; --act-route
+// int8x2+bf16 still asks for bf16 wherever the CPU has it. The node table and the summary line
+// agree (the table once listed the exact route while int8x2+bf16 ran bf16).
 TEST(RoutesCli, DefaultPrefillIsTheFasterRouteAndTheTableSaysWhichRuns) {
   const std::string path = TempDir("routes_prefill") + "/q4_0.gguf";
   CliRun s = RunLumen("synth tiny-llama --dim 256 --ffn 512 --quant q4_0 -o " + path);
@@ -293,17 +307,10 @@ TEST(RoutesCli, DefaultPrefillIsTheFasterRouteAndTheTableSaysWhichRuns) {
                         {" --act-route int8x2+bf16", kernels::CpuHasBf16()},
                         {" --act-route int8x2", false}};
   for (const Case& c : cases) {
-    CliRun r = RunLumen("routes -m " + path + " --for generate --json" + c.flags);
-    ASSERT_EQ(r.code, 0) << r.err;
-    auto j = nlohmann::json::parse(r.out, nullptr, false);
-    ASSERT_TRUE(j.is_array()) << r.out;
-    int seen = 0;
-    for (const auto& n : j) {
-      if (n["node"] != "matmul.q4_0_cols.prefill" && n["node"] != "matmul.q4_0.prefill") continue;
-      ++seen;
-      EXPECT_EQ(n["route"] == bf16, c.bf16) << c.flags << ": " << n.dump();
-    }
-    EXPECT_EQ(seen, 1) << c.flags;
+    const std::vector<std::string> routes =
+        RoutesOf(path, c.flags, {"matmul.q4_0_cols.prefill", "matmul.q4_0.prefill"});
+    ASSERT_EQ(routes.size(), 1u) << c.flags;
+    EXPECT_EQ(routes[0] == bf16, c.bf16) << c.flags << ": " << routes[0];
     CliRun t = RunLumen("routes -m " + path + " --for generate" + c.flags);
     ASSERT_EQ(t.code, 0) << t.err;
     EXPECT_EQ(t.out.find("prefill products bf16") != std::string::npos, c.bf16) << c.flags << t.out;
@@ -316,13 +323,9 @@ TEST(RoutesCli, DefaultPrefillIsTheFasterRouteAndTheTableSaysWhichRuns) {
 // not on an AVX2-only one; the gate once required them on every AVX2 CPU and
 // failed the README's test command on AVX-512 hosts.
 TEST(RoutesCli, GateAsksTheAvx2Int8TestsOnlyWhereThoseKernelsRun) {
-  const std::string dir = TempDir("gate_avx2");
-  const std::string junit = dir + "/junit.xml";
-  std::ofstream(junit) << "<testsuite>\n"
-                          "<testcase name=\"RouteKl.Int8x2ShortPrefillPassesTheDefaultGate\" "
-                          "status=\"run\"><skipped message=\"not on this CPU\"/></testcase>\n"
-                          "</testsuite>\n";
-  CliRun r = RunLumen("routes --check " + junit);
+  CliRun r = CheckGate("gate_avx2",
+                       "<testcase name=\"RouteKl.Int8x2ShortPrefillPassesTheDefaultGate\" "
+                       "status=\"run\"><skipped message=\"not on this CPU\"/></testcase>");
   const bool runs_there = kernels::CpuHasAvx2() && !kernels::CpuHasVnni();
   const std::string complaint =
       "int8x2-avx2: test RouteKl.Int8x2ShortPrefillPassesTheDefaultGate was skipped";

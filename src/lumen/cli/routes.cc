@@ -184,7 +184,7 @@ Result<RouteChoice> ResolveRouteChoice(const ModelArgs& a) {
     c.act_route = a.default_act_route;
     // The default takes the bf16 prefill only where it is the faster one
     // (kernels::Bf16PrefillPays); --act-route and --tier l3 still ask for it.
-    if (a.act_route.empty() && c.act_route.ends_with("+bf16") && !kernels::Bf16PrefillPays())
+    if (c.act_route.ends_with("+bf16") && !kernels::Bf16PrefillPays())
       c.act_route.resize(c.act_route.size() - std::string_view("+bf16").size());
     c.kv_type = "f16";
   } else if (tier == "l3") {

@@ -319,6 +319,11 @@ BENCHMARK(BM_MatMul)->ArgsProduct({{3, 4}, {4, 8}, {1, 2}, {2048, 8192}, {1}})->
 BENCHMARK(BM_MatMul)
     ->ArgsProduct({{3, 4, 5, 6, 7, 8, 9, 10, 12, 13}, {1, 4}, {1, 2}, {2048, 8192}, {3}})
     ->UseRealTime();
+// The int8x2 route's prefill products (the VNNI GEMM, matmul_q8x2_gemm.h)
+// beside the exact route's above: the same shapes.
+BENCHMARK(BM_MatMul)
+    ->ArgsProduct({{3, 4, 5, 6, 8, 9, 10, 11, 12, 13}, {256}, {1, 2}, {2048, 8192}, {3}})
+    ->UseRealTime();
 // Training's backward through a frozen weight: dX[M, K] = dY[M, N] W (the
 // transposed product, MatMulT), beside BM_MatMul's forward of the same
 // shape. range: type, M, threads, N (8192: the fused head's vocabulary

@@ -102,6 +102,20 @@ bool HasInt8Kernel(const engine::Model* model, const std::string& storage) {
   return any;
 }
 
+// True when every product matrix stored as `storage` takes the int8x2 GEMM
+// for its long products (kernels::Int8x2GemmSupports): the condition
+// int8gemm=kernel of the int8x2 prefill route.
+bool HasInt8Gemm(const engine::Model* model, const std::string& storage) {
+  if (!model) return false;
+  bool any = false;
+  for (const auto& t : model->tensors()) {
+    if (t.shape.size() != 2 || StorageName(t.matrix) != storage) continue;
+    if (!kernels::Int8x2GemmSupports(t.matrix)) return false;
+    any = true;
+  }
+  return any;
+}
+
 // The CPU's features as route conditions. "int8-avx2": the int8 products run
 // on the AVX2 kernels, which only a CPU without AVX512-VNNI takes
 // (kernels::Int8RouteSupports); a VNNI CPU has AVX2 too but never runs them,
@@ -229,6 +243,7 @@ Result<std::vector<ResolvedNode>> ResolveGraph(std::string_view graph, const Mod
       if (g.per_dtype) {
         local.Set("dtype", dt);
         if (HasInt8Kernel(model, dt)) local.Set("int8", "kernel");
+        if (HasInt8Gemm(model, dt)) local.Set("int8gemm", "kernel");
         const size_t dot = r.node.find('.');
         r.node = r.node.substr(0, dot) + "." + dt + r.node.substr(dot);
       }
@@ -244,12 +259,13 @@ std::string RouteSummary(const RouteChoice& c, const engine::Model& model) {
     return "routes: --exact: every node at its lowest tier (exact f32 products, f32 KV), "
            "bit-identical to the reference path";
   const auto act = kernels::ParseActRoute(c.act_route).value_or(kernels::ActRoute::kExact);
-  bool int8 = false;
+  bool int8 = false, gemm = false;
   int64_t short_rows = 0;  // the most rows an int8 kernel takes (kernels::Int8MaxRows)
   for (const auto& t : model.tensors())
     if (t.shape.size() == 2 && kernels::Int8RouteSupports(t.matrix)) {
       int8 = true;
       short_rows = std::max(short_rows, kernels::Int8MaxRows(t.matrix));
+      gemm = gemm || kernels::Int8x2GemmSupports(t.matrix);
     }
   const bool bf16 = kernels::RouteHasBf16(act) && kernels::CpuHasBf16();
   int8 = int8 && kernels::RouteHasInt8(act);  // Int8RouteSupports asked the CPU
@@ -257,7 +273,9 @@ std::string RouteSummary(const RouteChoice& c, const engine::Model& model) {
   const char* decode = !int8 ? "exact (L2)"
                        : x2  ? "int8x2 (L2; exact for other weight types)"
                              : "int8 (L3)";
-  std::string prefill = !bf16                      ? "exact (L2)"
+  gemm = gemm && int8 && x2 && !bf16;  // kernels::Int8x2GemmTakes
+  std::string prefill = gemm    ? "int8x2 (L2, VNNI GEMM; exact for other weight types)"
+                        : !bf16 ? "exact (L2)"
                         : kernels::AmxBf16Usable() ? "bf16 (L3, AMX tiles)"
                                                    : "bf16 (L3)";
   if (int8 && short_rows > kernels::kInt8MaxRows)  // the AVX2 kernels: short prompts too

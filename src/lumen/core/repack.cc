@@ -451,6 +451,20 @@ void UnpackColumnGroup(DType t, const uint8_t* g, uint8_t* blocks) {
   }
 }
 
+void UnpackColumnGroupsRow(DType t, const uint8_t* row, int64_t K, uint8_t* dst) {
+  const DType plain = PlainOf(t);
+  if (const int64_t bytes = AloneBytes(plain)) {  // every super-block repacked alone
+    LUMEN_CHECK(K % kQKK == 0);
+    for (int64_t b = 0; b < K / kQKK; ++b) UnpackAlone(plain, row + b * bytes, dst + b * bytes);
+    return;
+  }
+  const Plain p = PlainFields(plain);
+  LUMEN_CHECK(K % p.elems == 0);
+  const int64_t group = kColsElems / p.elems * p.bytes, groups = K / kColsElems;
+  for (int64_t g = 0; g < groups; ++g) UnpackColumnGroup(t, row + g * group, dst + g * group);
+  std::memcpy(dst + groups * group, row + groups * group, (K / p.elems) * p.bytes - groups * group);
+}
+
 void DequantizeColumnGroups(DType t, const uint8_t* row, int64_t K, int64_t k0, int64_t k1,
                             float* dst) {
   const DType plain = PlainOf(t);

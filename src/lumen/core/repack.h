@@ -114,6 +114,10 @@ void RepackColumnGroups(DType t, uint8_t* row, int64_t K);
 // Q6_K, Q2_K, Q3_K: 2 super-blocks, each repacked alone).
 void UnpackColumnGroup(DType t, const uint8_t* g, uint8_t* blocks);
 
+// The plain bytes of a whole column-group row of K elements at row (the
+// bytes the file had before RepackColumnGroups), into dst (the same size).
+void UnpackColumnGroupsRow(DType t, const uint8_t* row, int64_t K, uint8_t* dst);
+
 // Q6_K: the super-block at src in the layout above, into dst (210 bytes
 // each; src == dst allowed), and back.
 void RepackQ6Slices(const uint8_t* src, uint8_t* dst);

@@ -1279,7 +1279,17 @@ HWY_INLINE GemmBlocking Blocking() {
           l2 / 4, l2 / 4, std::clamp<int64_t>(l2 / 4 / (128 * 4) / 512 * 512, 512, 2048),
           l2 / 2};
 #else
-  return {16 << 10, 1 << 20, false, 24 << 10, 1 << 20, 2048, 1 << 20};
+  auto env = [](const char* n, int64_t d) {
+    const char* v = getenv(n);
+    return v ? (int64_t)atoll(v) : d;
+  };
+  return {env("G_SLICE", 16 << 10),
+          env("G_XROWS", 1 << 20),
+          env("G_XPS", 0) != 0,
+          24 << 10,
+          1 << 20,
+          2048,
+          1 << 20};
 #endif
 }
 
@@ -2037,6 +2047,10 @@ void MatMulMany(std::span<const MatMulOut> outs, const float* X, int64_t M, int6
 void MatMulAccumulate(const Matrix& W, const float* X, int64_t M, int64_t ldx, float* Y,
                       int64_t ldy, ThreadPool* pool) {
   if (M <= 0 || W.n == 0) return;
+  if (M > Int8MaxRows(W) && UsesInt8Route(W, M)) {  // the GEMM continues each chain
+    const MatMulOut out{&W, Y, ldy};
+    return MatMulManyInt8x2Gemm({&out, 1}, X, M, ldx, pool, true);
+  }
   if (M <= 4 || UsesInt8Route(W, M)) {
     // Dot-shaped routes: each output is one sum, so the product goes to
     // scratch and is added (one f32 add per output).

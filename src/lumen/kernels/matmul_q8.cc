@@ -1944,6 +1944,7 @@ void MatMulInt8(const Matrix& W, const float* X, int64_t M, int64_t ldx, float* 
 void MatMulManyInt8(std::span<const MatMulOut> outs, const float* X, int64_t M, int64_t ldx,
                     ThreadPool* pool) {
   if (!CpuHasVnni()) return MatMulManyInt8Avx2(outs, X, M, ldx, pool);
+  if (M > kInt8MaxRows) return MatMulManyInt8x2Gemm(outs, X, M, ldx, pool, false);
   // One prepared copy of X per activation layout present (q/k/v may differ):
   // byte order, sign, offset group and level count (formats that agree on
   // all four, e.g. Q4_K and Q5_K, share one).

@@ -28,9 +28,10 @@
 //
 // Used by MatMul/MatMulMany when W.route has int8 (matrix.h), the weight type is
 // one of those (Int8RouteSupports), the CPU has AVX512-VNNI (without it but with
-// AVX2, the kernels of matmul_q8_avx2.h) and M <= Int8MaxRows(W) (prefill keeps
-// the exact f32 panels or the bf16 route: with a scale per 32-block the integer dot saves nothing
-// per FMA there). Otherwise the exact route runs. MatMulInt8Ref and MatMulInt8x2Ref
+// AVX2, the kernels of matmul_q8_avx2.h) and M <= Int8MaxRows(W). Longer
+// products take the bf16 route where it runs, else with two levels on VNNI
+// the int8x2 GEMM (matmul_q8x2_gemm.h: one vpdpwssd per 32 products, the
+// same integer sums), else the exact f32 panels. MatMulInt8Ref and MatMulInt8x2Ref
 // (matmul_q8_ref.h) are the scalar oracles: same activation quantization, double accumulation.
 #pragma once
 
@@ -39,6 +40,7 @@
 
 #include "lumen/core/thread_pool.h"
 #include "lumen/kernels/matmul.h"
+#include "lumen/kernels/matmul_q8x2_gemm.h"
 #include "lumen/kernels/matrix.h"
 
 namespace lumen::kernels {
@@ -76,9 +78,12 @@ DType Int8ColumnGroupsOf(DType plain);
 // the int8 kernels are the AVX2 ones (the VNNI kernels read the file's order).
 bool Int8MlxRuns();
 
-// True when MatMul(W, ..., M, ...) takes the int8 route.
+// True when MatMul(W, ..., M, ...) takes the int8 route: up to Int8MaxRows(W)
+// rows the dot kernels, above it the int8x2 GEMM where it takes W
+// (matmul_q8x2_gemm.h).
 inline bool UsesInt8Route(const Matrix& W, int64_t M) {
-  return RouteHasInt8(W.route) && M <= Int8MaxRows(W) && Int8RouteSupports(W);
+  if (!RouteHasInt8(W.route)) return false;
+  return M <= Int8MaxRows(W) ? Int8RouteSupports(W) : Int8x2GemmTakes(W);
 }
 
 // q[32 b + j], d[b] = QuantizeBlockQ8 (core/quant.h) of each of the nb

@@ -26,6 +26,7 @@
 #include "lumen/core/quant.h"
 #include "lumen/core/repack.h"
 #include "lumen/core/thread_pool.h"
+#include "lumen/kernels/matmul_bf16.h"
 #include "lumen/kernels/matmul_q8.h"
 #include "lumen/kernels/matmul_q8_avx2.h"
 #include "lumen/kernels/matmul_q8_ref.h"
@@ -204,6 +205,43 @@ TEST(MatMulInt8x2, VectorLayoutHasTheScalarBytes) {
       }
 }
 
+// Y (M x N, from MatMul of W on X) against the oracle and the exact bound.
+void ExpectOracleAndExactBound(const Case& c, const Matrix& W, const std::vector<float>& X,
+                               int64_t M, const std::vector<float>& Y) {
+  const int64_t K = W.k, N = W.n;
+  std::vector<float> Yq(M * N), Ye(M * N);
+  std::vector<double> mag;
+  MatMulInt8x2Ref(W, X.data(), M, Yq.data(), &mag);
+  MatMulRef(W, X.data(), M, Ye.data());
+  std::vector<float> w(K);
+  int bad = 0;
+  for (int64_t n = 0; n < N; ++n) {
+    DequantizeMatrixRow(W, n, w.data());
+    for (int64_t m = 0; m < M; ++m) {
+      const double e_ref = std::fabs(double(Y[m * N + n]) - Yq[m * N + n]);
+      const double b_ref = (K / 4 + 8) * kU * mag[m * N + n] + 1e-30;
+      double b_exact = 0, abs_wx = 0;
+      for (int64_t b = 0; b < K / kQK; ++b) {
+        int8_t q1[kQK], q2[kQK];
+        const float d2 = QuantizeBlockQ8x2(&X[m * K + b * kQK], q1, q2);
+        for (int j = 0; j < kQK; ++j) {
+          b_exact += 1.001 * d2 * std::fabs(w[b * kQK + j]);
+          abs_wx += std::fabs(double(w[b * kQK + j]) * X[m * K + b * kQK + j]);
+        }
+      }
+      b_exact += b_ref + (K + 2) * kU * abs_wx;
+      const double e_exact = std::fabs(double(Y[m * N + n]) - Ye[m * N + n]);
+      if (e_ref > b_ref || e_exact > b_exact) {
+        if (++bad < 5)
+          ADD_FAILURE() << CaseName(c) << " K=" << K << " M=" << M << " n=" << n << " m=" << m
+                        << ": y=" << Y[m * N + n] << " oracle=" << Yq[m * N + n] << " (err "
+                        << e_ref << " > " << b_ref << "?) exact=" << Ye[m * N + n] << " (err "
+                        << e_exact << " > " << b_exact << "?)";
+      }
+    }
+  }
+}
+
 TEST(MatMulInt8x2, MatchesOracleAndExactBound) {
   std::mt19937 rng(23);
   for (const Case& c : kCases)
@@ -215,38 +253,9 @@ TEST(MatMulInt8x2, MatchesOracleAndExactBound) {
         SKIP_WITHOUT_VNNI(W.m);
         ASSERT_TRUE(UsesInt8Route(W.m, M));
         const std::vector<float> X = RandomActivations(M, K, rng);
-        std::vector<float> Y(M * N, -7.0f), Yq(M * N), Ye(M * N);
+        std::vector<float> Y(M * N, -7.0f);
         MatMul(W.m, X.data(), M, K, Y.data(), N, nullptr);
-        std::vector<double> mag;
-        MatMulInt8x2Ref(W.m, X.data(), M, Yq.data(), &mag);
-        MatMulRef(W.m, X.data(), M, Ye.data());
-        std::vector<float> w(K);
-        int bad = 0;
-        for (int64_t n = 0; n < N; ++n) {
-          DequantizeMatrixRow(W.m, n, w.data());
-          for (int64_t m = 0; m < M; ++m) {
-            const double e_ref = std::fabs(double(Y[m * N + n]) - Yq[m * N + n]);
-            const double b_ref = (K / 4 + 8) * kU * mag[m * N + n] + 1e-30;
-            double b_exact = 0, abs_wx = 0;
-            for (int64_t b = 0; b < K / kQK; ++b) {
-              int8_t q1[kQK], q2[kQK];
-              const float d2 = QuantizeBlockQ8x2(&X[m * K + b * kQK], q1, q2);
-              for (int j = 0; j < kQK; ++j) {
-                b_exact += 1.001 * d2 * std::fabs(w[b * kQK + j]);
-                abs_wx += std::fabs(double(w[b * kQK + j]) * X[m * K + b * kQK + j]);
-              }
-            }
-            b_exact += b_ref + (K + 2) * kU * abs_wx;
-            const double e_exact = std::fabs(double(Y[m * N + n]) - Ye[m * N + n]);
-            if (e_ref > b_ref || e_exact > b_exact) {
-              if (++bad < 5)
-                ADD_FAILURE() << CaseName(c) << " K=" << K << " M=" << M << " n=" << n << " m=" << m
-                              << ": y=" << Y[m * N + n] << " oracle=" << Yq[m * N + n] << " (err "
-                              << e_ref << " > " << b_ref << "?) exact=" << Ye[m * N + n] << " (err "
-                              << e_exact << " > " << b_exact << "?)";
-            }
-          }
-        }
+        ExpectOracleAndExactBound(c, W.m, X, M, Y);
       }
 }
 
@@ -289,9 +298,11 @@ TEST(MatMulInt8x2, ThreadsManyAndSelectionAreBitIdentical) {
       MatMul(with_bf16, X.data(), M, K, bf.data(), N, nullptr);
       EXPECT_EQ(one, bf) << CaseName(c) << " M=" << M;
     }
-  // Above Int8MaxRows the exact route runs: bit-identical to kExact.
-  OwnedMatrix W = MakeX2({DType::kQ4_0}, 40, 256, rng);
+  // Above Int8MaxRows the exact route runs where the GEMM does not take the
+  // product (MLX storage: Int8x2GemmTakes): bit-identical to kExact.
+  OwnedMatrix W = MakeX2({DType::kU32, 64}, 40, 256, rng);
   const int64_t M = Int8MaxRows(W.m) + 1;
+  EXPECT_FALSE(Int8x2GemmSupports(W.m));
   EXPECT_FALSE(UsesInt8Route(W.m, M));
   const std::vector<float> X = RandomActivations(M, 256, rng);
   std::vector<float> a(M * 40), b(M * 40);
@@ -434,6 +445,96 @@ TEST(MatMulInt8x2, EveryRowAddressGivesTheSameBits) {
         ASSERT_EQ(want, got) << CaseName(c) << " offset " << off << " stride " << stride;
       }
   }
+}
+
+// The GEMM that takes the int8x2 route's longer products (matmul_q8x2_gemm.h).
+#define SKIP_WITHOUT_GEMM(W)                                                          \
+  if (!Int8x2GemmSupports(W))                                                         \
+  GTEST_SKIP() << "no AVX512-VNNI on this CPU: the int8x2 route's long products are " \
+                  "exact (or bf16) here"
+
+// Every GGUF storage, as the file has it and as column groups, against the
+// oracle (same integer sums, double accumulation) and the exact bound; K
+// with odd block counts, a last super-block after the groups, more than one
+// k slice; M past one tile and not a multiple of its height; N past one panel
+// and not a multiple of its width.
+TEST(Int8x2Gemm, MatchesOracleAndExactBound) {
+  std::mt19937 rng(41);
+  for (const Case& c : kCases) {
+    if (c.t == DType::kU32) continue;
+    for (int64_t K : {32, 160, 256, 768, 1280, 2080})
+      for (int64_t M : {kInt8MaxRows + 1, int64_t{23}}) {
+        if (K % BlockOf(c) != 0) continue;
+        const int64_t N = 45;
+        OwnedMatrix W = MakeX2(c, N, K, rng);
+        SKIP_WITHOUT_GEMM(W.m);
+        ASSERT_TRUE(UsesInt8Route(W.m, M) && Int8x2GemmTakes(W.m)) << CaseName(c);
+        const std::vector<float> X = RandomActivations(M, K, rng);
+        std::vector<float> Y(M * N, -7.0f);
+        MatMul(W.m, X.data(), M, K, Y.data(), N, nullptr);
+        ExpectOracleAndExactBound(c, W.m, X, M, Y);
+      }
+  }
+}
+
+// A row's bits do not depend on how many rows its call has (above
+// Int8MaxRows), on the threads, or on the products beside it in MatMulMany;
+// each output continues its chain across column slices (MatMulAccumulate), so
+// slice by slice is the whole product bit for bit.
+TEST(Int8x2Gemm, RowsThreadsManyAndSlicesAreBitIdentical) {
+  std::mt19937 rng(43);
+  ThreadPool pool(2);
+  for (const Case& c : kCases) {
+    if (c.t == DType::kU32) continue;
+    const int64_t K = 1536, N = 70, M = 40, few = kInt8MaxRows + 1;
+    OwnedMatrix W = MakeX2(c, N, K, rng);
+    SKIP_WITHOUT_GEMM(W.m);
+    const std::vector<float> X = RandomActivations(M, K, rng);
+    std::vector<float> one(M * N), two(M * N), part(few * N), many(M * N), other(M * 33);
+    MatMul(W.m, X.data(), M, K, one.data(), N, nullptr);
+    MatMul(W.m, X.data(), M, K, two.data(), N, &pool);
+    EXPECT_EQ(one, two) << CaseName(c);
+    MatMul(W.m, X.data(), few, K, part.data(), N, nullptr);
+    EXPECT_TRUE(std::equal(part.begin(), part.end(), one.begin())) << CaseName(c);
+    OwnedMatrix Q8 = MakeX2({DType::kQ8_0}, 33, K, rng);
+    const MatMulOut outs[] = {{&Q8.m, other.data(), 33}, {&W.m, many.data(), N}};
+    MatMulMany(outs, X.data(), M, K, &pool);
+    EXPECT_EQ(one, many) << CaseName(c);
+
+    const int64_t cut = MatrixSliceAlign(W.m) * (K / MatrixSliceAlign(W.m) / 2);
+    const Matrix a = W.m.ColSlice(0, cut), b = W.m.ColSlice(cut, K);
+    std::vector<float> sliced(M * N);
+    MatMul(a, X.data(), M, K, sliced.data(), N, &pool);
+    MatMulAccumulate(b, X.data() + cut, M, K, sliced.data(), N, &pool);
+    EXPECT_EQ(one, sliced) << CaseName(c) << " cut " << cut;
+  }
+}
+
+// Which route takes a product of more than Int8MaxRows rows: the GEMM for
+// int8x2, and for int8x2+bf16 where the CPU has no bf16 route; bf16 where it
+// has; the exact panels for one level. The GEMM's results differ from the
+// exact route's (the activations were quantized).
+TEST(Int8x2Gemm, SelectionByRouteAndCpu) {
+  std::mt19937 rng(47);
+  OwnedMatrix W = MakeX2({DType::kQ4_0}, 40, 512, rng);
+  SKIP_WITHOUT_GEMM(W.m);
+  const int64_t M = 20;
+  EXPECT_TRUE(Int8x2GemmTakes(W.m));
+  Matrix with_bf16 = W.m, one_level = W.m, exact = W.m;
+  with_bf16.route = ActRoute::kInt8x2Bf16;
+  one_level.route = ActRoute::kInt8;
+  exact.route = ActRoute::kExact;
+  EXPECT_EQ(Int8x2GemmTakes(with_bf16), !CpuHasBf16());
+  EXPECT_FALSE(Int8x2GemmTakes(one_level));
+  EXPECT_FALSE(UsesInt8Route(one_level, M));
+  EXPECT_FALSE(Int8x2GemmTakes(exact));
+  const std::vector<float> X = RandomActivations(M, 512, rng);
+  std::vector<float> g(M * 40), e(M * 40), o(M * 40);
+  MatMul(W.m, X.data(), M, 512, g.data(), 40, nullptr);
+  MatMul(exact, X.data(), M, 512, e.data(), 40, nullptr);
+  MatMul(one_level, X.data(), M, 512, o.data(), 40, nullptr);
+  EXPECT_NE(g, e);
+  EXPECT_EQ(o, e);  // one level: the exact panels above Int8MaxRows
 }
 
 }  // namespace

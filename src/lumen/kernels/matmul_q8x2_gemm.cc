@@ -1,0 +1,540 @@
+#include "lumen/kernels/matmul_q8x2_gemm.h"
+
+#include <algorithm>
+#include <cstddef>
+#include <cstring>
+#include <vector>
+
+#include "lumen/core/buffer.h"
+#include "lumen/core/check.h"
+#include "lumen/core/half.h"
+#include "lumen/core/quant.h"
+#include "lumen/core/repack.h"
+#include "lumen/core/route.h"
+#include "lumen/kernels/matmul_bf16.h"
+#include "lumen/kernels/matmul_q8.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#define LUMEN_VNNI \
+  __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512vbmi,f16c,fma")))
+#endif
+
+namespace lumen::kernels {
+
+LUMEN_ROUTE(
+    matmul_int8x2_prefill,
+    {.node = "matmul.prefill",
+     .name = "int8x2-gemm-vnni",
+     .tier = Tier::kL2,
+     .oracle = "MatMulInt8x2Ref (the decode kernels' two-level activation quantization, double "
+               "accumulation); against the exact product: the activation rounding bound",
+     .bound = "|y - y_exact| <= sum over blocks of (dx / 256) sum |w| (+ f32 slack); "
+              "KL(exact || route) below a quarter of what Q8_0 weights cost",
+     .tests = "Int8x2Gemm.*;RouteKl.Int8x2PrefillGemmPassesTheDefaultGate",
+     .measure = "docs/reference/performance.md#the-int8x2-prefill-gemm",
+     .when = "act=int8x2|int8x2+bf16 cpu=avx512vnni int8gemm=kernel",
+     .priority = 15});
+
+namespace {
+
+// The unit (elements per scale) of a plain type, and whether it has offsets.
+int UnitOf(DType plain) {
+  return plain == DType::kQ2_K || plain == DType::kQ3_K || plain == DType::kQ6_K ? 16 : 32;
+}
+bool HasOffsets(DType plain) {
+  return plain == DType::kQ4_1 || plain == DType::kQ5_1 || plain == DType::kQ2_K ||
+         plain == DType::kQ4_K || plain == DType::kQ5_K;
+}
+
+bool Covered(DType plain) {
+  switch (plain) {
+    case DType::kQ4_0:
+    case DType::kQ4_1:
+    case DType::kQ5_0:
+    case DType::kQ5_1:
+    case DType::kQ8_0:
+    case DType::kQ2_K:
+    case DType::kQ3_K:
+    case DType::kQ4_K:
+    case DType::kQ5_K:
+    case DType::kQ6_K:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// Tile and blocking: kR rows by kNR columns (two vectors); kKC columns of K
+// per slice, whose panel part (kKC / 2 pairs x kNR int32) is 16 KiB of L1.
+constexpr int kR = 6;
+constexpr int64_t kNR = 32;
+constexpr int64_t kKC = 256;
+
+#if defined(__x86_64__)
+
+// GCC 12's AVX-512 intrinsics pass _mm512_undefined_* as the unused merge
+// source, which -Wmaybe-uninitialized reports at every inlined use.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+
+LUMEN_VNNI inline float HalfF(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return _cvtsh_ss(h);
+}
+
+// 32 byte codes (each below 64) as 32 int16 at c, minus `shift`, plus 16 in
+// the lanes of `plus16` (a 5th bit).
+LUMEN_VNNI inline void StoreCodes(__m256i bytes, __mmask32 plus16, int shift, int16_t* c) {
+  __m512i w = _mm512_cvtepu8_epi16(bytes);
+  w = _mm512_mask_add_epi16(w, plus16, w, _mm512_set1_epi16(16));
+  _mm512_storeu_si512(c, _mm512_sub_epi16(w, _mm512_set1_epi16(static_cast<int16_t>(shift))));
+}
+
+// The 2-bit planes of a Q2_K / Q3_K super-block: the 32 codes of elements
+// 128 n + 32 j + (0..31).
+LUMEN_VNNI inline __m256i TwoBitPlane(const uint8_t* qs, int n, int j) {
+  const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 32 * n));
+  return _mm256_and_si256(_mm256_srli_epi16(v, 2 * j), _mm256_set1_epi8(3));
+}
+
+// One weight row as the oracle splits it (matmul_q8_ref.h, w = a q - o):
+// codes[k], and per unit u of S elements scale[u] = a and offset[u] = o.
+// `plain` holds the row's blocks in the file's format.
+LUMEN_VNNI void DecodeRow(DType t, const uint8_t* plain, int64_t K, int16_t* codes, float* scale,
+                          float* offset) {
+  const __m128i m15 = _mm_set1_epi8(15);
+  switch (t) {
+    case DType::kQ4_0:
+    case DType::kQ4_1:
+    case DType::kQ5_0:
+    case DType::kQ5_1: {
+      const bool min = t == DType::kQ4_1 || t == DType::kQ5_1;
+      const bool five = t == DType::kQ5_0 || t == DType::kQ5_1;
+      const int64_t bytes = Info(t).block_bytes, qs = 2 + (min ? 2 : 0) + (five ? 4 : 0);
+      const int shift = min ? 0 : five ? 16 : 8;
+      for (int64_t b = 0; b < K / kQK; ++b) {
+        const uint8_t* blk = plain + b * bytes;
+        uint32_t h = 0;  // bit j: the 5th bit of element j
+        if (five) std::memcpy(&h, blk + qs - 4, 4);
+        const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + qs));
+        const __m128i lo = _mm_and_si128(q, m15), hi = _mm_and_si128(_mm_srli_epi16(q, 4), m15);
+        StoreCodes(_mm256_set_m128i(hi, lo), h, shift, codes + b * kQK);
+        scale[b] = HalfF(blk);
+        offset[b] = min ? -HalfF(blk + 2) : 0.0f;
+      }
+      return;
+    }
+    case DType::kQ8_0:
+      for (int64_t b = 0; b < K / kQK; ++b) {
+        const uint8_t* blk = plain + b * sizeof(BlockQ8_0);
+        const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
+        _mm512_storeu_si512(codes + b * kQK, _mm512_cvtepi8_epi16(q));
+        scale[b] = HalfF(blk);
+        offset[b] = 0.0f;
+      }
+      return;
+    case DType::kQ2_K:
+    case DType::kQ3_K: {
+      const bool three = t == DType::kQ3_K;
+      const int64_t bytes = three ? sizeof(BlockQ3K) : sizeof(BlockQ2K);
+      for (int64_t s = 0; s < K / kQKK; ++s) {
+        const uint8_t* blk = plain + s * bytes;
+        const uint8_t* qs = blk + (three ? offsetof(BlockQ3K, qs) : offsetof(BlockQ2K, qs));
+        const __m256i hmask = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk));  // Q3_K
+        for (int n = 0; n < 2; ++n)
+          for (int j = 0; j < 4; ++j) {
+            // Q3_K: q - 4, plus 4 where the third bit (bit 4 n + j of hmask[l]) is set.
+            const __m256i lo = TwoBitPlane(qs, n, j);
+            int16_t* c = codes + s * kQKK + 128 * n + 32 * j;
+            if (!three) {
+              StoreCodes(lo, 0, 0, c);
+              continue;
+            }
+            const __mmask32 third =
+                _mm256_test_epi8_mask(hmask, _mm256_set1_epi8(static_cast<char>(1 << (4 * n + j))));
+            const __m256i q = _mm256_mask_add_epi8(lo, third, lo, _mm256_set1_epi8(4));
+            StoreCodes(q, 0, 4, c);
+          }
+        if (three) {
+          const float d = HalfF(blk + offsetof(BlockQ3K, d));
+          for (int u = 0; u < 16; ++u) {
+            scale[s * 16 + u] = d * (Q3KScale(blk + offsetof(BlockQ3K, scales), u) - 32);
+            offset[s * 16 + u] = 0.0f;
+          }
+        } else {
+          const float d = HalfF(blk + offsetof(BlockQ2K, d));
+          const float dmin = HalfF(blk + offsetof(BlockQ2K, dmin));
+          for (int u = 0; u < 16; ++u) {
+            scale[s * 16 + u] = d * (blk[u] & 15);
+            offset[s * 16 + u] = dmin * (blk[u] >> 4);
+          }
+        }
+      }
+      return;
+    }
+    case DType::kQ4_K:
+    case DType::kQ5_K: {
+      const bool five = t == DType::kQ5_K;
+      const int64_t bytes = five ? sizeof(BlockQ5K) : sizeof(BlockQ4K);
+      const __m256i n15 = _mm256_set1_epi8(15);
+      for (int64_t s = 0; s < K / kQKK; ++s) {
+        const uint8_t* blk = plain + s * bytes;
+        const float d = HalfF(blk), dmin = HalfF(blk + 2);
+        const uint8_t* qs = blk + (five ? 48 : 16);
+        const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16));
+        for (int p = 0; p < 4; ++p) {
+          // Elements 64 p + l: the low nibble of qs[32 p + l] (5th bit: bit 2 p of
+          // qh[l]); 64 p + 32 + l: the high nibble (bit 2 p + 1).
+          const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 32 * p));
+          const __mmask32 b0 =
+              five ? _mm256_test_epi8_mask(qh, _mm256_set1_epi8(static_cast<char>(1 << (2 * p))))
+                   : 0;
+          const __mmask32 b1 =
+              five ? _mm256_test_epi8_mask(qh, _mm256_set1_epi8(static_cast<char>(2 << (2 * p))))
+                   : 0;
+          StoreCodes(_mm256_and_si256(q, n15), b0, 0, codes + s * kQKK + 64 * p);
+          StoreCodes(_mm256_and_si256(_mm256_srli_epi16(q, 4), n15), b1, 0,
+                     codes + s * kQKK + 64 * p + 32);
+        }
+        for (int u = 0; u < 8; ++u) {
+          uint8_t a, m;
+          GetScaleMinK4(u, blk + 4, &a, &m);
+          scale[s * 8 + u] = d * a;
+          offset[s * 8 + u] = dmin * m;
+        }
+      }
+      return;
+    }
+    case DType::kQ6_K: {
+      const __m256i n15 = _mm256_set1_epi8(15), three = _mm256_set1_epi8(3);
+      for (int64_t s = 0; s < K / kQKK; ++s) {
+        const uint8_t* blk = plain + s * sizeof(BlockQ6K);
+        const float d = HalfF(blk + offsetof(BlockQ6K, d));
+        for (int n = 0; n < 2; ++n) {
+          const __m256i qh = _mm256_loadu_si256(
+              reinterpret_cast<const __m256i*>(blk + offsetof(BlockQ6K, qh) + 32 * n));
+          for (int q = 0; q < 4; ++q) {
+            // Elements 128 n + 32 q + l: a nibble of ql (low for q < 2) and
+            // bits 2 q of qh[32 n + l] as bits 4-5.
+            const __m256i ql =
+                _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 64 * n + 32 * (q & 1)));
+            const __m256i lo =
+                q < 2 ? _mm256_and_si256(ql, n15) : _mm256_and_si256(_mm256_srli_epi16(ql, 4), n15);
+            const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * q), three);
+            StoreCodes(_mm256_or_si256(lo, _mm256_slli_epi16(hi, 4)), 0, 32,
+                       codes + s * kQKK + 128 * n + 32 * q);
+          }
+        }
+        const auto* sc = reinterpret_cast<const int8_t*>(blk + offsetof(BlockQ6K, scales));
+        for (int u = 0; u < 16; ++u) {
+          scale[s * 16 + u] = d * sc[u];
+          offset[s * 16 + u] = 0.0f;
+        }
+      }
+      return;
+    }
+    default:
+      LUMEN_CHECK(false);
+  }
+}
+
+// dst[j * ldd + i] = src[i * lds + j] for i, j < 16: a 16 x 16 block of
+// dwords, in registers.
+LUMEN_VNNI inline void Transpose16(const int32_t* src, int64_t lds, int32_t* dst, int64_t ldd) {
+  __m512i r[16], t[16];
+  for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_si512(src + i * lds);
+  // Rows 2i, 2i + 1 interleaved by dwords, then pairs of those by qwords:
+  // t[4g + j] holds, per 128-bit lane b, column 4 b + j of rows 4 g .. 4 g + 3.
+  for (int g = 0; g < 4; ++g) {
+    const __m512i a0 = _mm512_unpacklo_epi32(r[4 * g], r[4 * g + 1]);
+    const __m512i a1 = _mm512_unpackhi_epi32(r[4 * g], r[4 * g + 1]);
+    const __m512i b0 = _mm512_unpacklo_epi32(r[4 * g + 2], r[4 * g + 3]);
+    const __m512i b1 = _mm512_unpackhi_epi32(r[4 * g + 2], r[4 * g + 3]);
+    t[4 * g + 0] = _mm512_unpacklo_epi64(a0, b0);
+    t[4 * g + 1] = _mm512_unpackhi_epi64(a0, b0);
+    t[4 * g + 2] = _mm512_unpacklo_epi64(a1, b1);
+    t[4 * g + 3] = _mm512_unpackhi_epi64(a1, b1);
+  }
+  // Then the 4 x 4 transpose of 128-bit lanes across t[j], t[4 + j], t[8 + j], t[12 + j].
+  for (int j = 0; j < 4; ++j) {
+    const __m512i u0 = _mm512_shuffle_i32x4(t[j], t[4 + j], 0x44);
+    const __m512i u1 = _mm512_shuffle_i32x4(t[j], t[4 + j], 0xEE);
+    const __m512i u2 = _mm512_shuffle_i32x4(t[8 + j], t[12 + j], 0x44);
+    const __m512i u3 = _mm512_shuffle_i32x4(t[8 + j], t[12 + j], 0xEE);
+    _mm512_store_si512(dst + (0 + j) * ldd, _mm512_shuffle_i32x4(u0, u2, 0x88));
+    _mm512_store_si512(dst + (4 + j) * ldd, _mm512_shuffle_i32x4(u0, u2, 0xDD));
+    _mm512_store_si512(dst + (8 + j) * ldd, _mm512_shuffle_i32x4(u1, u3, 0x88));
+    _mm512_store_si512(dst + (12 + j) * ldd, _mm512_shuffle_i32x4(u1, u3, 0xDD));
+  }
+}
+
+#pragma GCC diagnostic pop
+#endif  // __x86_64__
+
+// The activations of all M rows in tiles of kR rows (rows past M are zero):
+// per tile, for each 32-block b, its 16 k pairs x kR rows of (256 q1 + q2)
+// as int16 pairs (pairs[(b 16 + p) kR + i]), d2[b kR + i], and the sums of
+// the quantized activations (d2 times the exact integer sum) per 16 and per
+// 32 elements, sum16[(u) kR + i] and sum32[(b) kR + i].
+struct PackedX {
+  int64_t tiles = 0, nb = 0;
+  AlignedBuffer pairs, d2, sum16, sum32;
+  const int32_t* Pairs(int64_t t) const { return pairs.as<int32_t>() + t * nb * 16 * kR; }
+  const float* D2(int64_t t) const { return d2.as<float>() + t * nb * kR; }
+  const float* Sum16(int64_t t) const { return sum16.as<float>() + t * 2 * nb * kR; }
+  const float* Sum32(int64_t t) const { return sum32.as<float>() + t * nb * kR; }
+};
+
+PackedX PackX(const float* X, int64_t M, int64_t ldx, int64_t K) {
+  PackedX p;
+  p.tiles = (M + kR - 1) / kR;
+  p.nb = K / kQK;
+  const int64_t nb = p.nb, cells = p.tiles * nb * kR;
+  p.pairs = AlignedBuffer(std::max<int64_t>(1, cells * 16) * sizeof(int32_t));
+  p.d2 = AlignedBuffer(std::max<int64_t>(1, cells) * sizeof(float));
+  p.sum16 = AlignedBuffer(std::max<int64_t>(1, 2 * cells) * sizeof(float));
+  p.sum32 = AlignedBuffer(std::max<int64_t>(1, cells) * sizeof(float));
+  std::memset(p.pairs.data(), 0, cells * 16 * sizeof(int32_t));
+  std::memset(p.d2.data(), 0, cells * sizeof(float));
+  std::memset(p.sum16.data(), 0, 2 * cells * sizeof(float));
+  std::memset(p.sum32.data(), 0, cells * sizeof(float));
+  std::vector<int8_t> q1(K), q2(K);
+  std::vector<float> d2(nb);
+  for (int64_t m = 0; m < M; ++m) {
+    QuantizeBlocksQ8x2(X + m * ldx, nb, q1.data(), q2.data(), d2.data());
+    const int64_t t = m / kR, i = m % kR;
+    int32_t* pairs = p.pairs.as<int32_t>() + t * nb * 16 * kR;
+    for (int64_t b = 0; b < nb; ++b) {
+      int32_t s[2] = {0, 0};
+      for (int j = 0; j < kQK; j += 2) {
+        const int64_t k = b * kQK + j;
+        const int32_t a0 = 256 * q1[k] + q2[k], a1 = 256 * q1[k + 1] + q2[k + 1];
+        pairs[(b * 16 + j / 2) * kR + i] =
+            static_cast<int32_t>(static_cast<uint32_t>(static_cast<uint16_t>(a0)) |
+                                 static_cast<uint32_t>(static_cast<uint16_t>(a1)) << 16);
+        s[j / 16] += a0 + a1;
+      }
+      p.d2.as<float>()[(t * nb + b) * kR + i] = d2[b];
+      p.sum16.as<float>()[(t * 2 * nb + 2 * b) * kR + i] = d2[b] * static_cast<float>(s[0]);
+      p.sum16.as<float>()[(t * 2 * nb + 2 * b + 1) * kR + i] = d2[b] * static_cast<float>(s[1]);
+      p.sum32.as<float>()[(t * nb + b) * kR + i] = d2[b] * static_cast<float>(s[0] + s[1]);
+    }
+  }
+  return p;
+}
+
+// The decoded panel of kNR weight rows (rows past the matrix: zeros):
+// codes as k pairs (codes[p kNR + c]: elements 2p, 2p + 1 of row c), and per
+// unit u scale[u kNR + c], offset[u kNR + c]. rows: the codes row by row
+// (kNR x K int16) before they are transposed into pairs.
+struct Panel {
+  AlignedBuffer codes, scale, offset, rows;
+  std::vector<uint8_t> plain;
+  std::vector<float> rs, ro;
+};
+
+#if defined(__x86_64__)
+LUMEN_VNNI void DecodePanel(const Matrix& W, int64_t n0, Panel* p) {
+  const DType t = W.w.dtype, plain = PlainOf(t);
+  const int64_t K = W.k, S = UnitOf(plain), units = K / S;
+  p->rs.resize(units);
+  p->ro.resize(units);
+  int16_t* rows = p->rows.as<int16_t>();
+  float* scale = p->scale.as<float>();
+  float* offset = p->offset.as<float>();
+  for (int64_t c = 0; c < kNR; ++c) {
+    const int64_t n = n0 + c;
+    if (n >= W.n) {
+      std::memset(rows + c * K, 0, K * sizeof(int16_t));
+      for (int64_t u = 0; u < units; ++u) scale[u * kNR + c] = offset[u * kNR + c] = 0.0f;
+      continue;
+    }
+    const uint8_t* row = W.w.row<const uint8_t>(n);
+    if (IsColumnGroups(t)) {
+      p->plain.resize(*RowBytes(plain, K));
+      UnpackColumnGroupsRow(t, row, K, p->plain.data());
+      row = p->plain.data();
+    }
+    DecodeRow(plain, row, K, rows + c * K, p->rs.data(), p->ro.data());
+    for (int64_t u = 0; u < units; ++u) {
+      scale[u * kNR + c] = p->rs[u];
+      offset[u * kNR + c] = p->ro[u];
+    }
+  }
+  // Row c's pair q is dword q of its codes; 16 rows by 16 pairs a block.
+  const auto* src = reinterpret_cast<const int32_t*>(rows);
+  int32_t* codes = p->codes.as<int32_t>();
+  for (int64_t c = 0; c < kNR; c += 16)
+    for (int64_t q = 0; q < K / 2; q += 16)
+      Transpose16(src + c * (K / 2) + q, K / 2, codes + q * kNR + c, kNR);
+}
+#endif
+
+#if defined(__x86_64__)
+
+// GCC 12's AVX-512 intrinsics pass _mm512_undefined_* as the unused merge
+// source, which -Wmaybe-uninitialized reports at every inlined use.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+
+// Units [u0, u1) of S elements for one tile of kR rows against one panel:
+// f[i][v] (row i, columns 16 v ..) continues its chain unit by unit.
+template <int S, bool kOff>
+LUMEN_VNNI void Tile(const int32_t* xp, const float* xd, const float* xs, const int32_t* wc,
+                     const float* ws, const float* wo, int64_t u0, int64_t u1, __m512 (&f)[kR][2]) {
+  constexpr int kPairs = S / 2;
+  for (int64_t u = u0; u < u1; ++u) {
+    __m512i acc[kR][2];
+    for (int i = 0; i < kR; ++i) acc[i][0] = acc[i][1] = _mm512_setzero_si512();
+    const int32_t* w = wc + u * kPairs * kNR;
+    const int32_t* x = xp + u * kPairs * kR;
+    for (int p = 0; p < kPairs; ++p, w += kNR, x += kR) {
+      const __m512i w0 = _mm512_load_si512(w), w1 = _mm512_load_si512(w + 16);
+#pragma GCC unroll 8
+      for (int i = 0; i < kR; ++i) {
+        const __m512i xb = _mm512_set1_epi32(x[i]);
+        acc[i][0] = _mm512_dpwssd_epi32(acc[i][0], xb, w0);
+        acc[i][1] = _mm512_dpwssd_epi32(acc[i][1], xb, w1);
+      }
+    }
+    const __m512 s0 = _mm512_load_ps(ws + u * kNR), s1 = _mm512_load_ps(ws + u * kNR + 16);
+    const int64_t b = u * S / kQK;  // the activation block
+#pragma GCC unroll 8
+    for (int i = 0; i < kR; ++i) {
+      const __m512 d = _mm512_set1_ps(xd[b * kR + i]);
+      f[i][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[i][0]), _mm512_mul_ps(s0, d), f[i][0]);
+      f[i][1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[i][1]), _mm512_mul_ps(s1, d), f[i][1]);
+    }
+    if constexpr (kOff) {
+      const __m512 o0 = _mm512_load_ps(wo + u * kNR), o1 = _mm512_load_ps(wo + u * kNR + 16);
+#pragma GCC unroll 8
+      for (int i = 0; i < kR; ++i) {
+        const __m512 sum = _mm512_set1_ps(xs[u * kR + i]);
+        f[i][0] = _mm512_fnmadd_ps(o0, sum, f[i][0]);
+        f[i][1] = _mm512_fnmadd_ps(o1, sum, f[i][1]);
+      }
+    }
+  }
+}
+
+// Columns [n0, n0 + nr) of Y (nr <= kNR) for all rows: the panel at n0,
+// kKC columns of K at a time, every tile of rows over each slice.
+LUMEN_VNNI void PanelProduct(const Matrix& W, const Panel& panel, const PackedX& x, int64_t M,
+                             float* Y, int64_t ldy, int64_t n0, int64_t nr, bool accumulate) {
+  const DType plain = PlainOf(W.w.dtype);
+  const int S = UnitOf(plain);
+  const bool off = HasOffsets(plain);
+  const int64_t K = W.k;
+  const int32_t* wc = panel.codes.as<int32_t>();
+  const float* ws = panel.scale.as<float>();
+  const float* wo = panel.offset.as<float>();
+  const int64_t slices = std::max<int64_t>(1, (K + kKC - 1) / kKC);
+  alignas(64) float tmp[kR][kNR];
+  for (int64_t s = 0; s < slices; ++s) {
+    const int64_t k0 = s * kKC, k1 = std::min(K, k0 + kKC);
+    const bool start = s == 0 && !accumulate;
+    for (int64_t t = 0; t < x.tiles; ++t) {
+      const int64_t rows = std::min<int64_t>(kR, M - t * kR);
+      __m512 f[kR][2];
+      for (int i = 0; i < kR; ++i) {
+        if (start || i >= rows) {
+          f[i][0] = f[i][1] = _mm512_setzero_ps();
+          continue;
+        }
+        const float* y = Y + (t * kR + i) * ldy + n0;
+        if (nr == kNR) {
+          f[i][0] = _mm512_loadu_ps(y);
+          f[i][1] = _mm512_loadu_ps(y + 16);
+        } else {
+          std::memset(tmp[i], 0, sizeof(tmp[i]));
+          std::memcpy(tmp[i], y, nr * sizeof(float));
+          f[i][0] = _mm512_load_ps(tmp[i]);
+          f[i][1] = _mm512_load_ps(tmp[i] + 16);
+        }
+      }
+      const int32_t* xp = x.Pairs(t);
+      const float* xd = x.D2(t);
+      if (S == 16) {
+        const float* xs = x.Sum16(t);
+        if (off)
+          Tile<16, true>(xp, xd, xs, wc, ws, wo, k0 / 16, k1 / 16, f);
+        else
+          Tile<16, false>(xp, xd, xs, wc, ws, wo, k0 / 16, k1 / 16, f);
+      } else {
+        const float* xs = x.Sum32(t);
+        if (off)
+          Tile<32, true>(xp, xd, xs, wc, ws, wo, k0 / 32, k1 / 32, f);
+        else
+          Tile<32, false>(xp, xd, xs, wc, ws, wo, k0 / 32, k1 / 32, f);
+      }
+      for (int i = 0; i < rows; ++i) {
+        float* y = Y + (t * kR + i) * ldy + n0;
+        if (nr == kNR) {
+          _mm512_storeu_ps(y, f[i][0]);
+          _mm512_storeu_ps(y + 16, f[i][1]);
+        } else {
+          _mm512_store_ps(tmp[i], f[i][0]);
+          _mm512_store_ps(tmp[i] + 16, f[i][1]);
+          std::memcpy(y, tmp[i], nr * sizeof(float));
+        }
+      }
+    }
+  }
+}
+
+#pragma GCC diagnostic pop
+#endif  // __x86_64__
+
+}  // namespace
+
+bool Int8x2GemmSupports(const Matrix& W) {
+  if (!CpuHasVnni() || W.mlx_bits != 0 || W.mlx_runs) return false;
+  const DType t = W.w.dtype;
+  if (t == DType::kQ5_KPlanes || !Covered(PlainOf(t))) return false;
+  return W.k % Info(PlainOf(t)).block_elems == 0;
+}
+
+bool Int8x2GemmTakes(const Matrix& W) {
+  return Int8Levels(W.route) == 2 && RouteHasInt8(W.route) &&
+         !(RouteHasBf16(W.route) && CpuHasBf16()) && Int8x2GemmSupports(W);
+}
+
+void MatMulManyInt8x2Gemm(std::span<const MatMulOut> outs, const float* X, int64_t M, int64_t ldx,
+                          ThreadPool* pool, bool accumulate) {
+#if defined(__x86_64__)
+  if (outs.empty() || M <= 0) return;
+  const int64_t K = outs[0].w->k;
+  for (const MatMulOut& o : outs) LUMEN_CHECK(o.w->k == K && Int8x2GemmSupports(*o.w));
+  const PackedX x = PackX(X, M, ldx, K);
+  std::vector<int64_t> first(outs.size() + 1, 0);  // panels before out i
+  for (size_t i = 0; i < outs.size(); ++i) first[i + 1] = first[i] + (outs[i].w->n + kNR - 1) / kNR;
+  auto fn = [&](int64_t b, int64_t e, int) {
+    Panel panel;
+    panel.codes = AlignedBuffer(std::max<int64_t>(1, K / 2 * kNR) * sizeof(int32_t));
+    panel.scale = AlignedBuffer(std::max<int64_t>(1, K / 16 * kNR) * sizeof(float));
+    panel.offset = AlignedBuffer(std::max<int64_t>(1, K / 16 * kNR) * sizeof(float));
+    panel.rows = AlignedBuffer(std::max<int64_t>(1, K * kNR) * sizeof(int16_t));
+    for (int64_t g = b; g < e; ++g) {
+      const size_t i = std::upper_bound(first.begin(), first.end(), g) - first.begin() - 1;
+      const MatMulOut& o = outs[i];
+      const int64_t n0 = (g - first[i]) * kNR, nr = std::min(kNR, o.w->n - n0);
+      DecodePanel(*o.w, n0, &panel);
+      PanelProduct(*o.w, panel, x, M, o.y, o.ldy, n0, nr, accumulate);
+    }
+  };
+  const int64_t total = first.back();
+  if (pool && total > 1)
+    pool->ParallelForDynamic(total, fn, 1);
+  else
+    fn(0, total, 0);
+#else
+  (void)outs, (void)X, (void)M, (void)ldx, (void)pool, (void)accumulate;
+  LUMEN_CHECK(false);
+#endif
+}
+
+}  // namespace lumen::kernels

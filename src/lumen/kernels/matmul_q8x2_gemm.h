@@ -1,0 +1,52 @@
+// The int8x2 route's long products (prefill: more rows than Int8MaxRows) on
+// AVX512-VNNI CPUs, as an outer-product GEMM on int16 (`vpdpwssd`).
+//
+// The activations are quantized exactly as the int8x2 decode kernels do it
+// (QuantizeBlocksQ8x2: q1, q2 and d2 = d / 256 per 32-block), and 256 q1 + q2
+// (|.| <= 32639) is a 16-bit integer at scale d2: one int16 per activation,
+// so one vpdpwssd (32 products) does what the decode kernels' two vpdpbusd
+// levels do, and each block's integer sum is the same exact int32. The
+// weights are split as the oracle sees them (matmul_q8_ref.h: w = a q - o):
+// each unit of S elements (16 for Q2_K, Q3_K, Q6_K; 32 for the others) is
+// int16 codes q, a scale a and an offset o, decoded once per call into
+// k-pair-major panels of 32 columns. The register tile is 6 rows by 32
+// columns: per k pair, two panel loads and six broadcast pairs feed twelve
+// vpdpwssd; per unit, each accumulator is converted once and added as
+// y += (a d2) isum - o sum(x over the unit).
+//
+// Why: on an Intel core without AMX, vdpbf16ps runs at half the f32 FMA's
+// rate and vpdpwssd at the FMA's; 32 k of 16 columns cost 16 vpdpwssd and 3
+// scale operations here against 32 FMAs on the exact route
+// (docs/reference/performance.md, "The int8x2 prefill GEMM").
+//
+// Every output is one f32 chain over its units in k order, so a row's bits
+// do not depend on M (above Int8MaxRows), the tile, the k slices or the
+// thread split. The oracle is MatMulInt8x2Ref, as for the decode kernels.
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+#include "lumen/core/thread_pool.h"
+#include "lumen/kernels/matmul.h"
+#include "lumen/kernels/matrix.h"
+
+namespace lumen::kernels {
+
+// True when this GEMM can run W's storage on this CPU (ignores W.route):
+// AVX512-VNNI (CpuHasVnni), and Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K .. Q6_K as
+// the file has them or as column groups (core/repack.h). MLX keeps the exact
+// or bf16 prefill.
+bool Int8x2GemmSupports(const Matrix& W);
+
+// True when W's products of more than Int8MaxRows(W) rows take this GEMM:
+// the route has two int8 levels, no bf16 prefill that runs on this CPU takes
+// them first, and Int8x2GemmSupports(W).
+bool Int8x2GemmTakes(const Matrix& W);
+
+// For every out: Y = X W^T, or Y += X W^T with accumulate (each output's
+// chain continues from Y). Requires Int8x2GemmSupports of every out.
+void MatMulManyInt8x2Gemm(std::span<const MatMulOut> outs, const float* X, int64_t M, int64_t ldx,
+                          ThreadPool* pool, bool accumulate);
+
+}  // namespace lumen::kernels

@@ -13,6 +13,7 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <map>
 #include <string>
 
 #include "lumen/core/repack.h"
@@ -150,17 +151,15 @@ TEST(RouteKl, Bf16PrefillPassesTheDefaultGate) {
   fs::remove_all(dir);
 }
 
-// On CPUs with the AVX2 int8 kernels and no bf16 route, prompts of up to
-// kernels::Int8MaxRows tokens (12 for Q8_0, 32 for Q4_0) take the int8x2
-// route at prefill too: the same gate, measured where it runs (one prefill
-// per sequence, every position's logits), on the Q8_0 and Q4_0 conversions.
-TEST(RouteKl, Int8x2ShortPrefillPassesTheDefaultGate) {
-  if (kernels::CpuHasVnni() || !kernels::CpuHasAvx2())
-    GTEST_SKIP() << "the int8x2 route takes prompts above 8 tokens only with the AVX2 kernels "
-                    "(no AVX512-VNNI): not on this CPU";
+// The default gate for the int8x2 route at prefill, measured where it runs
+// (one prefill per sequence of at most `rows` tokens, every position's
+// logits), on the embedded model's Q8_0 and Q4_0 conversions; expect_rows:
+// the route's Int8MaxRows per conversion, checked before measuring.
+void ExpectInt8x2PrefillGate(const char* dir_name, int64_t rows,
+                             const std::map<std::string, int64_t>& expect_rows) {
   auto f32 = engine::LoadDefaultModel();
   ASSERT_TRUE(f32.ok());
-  const fs::path dir = GateDir("lumen_gatesp");
+  const fs::path dir = GateDir(dir_name);
   auto prompts = GatePrompts(**f32);
   ASSERT_TRUE(prompts.ok());
   std::vector<std::string> paths;
@@ -175,24 +174,44 @@ TEST(RouteKl, Int8x2ShortPrefillPassesTheDefaultGate) {
     auto exact = Load(path, kernels::ActRoute::kExact);
     auto x2 = Load(path, kernels::ActRoute::kInt8x2);
     ASSERT_TRUE(exact && x2);
-    const int64_t rows = kernels::Int8MaxRows(x2->weights().layers[0].w_up);
-    ASSERT_EQ(rows, name == "q8_0" ? 12 : 32);
+    const kernels::Matrix& up = x2->weights().layers[0].w_up;
+    if (!expect_rows.empty()) ASSERT_EQ(kernels::Int8MaxRows(up), expect_rows.at(name)) << name;
+    const int64_t n = rows > 0 ? rows : kernels::Int8MaxRows(up);
+    ASSERT_TRUE(kernels::UsesInt8Route(up, n)) << name;
     EvalOptions o;
     o.samples = 2;
-    o.max_tokens = static_cast<int>(rows) - 7;  // the prompts are at most 7 tokens
+    o.max_tokens = static_cast<int>(n) - 7;  // the prompts are at most 7 tokens
     auto w = RouteKl(**f32, *q8, *prompts, o, RouteMode::kPrefill);  // what Q8_0 weights cost
     auto r = RouteKl(*exact, *x2, *prompts, o, RouteMode::kPrefill);
     ASSERT_TRUE(w.ok() && r.ok()) << r.status().message();
     std::printf(
         "%s: int8x2 prefill of at most %lld tokens: KL %.3g (max %.3g, top-1 %.3f over %lld) vs "
         "Q8_0 weights %.3g (ratio %.2g)\n",
-        name.c_str(), static_cast<long long>(rows), r->kl_mean, r->kl_max, r->top1,
+        name.c_str(), static_cast<long long>(n), r->kl_mean, r->kl_max, r->top1,
         static_cast<long long>(r->positions), w->kl_mean, r->kl_mean / w->kl_mean);
     EXPECT_GT(r->kl_mean, 0.0) << name;  // the route ran
     EXPECT_LT(r->kl_mean, 0.25 * w->kl_mean) << name;
     EXPECT_GE(r->top1, 0.99) << name;
   }
   fs::remove_all(dir);
+}
+
+// On CPUs with the AVX2 int8 kernels and no bf16 route, prompts of up to
+// kernels::Int8MaxRows tokens (12 for Q8_0, 32 for Q4_0) take the int8x2
+// route at prefill too.
+TEST(RouteKl, Int8x2ShortPrefillPassesTheDefaultGate) {
+  if (kernels::CpuHasVnni() || !kernels::CpuHasAvx2())
+    GTEST_SKIP() << "the int8x2 route takes prompts above 8 tokens only with the AVX2 kernels "
+                    "(no AVX512-VNNI): not on this CPU";
+  ExpectInt8x2PrefillGate("lumen_gatesp", 0, {{"q8_0", 12}, {"q4_0", 32}});
+}
+
+// On AVX512-VNNI CPUs every prompt takes the int8x2 route: above 8 tokens
+// the GEMM (kernels/matmul_q8x2_gemm.h); sequences of 64 tokens.
+TEST(RouteKl, Int8x2PrefillGemmPassesTheDefaultGate) {
+  if (!kernels::CpuHasVnni())
+    GTEST_SKIP() << "the int8x2 prefill GEMM needs AVX512-VNNI: not on this CPU";
+  ExpectInt8x2PrefillGate("lumen_gategemm", 64, {});
 }
 
 // The same gate for the int8x2 decode route, the default decode route

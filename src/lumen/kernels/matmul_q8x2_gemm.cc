@@ -241,6 +241,66 @@ LUMEN_VNNI void DecodeRow(DType t, const uint8_t* plain, int64_t K, int16_t* cod
   }
 }
 
+// DecodeRow for a row of column groups (core/repack.h) of the legacy types,
+// Q4_K and Q5_K, read where the groups hold them (the blocks after the last
+// group are plain): block (sub-block) l's 16 code bytes are dword l of each
+// code column, its 5th bits nibble l of each mask. Q6_K, Q2_K and Q3_K
+// (repacked a super-block at a time) go through UnpackColumnGroupsRow.
+LUMEN_VNNI void DecodeGroupsRow(DType t, const uint8_t* row, int64_t K, int16_t* codes,
+                                float* scale, float* offset) {
+  const DType plain = PlainOf(t);
+  const int64_t be = Info(plain).block_elems, bb = Info(plain).block_bytes;
+  const int64_t group = kColsElems / be * bb, groups = K / kColsElems;
+  const bool super = be == kQKK, eight = plain == DType::kQ8_0;
+  const bool min = plain == DType::kQ4_1 || plain == DType::kQ5_1;
+  const bool five = plain == DType::kQ5_0 || plain == DType::kQ5_1 || plain == DType::kQ5_K;
+  const int shift = plain == DType::kQ4_0 ? 8 : plain == DType::kQ5_0 ? 16 : 0;
+  const __m128i m15 = _mm_set1_epi8(15);
+  for (int64_t g = 0; g < groups; ++g) {
+    const uint8_t* grp = row + g * group;
+    const ColsFields f = ColsFieldsAt(plain, grp);
+    const uint8_t* col = grp + f.codes;
+    uint64_t masks[8] = {};
+    if (five) std::memcpy(masks, grp + f.high, sizeof(masks));
+    for (int64_t l = 0; l < kColsBlocks; ++l) {
+      int16_t* c = codes + g * kColsElems + kQK * l;
+      const int64_t u = g * kColsBlocks + l;
+      uint32_t w[8];
+      for (int k = 0; k < (eight ? 8 : 4); ++k) std::memcpy(&w[k], col + 64 * k + 4 * l, 4);
+      if (eight) {  // codes plus 128
+        const __m256i q = _mm256_xor_si256(
+            _mm256_setr_epi32(static_cast<int>(w[0]), static_cast<int>(w[1]),
+                              static_cast<int>(w[2]), static_cast<int>(w[3]),
+                              static_cast<int>(w[4]), static_cast<int>(w[5]),
+                              static_cast<int>(w[6]), static_cast<int>(w[7])),
+            _mm256_set1_epi8(static_cast<char>(0x80)));
+        _mm512_storeu_si512(c, _mm512_cvtepi8_epi16(q));
+      } else {
+        const __m128i q = _mm_setr_epi32(static_cast<int>(w[0]), static_cast<int>(w[1]),
+                                         static_cast<int>(w[2]), static_cast<int>(w[3]));
+        uint32_t h = 0;  // bit e: the 5th bit of element e = 4 m + i, bit 4 l + i of mask m
+        if (five)
+          for (int m = 0; m < 8; ++m) h |= static_cast<uint32_t>((masks[m] >> (4 * l)) & 15) << (4 * m);
+        const __m128i lo = _mm_and_si128(q, m15), hi = _mm_and_si128(_mm_srli_epi16(q, 4), m15);
+        StoreCodes(_mm256_set_m128i(hi, lo), h, shift, c);
+      }
+      if (super) {  // sub-block l % 8 of super-block l / 8
+        const int64_t sb = l / 8;
+        uint8_t a, m;
+        GetScaleMinK4(static_cast<int>(l % 8), grp + f.scales + 12 * sb, &a, &m);
+        scale[u] = HalfF(grp + f.d + 4 * sb) * a;
+        offset[u] = HalfF(grp + f.d + 4 * sb + 2) * m;
+      } else {
+        scale[u] = HalfF(grp + f.d + 2 * l);
+        offset[u] = min ? -HalfF(grp + f.m + 2 * l) : 0.0f;
+      }
+    }
+  }
+  const int64_t done = groups * kColsElems;
+  DecodeRow(plain, row + groups * group, K - done, codes + done, scale + done / kQK,
+            offset + done / kQK);
+}
+
 // dst[j * ldd + i] = src[i * lds + j] for i, j < 16: a 16 x 16 block of
 // dwords, in registers.
 LUMEN_VNNI inline void Transpose16(const int32_t* src, int64_t lds, int32_t* dst, int64_t ldd) {
@@ -288,7 +348,7 @@ struct PackedX {
   const float* Sum32(int64_t t) const { return sum32.as<float>() + t * nb * kR; }
 };
 
-PackedX PackX(const float* X, int64_t M, int64_t ldx, int64_t K) {
+PackedX PackX(const float* X, int64_t M, int64_t ldx, int64_t K, ThreadPool* pool) {
   PackedX p;
   p.tiles = (M + kR - 1) / kR;
   p.nb = K / kQK;
@@ -297,32 +357,41 @@ PackedX PackX(const float* X, int64_t M, int64_t ldx, int64_t K) {
   p.d2 = AlignedBuffer(std::max<int64_t>(1, cells) * sizeof(float));
   p.sum16 = AlignedBuffer(std::max<int64_t>(1, 2 * cells) * sizeof(float));
   p.sum32 = AlignedBuffer(std::max<int64_t>(1, cells) * sizeof(float));
-  std::memset(p.pairs.data(), 0, cells * 16 * sizeof(int32_t));
-  std::memset(p.d2.data(), 0, cells * sizeof(float));
-  std::memset(p.sum16.data(), 0, 2 * cells * sizeof(float));
-  std::memset(p.sum32.data(), 0, cells * sizeof(float));
-  std::vector<int8_t> q1(K), q2(K);
-  std::vector<float> d2(nb);
-  for (int64_t m = 0; m < M; ++m) {
-    QuantizeBlocksQ8x2(X + m * ldx, nb, q1.data(), q2.data(), d2.data());
-    const int64_t t = m / kR, i = m % kR;
-    int32_t* pairs = p.pairs.as<int32_t>() + t * nb * 16 * kR;
-    for (int64_t b = 0; b < nb; ++b) {
-      int32_t s[2] = {0, 0};
-      for (int j = 0; j < kQK; j += 2) {
-        const int64_t k = b * kQK + j;
-        const int32_t a0 = 256 * q1[k] + q2[k], a1 = 256 * q1[k + 1] + q2[k + 1];
-        pairs[(b * 16 + j / 2) * kR + i] =
-            static_cast<int32_t>(static_cast<uint32_t>(static_cast<uint16_t>(a0)) |
-                                 static_cast<uint32_t>(static_cast<uint16_t>(a1)) << 16);
-        s[j / 16] += a0 + a1;
+  // Tiles [t0, t1); a row past M packs as zeros (codes, scales and sums).
+  auto tiles = [&](int64_t t0, int64_t t1, int) {
+    std::vector<int8_t> q1(K), q2(K);
+    std::vector<float> d2(nb);
+    for (int64_t m = t0 * kR; m < t1 * kR; ++m) {
+      if (m < M) {
+        QuantizeBlocksQ8x2(X + m * ldx, nb, q1.data(), q2.data(), d2.data());
+      } else {
+        std::fill(q1.begin(), q1.end(), int8_t{0});
+        std::fill(q2.begin(), q2.end(), int8_t{0});
+        std::fill(d2.begin(), d2.end(), 0.0f);
       }
-      p.d2.as<float>()[(t * nb + b) * kR + i] = d2[b];
-      p.sum16.as<float>()[(t * 2 * nb + 2 * b) * kR + i] = d2[b] * static_cast<float>(s[0]);
-      p.sum16.as<float>()[(t * 2 * nb + 2 * b + 1) * kR + i] = d2[b] * static_cast<float>(s[1]);
-      p.sum32.as<float>()[(t * nb + b) * kR + i] = d2[b] * static_cast<float>(s[0] + s[1]);
+      const int64_t t = m / kR, i = m % kR;
+      int32_t* pairs = p.pairs.as<int32_t>() + t * nb * 16 * kR;
+      for (int64_t b = 0; b < nb; ++b) {
+        int32_t s[2] = {0, 0};
+        for (int j = 0; j < kQK; j += 2) {
+          const int64_t k = b * kQK + j;
+          const int32_t a0 = 256 * q1[k] + q2[k], a1 = 256 * q1[k + 1] + q2[k + 1];
+          pairs[(b * 16 + j / 2) * kR + i] =
+              static_cast<int32_t>(static_cast<uint32_t>(static_cast<uint16_t>(a0)) |
+                                   static_cast<uint32_t>(static_cast<uint16_t>(a1)) << 16);
+          s[j / 16] += a0 + a1;
+        }
+        p.d2.as<float>()[(t * nb + b) * kR + i] = d2[b];
+        p.sum16.as<float>()[(t * 2 * nb + 2 * b) * kR + i] = d2[b] * static_cast<float>(s[0]);
+        p.sum16.as<float>()[(t * 2 * nb + 2 * b + 1) * kR + i] = d2[b] * static_cast<float>(s[1]);
+        p.sum32.as<float>()[(t * nb + b) * kR + i] = d2[b] * static_cast<float>(s[0] + s[1]);
+      }
     }
-  }
+  };
+  if (pool && p.tiles > 1)
+    pool->ParallelFor(p.tiles, tiles);
+  else
+    tiles(0, p.tiles, 0);
   return p;
 }
 
@@ -353,12 +422,16 @@ LUMEN_VNNI void DecodePanel(const Matrix& W, int64_t n0, Panel* p) {
       continue;
     }
     const uint8_t* row = W.w.row<const uint8_t>(n);
-    if (IsColumnGroups(t)) {
-      p->plain.resize(*RowBytes(plain, K));
-      UnpackColumnGroupsRow(t, row, K, p->plain.data());
-      row = p->plain.data();
+    if (IsColumnGroups(t) && UnitOf(plain) == kQK) {
+      DecodeGroupsRow(t, row, K, rows + c * K, p->rs.data(), p->ro.data());
+    } else {
+      if (IsColumnGroups(t)) {  // Q6_K, Q2_K, Q3_K: a super-block at a time
+        p->plain.resize(*RowBytes(plain, K));
+        UnpackColumnGroupsRow(t, row, K, p->plain.data());
+        row = p->plain.data();
+      }
+      DecodeRow(plain, row, K, rows + c * K, p->rs.data(), p->ro.data());
     }
-    DecodeRow(plain, row, K, rows + c * K, p->rs.data(), p->ro.data());
     for (int64_t u = 0; u < units; ++u) {
       scale[u * kNR + c] = p->rs[u];
       offset[u * kNR + c] = p->ro[u];
@@ -509,15 +582,19 @@ void MatMulManyInt8x2Gemm(std::span<const MatMulOut> outs, const float* X, int64
   if (outs.empty() || M <= 0) return;
   const int64_t K = outs[0].w->k;
   for (const MatMulOut& o : outs) LUMEN_CHECK(o.w->k == K && Int8x2GemmSupports(*o.w));
-  const PackedX x = PackX(X, M, ldx, K);
+  const PackedX x = PackX(X, M, ldx, K, pool);
   std::vector<int64_t> first(outs.size() + 1, 0);  // panels before out i
   for (size_t i = 0; i < outs.size(); ++i) first[i + 1] = first[i] + (outs[i].w->n + kNR - 1) / kNR;
-  auto fn = [&](int64_t b, int64_t e, int) {
-    Panel panel;
-    panel.codes = AlignedBuffer(std::max<int64_t>(1, K / 2 * kNR) * sizeof(int32_t));
-    panel.scale = AlignedBuffer(std::max<int64_t>(1, K / 16 * kNR) * sizeof(float));
-    panel.offset = AlignedBuffer(std::max<int64_t>(1, K / 16 * kNR) * sizeof(float));
-    panel.rows = AlignedBuffer(std::max<int64_t>(1, K * kNR) * sizeof(int16_t));
+  // One panel per thread, made by its first unit (units are one panel each).
+  std::vector<Panel> panels(pool ? pool->size() : 1);
+  auto fn = [&](int64_t b, int64_t e, int thread) {
+    Panel& panel = panels[thread];
+    if (!panel.codes.data()) {
+      panel.codes = AlignedBuffer(std::max<int64_t>(1, K / 2 * kNR) * sizeof(int32_t));
+      panel.scale = AlignedBuffer(std::max<int64_t>(1, K / 16 * kNR) * sizeof(float));
+      panel.offset = AlignedBuffer(std::max<int64_t>(1, K / 16 * kNR) * sizeof(float));
+      panel.rows = AlignedBuffer(std::max<int64_t>(1, K * kNR) * sizeof(int16_t));
+    }
     for (int64_t g = b; g < e; ++g) {
       const size_t i = std::upper_bound(first.begin(), first.end(), g) - first.begin() - 1;
       const MatMulOut& o = outs[i];

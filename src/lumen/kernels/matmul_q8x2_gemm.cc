@@ -465,6 +465,7 @@ LUMEN_VNNI void Tile(const int32_t* xp, const float* xd, const float* xs, const 
     for (int i = 0; i < kR; ++i) acc[i][0] = acc[i][1] = _mm512_setzero_si512();
     const int32_t* w = wc + u * kPairs * kNR;
     const int32_t* x = xp + u * kPairs * kR;
+#pragma GCC unroll 16
     for (int p = 0; p < kPairs; ++p, w += kNR, x += kR) {
       const __m512i w0 = _mm512_load_si512(w), w1 = _mm512_load_si512(w + 16);
 #pragma GCC unroll 8

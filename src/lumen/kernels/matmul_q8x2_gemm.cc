@@ -262,25 +262,38 @@ LUMEN_VNNI void DecodeGroupsRow(DType t, const uint8_t* row, int64_t K, int16_t*
     const uint8_t* col = grp + f.codes;
     uint64_t masks[8] = {};
     if (five) std::memcpy(masks, grp + f.high, sizeof(masks));
+    // by[h][r]: 128-bit lane j holds block 4 j + r's dwords of columns 4 h ..
+    // 4 h + 3 (a 4 x 16 dword transpose of each four columns, in registers:
+    // four scalar dwords stored and read back as a vector stall the load).
+    __m512i by[2][4];
+    for (int h = 0; h < (eight ? 2 : 1); ++h) {
+      const uint8_t* c4 = col + 256 * h;
+      const __m512i c0 = _mm512_loadu_si512(c4), c1 = _mm512_loadu_si512(c4 + 64);
+      const __m512i c2 = _mm512_loadu_si512(c4 + 128), c3 = _mm512_loadu_si512(c4 + 192);
+      const __m512i t0 = _mm512_unpacklo_epi32(c0, c1), t1 = _mm512_unpackhi_epi32(c0, c1);
+      const __m512i t2 = _mm512_unpacklo_epi32(c2, c3), t3 = _mm512_unpackhi_epi32(c2, c3);
+      by[h][0] = _mm512_unpacklo_epi64(t0, t2);
+      by[h][1] = _mm512_unpackhi_epi64(t0, t2);
+      by[h][2] = _mm512_unpacklo_epi64(t1, t3);
+      by[h][3] = _mm512_unpackhi_epi64(t1, t3);
+    }
     for (int64_t l = 0; l < kColsBlocks; ++l) {
       int16_t* c = codes + g * kColsElems + kQK * l;
       const int64_t u = g * kColsBlocks + l;
-      uint32_t w[8];
-      for (int k = 0; k < (eight ? 8 : 4); ++k) std::memcpy(&w[k], col + 64 * k + 4 * l, 4);
+      const __m512i lane =
+          _mm512_add_epi32(_mm512_set1_epi32(static_cast<int>(4 * (l / 4))),
+                           _mm512_setr_epi32(0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3));
+      const __m128i q = _mm512_castsi512_si128(_mm512_permutexvar_epi32(lane, by[0][l % 4]));
       if (eight) {  // codes plus 128
-        const __m256i q = _mm256_xor_si256(
-            _mm256_setr_epi32(static_cast<int>(w[0]), static_cast<int>(w[1]),
-                              static_cast<int>(w[2]), static_cast<int>(w[3]),
-                              static_cast<int>(w[4]), static_cast<int>(w[5]),
-                              static_cast<int>(w[6]), static_cast<int>(w[7])),
-            _mm256_set1_epi8(static_cast<char>(0x80)));
-        _mm512_storeu_si512(c, _mm512_cvtepi8_epi16(q));
+        const __m128i q2 = _mm512_castsi512_si128(_mm512_permutexvar_epi32(lane, by[1][l % 4]));
+        const __m256i q8 =
+            _mm256_xor_si256(_mm256_set_m128i(q2, q), _mm256_set1_epi8(static_cast<char>(0x80)));
+        _mm512_storeu_si512(c, _mm512_cvtepi8_epi16(q8));
       } else {
-        const __m128i q = _mm_setr_epi32(static_cast<int>(w[0]), static_cast<int>(w[1]),
-                                         static_cast<int>(w[2]), static_cast<int>(w[3]));
         uint32_t h = 0;  // bit e: the 5th bit of element e = 4 m + i, bit 4 l + i of mask m
         if (five)
-          for (int m = 0; m < 8; ++m) h |= static_cast<uint32_t>((masks[m] >> (4 * l)) & 15) << (4 * m);
+          for (int m = 0; m < 8; ++m)
+            h |= static_cast<uint32_t>((masks[m] >> (4 * l)) & 15) << (4 * m);
         const __m128i lo = _mm_and_si128(q, m15), hi = _mm_and_si128(_mm_srli_epi16(q, 4), m15);
         StoreCodes(_mm256_set_m128i(hi, lo), h, shift, c);
       }

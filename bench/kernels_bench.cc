@@ -25,6 +25,8 @@
 #include "lumen/kernels/activation.h"
 #include "lumen/kernels/attention.h"
 #include "lumen/kernels/matmul.h"
+#include "lumen/kernels/matmul_bf16.h"
+#include "lumen/kernels/matmul_q8.h"
 #include "lumen/kernels/norm.h"
 #include "lumen/kernels/roofline.h"
 #include "lumen/kernels/rope.h"
@@ -593,6 +595,52 @@ void BM_IssueRate(benchmark::State& state) {
 }
 BENCHMARK(BM_IssueRate)->DenseRange(0, 8)->UseRealTime();
 #undef LUMEN_X8
+
+// The 512-bit products the prefill routes are made of, each accumulating into
+// 12 independent registers (latencies of 4-5 at up to two per cycle): f32
+// FMA (exact route), vpdpbusd (int8 decode kernels), vpdpwssd (the int8x2
+// GEMM), vdpbf16ps (the bf16 route). Per core on session 40's Intel Xeon
+// without AMX: 6.8-7.0, 6.6-6.8, 6.6-6.8 and 1.7 G instructions/s
+// (performance.md, "The int8x2 prefill GEMM"). Skipped where the CPU lacks one.
+__attribute__((target("avx512f,avx512vnni,avx512bf16"))) void BM_IssueRate512(
+    benchmark::State& state) {
+  const int kind = static_cast<int>(state.range(0));
+  const char* names[] = {"vfmadd231ps zmm", "vpdpbusd zmm", "vpdpwssd zmm", "vdpbf16ps zmm"};
+  if ((kind == 1 || kind == 2) && !CpuHasVnni()) return state.SkipWithError("no AVX512-VNNI");
+  if (kind == 3 && !CpuHasBf16()) return state.SkipWithError("no AVX512-BF16");
+  if (!__builtin_cpu_supports("avx512f")) return state.SkipWithError("no AVX-512");
+  constexpr int64_t kIters = 1 << 20;
+  for (auto _ : state) {
+    int64_t n = kIters;
+    switch (kind) {
+#define LUMEN_R12(I)                                                                       \
+  I "%%zmm30,%%zmm31,%%zmm0\n" I "%%zmm30,%%zmm31,%%zmm1\n" I "%%zmm30,%%zmm31,%%zmm2\n" I \
+    "%%zmm30,%%zmm31,%%zmm3\n" I "%%zmm30,%%zmm31,%%zmm4\n" I "%%zmm30,%%zmm31,%%zmm5\n" I \
+    "%%zmm30,%%zmm31,%%zmm6\n" I "%%zmm30,%%zmm31,%%zmm7\n" I "%%zmm30,%%zmm31,%%zmm8\n" I \
+    "%%zmm30,%%zmm31,%%zmm9\n" I "%%zmm30,%%zmm31,%%zmm10\n" I "%%zmm30,%%zmm31,%%zmm11\n"
+#define LUMEN_ISSUE512(I)                                                                          \
+  asm volatile("vpxord %%zmm30,%%zmm30,%%zmm30\n vpxord %%zmm31,%%zmm31,%%zmm31\n 1:\n" LUMEN_R12( \
+                   I) "dec %0\n jnz 1b\n"                                                          \
+               : "+r"(n)::"xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8",  \
+                 "xmm9", "xmm10", "xmm11", "xmm30", "xmm31");                                      \
+  break;
+      case 0:
+        LUMEN_ISSUE512("vfmadd231ps ")
+      case 1:
+        LUMEN_ISSUE512("vpdpbusd ")
+      case 2:
+        LUMEN_ISSUE512("vpdpwssd ")
+      default:
+        LUMEN_ISSUE512("vdpbf16ps ")
+#undef LUMEN_ISSUE512
+#undef LUMEN_R12
+    }
+  }
+  state.counters["instr"] =
+      benchmark::Counter(12.0 * kIters * double(state.iterations()), benchmark::Counter::kIsRate);
+  state.SetLabel(names[kind]);
+}
+BENCHMARK(BM_IssueRate512)->DenseRange(0, 3)->UseRealTime();
 #endif
 
 }  // namespace

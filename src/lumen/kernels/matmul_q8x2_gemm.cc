@@ -38,13 +38,17 @@ LUMEN_ROUTE(
 
 namespace {
 
-// The unit (elements per scale) of a plain type, and whether it has offsets.
-int UnitOf(DType plain) {
-  return plain == DType::kQ2_K || plain == DType::kQ3_K || plain == DType::kQ6_K ? 16 : 32;
-}
-bool HasOffsets(DType plain) {
-  return plain == DType::kQ4_1 || plain == DType::kQ5_1 || plain == DType::kQ2_K ||
-         plain == DType::kQ4_K || plain == DType::kQ5_K;
+// The unit of a plain type (elements per scale: 16 for Q6_K, whose 8-bit
+// sub-block scales times its codes could pass int32 over 32 products; Q2_K's
+// and Q3_K's 4- and 6-bit ones are folded into their codes), and its offset
+// unit (elements per offset; 0: none).
+int UnitOf(DType plain) { return plain == DType::kQ6_K ? 16 : 32; }
+int OffsetUnitOf(DType plain) {
+  if (plain == DType::kQ2_K) return 16;
+  return plain == DType::kQ4_1 || plain == DType::kQ5_1 || plain == DType::kQ4_K ||
+                 plain == DType::kQ5_K
+             ? 32
+             : 0;
 }
 
 bool Covered(DType plain) {
@@ -93,6 +97,16 @@ LUMEN_VNNI inline void StoreCodes(__m256i bytes, __mmask32 plus16, int shift, in
   _mm512_storeu_si512(c, _mm512_sub_epi16(w, _mm512_set1_epi16(static_cast<int16_t>(shift))));
 }
 
+// StoreCodes without a 5th bit, then times m0 (elements 0-15) and m1 (16-31):
+// a sub-block scale folded into the codes.
+LUMEN_VNNI inline void StoreScaledCodes(__m256i bytes, int shift, int m0, int m1, int16_t* c) {
+  const __m512i w =
+      _mm512_sub_epi16(_mm512_cvtepu8_epi16(bytes), _mm512_set1_epi16(static_cast<int16_t>(shift)));
+  const __m512i m = _mm512_inserti64x4(_mm512_set1_epi16(static_cast<int16_t>(m0)),
+                                       _mm256_set1_epi16(static_cast<int16_t>(m1)), 1);
+  _mm512_storeu_si512(c, _mm512_mullo_epi16(w, m));
+}
+
 // The 2-bit planes of a Q2_K / Q3_K super-block: the 32 codes of elements
 // 128 n + 32 j + (0..31).
 LUMEN_VNNI inline __m256i TwoBitPlane(const uint8_t* qs, int n, int j) {
@@ -138,39 +152,38 @@ LUMEN_VNNI void DecodeRow(DType t, const uint8_t* plain, int64_t K, int16_t* cod
       return;
     case DType::kQ2_K:
     case DType::kQ3_K: {
+      // Codes times their sub-block's scale (Q2_K: q (sc & 15), at most 45;
+      // Q3_K: (q - 4) (sc - 32), at most 128 in magnitude), one scale d per
+      // 32-unit; Q2_K's offsets dmin (sc >> 4) per 16 elements.
       const bool three = t == DType::kQ3_K;
       const int64_t bytes = three ? sizeof(BlockQ3K) : sizeof(BlockQ2K);
       for (int64_t s = 0; s < K / kQKK; ++s) {
         const uint8_t* blk = plain + s * bytes;
         const uint8_t* qs = blk + (three ? offsetof(BlockQ3K, qs) : offsetof(BlockQ2K, qs));
         const __m256i hmask = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk));  // Q3_K
+        int sc[16];
+        for (int u = 0; u < 16; ++u)
+          sc[u] = three ? Q3KScale(blk + offsetof(BlockQ3K, scales), u) - 32 : blk[u] & 15;
         for (int n = 0; n < 2; ++n)
           for (int j = 0; j < 4; ++j) {
-            // Q3_K: q - 4, plus 4 where the third bit (bit 4 n + j of hmask[l]) is set.
             const __m256i lo = TwoBitPlane(qs, n, j);
+            const int u = 8 * n + 2 * j;  // the sub-blocks of elements 128 n + 32 j ..
             int16_t* c = codes + s * kQKK + 128 * n + 32 * j;
             if (!three) {
-              StoreCodes(lo, 0, 0, c);
+              StoreScaledCodes(lo, 0, sc[u], sc[u + 1], c);
               continue;
             }
+            // q - 4, plus 4 where the third bit (bit 4 n + j of hmask[l]) is set.
             const __mmask32 third =
                 _mm256_test_epi8_mask(hmask, _mm256_set1_epi8(static_cast<char>(1 << (4 * n + j))));
             const __m256i q = _mm256_mask_add_epi8(lo, third, lo, _mm256_set1_epi8(4));
-            StoreCodes(q, 0, 4, c);
+            StoreScaledCodes(q, 4, sc[u], sc[u + 1], c);
           }
-        if (three) {
-          const float d = HalfF(blk + offsetof(BlockQ3K, d));
-          for (int u = 0; u < 16; ++u) {
-            scale[s * 16 + u] = d * (Q3KScale(blk + offsetof(BlockQ3K, scales), u) - 32);
-            offset[s * 16 + u] = 0.0f;
-          }
-        } else {
-          const float d = HalfF(blk + offsetof(BlockQ2K, d));
+        const float d = HalfF(blk + (three ? offsetof(BlockQ3K, d) : offsetof(BlockQ2K, d)));
+        for (int u = 0; u < 8; ++u) scale[s * 8 + u] = d;
+        if (!three) {
           const float dmin = HalfF(blk + offsetof(BlockQ2K, dmin));
-          for (int u = 0; u < 16; ++u) {
-            scale[s * 16 + u] = d * (blk[u] & 15);
-            offset[s * 16 + u] = dmin * (blk[u] >> 4);
-          }
+          for (int u = 0; u < 16; ++u) offset[s * 16 + u] = dmin * (blk[u] >> 4);
         }
       }
       return;
@@ -421,9 +434,10 @@ struct Panel {
 #if defined(__x86_64__)
 LUMEN_VNNI void DecodePanel(const Matrix& W, int64_t n0, Panel* p) {
   const DType t = W.w.dtype, plain = PlainOf(t);
-  const int64_t K = W.k, S = UnitOf(plain), units = K / S;
+  const int64_t K = W.k, units = K / UnitOf(plain);
+  const int64_t offsets = OffsetUnitOf(plain) ? K / OffsetUnitOf(plain) : 0;
   p->rs.resize(units);
-  p->ro.resize(units);
+  p->ro.resize(K / 16);  // the most any type writes
   int16_t* rows = p->rows.as<int16_t>();
   float* scale = p->scale.as<float>();
   float* offset = p->offset.as<float>();
@@ -431,11 +445,13 @@ LUMEN_VNNI void DecodePanel(const Matrix& W, int64_t n0, Panel* p) {
     const int64_t n = n0 + c;
     if (n >= W.n) {
       std::memset(rows + c * K, 0, K * sizeof(int16_t));
-      for (int64_t u = 0; u < units; ++u) scale[u * kNR + c] = offset[u * kNR + c] = 0.0f;
+      for (int64_t u = 0; u < units; ++u) scale[u * kNR + c] = 0.0f;
+      for (int64_t u = 0; u < offsets; ++u) offset[u * kNR + c] = 0.0f;
       continue;
     }
     const uint8_t* row = W.w.row<const uint8_t>(n);
-    if (IsColumnGroups(t) && UnitOf(plain) == kQK) {
+    const bool alone = plain == DType::kQ2_K || plain == DType::kQ3_K || plain == DType::kQ6_K;
+    if (IsColumnGroups(t) && !alone) {
       DecodeGroupsRow(t, row, K, rows + c * K, p->rs.data(), p->ro.data());
     } else {
       if (IsColumnGroups(t)) {  // Q6_K, Q2_K, Q3_K: a super-block at a time
@@ -445,10 +461,8 @@ LUMEN_VNNI void DecodePanel(const Matrix& W, int64_t n0, Panel* p) {
       }
       DecodeRow(plain, row, K, rows + c * K, p->rs.data(), p->ro.data());
     }
-    for (int64_t u = 0; u < units; ++u) {
-      scale[u * kNR + c] = p->rs[u];
-      offset[u * kNR + c] = p->ro[u];
-    }
+    for (int64_t u = 0; u < units; ++u) scale[u * kNR + c] = p->rs[u];
+    for (int64_t u = 0; u < offsets; ++u) offset[u * kNR + c] = p->ro[u];
   }
   // Row c's pair q is dword q of its codes; 16 rows by 16 pairs a block.
   const auto* src = reinterpret_cast<const int32_t*>(rows);
@@ -469,7 +483,7 @@ LUMEN_VNNI void DecodePanel(const Matrix& W, int64_t n0, Panel* p) {
 
 // Units [u0, u1) of S elements for one tile of kR rows against one panel:
 // f[i][v] (row i, columns 16 v ..) continues its chain unit by unit.
-template <int S, bool kOff>
+template <int S, int kOff>
 LUMEN_VNNI void Tile(const int32_t* xp, const float* xd, const float* xs, const int32_t* wc,
                      const float* ws, const float* wo, int64_t u0, int64_t u1, __m512 (&f)[kR][2]) {
   constexpr int kPairs = S / 2;
@@ -496,11 +510,14 @@ LUMEN_VNNI void Tile(const int32_t* xp, const float* xd, const float* xs, const 
       f[i][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[i][0]), _mm512_mul_ps(s0, d), f[i][0]);
       f[i][1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[i][1]), _mm512_mul_ps(s1, d), f[i][1]);
     }
-    if constexpr (kOff) {
-      const __m512 o0 = _mm512_load_ps(wo + u * kNR), o1 = _mm512_load_ps(wo + u * kNR + 16);
+    // Offsets per kOff elements (0: none): kOff = S, one per unit; 16 in a
+    // unit of 32, two (xs then holds the sums per 16).
+    for (int h = 0; h < (kOff == 0 ? 0 : S / kOff); ++h) {
+      const int64_t o = u * (S / kOff) + h;
+      const __m512 o0 = _mm512_load_ps(wo + o * kNR), o1 = _mm512_load_ps(wo + o * kNR + 16);
 #pragma GCC unroll 8
       for (int i = 0; i < kR; ++i) {
-        const __m512 sum = _mm512_set1_ps(xs[u * kR + i]);
+        const __m512 sum = _mm512_set1_ps(xs[o * kR + i]);
         f[i][0] = _mm512_fnmadd_ps(o0, sum, f[i][0]);
         f[i][1] = _mm512_fnmadd_ps(o1, sum, f[i][1]);
       }
@@ -513,8 +530,7 @@ LUMEN_VNNI void Tile(const int32_t* xp, const float* xd, const float* xs, const 
 LUMEN_VNNI void PanelProduct(const Matrix& W, const Panel& panel, const PackedX& x, int64_t M,
                              float* Y, int64_t ldy, int64_t n0, int64_t nr, bool accumulate) {
   const DType plain = PlainOf(W.w.dtype);
-  const int S = UnitOf(plain);
-  const bool off = HasOffsets(plain);
+  const int S = UnitOf(plain), off = OffsetUnitOf(plain);
   const int64_t K = W.k;
   const int32_t* wc = panel.codes.as<int32_t>();
   const float* ws = panel.scale.as<float>();
@@ -545,19 +561,15 @@ LUMEN_VNNI void PanelProduct(const Matrix& W, const Panel& panel, const PackedX&
       }
       const int32_t* xp = x.Pairs(t);
       const float* xd = x.D2(t);
-      if (S == 16) {
-        const float* xs = x.Sum16(t);
-        if (off)
-          Tile<16, true>(xp, xd, xs, wc, ws, wo, k0 / 16, k1 / 16, f);
-        else
-          Tile<16, false>(xp, xd, xs, wc, ws, wo, k0 / 16, k1 / 16, f);
-      } else {
-        const float* xs = x.Sum32(t);
-        if (off)
-          Tile<32, true>(xp, xd, xs, wc, ws, wo, k0 / 32, k1 / 32, f);
-        else
-          Tile<32, false>(xp, xd, xs, wc, ws, wo, k0 / 32, k1 / 32, f);
-      }
+      const float* xs = off == 16 ? x.Sum16(t) : x.Sum32(t);
+      if (S == 16)  // Q6_K
+        Tile<16, 0>(xp, xd, xs, wc, ws, wo, k0 / 16, k1 / 16, f);
+      else if (off == 0)
+        Tile<32, 0>(xp, xd, xs, wc, ws, wo, k0 / 32, k1 / 32, f);
+      else if (off == 16)
+        Tile<32, 16>(xp, xd, xs, wc, ws, wo, k0 / 32, k1 / 32, f);
+      else
+        Tile<32, 32>(xp, xd, xs, wc, ws, wo, k0 / 32, k1 / 32, f);
       for (int i = 0; i < rows; ++i) {
         float* y = Y + (t * kR + i) * ldy + n0;
         if (nr == kNR) {

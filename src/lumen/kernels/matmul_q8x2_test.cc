@@ -453,6 +453,17 @@ TEST(MatMulInt8x2, EveryRowAddressGivesTheSameBits) {
   GTEST_SKIP() << "no AVX512-VNNI on this CPU: the int8x2 route's long products are " \
                   "exact (or bf16) here"
 
+// The storages the GEMM reads: every GGUF case above, and Q2_K / Q3_K in
+// the records the loader makes only where the AVX2 kernels run.
+std::vector<Case> GemmCases() {
+  std::vector<Case> v;
+  for (const Case& c : kCases)
+    if (c.t != DType::kU32) v.push_back(c);
+  v.push_back({DType::kQ2_KCols});
+  v.push_back({DType::kQ3_KCols});
+  return v;
+}
+
 // Every GGUF storage, as the file has it and as column groups, against the
 // oracle (same integer sums, double accumulation) and the exact bound; K
 // with odd block counts, a last super-block after the groups, more than one
@@ -460,8 +471,7 @@ TEST(MatMulInt8x2, EveryRowAddressGivesTheSameBits) {
 // and not a multiple of its width.
 TEST(Int8x2Gemm, MatchesOracleAndExactBound) {
   std::mt19937 rng(41);
-  for (const Case& c : kCases) {
-    if (c.t == DType::kU32) continue;
+  for (const Case& c : GemmCases()) {
     for (int64_t K : {32, 160, 256, 768, 1280, 2080})
       for (int64_t M : {kInt8MaxRows + 1, int64_t{23}}) {
         if (K % BlockOf(c) != 0) continue;
@@ -484,8 +494,7 @@ TEST(Int8x2Gemm, MatchesOracleAndExactBound) {
 TEST(Int8x2Gemm, RowsThreadsManyAndSlicesAreBitIdentical) {
   std::mt19937 rng(43);
   ThreadPool pool(2);
-  for (const Case& c : kCases) {
-    if (c.t == DType::kU32) continue;
+  for (const Case& c : GemmCases()) {
     const int64_t K = 1536, N = 70, M = 40, few = kInt8MaxRows + 1;
     OwnedMatrix W = MakeX2(c, N, K, rng);
     SKIP_WITHOUT_GEMM(W.m);

@@ -357,9 +357,6 @@ LUMEN_VNNI inline void Transpose16(const int32_t* src, int64_t lds, int32_t* dst
   }
 }
 
-#pragma GCC diagnostic pop
-#endif  // __x86_64__
-
 // The activations of all M rows in tiles of kR rows (rows past M are zero):
 // per tile, for each 32-block b, its 16 k pairs x kR rows of (256 q1 + q2)
 // as int16 pairs (pairs[(b 16 + p) kR + i]), d2[b kR + i], and the sums of
@@ -373,6 +370,32 @@ struct PackedX {
   const float* Sum16(int64_t t) const { return sum16.as<float>() + t * 2 * nb * kR; }
   const float* Sum32(int64_t t) const { return sum32.as<float>() + t * nb * kR; }
 };
+
+// One row's blocks into a tile (its place i in the tile added to every
+// pointer): pair p of block b at pairs[(16 b + p) kR], d2[b kR], and the
+// quantized sums sum16[(2 b + h) kR] (h: half), sum32[b kR].
+LUMEN_VNNI void PackRow(const int8_t* q1, const int8_t* q2, const float* d2, int64_t nb,
+                        int32_t* pairs, float* d2_out, float* sum16, float* sum32) {
+  const __m512i index =
+      _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                         _mm512_set1_epi32(kR));
+  const __m512i ones = _mm512_set1_epi16(1);
+  for (int64_t b = 0; b < nb; ++b) {
+    const __m256i c1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q1 + b * kQK));
+    const __m256i c2 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q2 + b * kQK));
+    // 256 q1 + q2 as int16 (|.| <= 32639): the pairs are its dwords.
+    const __m512i a =
+        _mm512_add_epi16(_mm512_slli_epi16(_mm512_cvtepi8_epi16(c1), 8), _mm512_cvtepi8_epi16(c2));
+    _mm512_i32scatter_epi32(pairs + b * 16 * kR, index, a, 4);
+    const __m512i pair_sums = _mm512_madd_epi16(a, ones);  // exact: at most 2 x 32639
+    const int32_t s0 = _mm512_mask_reduce_add_epi32(0x00FF, pair_sums);
+    const int32_t s1 = _mm512_mask_reduce_add_epi32(0xFF00, pair_sums);
+    d2_out[b * kR] = d2[b];
+    sum16[2 * b * kR] = d2[b] * static_cast<float>(s0);
+    sum16[(2 * b + 1) * kR] = d2[b] * static_cast<float>(s1);
+    sum32[b * kR] = d2[b] * static_cast<float>(s0 + s1);
+  }
+}
 
 PackedX PackX(const float* X, int64_t M, int64_t ldx, int64_t K, ThreadPool* pool) {
   PackedX p;
@@ -397,21 +420,8 @@ PackedX PackX(const float* X, int64_t M, int64_t ldx, int64_t K, ThreadPool* poo
       }
       const int64_t t = m / kR, i = m % kR;
       int32_t* pairs = p.pairs.as<int32_t>() + t * nb * 16 * kR;
-      for (int64_t b = 0; b < nb; ++b) {
-        int32_t s[2] = {0, 0};
-        for (int j = 0; j < kQK; j += 2) {
-          const int64_t k = b * kQK + j;
-          const int32_t a0 = 256 * q1[k] + q2[k], a1 = 256 * q1[k + 1] + q2[k + 1];
-          pairs[(b * 16 + j / 2) * kR + i] =
-              static_cast<int32_t>(static_cast<uint32_t>(static_cast<uint16_t>(a0)) |
-                                   static_cast<uint32_t>(static_cast<uint16_t>(a1)) << 16);
-          s[j / 16] += a0 + a1;
-        }
-        p.d2.as<float>()[(t * nb + b) * kR + i] = d2[b];
-        p.sum16.as<float>()[(t * 2 * nb + 2 * b) * kR + i] = d2[b] * static_cast<float>(s[0]);
-        p.sum16.as<float>()[(t * 2 * nb + 2 * b + 1) * kR + i] = d2[b] * static_cast<float>(s[1]);
-        p.sum32.as<float>()[(t * nb + b) * kR + i] = d2[b] * static_cast<float>(s[0] + s[1]);
-      }
+      PackRow(q1.data(), q2.data(), d2.data(), nb, pairs + i, p.d2.as<float>() + t * nb * kR + i,
+              p.sum16.as<float>() + t * 2 * nb * kR + i, p.sum32.as<float>() + t * nb * kR + i);
     }
   };
   if (pool && p.tiles > 1)
@@ -431,7 +441,6 @@ struct Panel {
   std::vector<float> rs, ro;
 };
 
-#if defined(__x86_64__)
 LUMEN_VNNI void DecodePanel(const Matrix& W, int64_t n0, Panel* p) {
   const DType t = W.w.dtype, plain = PlainOf(t);
   const int64_t K = W.k, units = K / UnitOf(plain);
@@ -471,15 +480,6 @@ LUMEN_VNNI void DecodePanel(const Matrix& W, int64_t n0, Panel* p) {
     for (int64_t q = 0; q < K / 2; q += 16)
       Transpose16(src + c * (K / 2) + q, K / 2, codes + q * kNR + c, kNR);
 }
-#endif
-
-#if defined(__x86_64__)
-
-// GCC 12's AVX-512 intrinsics pass _mm512_undefined_* as the unused merge
-// source, which -Wmaybe-uninitialized reports at every inlined use.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
 
 // Units [u0, u1) of S elements for one tile of kR rows against one panel:
 // f[i][v] (row i, columns 16 v ..) continues its chain unit by unit.

@@ -88,29 +88,17 @@ std::string StorageName(const kernels::Matrix& m) {
   return std::string(Name(m.w.dtype));
 }
 
-// True when every product matrix stored as `storage` has an int8 decode
-// kernel on this CPU (kernels::Int8RouteSupports): the condition int8=kernel
-// of the int8 decode routes, so the table shows the route that runs.
-bool HasInt8Kernel(const engine::Model* model, const std::string& storage) {
+// True when every product matrix stored as `storage` holds `has` (and there
+// is one): with kernels::Int8RouteSupports the condition int8=kernel of the
+// int8 decode routes, with kernels::Int8x2GemmSupports int8gemm=kernel of
+// the int8x2 prefill route, so the table shows the route that runs.
+bool EveryMatrixOf(const engine::Model* model, const std::string& storage,
+                   bool (*has)(const kernels::Matrix&)) {
   if (!model) return false;
   bool any = false;
   for (const auto& t : model->tensors()) {
     if (t.shape.size() != 2 || StorageName(t.matrix) != storage) continue;
-    if (!kernels::Int8RouteSupports(t.matrix)) return false;
-    any = true;
-  }
-  return any;
-}
-
-// True when every product matrix stored as `storage` takes the int8x2 GEMM
-// for its long products (kernels::Int8x2GemmSupports): the condition
-// int8gemm=kernel of the int8x2 prefill route.
-bool HasInt8Gemm(const engine::Model* model, const std::string& storage) {
-  if (!model) return false;
-  bool any = false;
-  for (const auto& t : model->tensors()) {
-    if (t.shape.size() != 2 || StorageName(t.matrix) != storage) continue;
-    if (!kernels::Int8x2GemmSupports(t.matrix)) return false;
+    if (!has(t.matrix)) return false;
     any = true;
   }
   return any;
@@ -242,8 +230,8 @@ Result<std::vector<ResolvedNode>> ResolveGraph(std::string_view graph, const Mod
       r.node = g.node;
       if (g.per_dtype) {
         local.Set("dtype", dt);
-        if (HasInt8Kernel(model, dt)) local.Set("int8", "kernel");
-        if (HasInt8Gemm(model, dt)) local.Set("int8gemm", "kernel");
+        if (EveryMatrixOf(model, dt, kernels::Int8RouteSupports)) local.Set("int8", "kernel");
+        if (EveryMatrixOf(model, dt, kernels::Int8x2GemmSupports)) local.Set("int8gemm", "kernel");
         const size_t dot = r.node.find('.');
         r.node = r.node.substr(0, dot) + "." + dt + r.node.substr(dot);
       }

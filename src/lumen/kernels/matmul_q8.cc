@@ -17,11 +17,7 @@
 #include "lumen/kernels/matmul_bf16.h"
 #include "lumen/kernels/prefetch.h"
 
-#if defined(__x86_64__)
-#include <immintrin.h>
-#define LUMEN_VNNI \
-  __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512vbmi,f16c,fma")))
-#endif
+#include "lumen/kernels/vnni_target.h"
 
 // Layout. vpdpbusd sums 4 adjacent byte products (unsigned weight codes times
 // signed activation codes) into each of 16 int32 lanes. The kernels feed it

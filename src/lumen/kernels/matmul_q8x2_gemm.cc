@@ -14,11 +14,7 @@
 #include "lumen/kernels/matmul_bf16.h"
 #include "lumen/kernels/matmul_q8.h"
 
-#if defined(__x86_64__)
-#include <immintrin.h>
-#define LUMEN_VNNI \
-  __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512vbmi,f16c,fma")))
-#endif
+#include "lumen/kernels/vnni_target.h"
 
 namespace lumen::kernels {
 

@@ -13,7 +13,6 @@
 #include "lumen/core/route.h"
 #include "lumen/kernels/matmul_bf16.h"
 #include "lumen/kernels/matmul_q8.h"
-
 #include "lumen/kernels/vnni_target.h"
 
 namespace lumen::kernels {

@@ -7,9 +7,10 @@
 // so one vpdpwssd (32 products) does what the decode kernels' two vpdpbusd
 // levels do, and each block's integer sum is the same exact int32. The
 // weights are split as the oracle sees them (matmul_q8_ref.h: w = a q - o):
-// each unit of S elements (16 for Q2_K, Q3_K, Q6_K; 32 for the others) is
-// int16 codes q, a scale a and an offset o, decoded once per call into
-// k-pair-major panels of 32 columns. The register tile is 6 rows by 32
+// each unit of 32 elements (Q6_K: 16) is int16 codes q with a scale a, and
+// offsets o per 32 (Q2_K: 16; none for the symmetric types), decoded once
+// per call into k-pair-major panels of 32 columns; Q2_K's and Q3_K's
+// sub-block scales are folded into their codes. The register tile is 6 rows by 32
 // columns: per k pair, two panel loads and six broadcast pairs feed twelve
 // vpdpwssd; per unit, each accumulator is converted once and added as
 // y += (a d2) isum - o sum(x over the unit).

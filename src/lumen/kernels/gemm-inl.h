@@ -21,6 +21,8 @@
 
 #include <hwy/highway.h>
 
+#include "lumen/kernels/transpose16_avx512.h"
+
 HWY_BEFORE_NAMESPACE();
 namespace lumen::kernels::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
@@ -39,37 +41,14 @@ constexpr int kGemmNV = 2;
 
 // dst[j * ldd + i] = src[i][k + j] for i, j < lanes: one lanes x lanes block
 // of NR row-major rows into k-major order. In registers on AVX-512 (16 x 16:
-// 64 shuffles) and AVX2 (8 x 8: 24); element by element elsewhere.
+// 64 shuffles, transpose16_avx512.h) and AVX2 (8 x 8: 24); element by element elsewhere.
 HWY_INLINE void TransposeBlock(const float* const* src, int64_t k, float* HWY_RESTRICT dst,
                                int64_t ldd) {
 #if HWY_TARGET <= HWY_AVX3
-  __m512 r[16], t[16];
-  for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(src[i] + k);
-  // Within each 128-bit block, 4 x 4 transposes of each group of 4 rows:
-  // t[4g + j] holds column 4b + j of rows 4g..4g+3 in block b.
-  for (int g = 0; g < 4; ++g) {
-    const __m512 a = r[4 * g], b = r[4 * g + 1], c = r[4 * g + 2], e = r[4 * g + 3];
-    const __m512d lo0 = _mm512_castps_pd(_mm512_unpacklo_ps(a, b));
-    const __m512d hi0 = _mm512_castps_pd(_mm512_unpackhi_ps(a, b));
-    const __m512d lo1 = _mm512_castps_pd(_mm512_unpacklo_ps(c, e));
-    const __m512d hi1 = _mm512_castps_pd(_mm512_unpackhi_ps(c, e));
-    t[4 * g + 0] = _mm512_castpd_ps(_mm512_unpacklo_pd(lo0, lo1));
-    t[4 * g + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(lo0, lo1));
-    t[4 * g + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(hi0, hi1));
-    t[4 * g + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(hi0, hi1));
-  }
-  // Then a 4 x 4 transpose of the 128-bit blocks of t[j], t[4 + j], t[8 + j],
-  // t[12 + j]: output column 4b + j.
-  for (int j = 0; j < 4; ++j) {
-    const __m512 v0 = _mm512_shuffle_f32x4(t[j], t[4 + j], 0x44);
-    const __m512 v1 = _mm512_shuffle_f32x4(t[j], t[4 + j], 0xEE);
-    const __m512 v2 = _mm512_shuffle_f32x4(t[8 + j], t[12 + j], 0x44);
-    const __m512 v3 = _mm512_shuffle_f32x4(t[8 + j], t[12 + j], 0xEE);
-    _mm512_store_ps(dst + (0 + j) * ldd, _mm512_shuffle_f32x4(v0, v2, 0x88));
-    _mm512_store_ps(dst + (4 + j) * ldd, _mm512_shuffle_f32x4(v0, v2, 0xDD));
-    _mm512_store_ps(dst + (8 + j) * ldd, _mm512_shuffle_f32x4(v1, v3, 0x88));
-    _mm512_store_ps(dst + (12 + j) * ldd, _mm512_shuffle_f32x4(v1, v3, 0xDD));
-  }
+  __m512i r[16];
+  for (int i = 0; i < 16; ++i) r[i] = _mm512_castps_si512(_mm512_loadu_ps(src[i] + k));
+  Transpose16x16(r);
+  for (int j = 0; j < 16; ++j) _mm512_store_ps(dst + j * ldd, _mm512_castsi512_ps(r[j]));
 #elif HWY_TARGET == HWY_AVX2
   __m256 r[8], t[8];
   for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(src[i] + k);

@@ -10,6 +10,7 @@
 #include "lumen/kernels/matmul_bf16.h"
 
 #include "lumen/kernels/amx_target.h"
+#include "lumen/kernels/transpose16_avx512.h"
 
 #if defined(LUMEN_AMX_X86)
 #include <cpuid.h>
@@ -106,32 +107,6 @@ TileConfig FullTiles() {
   return c;
 }
 
-// out[j] = column j of the 16 x 16 32-bit matrix r[0..15] (rows).
-LUMEN_AVX512 inline void Transpose16(__m512i r[16]) {
-  __m512i t[16], u[16];
-  for (int i = 0; i < 8; ++i) {
-    t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
-    t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
-  }
-  // u[4g + j]: per 128-bit lane L, column 4L + j of rows 4g..4g+3.
-  for (int g = 0; g < 4; ++g) {
-    u[4 * g + 0] = _mm512_unpacklo_epi64(t[4 * g + 0], t[4 * g + 2]);
-    u[4 * g + 1] = _mm512_unpackhi_epi64(t[4 * g + 0], t[4 * g + 2]);
-    u[4 * g + 2] = _mm512_unpacklo_epi64(t[4 * g + 1], t[4 * g + 3]);
-    u[4 * g + 3] = _mm512_unpackhi_epi64(t[4 * g + 1], t[4 * g + 3]);
-  }
-  for (int j = 0; j < 4; ++j) {
-    const __m512i v = _mm512_shuffle_i32x4(u[j], u[4 + j], 0x88);
-    const __m512i w = _mm512_shuffle_i32x4(u[j], u[4 + j], 0xdd);
-    const __m512i v2 = _mm512_shuffle_i32x4(u[8 + j], u[12 + j], 0x88);
-    const __m512i w2 = _mm512_shuffle_i32x4(u[8 + j], u[12 + j], 0xdd);
-    r[j] = _mm512_shuffle_i32x4(v, v2, 0x88);
-    r[8 + j] = _mm512_shuffle_i32x4(v, v2, 0xdd);
-    r[4 + j] = _mm512_shuffle_i32x4(w, w2, 0x88);
-    r[12 + j] = _mm512_shuffle_i32x4(w, w2, 0xdd);
-  }
-}
-
 // A C tile stored at c ([16 weight rows][16 activation rows], f32) into Y,
 // transposed: Y[(m0 + j) * ldy + n + i] = c[i][j] (+= with accumulate) for
 // j < mv, i < nv.
@@ -139,7 +114,7 @@ LUMEN_AVX512 inline void StoreTransposed(const float* c, float* Y, int64_t ldy, 
                                          int64_t n, int mv, int nv, bool accumulate) {
   __m512i r[16];
   for (int i = 0; i < 16; ++i) r[i] = _mm512_load_si512(c + 16 * i);
-  Transpose16(r);
+  Transpose16x16(r);
   const __mmask16 keep = static_cast<__mmask16>((1u << nv) - 1);
   for (int j = 0; j < mv; ++j) {
     float* y = Y + (m0 + j) * ldy + n;
@@ -228,7 +203,7 @@ LUMEN_AVX512 void AmxPackX(const uint16_t* xb, int64_t M, int64_t ld, uint16_t* 
         const int64_t row = b * kAmxRows + m;
         r[m] = row < M ? _mm512_load_si512(xb + row * ld + c * 32) : _mm512_setzero_si512();
       }
-      Transpose16(r);
+      Transpose16x16(r);
       uint16_t* tile = packed + (b * kc + c) * 512;
       for (int p = 0; p < 16; ++p) _mm512_store_si512(tile + p * 32, r[p]);
     }

@@ -13,6 +13,7 @@
 #include "lumen/core/route.h"
 #include "lumen/kernels/matmul_bf16.h"
 #include "lumen/kernels/matmul_q8.h"
+#include "lumen/kernels/transpose16_avx512.h"
 #include "lumen/kernels/vnni_target.h"
 
 namespace lumen::kernels {
@@ -323,33 +324,12 @@ LUMEN_VNNI void DecodeGroupsRow(DType t, const uint8_t* row, int64_t K, int16_t*
 }
 
 // dst[j * ldd + i] = src[i * lds + j] for i, j < 16: a 16 x 16 block of
-// dwords, in registers.
+// dwords through registers (dst 64-byte aligned).
 LUMEN_VNNI inline void Transpose16(const int32_t* src, int64_t lds, int32_t* dst, int64_t ldd) {
-  __m512i r[16], t[16];
+  __m512i r[16];
   for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_si512(src + i * lds);
-  // Rows 2i, 2i + 1 interleaved by dwords, then pairs of those by qwords:
-  // t[4g + j] holds, per 128-bit lane b, column 4 b + j of rows 4 g .. 4 g + 3.
-  for (int g = 0; g < 4; ++g) {
-    const __m512i a0 = _mm512_unpacklo_epi32(r[4 * g], r[4 * g + 1]);
-    const __m512i a1 = _mm512_unpackhi_epi32(r[4 * g], r[4 * g + 1]);
-    const __m512i b0 = _mm512_unpacklo_epi32(r[4 * g + 2], r[4 * g + 3]);
-    const __m512i b1 = _mm512_unpackhi_epi32(r[4 * g + 2], r[4 * g + 3]);
-    t[4 * g + 0] = _mm512_unpacklo_epi64(a0, b0);
-    t[4 * g + 1] = _mm512_unpackhi_epi64(a0, b0);
-    t[4 * g + 2] = _mm512_unpacklo_epi64(a1, b1);
-    t[4 * g + 3] = _mm512_unpackhi_epi64(a1, b1);
-  }
-  // Then the 4 x 4 transpose of 128-bit lanes across t[j], t[4 + j], t[8 + j], t[12 + j].
-  for (int j = 0; j < 4; ++j) {
-    const __m512i u0 = _mm512_shuffle_i32x4(t[j], t[4 + j], 0x44);
-    const __m512i u1 = _mm512_shuffle_i32x4(t[j], t[4 + j], 0xEE);
-    const __m512i u2 = _mm512_shuffle_i32x4(t[8 + j], t[12 + j], 0x44);
-    const __m512i u3 = _mm512_shuffle_i32x4(t[8 + j], t[12 + j], 0xEE);
-    _mm512_store_si512(dst + (0 + j) * ldd, _mm512_shuffle_i32x4(u0, u2, 0x88));
-    _mm512_store_si512(dst + (4 + j) * ldd, _mm512_shuffle_i32x4(u0, u2, 0xDD));
-    _mm512_store_si512(dst + (8 + j) * ldd, _mm512_shuffle_i32x4(u1, u3, 0x88));
-    _mm512_store_si512(dst + (12 + j) * ldd, _mm512_shuffle_i32x4(u1, u3, 0xDD));
-  }
+  Transpose16x16(r);
+  for (int j = 0; j < 16; ++j) _mm512_store_si512(dst + j * ldd, r[j]);
 }
 
 // The activations of all M rows in tiles of kR rows (rows past M are zero):
@@ -593,7 +573,7 @@ bool Int8x2GemmSupports(const Matrix& W) {
 }
 
 bool Int8x2GemmTakes(const Matrix& W) {
-  return Int8Levels(W.route) == 2 && RouteHasInt8(W.route) &&
+  return Int8Levels(W.route) == 2 &&  // kInt8x2 or kInt8x2Bf16
          !(RouteHasBf16(W.route) && CpuHasBf16()) && Int8x2GemmSupports(W);
 }
 

@@ -11,10 +11,14 @@
 //   Q4_K, Q5_K         a = d sc q, o = dmin m                  (sub-blocks of 32)
 //   Q6_K               a = d sc q, o = 32 d sc                 (q = 0..63)
 //   MLX 4/8-bit        a = s q, o = -b                         (per group)
+//   F16, BF16          a = (amax / 2047) rint(w 2047 / amax)   (per 32: the int8x2
+//                      GEMM's requantization; NaN for a unit with inf / NaN,
+//                      0 where amax < kFloatUnitTiny)
 // The split matters for the error bound: the kernels sum the a and o parts
 // separately, so their rounding scales with |a| + |o|, not |w|.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -24,6 +28,7 @@
 #include "lumen/core/quant.h"
 #include "lumen/core/repack.h"
 #include "lumen/kernels/matmul_q8.h"
+#include "lumen/kernels/matmul_q8x2_gemm.h"
 #include "lumen/kernels/matrix.h"
 
 namespace lumen::kernels {
@@ -136,6 +141,25 @@ inline void WeightParts(const Matrix& W, int64_t n, double* a, double* o) {
     legacy(f, grouped);
   };
   switch (W.w.dtype) {
+    case DType::kF16:
+    case DType::kBF16: {  // the int8x2 GEMM's requantization (matmul_q8x2_gemm.h)
+      std::vector<float> w(K);
+      DequantizeRow(W.w.dtype, row, w.data(), K);
+      for (int64_t u = 0; u < K / kQK; ++u) {
+        float amax = 0;
+        bool finite = true;
+        for (int j = 0; j < kQK; ++j) {
+          finite = finite && std::isfinite(w[u * kQK + j]);
+          amax = std::max(amax, std::fabs(w[u * kQK + j]));
+        }
+        const bool zero = amax < kFloatUnitTiny;
+        const float inv = zero ? 0.0f : kFloatCodeMax / amax;
+        const float scale = zero ? 0.0f : amax / kFloatCodeMax;
+        for (int j = 0; j < kQK; ++j)
+          a[u * kQK + j] = finite ? double(scale) * std::nearbyint(w[u * kQK + j] * inv) : NAN;
+      }
+      return;
+    }
     case DType::kQ4_0:
       return legacy({sizeof(BlockQ4_0), 2, -1, false, 8});
     case DType::kQ4_1:

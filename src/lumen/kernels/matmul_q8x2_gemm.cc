@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "lumen/core/buffer.h"
@@ -49,6 +50,8 @@ int OffsetUnitOf(DType plain) {
 
 bool Covered(DType plain) {
   switch (plain) {
+    case DType::kF16:
+    case DType::kBF16:
     case DType::kQ4_0:
     case DType::kQ4_1:
     case DType::kQ5_0:
@@ -250,6 +253,42 @@ LUMEN_VNNI void DecodeRow(DType t, const uint8_t* plain, int64_t K, int16_t* cod
   }
 }
 
+// An F16 / BF16 row requantized per 32-unit to 12-bit codes as the oracle
+// does it (matmul_q8_ref.h): q = rint(w 2047 / amax), scale amax / 2047
+// (zero below kFloatUnitTiny); a unit with an inf or NaN gets scale NaN (its
+// outputs are NaN where the exact route's would be non-finite).
+LUMEN_VNNI void DecodeFloatRow(DType t, const uint8_t* row, int64_t K, int16_t* codes, float* scale,
+                               float* offset) {
+  const __m512 abs_mask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7FFFFFFF));
+  for (int64_t b = 0; b < K / kQK; ++b) {
+    const __m512i h = _mm512_loadu_si512(row + b * kQK * 2);
+    const __m256i h0 = _mm512_castsi512_si256(h), h1 = _mm512_extracti64x4_epi64(h, 1);
+    __m512 w0, w1;
+    if (t == DType::kBF16) {
+      w0 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h0), 16));
+      w1 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h1), 16));
+    } else {
+      w0 = _mm512_cvtph_ps(h0);
+      w1 = _mm512_cvtph_ps(h1);
+    }
+    // 0x99: QNaN, SNaN, +inf, -inf.
+    const bool finite = (_mm512_fpclass_ps_mask(w0, 0x99) | _mm512_fpclass_ps_mask(w1, 0x99)) == 0;
+    const float amax = _mm512_reduce_max_ps(
+        _mm512_max_ps(_mm512_and_ps(w0, abs_mask), _mm512_and_ps(w1, abs_mask)));
+    offset[b] = 0.0f;
+    if (!finite || amax < kFloatUnitTiny) {
+      _mm512_storeu_si512(codes + b * kQK, _mm512_setzero_si512());
+      scale[b] = finite ? 0.0f : std::numeric_limits<float>::quiet_NaN();
+      continue;
+    }
+    const __m512 inv = _mm512_set1_ps(kFloatCodeMax / amax);
+    const __m256i q0 = _mm512_cvtepi32_epi16(_mm512_cvtps_epi32(_mm512_mul_ps(w0, inv)));
+    const __m256i q1 = _mm512_cvtepi32_epi16(_mm512_cvtps_epi32(_mm512_mul_ps(w1, inv)));
+    _mm512_storeu_si512(codes + b * kQK, _mm512_inserti64x4(_mm512_castsi256_si512(q0), q1, 1));
+    scale[b] = amax / kFloatCodeMax;
+  }
+}
+
 // DecodeRow for a row of column groups (core/repack.h) of the legacy types,
 // Q4_K and Q5_K, read where the groups hold them (the blocks after the last
 // group are plain): block (sub-block) l's 16 code bytes are dword l of each
@@ -443,7 +482,10 @@ LUMEN_VNNI void DecodePanel(const Matrix& W, int64_t n0, Panel* p) {
         UnpackColumnGroupsRow(t, row, K, p->plain.data());
         row = p->plain.data();
       }
-      DecodeRow(plain, row, K, rows + c * K, p->rs.data(), p->ro.data());
+      if (plain == DType::kF16 || plain == DType::kBF16)
+        DecodeFloatRow(plain, row, K, rows + c * K, p->rs.data(), p->ro.data());
+      else
+        DecodeRow(plain, row, K, rows + c * K, p->rs.data(), p->ro.data());
     }
     for (int64_t u = 0; u < units; ++u) scale[u * kNR + c] = p->rs[u];
     for (int64_t u = 0; u < offsets; ++u) offset[u * kNR + c] = p->ro[u];
@@ -569,7 +611,7 @@ bool Int8x2GemmSupports(const Matrix& W) {
   if (!CpuHasVnni() || W.mlx_bits != 0 || W.mlx_runs) return false;
   const DType t = W.w.dtype;
   if (t == DType::kQ5_KPlanes || !Covered(PlainOf(t))) return false;
-  return W.k % Info(PlainOf(t)).block_elems == 0;
+  return W.k % std::max<int64_t>(kQK, Info(PlainOf(t)).block_elems) == 0;
 }
 
 bool Int8x2GemmTakes(const Matrix& W) {

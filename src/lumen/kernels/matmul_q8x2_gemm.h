@@ -10,10 +10,13 @@
 // each unit of 32 elements (Q6_K: 16) is int16 codes q with a scale a, and
 // offsets o per 32 (Q2_K: 16; none for the symmetric types), decoded once
 // per call into k-pair-major panels of 32 columns; Q2_K's and Q3_K's
-// sub-block scales are folded into their codes. The register tile is 6 rows by 32
-// columns: per k pair, two panel loads and six broadcast pairs feed twelve
-// vpdpwssd; per unit, each accumulator is converted once and added as
-// y += (a d2) isum - o sum(x over the unit).
+// sub-block scales are folded into their codes. F16 and BF16 rows are
+// requantized per 32-unit to codes of at most kFloatCodeMax (12 bits: 32
+// products of them and the activations stay within int32), a = amax / 2047:
+// each weight within a / 2, about 1/16 of what BF16's own rounding of the
+// unit's largest weight is worth. The register tile is 6 rows by 32 columns: per k pair, two panel
+// loads and six broadcast pairs feed twelve vpdpwssd; per unit, each accumulator is converted once
+// and added as y += (a d2) isum - o sum(x over the unit).
 //
 // Why: on an Intel core without AMX, vdpbf16ps runs at half the f32 FMA's
 // rate and vpdpwssd at the FMA's; 32 k of 16 columns cost 16 vpdpwssd and 3
@@ -34,10 +37,17 @@
 
 namespace lumen::kernels {
 
+// The largest code of a requantized F16 / BF16 unit: 32 x 32639 x 2047 <
+// 2^31, so a unit's integer sum is exact.
+inline constexpr float kFloatCodeMax = 2047.0f;
+// A unit whose largest magnitude is below this is zero codes at scale 0
+// (each weight off by less than it; 2047 / amax would overflow near 1e-35).
+inline constexpr float kFloatUnitTiny = 1e-30f;
+
 // True when this GEMM can run W's storage on this CPU (ignores W.route):
-// AVX512-VNNI (CpuHasVnni), and Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K .. Q6_K as
-// the file has them or as column groups (core/repack.h). MLX keeps the exact
-// or bf16 prefill.
+// AVX512-VNNI (CpuHasVnni), and F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
+// Q2_K .. Q6_K as the file has them or as column groups (core/repack.h), K a
+// multiple of 32. MLX and F32 keep the exact or bf16 prefill.
 bool Int8x2GemmSupports(const Matrix& W);
 
 // True when W's products of more than Int8MaxRows(W) rows take this GEMM:

@@ -229,6 +229,18 @@ void ExpectOracleAndExactBound(const Case& c, const Matrix& W, const std::vector
           abs_wx += std::fabs(double(w[b * kQK + j]) * X[m * K + b * kQK + j]);
         }
       }
+      // F16 / BF16: each weight requantized to within amax / 4094 of its unit
+      // (matmul_q8x2_gemm.h; a unit below kFloatUnitTiny to zeros), times the
+      // (quantized) activation.
+      if (c.t == DType::kF16 || c.t == DType::kBF16)
+        for (int64_t u = 0; u < K / kQK; ++u) {
+          double amax = 0, ax = 0;
+          for (int j = 0; j < kQK; ++j) {
+            amax = std::max(amax, std::fabs(double(w[u * kQK + j])));
+            ax += std::fabs(X[m * K + u * kQK + j]);
+          }
+          b_exact += amax < kFloatUnitTiny ? amax * ax : 1.001 * amax / (2 * kFloatCodeMax) * ax;
+        }
       b_exact += b_ref + (K + 2) * kU * abs_wx;
       const double e_exact = std::fabs(double(Y[m * N + n]) - Ye[m * N + n]);
       if (e_ref > b_ref || e_exact > b_exact) {
@@ -453,14 +465,17 @@ TEST(MatMulInt8x2, EveryRowAddressGivesTheSameBits) {
   GTEST_SKIP() << "no AVX512-VNNI on this CPU: the int8x2 route's long products are " \
                   "exact (or bf16) here"
 
-// The storages the GEMM reads: every GGUF case above, and Q2_K / Q3_K in
-// the records the loader makes only where the AVX2 kernels run.
+// The storages the GEMM reads: every GGUF case above, Q2_K / Q3_K in the
+// records the loader makes only where the AVX2 kernels run, and F16 / BF16
+// (requantized per 32).
 std::vector<Case> GemmCases() {
   std::vector<Case> v;
   for (const Case& c : kCases)
     if (c.t != DType::kU32) v.push_back(c);
   v.push_back({DType::kQ2_KCols});
   v.push_back({DType::kQ3_KCols});
+  v.push_back({DType::kF16});
+  v.push_back({DType::kBF16});
   return v;
 }
 
@@ -516,6 +531,58 @@ TEST(Int8x2Gemm, RowsThreadsManyAndSlicesAreBitIdentical) {
     MatMul(a, X.data(), M, K, sliced.data(), N, &pool);
     MatMulAccumulate(b, X.data() + cut, M, K, sliced.data(), N, &pool);
     EXPECT_EQ(one, sliced) << CaseName(c) << " cut " << cut;
+  }
+}
+
+// F16 / BF16 units at the edges of the requantization: a unit holding an inf
+// or a NaN makes its outputs NaN (the exact route's are non-finite too), a
+// unit below kFloatUnitTiny counts as zeros, an all-zero unit is zero, and a
+// unit whose largest weight dwarfs the rest keeps it within amax / 4094. The
+// GEMM and the oracle agree on every output (NaN where the other is).
+TEST(Int8x2Gemm, FloatUnitsAtTheEdges) {
+  std::mt19937 rng(53);
+  const int64_t N = 6, K = 256, M = 12;
+  for (DType t : {DType::kF16, DType::kBF16}) {
+    std::vector<float> w(N * K);
+    std::normal_distribution<float> nd(0.0f, 0.05f);
+    for (float& v : w) v = nd(rng);
+    w[0 * K + 40] = std::numeric_limits<float>::infinity();   // row 0, unit 1
+    w[1 * K + 70] = std::numeric_limits<float>::quiet_NaN();  // row 1, unit 2
+    for (int j = 0; j < kQK; ++j) {
+      w[2 * K + 96 + j] = t == DType::kBF16 ? 1e-33f * (j + 1) : 0.0f;  // row 2, unit 3
+      w[3 * K + 128 + j] = 0.0f;                                        // row 3, unit 4
+    }
+    w[4 * K + 160] = 1000.0f;  // row 4, unit 5: one weight dwarfs the rest
+    OwnedMatrix W;
+    const size_t rb = *RowBytes(t, K);
+    W.bytes.assign(N * rb, 0);
+    for (int64_t n = 0; n < N; ++n) QuantizeRow(t, &w[n * K], W.bytes.data() + n * rb, K);
+    W.m.w = TensorView::Contiguous(W.bytes.data(), t, {N, K});
+    W.m.n = N;
+    W.m.k = K;
+    W.m.route = ActRoute::kInt8x2;
+    SKIP_WITHOUT_GEMM(W.m);
+    ASSERT_TRUE(UsesInt8Route(W.m, M));
+    const std::vector<float> X = RandomActivations(M, K, rng);
+    std::vector<float> Y(M * N), Yq(M * N), Ye(M * N);
+    MatMul(W.m, X.data(), M, K, Y.data(), N, nullptr);
+    MatMulInt8x2Ref(W.m, X.data(), M, Yq.data());
+    MatMulRef(W.m, X.data(), M, Ye.data());
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t n = 0; n < 2; ++n) {
+        const float y = Y[m * N + n], q = Yq[m * N + n], e = Ye[m * N + n];
+        EXPECT_TRUE(std::isnan(y) && std::isnan(q) && !std::isfinite(e))
+            << Name(t) << " n=" << n << ": " << y << " " << q << " " << e;
+      }
+    // The finite rows by themselves: a row's outputs do not depend on the
+    // rows beside it in its panel.
+    const Matrix finite = W.m.RowSlice(2, N);
+    std::vector<float> Yf(M * (N - 2));
+    MatMul(finite, X.data(), M, K, Yf.data(), N - 2, nullptr);
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t n = 2; n < N; ++n)
+        EXPECT_EQ(Yf[m * (N - 2) + n - 2], Y[m * N + n]) << Name(t) << " n=" << n;
+    ExpectOracleAndExactBound({t}, finite, X, M, Yf);
   }
 }
 

@@ -247,23 +247,32 @@ std::string RouteSummary(const RouteChoice& c, const engine::Model& model) {
     return "routes: --exact: every node at its lowest tier (exact f32 products, f32 KV), "
            "bit-identical to the reference path";
   const auto act = kernels::ParseActRoute(c.act_route).value_or(kernels::ActRoute::kExact);
-  bool int8 = false, gemm = false;
+  bool int8 = false, gemm = false, requantized = false;
   int64_t short_rows = 0;  // the most rows an int8 kernel takes (kernels::Int8MaxRows)
-  for (const auto& t : model.tensors())
-    if (t.shape.size() == 2 && kernels::Int8RouteSupports(t.matrix)) {
+  for (const auto& t : model.tensors()) {
+    if (t.shape.size() != 2) continue;
+    if (kernels::Int8RouteSupports(t.matrix)) {
       int8 = true;
       short_rows = std::max(short_rows, kernels::Int8MaxRows(t.matrix));
-      gemm = gemm || kernels::Int8x2GemmSupports(t.matrix);
     }
+    if (kernels::Int8x2GemmSupports(t.matrix)) {
+      gemm = true;
+      const DType dt = t.matrix.w.dtype;
+      requantized = requantized || dt == DType::kF16 || dt == DType::kBF16;
+    }
+  }
   const bool bf16 = kernels::RouteHasBf16(act) && kernels::CpuHasBf16();
   int8 = int8 && kernels::RouteHasInt8(act);  // Int8RouteSupports asked the CPU
   const bool x2 = kernels::Int8Levels(act) == 2;
   const char* decode = !int8 ? "exact (L2)"
                        : x2  ? "int8x2 (L2; exact for other weight types)"
                              : "int8 (L3)";
-  gemm = gemm && int8 && x2 && !bf16;  // kernels::Int8x2GemmTakes
-  std::string prefill = gemm    ? "int8x2 (L2, VNNI GEMM; exact for other weight types)"
-                        : !bf16 ? "exact (L2)"
+  gemm = gemm && kernels::RouteHasInt8(act) && x2 && !bf16;  // kernels::Int8x2GemmTakes
+  std::string prefill = gemm ? fmt::format("int8x2 (L2, VNNI GEMM{}; exact for other weight types)",
+                                           requantized ? ", F16/BF16 weights requantized to 12-bit "
+                                                         "codes per 32"
+                                                       : "")
+                        : !bf16                    ? "exact (L2)"
                         : kernels::AmxBf16Usable() ? "bf16 (L3, AMX tiles)"
                                                    : "bf16 (L3)";
   if (int8 && short_rows > kernels::kInt8MaxRows)  // the AVX2 kernels: short prompts too

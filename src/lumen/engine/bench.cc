@@ -17,6 +17,7 @@
 #include "lumen/kernels/matmul_bf16.h"
 #include "lumen/kernels/matmul_bf16_amx.h"
 #include "lumen/kernels/matmul_q8.h"
+#include "lumen/kernels/matmul_q8x2_gemm.h"
 #include "lumen/kernels/roofline.h"
 #include "lumen/model/forward.h"
 #include "lumen/model/kv_cache.h"
@@ -170,6 +171,10 @@ Result<BenchReport> RunBench(const Model& model, const BenchOptions& o) {
     if (kernels::RouteHasBf16(m.route) && kernels::CpuHasBf16())
       route += kernels::AmxBf16Usable() ? ", prefill bf16, AMX tiles (L3)"
                                         : ", prefill bf16, AVX512-BF16 (L3)";
+    else if (kernels::Int8x2GemmTakes(m))
+      route += m.w.dtype == DType::kF16 || m.w.dtype == DType::kBF16
+                   ? ", prefill int8x2 GEMM on 12-bit codes per 32, VNNI (L2)"
+                   : ", prefill int8x2 GEMM, VNNI (L2)";
     routes.insert(name + route);
   });
   if (w.output.w.data != w.tok_embd.w.data) r.weight_bytes_per_token += w.tok_embd.w.row_bytes();

@@ -25,9 +25,11 @@ LUMEN_ROUTE(
      .name = "int8x2-gemm-vnni",
      .tier = Tier::kL2,
      .oracle = "MatMulInt8x2Ref (the decode kernels' two-level activation quantization, double "
-               "accumulation); against the exact product: the activation rounding bound",
-     .bound = "|y - y_exact| <= sum over blocks of (dx / 256) sum |w| (+ f32 slack); "
-              "KL(exact || route) below a quarter of what Q8_0 weights cost",
+               "accumulation; F16/BF16 weights requantized to 12-bit codes per 32); against the "
+               "exact product: the activation (and requantization) rounding bound",
+     .bound = "|y - y_exact| <= sum over blocks of (dx / 256) sum |w| (F16/BF16: plus "
+              "(amax / 4094) sum |x| per 32) (+ f32 slack); KL(exact || route) below a quarter "
+              "of what Q8_0 weights cost",
      .tests = "Int8x2Gemm.*;RouteKl.Int8x2PrefillGemmPassesTheDefaultGate",
      .measure = "docs/reference/performance.md#the-int8x2-prefill-gemm-session-40",
      .when = "act=int8x2|int8x2+bf16 cpu=avx512vnni int8gemm=kernel",

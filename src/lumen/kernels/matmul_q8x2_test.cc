@@ -549,7 +549,7 @@ TEST(Int8x2Gemm, FloatUnitsAtTheEdges) {
     w[0 * K + 40] = std::numeric_limits<float>::infinity();   // row 0, unit 1
     w[1 * K + 70] = std::numeric_limits<float>::quiet_NaN();  // row 1, unit 2
     for (int j = 0; j < kQK; ++j) {
-      w[2 * K + 96 + j] = t == DType::kBF16 ? 1e-33f * (j + 1) : 0.0f;  // row 2, unit 3
+      w[2 * K + 96 + j] = t == DType::kBF16 ? 1e-37f * float(j + 1) : 0.0f;  // row 2, unit 3
       w[3 * K + 128 + j] = 0.0f;                                        // row 3, unit 4
     }
     w[4 * K + 160] = 1000.0f;  // row 4, unit 5: one weight dwarfs the rest

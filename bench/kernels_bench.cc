@@ -324,7 +324,7 @@ BENCHMARK(BM_MatMul)
 // The int8x2 route's prefill products (the VNNI GEMM, matmul_q8x2_gemm.h)
 // beside the exact route's above: the same shapes.
 BENCHMARK(BM_MatMul)
-    ->ArgsProduct({{1, 2, 3, 4, 5, 6, 8, 9, 10, 11, 12, 13}, {256}, {1, 2}, {2048, 8192}, {3}})
+    ->ArgsProduct({{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13}, {256}, {1, 2}, {2048, 8192}, {3}})
     ->UseRealTime();
 // Training's backward through a frozen weight: dX[M, K] = dY[M, N] W (the
 // transposed product, MatMulT), beside BM_MatMul's forward of the same

@@ -413,16 +413,14 @@ TEST(RouteKl, Int8x2DecodeGateOnEveryWeightType) {
   fs::remove_all(dir);
 }
 
-// MLX rows take the int8x2 route at prefill too where the AVX2 kernels run
-// (4-bit: prompts of up to 32 tokens, 8-bit: 10): the default gate measured
+// The default gate for MLX rows on the int8x2 route at prefill, measured
 // where it runs (one prefill per sequence, every position's logits), on a
 // random-weight tiny Llama 256 wide, whose rows hold whole runs of the
-// kernels' blocks (stories260K's 64-wide rows are all tail).
-TEST(RouteKl, Int8x2ShortPrefillGateOnMlx) {
-  if (kernels::CpuHasVnni() || !kernels::CpuHasAvx2())
-    GTEST_SKIP() << "MLX prompts above 8 tokens take the int8x2 route only with the AVX2 kernels "
-                    "(no AVX512-VNNI): not on this CPU";
-  const fs::path dir = GateDir("lumen_gate_mlxp");
+// kernels' blocks (stories260K's 64-wide rows are all tail). gemm: prompts of
+// 64 tokens on the VNNI GEMM; else the AVX2 kernels' short prompts (4-bit: up
+// to 32 tokens, 8-bit: 10).
+void ExpectMlxPrefillGate(const char* dir_name, bool gemm) {
+  const fs::path dir = GateDir(dir_name);
   auto tiny = Load(SynthTiny256(dir), kernels::ActRoute::kExact);
   ASSERT_TRUE(tiny);
   auto prompts = EncodePrompts(*tiny, std::vector<std::string>{"the cat", "a b c d", "x y z"});
@@ -438,8 +436,12 @@ TEST(RouteKl, Int8x2ShortPrefillGateOnMlx) {
     ASSERT_TRUE(exact && x2) << st.name();
     const kernels::Matrix& up = x2->weights().layers[0].w_up;
     ASSERT_TRUE(st.Holds(up)) << st.name();
-    const int64_t rows = kernels::Int8MaxRows(up);
-    ASSERT_EQ(rows, st.mlx_bits == 4 ? 32 : 10) << st.name();
+    const int64_t rows = gemm ? 64 : kernels::Int8MaxRows(up);
+    if (gemm) {
+      ASSERT_TRUE(kernels::Int8x2GemmTakes(up)) << st.name();
+    } else {
+      ASSERT_EQ(rows, st.mlx_bits == 4 ? 32 : 10) << st.name();
+    }
     ASSERT_TRUE(kernels::UsesInt8Route(up, rows)) << st.name();
     EvalOptions o;
     o.samples = 2;
@@ -457,6 +459,20 @@ TEST(RouteKl, Int8x2ShortPrefillGateOnMlx) {
     EXPECT_GE(r->top1, 0.99) << st.name();
   }
   fs::remove_all(dir);
+}
+
+TEST(RouteKl, Int8x2ShortPrefillGateOnMlx) {
+  if (kernels::CpuHasVnni() || !kernels::CpuHasAvx2())
+    GTEST_SKIP() << "MLX prompts above 8 tokens take the int8x2 route only with the AVX2 kernels "
+                    "(no AVX512-VNNI): not on this CPU";
+  ExpectMlxPrefillGate("lumen_gate_mlxp", false);
+}
+
+// With AVX512-VNNI, MLX prompts above 8 tokens take the int8x2 GEMM.
+TEST(RouteKl, Int8x2PrefillGemmGateOnMlx) {
+  if (!kernels::CpuHasVnni())
+    GTEST_SKIP() << "the int8x2 prefill GEMM needs AVX512-VNNI: not on this CPU";
+  ExpectMlxPrefillGate("lumen_gate_mlxgemm", true);
 }
 
 }  // namespace

@@ -41,8 +41,10 @@ namespace {
 // sub-block scales times its codes could pass int32 over 32 products; Q2_K's
 // and Q3_K's 4- and 6-bit ones are folded into their codes), and its offset
 // unit (elements per offset; 0: none).
-int UnitOf(DType plain) { return plain == DType::kQ6_K ? 16 : 32; }
-int OffsetUnitOf(DType plain) {
+int UnitOf(const Matrix& W) { return PlainOf(W.w.dtype) == DType::kQ6_K ? 16 : 32; }
+int OffsetUnitOf(const Matrix& W) {
+  if (W.mlx_bits) return 32;  // -bias per group, repeated per 32
+  const DType plain = PlainOf(W.w.dtype);
   if (plain == DType::kQ2_K) return 16;
   return plain == DType::kQ4_1 || plain == DType::kQ5_1 || plain == DType::kQ4_K ||
                  plain == DType::kQ5_K
@@ -291,6 +293,35 @@ LUMEN_VNNI void DecodeFloatRow(DType t, const uint8_t* row, int64_t K, int16_t* 
   }
 }
 
+// An MLX row n (w = s q + b per group, the file's little-endian words: 4-bit
+// element i is nibble i % 2 of byte i / 2, 8-bit element i byte i) as the
+// oracle splits it: codes q, and per 32-unit a = s and o = -b of its group.
+// sb: room for the row's group scales and biases (2 K / group floats).
+LUMEN_VNNI void DecodeMlxRow(const Matrix& W, int64_t n, int16_t* codes, float* scale,
+                             float* offset, float* sb) {
+  const int64_t K = W.k, G = W.mlx_group;
+  float* s = sb;
+  float* b = sb + K / G;
+  DequantizeRow(W.scales.dtype, W.scales.row(n), s, K / G);
+  DequantizeRow(W.biases.dtype, W.biases.row(n), b, K / G);
+  const uint8_t* row = W.w.row<const uint8_t>(n);
+  const __m128i m15 = _mm_set1_epi8(15);
+  for (int64_t u = 0; u < K / kQK; ++u) {
+    __m256i q;
+    if (W.mlx_bits == 8) {
+      q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + u * kQK));
+    } else {  // 16 bytes: low nibbles the even elements, high the odd
+      const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + u * kQK / 2));
+      const __m128i lo = _mm_and_si128(v, m15), hi = _mm_and_si128(_mm_srli_epi16(v, 4), m15);
+      q = _mm256_set_m128i(_mm_unpackhi_epi8(lo, hi), _mm_unpacklo_epi8(lo, hi));
+    }
+    _mm512_storeu_si512(codes + u * kQK, _mm512_cvtepu8_epi16(q));
+    const int64_t g = u * kQK / G;
+    scale[u] = s[g];
+    offset[u] = -b[g];
+  }
+}
+
 // DecodeRow for a row of column groups (core/repack.h) of the legacy types,
 // Q4_K and Q5_K, read where the groups hold them (the blocks after the last
 // group are plain): block (sub-block) l's 16 code bytes are dword l of each
@@ -454,13 +485,13 @@ PackedX PackX(const float* X, int64_t M, int64_t ldx, int64_t K, ThreadPool* poo
 struct Panel {
   AlignedBuffer codes, scale, offset, rows;
   std::vector<uint8_t> plain;
-  std::vector<float> rs, ro;
+  std::vector<float> rs, ro, mlx;  // mlx: a row's group scales and biases
 };
 
 LUMEN_VNNI void DecodePanel(const Matrix& W, int64_t n0, Panel* p) {
   const DType t = W.w.dtype, plain = PlainOf(t);
-  const int64_t K = W.k, units = K / UnitOf(plain);
-  const int64_t offsets = OffsetUnitOf(plain) ? K / OffsetUnitOf(plain) : 0;
+  const int64_t K = W.k, units = K / UnitOf(W);
+  const int64_t offsets = OffsetUnitOf(W) ? K / OffsetUnitOf(W) : 0;
   p->rs.resize(units);
   p->ro.resize(K / 16);  // the most any type writes
   int16_t* rows = p->rows.as<int16_t>();
@@ -476,7 +507,10 @@ LUMEN_VNNI void DecodePanel(const Matrix& W, int64_t n0, Panel* p) {
     }
     const uint8_t* row = W.w.row<const uint8_t>(n);
     const bool alone = plain == DType::kQ2_K || plain == DType::kQ3_K || plain == DType::kQ6_K;
-    if (IsColumnGroups(t) && !alone) {
+    if (W.mlx_bits) {
+      p->mlx.resize(2 * K / W.mlx_group);
+      DecodeMlxRow(W, n, rows + c * K, p->rs.data(), p->ro.data(), p->mlx.data());
+    } else if (IsColumnGroups(t) && !alone) {
       DecodeGroupsRow(t, row, K, rows + c * K, p->rs.data(), p->ro.data());
     } else {
       if (IsColumnGroups(t)) {  // Q6_K, Q2_K, Q3_K: a super-block at a time
@@ -548,8 +582,7 @@ LUMEN_VNNI void Tile(const int32_t* xp, const float* xd, const float* xs, const 
 // kKC columns of K at a time, every tile of rows over each slice.
 LUMEN_VNNI void PanelProduct(const Matrix& W, const Panel& panel, const PackedX& x, int64_t M,
                              float* Y, int64_t ldy, int64_t n0, int64_t nr, bool accumulate) {
-  const DType plain = PlainOf(W.w.dtype);
-  const int S = UnitOf(plain), off = OffsetUnitOf(plain);
+  const int S = UnitOf(W), off = OffsetUnitOf(W);
   const int64_t K = W.k;
   const int32_t* wc = panel.codes.as<int32_t>();
   const float* ws = panel.scale.as<float>();
@@ -610,7 +643,12 @@ LUMEN_VNNI void PanelProduct(const Matrix& W, const Panel& panel, const PackedX&
 }  // namespace
 
 bool Int8x2GemmSupports(const Matrix& W) {
-  if (!CpuHasVnni() || W.mlx_bits != 0 || W.mlx_runs) return false;
+  if (!CpuHasVnni() || W.mlx_runs) return false;
+  if (W.mlx_bits != 0) {  // groups of whole 32-units, float scales and biases
+    auto flt = [](DType t) { return t == DType::kF16 || t == DType::kBF16 || t == DType::kF32; };
+    return (W.mlx_bits == 4 || W.mlx_bits == 8) && W.mlx_group % kQK == 0 &&
+           W.k % W.mlx_group == 0 && flt(W.scales.dtype) && flt(W.biases.dtype);
+  }
   const DType t = W.w.dtype;
   if (t == DType::kQ5_KPlanes || !Covered(PlainOf(t))) return false;
   return W.k % std::max<int64_t>(kQK, Info(PlainOf(t)).block_elems) == 0;

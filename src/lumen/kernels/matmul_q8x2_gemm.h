@@ -10,7 +10,8 @@
 // each unit of 32 elements (Q6_K: 16) is int16 codes q with a scale a, and
 // offsets o per 32 (Q2_K: 16; none for the symmetric types), decoded once
 // per call into k-pair-major panels of 32 columns; Q2_K's and Q3_K's
-// sub-block scales are folded into their codes. F16 and BF16 rows are
+// sub-block scales are folded into their codes; MLX rows are codes q with
+// a = s and o = -b of their group per 32. F16 and BF16 rows are
 // requantized per 32-unit to codes of at most kFloatCodeMax (12 bits: 32
 // products of them and the activations stay within int32), a = amax / 2047:
 // each weight within a / 2, about 1/16 of what BF16's own rounding of the
@@ -47,7 +48,8 @@ inline constexpr float kFloatUnitTiny = 1e-30f;
 // True when this GEMM can run W's storage on this CPU (ignores W.route):
 // AVX512-VNNI (CpuHasVnni), and F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
 // Q2_K .. Q6_K as the file has them or as column groups (core/repack.h), K a
-// multiple of 32. MLX and F32 keep the exact or bf16 prefill.
+// multiple of 32, and MLX 4- and 8-bit in the file's words (groups a multiple
+// of 32). F32 keeps the exact or bf16 prefill.
 bool Int8x2GemmSupports(const Matrix& W);
 
 // True when W's products of more than Int8MaxRows(W) rows take this GEMM:

@@ -273,9 +273,9 @@ TEST(MatMulInt8x2, MatchesOracleAndExactBound) {
 
 // One thread or two, one product or several at once (mixed formats, and a
 // one-level int8 matrix beside the two-level ones): the same bits. Also the
-// route's selection: above Int8MaxRows it is the exact route, with bf16
-// prefill (kInt8x2Bf16) it is the same decode products, and it differs from
-// the one-level route.
+// route's selection: above Int8MaxRows it is the exact route where the GEMM
+// does not take the storage, with bf16 prefill (kInt8x2Bf16) it is the same
+// decode products, and it differs from the one-level route.
 TEST(MatMulInt8x2, ThreadsManyAndSelectionAreBitIdentical) {
   std::mt19937 rng(29);
   ThreadPool pool(2);
@@ -311,9 +311,11 @@ TEST(MatMulInt8x2, ThreadsManyAndSelectionAreBitIdentical) {
       EXPECT_EQ(one, bf) << CaseName(c) << " M=" << M;
     }
   // Above Int8MaxRows the exact route runs where the GEMM does not take the
-  // product (MLX storage: Int8x2GemmTakes): bit-identical to kExact.
-  OwnedMatrix W = MakeX2({DType::kU32, 64}, 40, 256, rng);
+  // product (F32 weights: Int8x2GemmTakes): bit-identical to kExact. (Every
+  // storage with an int8 decode kernel here, MLX included, has the GEMM.)
+  OwnedMatrix W = MakeX2({DType::kF32}, 40, 256, rng);
   const int64_t M = Int8MaxRows(W.m) + 1;
+  EXPECT_TRUE(Int8x2GemmSupports(MakeX2({DType::kU32, 64}, 40, 256, rng).m));
   EXPECT_FALSE(Int8x2GemmSupports(W.m));
   EXPECT_FALSE(UsesInt8Route(W.m, M));
   const std::vector<float> X = RandomActivations(M, 256, rng);
@@ -465,13 +467,11 @@ TEST(MatMulInt8x2, EveryRowAddressGivesTheSameBits) {
   GTEST_SKIP() << "no AVX512-VNNI on this CPU: the int8x2 route's long products are " \
                   "exact (or bf16) here"
 
-// The storages the GEMM reads: every GGUF case above, Q2_K / Q3_K in the
-// records the loader makes only where the AVX2 kernels run, and F16 / BF16
-// (requantized per 32).
+// The storages the GEMM reads: every case above (GGUF, and MLX in the
+// file's words), Q2_K / Q3_K in the records the loader makes only where the
+// AVX2 kernels run, and F16 / BF16 (requantized per 32).
 std::vector<Case> GemmCases() {
-  std::vector<Case> v;
-  for (const Case& c : kCases)
-    if (c.t != DType::kU32) v.push_back(c);
+  std::vector<Case> v(std::begin(kCases), std::end(kCases));
   v.push_back({DType::kQ2_KCols});
   v.push_back({DType::kQ3_KCols});
   v.push_back({DType::kF16});
@@ -550,7 +550,7 @@ TEST(Int8x2Gemm, FloatUnitsAtTheEdges) {
     w[1 * K + 70] = std::numeric_limits<float>::quiet_NaN();  // row 1, unit 2
     for (int j = 0; j < kQK; ++j) {
       w[2 * K + 96 + j] = t == DType::kBF16 ? 1e-37f * float(j + 1) : 0.0f;  // row 2, unit 3
-      w[3 * K + 128 + j] = 0.0f;                                        // row 3, unit 4
+      w[3 * K + 128 + j] = 0.0f;                                             // row 3, unit 4
     }
     w[4 * K + 160] = 1000.0f;  // row 4, unit 5: one weight dwarfs the rest
     OwnedMatrix W;

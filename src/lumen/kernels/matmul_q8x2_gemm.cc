@@ -30,7 +30,8 @@ LUMEN_ROUTE(
      .bound = "|y - y_exact| <= sum over blocks of (dx / 256) sum |w| (F16/BF16: plus "
               "(amax / 4094) sum |x| per 32) (+ f32 slack); KL(exact || route) below a quarter "
               "of what Q8_0 weights cost",
-     .tests = "Int8x2Gemm.*;RouteKl.Int8x2PrefillGemmPassesTheDefaultGate",
+     .tests = "Int8x2Gemm.*;RouteKl.Int8x2PrefillGemmPassesTheDefaultGate;RouteKl."
+              "Int8x2PrefillGemmGateOnMlx",
      .measure = "docs/reference/performance.md#the-int8x2-prefill-gemm-session-40",
      .when = "act=int8x2|int8x2+bf16 cpu=avx512vnni int8gemm=kernel",
      .priority = 15});

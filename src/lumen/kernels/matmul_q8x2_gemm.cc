@@ -38,7 +38,7 @@ LUMEN_ROUTE(
 
 namespace {
 
-// The unit of a plain type (elements per scale: 16 for Q6_K, whose 8-bit
+// The unit of W's storage (elements per scale: 16 for Q6_K, whose 8-bit
 // sub-block scales times its codes could pass int32 over 32 products; Q2_K's
 // and Q3_K's 4- and 6-bit ones are folded into their codes), and its offset
 // unit (elements per offset; 0: none).
@@ -645,11 +645,9 @@ LUMEN_VNNI void PanelProduct(const Matrix& W, const Panel& panel, const PackedX&
 
 bool Int8x2GemmSupports(const Matrix& W) {
   if (!CpuHasVnni() || W.mlx_runs) return false;
-  if (W.mlx_bits != 0) {  // groups of whole 32-units, float scales and biases
-    auto flt = [](DType t) { return t == DType::kF16 || t == DType::kBF16 || t == DType::kF32; };
-    return (W.mlx_bits == 4 || W.mlx_bits == 8) && W.mlx_group % kQK == 0 &&
-           W.k % W.mlx_group == 0 && flt(W.scales.dtype) && flt(W.biases.dtype);
-  }
+  // MLX: the decode kernels' groups (32, 64, 128: whole 32-units), float
+  // scales and biases.
+  if (W.mlx_bits != 0) return Int8RouteSupports(W);
   const DType t = W.w.dtype;
   if (t == DType::kQ5_KPlanes || !Covered(PlainOf(t))) return false;
   return W.k % std::max<int64_t>(kQK, Info(PlainOf(t)).block_elems) == 0;

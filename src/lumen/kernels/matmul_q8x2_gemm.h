@@ -15,9 +15,10 @@
 // requantized per 32-unit to codes of at most kFloatCodeMax (12 bits: 32
 // products of them and the activations stay within int32), a = amax / 2047:
 // each weight within a / 2, about 1/16 of what BF16's own rounding of the
-// unit's largest weight is worth. The register tile is 6 rows by 32 columns: per k pair, two panel
-// loads and six broadcast pairs feed twelve vpdpwssd; per unit, each accumulator is converted once
-// and added as y += (a d2) isum - o sum(x over the unit).
+// unit's largest weight is worth. The register tile is 6 rows by 32
+// columns: per k pair, two panel loads and six broadcast pairs feed twelve
+// vpdpwssd; per unit, each accumulator is converted once and added as
+// y += (a d2) isum - o sum(x over the unit).
 //
 // Why: on an Intel core without AMX, vdpbf16ps runs at half the f32 FMA's
 // rate and vpdpwssd at the FMA's; 32 k of 16 columns cost 16 vpdpwssd and 3

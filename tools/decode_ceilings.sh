@@ -4,7 +4,10 @@
 # GB/s of weight bytes (medians of ROUNDS alternating rounds):
 #   cache   1 thread, a 2048 x 2048 matrix that stays in L2/L3: the rate the
 #           kernel's instructions allow (BM_MatMul/T/1/1/2048/3)
-#   dram1   1 thread, a 134M-weight matrix streamed from DRAM (BM_MatVec/T/1/2/1)
+#   dram1   1 thread, a 134M-weight matrix streamed from DRAM (BM_MatVec/T/1/2/1;
+#           75-142 MB: where the last-level cache holds it, e.g. the 260 MiB
+#           L3 of session 41's Intel Xeon, this is the L3's rate after the
+#           first iteration, not DRAM's: BM_DecodeStream's 1 GiB matrix is)
 #   dram2   the same on 2 threads (BM_MatVec/T/2/2/1)
 # beside the read bandwidth `lumen bench --membw` measures in the same run.
 # Where cache is near or below the 1-thread bandwidth, one thread decodes at

@@ -15,6 +15,7 @@
 #include "lumen/kernels/matmul_bf16_amx.h"
 #include "lumen/kernels/matmul_q8.h"
 #include "lumen/kernels/matmul_q8_avx2.h"
+#include "lumen/kernels/matmul_q8x2_gemm.h"
 #include "lumen/train/compute.h"
 
 namespace lumen::cli {
@@ -257,8 +258,7 @@ std::string RouteSummary(const RouteChoice& c, const engine::Model& model) {
     }
     if (kernels::Int8x2GemmSupports(t.matrix)) {
       gemm = true;
-      const DType dt = t.matrix.w.dtype;
-      requantized = requantized || dt == DType::kF16 || dt == DType::kBF16;
+      requantized = requantized || kernels::Int8x2GemmRequantizes(t.matrix);
     }
   }
   const bool bf16 = kernels::RouteHasBf16(act) && kernels::CpuHasBf16();
@@ -267,7 +267,7 @@ std::string RouteSummary(const RouteChoice& c, const engine::Model& model) {
   const char* decode = !int8 ? "exact (L2)"
                        : x2  ? "int8x2 (L2; exact for other weight types)"
                              : "int8 (L3)";
-  gemm = gemm && kernels::RouteHasInt8(act) && x2 && !bf16;  // kernels::Int8x2GemmTakes
+  gemm = gemm && x2 && !bf16;  // kernels::Int8x2GemmTakes
   std::string prefill = gemm ? fmt::format("int8x2 (L2, VNNI GEMM{}; exact for other weight types)",
                                            requantized ? ", F16/BF16 weights requantized to 12-bit "
                                                          "codes per 32"

@@ -172,7 +172,7 @@ Result<BenchReport> RunBench(const Model& model, const BenchOptions& o) {
       route += kernels::AmxBf16Usable() ? ", prefill bf16, AMX tiles (L3)"
                                         : ", prefill bf16, AVX512-BF16 (L3)";
     else if (kernels::Int8x2GemmTakes(m))
-      route += m.w.dtype == DType::kF16 || m.w.dtype == DType::kBF16
+      route += kernels::Int8x2GemmRequantizes(m)
                    ? ", prefill int8x2 GEMM on 12-bit codes per 32, VNNI (L2)"
                    : ", prefill int8x2 GEMM, VNNI (L2)";
     routes.insert(name + route);

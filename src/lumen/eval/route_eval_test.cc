@@ -154,26 +154,25 @@ TEST(RouteKl, Bf16PrefillPassesTheDefaultGate) {
 
 // The default gate for the int8x2 route at prefill, measured where it runs
 // (one prefill per sequence of at most `rows` tokens, every position's
-// logits), on the embedded model's conversions to `types`; expect_rows:
-// the route's Int8MaxRows per conversion, checked before measuring.
+// logits), on the embedded model's Q8_0 conversion (which also gives what
+// Q8_0 weights cost) and its conversions to `more`; expect_rows: the route's
+// Int8MaxRows per conversion, checked before measuring.
 void ExpectInt8x2PrefillGate(const char* dir_name, int64_t rows,
                              const std::map<std::string, int64_t>& expect_rows,
-                             std::initializer_list<DType> types) {
+                             std::initializer_list<DType> more) {
   auto f32 = engine::LoadDefaultModel();
   ASSERT_TRUE(f32.ok());
   const fs::path dir = GateDir(dir_name);
   auto prompts = GatePrompts(**f32);
   ASSERT_TRUE(prompts.ok());
   std::vector<std::string> paths;
+  std::vector<DType> types = {DType::kQ8_0};
+  types.insert(types.end(), more);
   for (DType t : types) {
     paths.push_back((dir / (std::string(Name(t)) + ".gguf")).string());
     ASSERT_TRUE(engine::ConvertModel(**f32, engine::OutputFormat::kGguf, paths.back(), t).ok());
   }
-  const fs::path q8_path = dir / "q8_0_weights.gguf";
-  ASSERT_TRUE(
-      engine::ConvertModel(**f32, engine::OutputFormat::kGguf, q8_path.string(), DType::kQ8_0)
-          .ok());
-  auto q8 = Load(q8_path.string(), kernels::ActRoute::kExact);
+  auto q8 = Load(paths[0], kernels::ActRoute::kExact);
   ASSERT_TRUE(q8);
   for (const std::string& path : paths) {
     const std::string name = fs::path(path).stem().string();
@@ -211,8 +210,7 @@ TEST(RouteKl, Int8x2ShortPrefillPassesTheDefaultGate) {
   if (kernels::CpuHasVnni() || !kernels::CpuHasAvx2())
     GTEST_SKIP() << "the int8x2 route takes prompts above 8 tokens only with the AVX2 kernels "
                     "(no AVX512-VNNI): not on this CPU";
-  ExpectInt8x2PrefillGate("lumen_gatesp", 0, {{"q8_0", 12}, {"q4_0", 32}},
-                          {DType::kQ8_0, DType::kQ4_0});
+  ExpectInt8x2PrefillGate("lumen_gatesp", 0, {{"q8_0", 12}, {"q4_0", 32}}, {DType::kQ4_0});
 }
 
 // On AVX512-VNNI CPUs every prompt takes the int8x2 route: above 8 tokens
@@ -221,8 +219,7 @@ TEST(RouteKl, Int8x2ShortPrefillPassesTheDefaultGate) {
 TEST(RouteKl, Int8x2PrefillGemmPassesTheDefaultGate) {
   if (!kernels::CpuHasVnni())
     GTEST_SKIP() << "the int8x2 prefill GEMM needs AVX512-VNNI: not on this CPU";
-  ExpectInt8x2PrefillGate("lumen_gategemm", 64, {},
-                          {DType::kQ8_0, DType::kQ4_0, DType::kBF16, DType::kF16});
+  ExpectInt8x2PrefillGate("lumen_gategemm", 64, {}, {DType::kQ4_0, DType::kBF16, DType::kF16});
 }
 
 // The same gate for the int8x2 decode route, the default decode route

@@ -261,9 +261,9 @@ LUMEN_VNNI void DecodeRow(DType t, const uint8_t* plain, int64_t K, int16_t* cod
 // An F16 / BF16 row requantized per 32-unit to 12-bit codes as the oracle
 // does it (matmul_q8_ref.h): q = rint(w 2047 / amax), scale amax / 2047
 // (zero below kFloatUnitTiny); a unit with an inf or NaN gets scale NaN (its
-// outputs are NaN where the exact route's would be non-finite).
-LUMEN_VNNI void DecodeFloatRow(DType t, const uint8_t* row, int64_t K, int16_t* codes, float* scale,
-                               float* offset) {
+// outputs are NaN where the exact route's would be non-finite). No offsets.
+LUMEN_VNNI void DecodeFloatRow(DType t, const uint8_t* row, int64_t K, int16_t* codes,
+                               float* scale) {
   const __m512 abs_mask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7FFFFFFF));
   for (int64_t b = 0; b < K / kQK; ++b) {
     const __m512i h = _mm512_loadu_si512(row + b * kQK * 2);
@@ -280,7 +280,6 @@ LUMEN_VNNI void DecodeFloatRow(DType t, const uint8_t* row, int64_t K, int16_t* 
     const bool finite = (_mm512_fpclass_ps_mask(w0, 0x99) | _mm512_fpclass_ps_mask(w1, 0x99)) == 0;
     const float amax = _mm512_reduce_max_ps(
         _mm512_max_ps(_mm512_and_ps(w0, abs_mask), _mm512_and_ps(w1, abs_mask)));
-    offset[b] = 0.0f;
     if (!finite || amax < kFloatUnitTiny) {
       _mm512_storeu_si512(codes + b * kQK, _mm512_setzero_si512());
       scale[b] = finite ? 0.0f : std::numeric_limits<float>::quiet_NaN();
@@ -511,6 +510,8 @@ LUMEN_VNNI void DecodePanel(const Matrix& W, int64_t n0, Panel* p) {
     if (W.mlx_bits) {
       p->mlx.resize(2 * K / W.mlx_group);
       DecodeMlxRow(W, n, rows + c * K, p->rs.data(), p->ro.data(), p->mlx.data());
+    } else if (Int8x2GemmRequantizes(W)) {
+      DecodeFloatRow(plain, row, K, rows + c * K, p->rs.data());
     } else if (IsColumnGroups(t) && !alone) {
       DecodeGroupsRow(t, row, K, rows + c * K, p->rs.data(), p->ro.data());
     } else {
@@ -519,10 +520,7 @@ LUMEN_VNNI void DecodePanel(const Matrix& W, int64_t n0, Panel* p) {
         UnpackColumnGroupsRow(t, row, K, p->plain.data());
         row = p->plain.data();
       }
-      if (plain == DType::kF16 || plain == DType::kBF16)
-        DecodeFloatRow(plain, row, K, rows + c * K, p->rs.data(), p->ro.data());
-      else
-        DecodeRow(plain, row, K, rows + c * K, p->rs.data(), p->ro.data());
+      DecodeRow(plain, row, K, rows + c * K, p->rs.data(), p->ro.data());
     }
     for (int64_t u = 0; u < units; ++u) scale[u * kNR + c] = p->rs[u];
     for (int64_t u = 0; u < offsets; ++u) offset[u * kNR + c] = p->ro[u];
@@ -651,6 +649,10 @@ bool Int8x2GemmSupports(const Matrix& W) {
   const DType t = W.w.dtype;
   if (t == DType::kQ5_KPlanes || !Covered(PlainOf(t))) return false;
   return W.k % std::max<int64_t>(kQK, Info(PlainOf(t)).block_elems) == 0;
+}
+
+bool Int8x2GemmRequantizes(const Matrix& W) {
+  return W.mlx_bits == 0 && (W.w.dtype == DType::kF16 || W.w.dtype == DType::kBF16);
 }
 
 bool Int8x2GemmTakes(const Matrix& W) {

@@ -53,6 +53,10 @@ inline constexpr float kFloatUnitTiny = 1e-30f;
 // of 32). F32 keeps the exact or bf16 prefill.
 bool Int8x2GemmSupports(const Matrix& W);
 
+// True when this GEMM requantizes W's values (F16, BF16: 12-bit codes per 32)
+// rather than reading its codes.
+bool Int8x2GemmRequantizes(const Matrix& W);
+
 // True when W's products of more than Int8MaxRows(W) rows take this GEMM:
 // the route has two int8 levels, no bf16 prefill that runs on this CPU takes
 // them first, and Int8x2GemmSupports(W).

@@ -136,7 +136,7 @@ void DequantizeColumnGroups(DType t, const uint8_t* row, int64_t K, int64_t k0, 
                             float* dst);
 
 // MLX 4- and 8-bit rows for the AVX2 int8 kernels ("runs",
-// kernels::Matrix::mlx_runs; made at load only where those kernels run).
+// kernels::MlxOrder::kRuns; made at load only where those kernels run).
 // Each whole kMlxRunBytes of a row's codes (a run: 8 blocks of 32 4-bit codes,
 // or 4 of 32 8-bit ones) has its 32 dwords transposed within 16-byte halves:
 // the dword at byte 32 k + 16 h + 4 c moves to 32 c + 16 h + 4 k (k, c < 4,
@@ -145,5 +145,17 @@ void DequantizeColumnGroups(DType t, const uint8_t* row, int64_t K, int64_t k0, 
 // transform is its own inverse: the same call gives the file's bytes back.
 inline constexpr int64_t kMlxRunBytes = 128;
 void TransposeMlxRuns(uint8_t* codes, int64_t bytes);
+
+// MLX 4-bit rows for the AVX-512 VNNI int8 kernels ("groups",
+// kernels::MlxOrder::kGroups; made at load only where those kernels run).
+// Each whole kMlxGroupBytes of a row's codes (512 codes: 16 blocks of 32,
+// four dwords each) has its dwords transposed 16 x 4: the dword at 4 l + c
+// (block l's c-th) moves to 16 c + l, so dword c of all 16 blocks is one
+// 64-byte vector, which the kernels otherwise gathered with two vpermt2d and
+// a blend per vector; the bytes after the last whole group stay.
+// UntransposeMlxGroups gives the file's bytes back.
+inline constexpr int64_t kMlxGroupBytes = 256;
+void TransposeMlxGroups(uint8_t* codes, int64_t bytes);
+void UntransposeMlxGroups(uint8_t* codes, int64_t bytes);
 
 }  // namespace lumen

@@ -51,6 +51,18 @@ std::vector<int32_t> RandomTokens(int n, int vocab, uint64_t seed) {
   return t;
 }
 
+// How `lumen bench` names an MLX matrix's order after its type.
+const char* MlxOrderSuffix(kernels::MlxOrder order) {
+  switch (order) {
+    case kernels::MlxOrder::kRuns:
+      return "_runs";
+    case kernels::MlxOrder::kGroups:
+      return "_groups";
+    default:
+      return "";
+  }
+}
+
 }  // namespace
 
 Spread Spread::Of(std::vector<double> v) {
@@ -161,7 +173,7 @@ Result<BenchReport> RunBench(const Model& model, const BenchOptions& o) {
     if (&m != &w.output) mat_flops += 2.0 * double(m.n) * double(m.k);
     const std::string name = m.mlx_bits
                                  ? "mlx" + std::to_string(m.mlx_bits) + "_g" +
-                                       std::to_string(m.mlx_group) + (m.mlx_runs ? "_runs" : "")
+                                       std::to_string(m.mlx_group) + MlxOrderSuffix(m.mlx_order)
                                  : std::string(Name(m.w.dtype));
     std::string route = !kernels::UsesInt8Route(m, 1)
                             ? (kernels::MatMulIsFused(m) ? ": fused decode" : ": scalar dequant")

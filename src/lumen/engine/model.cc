@@ -93,32 +93,38 @@ int RepackColumnGroupsForInt8(formats::GgufFile& gg, std::vector<StoredTensor>& 
   return count;
 }
 
-// MLX matrices' codes rewritten in place as runs (core/repack.h:
-// TransposeMlxRuns) for the AVX2 int8 kernels, which then load a run's
-// blocks transposed (a 4 x 4 dword transpose per run saved: MLX 8-bit's row
-// 140 -> 128 ns on Zen 2), for the matrices those kernels cover. Under the
-// same conditions as the column groups
-// (an int8 route, a copied file, not LUMEN_REPACK=0), where those kernels
-// are the int8 ones (kernels::Int8MlxRuns). Every other reader takes the
+// MLX matrices' codes rewritten in place in the order this CPU's int8
+// kernels read (kernels::Int8MlxOrder, core/repack.h): runs for the AVX2
+// ones, which then load a run's blocks transposed (a 4 x 4 dword transpose
+// per run saved: MLX 8-bit's row 140 -> 128 ns on Zen 2); groups of 4-bit
+// codes for the AVX-512 VNNI ones, which then load each column of a group
+// (two vpermt2d and a blend per 64 bytes saved; docs/reference/performance.md,
+// session 42). Under the same conditions as the column groups (an int8
+// route, a copied file, not LUMEN_REPACK=0). Every other reader takes the
 // file's order back (kernels::MlxFileCodes). Returns the matrices rewritten.
-int RepackMlxRunsForInt8(formats::HfModelDir& hf, std::vector<StoredTensor>& tensors,
-                         kernels::ActRoute route, ThreadPool& pool) {
-  if (!RepackWanted(route) || !kernels::Int8MlxRuns()) return 0;
+int RepackMlxForInt8(formats::HfModelDir& hf, std::vector<StoredTensor>& tensors,
+                     kernels::ActRoute route, ThreadPool& pool) {
+  if (!RepackWanted(route)) return 0;
   int count = 0;
   for (StoredTensor& t : tensors) {
     kernels::Matrix& m = t.matrix;
-    if (m.mlx_bits == 0 || m.mlx_runs || m.n == 0 || !kernels::Int8RouteSupports(m)) continue;
+    const kernels::MlxOrder order = kernels::Int8MlxOrder(m);
+    if (order == kernels::MlxOrder::kFile || m.n == 0) continue;
     const auto rb = static_cast<size_t>(m.k * m.mlx_bits / 8);
     const auto stride = static_cast<size_t>(m.w.stride[0]);
     const size_t len = (static_cast<size_t>(m.n) - 1) * stride + rb;
     const bool done = hf.RewriteInPlace(m.w.data, len, [&](uint8_t* p) {
       pool.ParallelFor(m.n, [&](int64_t n0, int64_t n1, int) {
-        for (int64_t n = n0; n < n1; ++n)
-          TransposeMlxRuns(p + n * stride, static_cast<int64_t>(rb));
+        for (int64_t n = n0; n < n1; ++n) {
+          if (order == kernels::MlxOrder::kRuns)
+            TransposeMlxRuns(p + n * stride, static_cast<int64_t>(rb));
+          else
+            TransposeMlxGroups(p + n * stride, static_cast<int64_t>(rb));
+        }
       });
     });
     if (!done) return count;  // the file is mapped, not copied: none can be
-    m.mlx_runs = true;
+    m.mlx_order = order;
     ++count;
   }
   return count;
@@ -176,8 +182,8 @@ Status Model::Finish(const LoadOptions& opts) {
     if (n > 0) LUMEN_LOG_DEBUG("repacked {} matrices into column groups", n);
   }
   if (sources_->hf) {
-    const int n = RepackMlxRunsForInt8(*sources_->hf, tensors_, opts.act_route, *pool_);
-    if (n > 0) LUMEN_LOG_DEBUG("repacked {} MLX matrices into runs", n);
+    const int n = RepackMlxForInt8(*sources_->hf, tensors_, opts.act_route, *pool_);
+    if (n > 0) LUMEN_LOG_DEBUG("rearranged the codes of {} MLX matrices for the int8 kernels", n);
   }
   LUMEN_ASSIGN_OR_RETURN(weights_, model::BindWeights(config_, lookup));
   SetActRoute(opts.act_route);

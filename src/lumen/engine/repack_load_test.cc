@@ -149,27 +149,37 @@ TEST(RepackLoad, ColumnGroupsOnlyForInt8RoutesInCopiedFilesWithTheMappedLogits) 
   fs::remove_all(dir);
 }
 
-// MLX matrices' codes rewritten as runs (core/repack.h: TransposeMlxRuns) at
-// load: only for an int8 route in a copied file where the AVX2 kernels are
-// the int8 ones, every MLX matrix (the tied embedding table too, whose rows
-// the lookup reads back in the file's order); the logits bit for bit those of
-// the same file mapped (the kernels' sums are the same, only where the
-// transpose happens moves), through the int8x2 rows and the exact panels of
-// a longer prompt; converted, the same file. Rows with and without blocks
-// after their last whole run.
-TEST(RepackLoad, MlxRunsOnlyForAvx2Int8RoutesInCopiedFilesWithTheMappedLogits) {
-  if (!kernels::Int8MlxRuns()) GTEST_SKIP() << "the int8 kernels here are not the AVX2 ones";
+// MLX matrices' codes rewritten at load in the order of this CPU's int8
+// kernels (core/repack.h; kernels::Int8MlxOrder): runs where they are the AVX2
+// ones (4- and 8-bit), groups of 4-bit codes where they are the AVX-512 VNNI
+// ones; only for an int8 route in a copied file, every MLX matrix those
+// kernels read (the tied embedding table too, whose rows the lookup reads
+// back in the file's order); the logits bit for bit those of the same file
+// mapped (the kernels' sums are the same, only where the transpose happens
+// moves), through the int8x2 rows and the products of a longer prompt (the
+// exact panels, or the int8x2 GEMM, which reads the file's order back);
+// converted, the same file. Rows with and without codes after their last
+// whole run or group.
+TEST(RepackLoad, MlxCodesInTheInt8KernelsOrderOnlyInCopiedFilesWithTheMappedLogits) {
+  if (!kernels::CpuHasVnni() && !kernels::CpuHasAvx2())
+    GTEST_SKIP() << "no int8 kernels here (neither VNNI nor AVX2)";
+  const bool vnni = kernels::CpuHasVnni();
   const fs::path dir = fs::temp_directory_path() / ("lumen_mlxruns_" + std::to_string(::getpid()));
   fs::create_directories(dir);
   struct Case {
     int bits, group, dim, ffn;
   };
-  // 4-bit runs hold 256 elements, 8-bit 128: K = 640 leaves 4-bit a tail of
-  // 128, 1120 leaves 96 (8-bit: 96), 1152 leaves 4-bit 128; 768 and 1280 none.
+  // 4-bit runs hold 256 elements, 8-bit 128, 4-bit groups 512: K = 640
+  // leaves 4-bit a run tail of 128 (a group tail of 128), 1120 leaves 96
+  // (8-bit: 96; groups: 96), 1152 leaves 4-bit 128 (groups 128); 768 and
+  // 1280 no run tail (groups: 256).
   for (const Case c : {Case{4, 32, 640, 1120}, Case{8, 32, 640, 1120}, Case{4, 64, 640, 1152},
                        Case{8, 64, 640, 1152}, Case{4, 128, 768, 1280}}) {
     const std::string name = "mlx" + std::to_string(c.bits) + "_g" + std::to_string(c.group);
     SCOPED_TRACE(name);
+    const kernels::MlxOrder want = !vnni         ? kernels::MlxOrder::kRuns
+                                   : c.bits == 4 ? kernels::MlxOrder::kGroups
+                                                 : kernels::MlxOrder::kFile;
     const std::string path = (dir / name).string();
     SynthOptions so;
     so.format = OutputFormat::kHf;
@@ -183,10 +193,13 @@ TEST(RepackLoad, MlxRunsOnlyForAvx2Int8RoutesInCopiedFilesWithTheMappedLogits) {
     for (const kernels::Matrix* m :
          {&w.tok_embd, &w.output, &w.layers[0].wq, &w.layers[1].w_down, &w.layers[1].w_up}) {
       EXPECT_EQ(c.bits, m->mlx_bits);
-      EXPECT_TRUE(m->mlx_runs);
+      // The VNNI kernels take rows of whole 64-element vectors (w_down of
+      // the 1120-wide FFN is not one: the exact route's, in the file's order).
+      const bool covered = !vnni || m->k % 64 == 0;
+      EXPECT_EQ(covered ? want : kernels::MlxOrder::kFile, m->mlx_order) << m->k;
     }
-    EXPECT_FALSE(mapped->weights().layers[0].wq.mlx_runs);
-    EXPECT_FALSE(exact->weights().layers[0].wq.mlx_runs);
+    EXPECT_EQ(kernels::MlxOrder::kFile, mapped->weights().layers[0].wq.mlx_order);
+    EXPECT_EQ(kernels::MlxOrder::kFile, exact->weights().layers[0].wq.mlx_order);
 
     const std::vector<int32_t> ids = {1, 17, 230, 5, 99, 311, 42, 7, 480};
     EXPECT_EQ(Logits(*mapped, ids), Logits(*copied, ids));

@@ -1593,8 +1593,23 @@ LUMEN_VNNI void RowsMlx(const Matrix& W, const Int8Rows& X, int64_t m0, float* Y
   std::vector<float> sb(2 * ng);     // the row's scales, then biases
   const int64_t per_twin = 128 / G;  // groups per twin (G < 128), hoisted: GCC divided per twin
   const int64_t ss = Info(W.scales.dtype).block_bytes;
+  const bool grouped = W.mlx_order == MlxOrder::kGroups;  // 4-bit (Int8RouteSupports)
+  const int64_t code_row =
+      W.n > 1 ? W.w.row<const uint8_t>(1) - W.w.row<const uint8_t>(0) : K * W.mlx_bits / 8;
   for (int64_t n = n0; n < n1; ++n)
     for (const Span& s : spans) {
+      // The scales and biases are two more streams, a line or a few per row:
+      // ask for those of the row the codes' prefetch reaches (the hardware
+      // prefetchers of the Xeon in prefetch.h do not run ahead of them).
+      if (s.first && n + 1 < W.n) {
+        const int64_t r = std::min(W.n - 1, n + (s.ahead + code_row - 1) / code_row);
+        __builtin_prefetch(W.scales.row<const uint8_t>(r), 0, 2);
+        __builtin_prefetch(W.biases.row<const uint8_t>(r), 0, 2);
+        for (int64_t o = 64; o < ng * ss; o += 64) {
+          __builtin_prefetch(W.scales.row<const uint8_t>(r) + o, 0, 2);
+          __builtin_prefetch(W.biases.row<const uint8_t>(r) + o, 0, 2);
+        }
+      }
       // The span's groups (the last span's run to the row's end); the biases
       // are needed by the last span only.
       const int64_t g0 = s.u0 * 128 / G, g1 = s.last ? ng : s.u1 * 128 / G;
@@ -1644,7 +1659,8 @@ LUMEN_VNNI void RowsMlx(const Matrix& W, const Int8Rows& X, int64_t m0, float* Y
       // meet record c and high nibbles record 4 + c (SourceIndex). The four
       // columns are gathered from the group's four vectors at run time (two
       // vpermt2d and a blend each), so the lane work is paid once per 512
-      // weights, not once per 128 as in a twin.
+      // weights, not once per 128 as in a twin; in groups (MlxOrder::kGroups,
+      // made at load) each column is one load.
       auto group = [&]<int A>(int64_t Q, std::integral_constant<int, A>) LUMEN_VNNI {
         const uint8_t* c0 = codes + 256 * Q;
         PrefetchAhead(c0, 256, s.ahead);
@@ -1653,11 +1669,14 @@ LUMEN_VNNI void RowsMlx(const Matrix& W, const Int8Rows& X, int64_t m0, float* Y
         const __m512i k4 = _mm512_set1_epi8(0x0F);
         __m512i lo[4], hi[4];
         for (int c = 0; c < 4; ++c) {
-          // lane l <- dword 4 (l % 8) + c of [v0 | v1] (lanes 0-7) or [v2 | v3].
-          const __m512i idx = LaneValues([c](int l) { return 4 * (l % 8) + c; });
-          const __m512i col =
-              _mm512_mask_blend_epi32(0xFF00, _mm512_permutex2var_epi32(v0, idx, v1),
-                                      _mm512_permutex2var_epi32(v2, idx, v3));
+          __m512i col;
+          if (grouped) {
+            col = c == 0 ? v0 : c == 1 ? v1 : c == 2 ? v2 : v3;
+          } else {  // lane l <- dword 4 (l % 8) + c of [v0 | v1] (lanes 0-7) or [v2 | v3].
+            const __m512i idx = LaneValues([c](int l) { return 4 * (l % 8) + c; });
+            col = _mm512_mask_blend_epi32(0xFF00, _mm512_permutex2var_epi32(v0, idx, v1),
+                                          _mm512_permutex2var_epi32(v2, idx, v3));
+          }
           lo[c] = _mm512_and_si512(col, k4);
           hi[c] = _mm512_and_si512(_mm512_srli_epi16(col, 4), k4);
         }
@@ -1883,11 +1902,18 @@ DType Int8ColumnGroupsOf(DType plain) {
   return plain == DType::kQ5_K ? DType::kQ5_KPlanes : ColumnGroupsOf(plain);
 }
 
-bool Int8MlxRuns() { return !CpuHasVnni() && CpuHasAvx2(); }
+MlxOrder Int8MlxOrder(const Matrix& W) {
+  if (W.mlx_bits == 0 || W.mlx_order != MlxOrder::kFile || !Int8RouteSupports(W))
+    return MlxOrder::kFile;
+  if (!CpuHasVnni()) return MlxOrder::kRuns;  // the AVX2 kernels (Int8RouteSupports)
+  return W.mlx_bits == 4 ? MlxOrder::kGroups : MlxOrder::kFile;
+}
 
 bool Int8RouteSupports(const Matrix& W) {
   if (!CpuHasVnni()) return CpuHasAvx2() && Avx2Int8Covers(W);
-  if (W.mlx_runs) return false;  // the AVX2 kernels' layout, made only where they run
+  // Runs: the AVX2 kernels' order, made only where they run; groups: 4-bit.
+  if (W.mlx_order == MlxOrder::kRuns || (W.mlx_order == MlxOrder::kGroups && W.mlx_bits != 4))
+    return false;
   if (W.mlx_bits != 0) {
     const DType st = W.scales.dtype, bt = W.biases.dtype;
     auto flt = [](DType t) { return t == DType::kF16 || t == DType::kBF16 || t == DType::kF32; };

@@ -74,9 +74,11 @@ bool Int8RouteSupports(const Matrix& W);
 // without VNNI (the AVX2 kernels read their records, the VNNI ones the file's
 // order); Q5_K without VNNI as kQ5_KPlanes (the AVX2 kernels' 5th bits).
 DType Int8ColumnGroupsOf(DType plain);
-// Whether the loader makes MLX runs (core/repack.h, Matrix::mlx_runs): where
-// the int8 kernels are the AVX2 ones (the VNNI kernels read the file's order).
-bool Int8MlxRuns();
+// The order the loader puts W's MLX codes in (core/repack.h,
+// Matrix::mlx_order) for this CPU's int8 kernels: runs where they are the
+// AVX2 ones, groups for 4-bit where they are the AVX-512 VNNI ones, else the
+// file's (8-bit on VNNI; no int8 kernel). W as the file has it.
+MlxOrder Int8MlxOrder(const Matrix& W);
 
 // True when MatMul(W, ..., M, ...) takes the int8 route: up to Int8MaxRows(W)
 // rows the dot kernels, above it the int8x2 GEMM where it takes W

@@ -136,7 +136,8 @@ bool FmtOf(const Matrix& W, Fmt* f) {
     const int64_t G = W.mlx_group;
     *f = W.mlx_bits == 4 ? Fmt::kMlx4 : Fmt::kMlx8;
     return (W.mlx_bits == 4 || W.mlx_bits == 8) && (G == 32 || G == 64 || G == 128) &&
-           W.k % G == 0 && flt(W.scales.dtype) && flt(W.biases.dtype);
+           W.k % G == 0 && flt(W.scales.dtype) && flt(W.biases.dtype) &&
+           W.mlx_order != MlxOrder::kGroups;  // the VNNI kernels' order
   }
   for (const auto& s : kStorages)
     if (s.type == W.w.dtype) {
@@ -345,7 +346,8 @@ void MatMulManyInt8Avx2(std::span<const MatMulOut> outs, const float* X, int64_t
     for (int mb = 1; mb <= kRowsPerPass; ++mb) {
       plans[i].fn[mb - 1] = mlx ? nullptr : int8_avx2::PickRows(f, levels, mb);
       plans[i].mlx[mb - 1] =
-          mlx ? int8_avx2::PickMlxRows(f, static_cast<int>(w.mlx_group), w.mlx_runs, levels, mb)
+          mlx ? int8_avx2::PickMlxRows(f, static_cast<int>(w.mlx_group),
+                                       w.mlx_order == MlxOrder::kRuns, levels, mb)
               : nullptr;
     }
     total += w.n;

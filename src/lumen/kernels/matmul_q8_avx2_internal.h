@@ -177,7 +177,7 @@ using MlxRowsFn = void (*)(const Matrix& W, int64_t n, const Acts& a, int64_t m0
 // The row kernel for format f at `levels` activation levels and mb (1..4)
 // activation rows: matmul_q8_avx2_gguf.cc (GGUF storages) and
 // matmul_q8_avx2_mlx.cc (MLX, groups of `group` = 32, 64 or 128 elements,
-// the codes in runs (Matrix::mlx_runs) or the file's order).
+// the codes in runs (MlxOrder::kRuns) or the file's order).
 RowsFn PickRows(Fmt f, int levels, int mb);
 MlxRowsFn PickMlxRows(Fmt f, int group, bool runs, int levels, int mb);
 

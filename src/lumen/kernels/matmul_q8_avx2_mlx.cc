@@ -1,5 +1,5 @@
 // The AVX2 int8 row kernels for MLX affine 4- and 8-bit rows (matmul_q8_avx2.h):
-// runs of blocks transposed in registers, or by the loader (Matrix::mlx_runs,
+// runs of blocks transposed in registers, or by the loader (MlxOrder::kRuns,
 // core/repack.h), against activations laid out to match (Prepare's
 // kMlx4Records / kMlx8Slices), the blocks after the last whole run in natural
 // order; the biases one dot per row.

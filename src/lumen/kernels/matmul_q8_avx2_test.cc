@@ -226,12 +226,12 @@ void ExpectRunsReadAsTheFile(OwnedMatrix& W, const std::vector<float>& X, int64_
   for (int64_t i = 0; i < M * N; ++i) dY[i] = X[i % (M * K)];
   MatMulT(W.m, dY.data(), M, dX.data(), nullptr);
   for (int64_t n = 0; n < N; ++n) TransposeMlxRuns(W.m.w.row<uint8_t>(n), K * W.m.mlx_bits / 8);
-  W.m.mlx_runs = true;
+  W.m.mlx_order = MlxOrder::kRuns;
   if (K >= run) {  // otherwise nothing moved
     std::vector<float> file_order(M * N);
-    W.m.mlx_runs = false;
+    W.m.mlx_order = MlxOrder::kFile;
     RunAvx2(W.m, X.data(), M, file_order.data());
-    W.m.mlx_runs = true;
+    W.m.mlx_order = MlxOrder::kRuns;
     EXPECT_NE(file_order, Y) << what << ": the runs not read as runs";
   }
   std::vector<float> got(M * N), got1(N), r(K);

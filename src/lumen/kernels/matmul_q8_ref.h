@@ -74,14 +74,17 @@ inline int PlaneCode(const uint8_t* planes, int e) {
   return ((b[32 * (r - 6)] >> 6) & 3) | ((b[64] >> r) & 1) << 2;
 }
 
-// Byte f (in the file's order) of an MLX row's codes at row: in runs
-// (Matrix::mlx_runs), byte b of the dword at 32 k + 16 h + 4 c of a whole
-// 128-byte run is stored at 32 c + 16 h + 4 k + b (core/repack.h).
+// Byte f (in the file's order) of an MLX row's codes at row, as its order
+// (Matrix::mlx_order, core/repack.h) stores it: in a whole 128-byte run,
+// byte b of the dword at 32 k + 16 h + 4 c is at 32 c + 16 h + 4 k + b; in a
+// whole 256-byte group, byte b of the dword at 4 l + c is at 4 (16 c + l) + b.
 inline uint8_t MlxCodeByte(const Matrix& W, const uint8_t* row, int64_t f) {
-  const int64_t run = f / 128, o = f % 128;
-  if (!W.mlx_runs || (run + 1) * 128 > W.k * W.mlx_bits / 8) return row[f];
-  const int64_t k = o / 32, h = o % 32 / 16, c = o % 16 / 4, b = o % 4;
-  return row[run * 128 + 32 * c + 16 * h + 4 * k + b];
+  const int64_t unit = MlxUnitBytes(W.mlx_order);
+  if (unit == 0 || (f / unit + 1) * unit > W.k * W.mlx_bits / 8) return row[f];
+  const int64_t u = f / unit * unit, o = f % unit, b = o % 4;
+  if (W.mlx_order == MlxOrder::kGroups) return row[u + 4 * (16 * (o / 4 % 4) + o / 16) + b];
+  const int64_t k = o / 32, h = o % 32 / 16, c = o % 16 / 4;
+  return row[u + 32 * c + 16 * h + 4 * k + b];
 }
 
 // a[0..K), o[0..K) of row n (w = a - o).

@@ -296,15 +296,16 @@ LUMEN_VNNI void DecodeFloatRow(DType t, const uint8_t* row, int64_t K, int16_t* 
 // An MLX row n (w = s q + b per group, the file's little-endian words: 4-bit
 // element i is nibble i % 2 of byte i / 2, 8-bit element i byte i) as the
 // oracle splits it: codes q, and per 32-unit a = s and o = -b of its group.
-// sb: room for the row's group scales and biases (2 K / group floats).
+// sb: room for the row's group scales and biases (2 K / group floats); buf:
+// the row's codes in the file's order where they are in groups.
 LUMEN_VNNI void DecodeMlxRow(const Matrix& W, int64_t n, int16_t* codes, float* scale,
-                             float* offset, float* sb) {
+                             float* offset, float* sb, std::vector<uint8_t>* buf) {
   const int64_t K = W.k, G = W.mlx_group;
   float* s = sb;
   float* b = sb + K / G;
   DequantizeRow(W.scales.dtype, W.scales.row(n), s, K / G);
   DequantizeRow(W.biases.dtype, W.biases.row(n), b, K / G);
-  const uint8_t* row = W.w.row<const uint8_t>(n);
+  const uint8_t* row = MlxFileCodes(W, n, 0, K * W.mlx_bits / 8, buf);
   const __m128i m15 = _mm_set1_epi8(15);
   for (int64_t u = 0; u < K / kQK; ++u) {
     __m256i q;
@@ -484,7 +485,7 @@ PackedX PackX(const float* X, int64_t M, int64_t ldx, int64_t K, ThreadPool* poo
 // (kNR x K int16) before they are transposed into pairs.
 struct Panel {
   AlignedBuffer codes, scale, offset, rows;
-  std::vector<uint8_t> plain;
+  std::vector<uint8_t> plain;      // a row's blocks (or MLX codes) in the file's order
   std::vector<float> rs, ro, mlx;  // mlx: a row's group scales and biases
 };
 
@@ -509,7 +510,7 @@ LUMEN_VNNI void DecodePanel(const Matrix& W, int64_t n0, Panel* p) {
     const bool alone = plain == DType::kQ2_K || plain == DType::kQ3_K || plain == DType::kQ6_K;
     if (W.mlx_bits) {
       p->mlx.resize(2 * K / W.mlx_group);
-      DecodeMlxRow(W, n, rows + c * K, p->rs.data(), p->ro.data(), p->mlx.data());
+      DecodeMlxRow(W, n, rows + c * K, p->rs.data(), p->ro.data(), p->mlx.data(), &p->plain);
     } else if (Int8x2GemmRequantizes(W)) {
       DecodeFloatRow(plain, row, K, rows + c * K, p->rs.data());
     } else if (IsColumnGroups(t) && !alone) {
@@ -642,7 +643,7 @@ LUMEN_VNNI void PanelProduct(const Matrix& W, const Panel& panel, const PackedX&
 }  // namespace
 
 bool Int8x2GemmSupports(const Matrix& W) {
-  if (!CpuHasVnni() || W.mlx_runs) return false;
+  if (!CpuHasVnni() || W.mlx_order == MlxOrder::kRuns) return false;
   // MLX: the decode kernels' groups (32, 64, 128: whole 32-units), float
   // scales and biases.
   if (W.mlx_bits != 0) return Int8RouteSupports(W);

@@ -9,6 +9,17 @@
 
 namespace lumen::kernels {
 
+int64_t MlxUnitBytes(MlxOrder order) {
+  switch (order) {
+    case MlxOrder::kRuns:
+      return kMlxRunBytes;
+    case MlxOrder::kGroups:
+      return kMlxGroupBytes;
+    default:
+      return 0;
+  }
+}
+
 void DequantizeMatrixRow(const Matrix& m, int64_t r, float* dst) {
   DequantizeMatrixColumns(m, r, 0, m.k, dst);
 }
@@ -18,19 +29,24 @@ int64_t MatrixColumnAlign(const Matrix& m) {
 }
 
 int64_t MatrixSliceAlign(const Matrix& m) {
-  if (m.mlx_runs) return kMlxRunBytes * 8 / m.mlx_bits;  // whole runs (a multiple of the group)
+  // whole runs or groups (multiples of the MLX group)
+  if (m.mlx_order != MlxOrder::kFile) return MlxUnitBytes(m.mlx_order) * 8 / m.mlx_bits;
   return IsColumnGroups(m.w.dtype) ? kColsElems : MatrixColumnAlign(m);
 }
 
 const uint8_t* MlxFileCodes(const Matrix& m, int64_t r, int64_t b0, int64_t b1,
                             std::vector<uint8_t>* buf) {
   const uint8_t* row = m.w.row<const uint8_t>(r);
-  if (!m.mlx_runs) return row + b0;
-  const int64_t row_bytes = m.k * m.mlx_bits / 8;
-  const int64_t u0 = b0 / kMlxRunBytes * kMlxRunBytes;
-  const int64_t u1 = std::min(row_bytes, (b1 + kMlxRunBytes - 1) / kMlxRunBytes * kMlxRunBytes);
+  if (m.mlx_order == MlxOrder::kFile) return row + b0;
+  const int64_t row_bytes = m.k * m.mlx_bits / 8, unit = MlxUnitBytes(m.mlx_order);
+  const int64_t u0 = b0 / unit * unit;
+  const int64_t u1 = std::min(row_bytes, (b1 + unit - 1) / unit * unit);
   buf->assign(row + u0, row + u1);
-  TransposeMlxRuns(buf->data(), u1 - u0);  // whole runs from u0; the row's tail stays
+  // whole units from u0; the row's tail stays
+  if (m.mlx_order == MlxOrder::kRuns)
+    TransposeMlxRuns(buf->data(), u1 - u0);
+  else
+    UntransposeMlxGroups(buf->data(), u1 - u0);
   return buf->data() + (b0 - u0);
 }
 
@@ -84,7 +100,7 @@ void DequantizeMatrixColumns(const Matrix& m, int64_t r, int64_t k0, int64_t k1,
   const size_t sbytes = *RowBytes(m.scales.dtype, g0);
   DequantizeRow(m.scales.dtype, m.scales.row<const uint8_t>(r) + sbytes, s, groups);
   DequantizeRow(m.biases.dtype, m.biases.row<const uint8_t>(r) + sbytes, s + groups, groups);
-  std::vector<uint8_t> codes;  // mlx_runs: the file's order
+  std::vector<uint8_t> codes;  // runs, groups: the file's order
   const auto* packed = reinterpret_cast<const uint32_t*>(
       MlxFileCodes(m, r, k0 * m.mlx_bits / 8, k1 * m.mlx_bits / 8, &codes));
   DequantizeMlxRow(packed, s, s + groups, m.mlx_bits, m.mlx_group, dst, k1 - k0);

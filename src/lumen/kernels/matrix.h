@@ -49,15 +49,23 @@ inline std::optional<ActRoute> ParseActRoute(std::string_view s) {
   return std::nullopt;
 }
 
+// How an MLX matrix's codes lie in memory: the file's order, or rearranged
+// at load (core/repack.h) as runs (the AVX2 int8 kernels: TransposeMlxRuns,
+// 4- and 8-bit) or groups (the AVX-512 VNNI ones: TransposeMlxGroups, 4-bit).
+enum class MlxOrder : uint8_t { kFile, kRuns, kGroups };
+// The bytes of a row's codes rearranged as a whole (a run: 128, a group:
+// 256); 0 for the file's order.
+int64_t MlxUnitBytes(MlxOrder order);
+
 struct Matrix {
   TensorView w;       // [N, K], or MLX packed codes [N, K * bits / 32] (u32)
   TensorView scales;  // MLX only: [N, K / group]
   TensorView biases;  // MLX only: [N, K / group]
   int mlx_bits = 0;   // 0: not MLX
   int mlx_group = 0;
-  // MLX codes in runs (core/repack.h: TransposeMlxRuns), made at load for the
-  // AVX2 int8 kernels; every other reader takes MlxFileCodes.
-  bool mlx_runs = false;
+  // The order of the MLX codes (MlxOrder): rearranged at load for the int8
+  // kernels of the CPU; every other reader takes MlxFileCodes.
+  MlxOrder mlx_order = MlxOrder::kFile;
   int64_t n = 0, k = 0;  // logical shape
   ActRoute route = ActRoute::kExact;
 
@@ -94,8 +102,8 @@ struct Matrix {
 void DequantizeMatrixRow(const Matrix& m, int64_t r, float* dst);
 
 // Bytes [b0, b1) of row r of an MLX matrix's codes in the file's order: the
-// row's own bytes, or (mlx_runs) the whole runs that cover them transposed
-// back into *buf. b0 a multiple of 4.
+// row's own bytes, or (runs, groups) the whole units that cover them put back
+// into *buf. b0 a multiple of 4.
 const uint8_t* MlxFileCodes(const Matrix& m, int64_t r, int64_t b0, int64_t b1,
                             std::vector<uint8_t>* buf);
 
@@ -104,7 +112,8 @@ const uint8_t* MlxFileCodes(const Matrix& m, int64_t r, int64_t b0, int64_t b1,
 int64_t MatrixColumnAlign(const Matrix& m);
 
 // Where Matrix::ColSlice may cut: MatrixColumnAlign, and for the column
-// groups repacked at load (core/repack.h) a whole group (512).
+// groups repacked at load (core/repack.h) a whole group (512); for MLX codes
+// in runs or groups a whole one (MlxUnitBytes).
 int64_t MatrixSliceAlign(const Matrix& m);
 
 // dst[0..k1 - k0) = columns [k0, k1) of row r as f32, equal to the same

@@ -123,7 +123,7 @@ std::unique_ptr<Weight> MakeWeight(int type, int64_t N, int64_t K) {
     for (int64_t n = 0; n < N && w->m.mlx_order == MlxOrder::kRuns; ++n)
       TransposeMlxRuns(w->bytes.as<uint8_t>() + n * words * 4, words * 4);
     for (int64_t n = 0; n < N && w->m.mlx_order == MlxOrder::kGroups; ++n)
-      TransposeMlxGroups(w->bytes.as<uint8_t>() + n * words * 4, words * 4);
+      TransposeMlxGroups(w->bytes.as<uint8_t>() + n * words * 4, words * 4, bits);
   } else {
     const DType t = kTypes[type];
     w->bytes = AlignedBuffer(N * *RowBytes(t, K));

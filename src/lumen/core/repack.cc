@@ -510,24 +510,32 @@ void TransposeMlxRuns(uint8_t* codes, int64_t bytes) {
 
 namespace {
 
-// Each whole group's dwords: to_groups moves dword 4 l + c to 16 c + l, else back.
-void MoveMlxGroups(uint8_t* codes, int64_t bytes, bool to_groups) {
-  for (int64_t u = 0; u + kMlxGroupBytes <= bytes; u += kMlxGroupBytes) {
+// Each whole group's dwords (D = bits per block): to_groups moves dword
+// D l + c to 16 c + l, else back.
+void MoveMlxGroups(uint8_t* codes, int64_t bytes, int bits, bool to_groups) {
+  const int64_t size = MlxGroupBytes(bits);
+  for (int64_t u = 0; u + size <= bytes; u += size) {
     uint8_t* g = codes + u;
-    uint8_t t[kMlxGroupBytes];
+    uint8_t t[MlxGroupBytes(8)];
     for (int l = 0; l < 16; ++l)
-      for (int c = 0; c < 4; ++c) {
-        const int file = 4 * (4 * l + c), moved = 4 * (16 * c + l);
+      for (int c = 0; c < bits; ++c) {
+        const int file = 4 * (bits * l + c), moved = 4 * (16 * c + l);
         std::memcpy(t + (to_groups ? moved : file), g + (to_groups ? file : moved), 4);
       }
-    std::memcpy(g, t, kMlxGroupBytes);
+    std::memcpy(g, t, size);
   }
 }
 
 }  // namespace
 
-void TransposeMlxGroups(uint8_t* codes, int64_t bytes) { MoveMlxGroups(codes, bytes, true); }
+void TransposeMlxGroups(uint8_t* codes, int64_t bytes, int bits) {
+  LUMEN_CHECK(bits == 4 || bits == 8);
+  MoveMlxGroups(codes, bytes, bits, true);
+}
 
-void UntransposeMlxGroups(uint8_t* codes, int64_t bytes) { MoveMlxGroups(codes, bytes, false); }
+void UntransposeMlxGroups(uint8_t* codes, int64_t bytes, int bits) {
+  LUMEN_CHECK(bits == 4 || bits == 8);
+  MoveMlxGroups(codes, bytes, bits, false);
+}
 
 }  // namespace lumen

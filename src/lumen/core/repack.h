@@ -146,16 +146,17 @@ void DequantizeColumnGroups(DType t, const uint8_t* row, int64_t K, int64_t k0, 
 inline constexpr int64_t kMlxRunBytes = 128;
 void TransposeMlxRuns(uint8_t* codes, int64_t bytes);
 
-// MLX 4-bit rows for the AVX-512 VNNI int8 kernels ("groups",
+// MLX 4- and 8-bit rows for the AVX-512 VNNI int8 kernels ("groups",
 // kernels::MlxOrder::kGroups; made at load only where those kernels run).
-// Each whole kMlxGroupBytes of a row's codes (512 codes: 16 blocks of 32,
-// four dwords each) has its dwords transposed 16 x 4: the dword at 4 l + c
-// (block l's c-th) moves to 16 c + l, so dword c of all 16 blocks is one
-// 64-byte vector, which the kernels otherwise gathered with two vpermt2d and
-// a blend per vector; the bytes after the last whole group stay.
-// UntransposeMlxGroups gives the file's bytes back.
-inline constexpr int64_t kMlxGroupBytes = 256;
-void TransposeMlxGroups(uint8_t* codes, int64_t bytes);
-void UntransposeMlxGroups(uint8_t* codes, int64_t bytes);
+// Each whole MlxGroupBytes(bits) of a row's codes (512 codes: 16 blocks of
+// 32, D = bits dwords each) has its dwords transposed 16 x D: the dword at
+// D l + c (block l's c-th) moves to 16 c + l, so dword c of all 16 blocks is
+// one 64-byte vector, which the kernels otherwise gathered (4-bit: two
+// vpermt2d and a blend per vector; 8-bit: a vpermt2d per vector); the bytes
+// after the last whole group stay. UntransposeMlxGroups gives the file's
+// bytes back.
+constexpr int64_t MlxGroupBytes(int bits) { return 64 * bits; }
+void TransposeMlxGroups(uint8_t* codes, int64_t bytes, int bits);
+void UntransposeMlxGroups(uint8_t* codes, int64_t bytes, int bits);
 
 }  // namespace lumen

@@ -387,29 +387,32 @@ TEST(MlxRuns, TransposeDwordsWithinHalvesAndUndoThemselves) {
   }
 }
 
-// MLX groups (repack.h): dword 4 l + c to 16 c + l by the header's own
-// formula, a known pattern: every byte names its source position; the bytes
-// after the last whole group stay; UntransposeMlxGroups gives the file back.
-TEST(MlxGroups, TransposeDwordsSixteenByFourAndUndo) {
-  for (int64_t bytes : {0, 128, 256, 320, 512, 1152}) {
-    std::vector<uint8_t> row(bytes);
-    for (int64_t i = 0; i < bytes; ++i) row[i] = static_cast<uint8_t>(i * 7 + 3);
-    const std::vector<uint8_t> file = row;
-    TransposeMlxGroups(row.data(), bytes);
-    for (int64_t u = 0; u + kMlxGroupBytes <= bytes; u += kMlxGroupBytes)
-      for (int l = 0; l < 16; ++l)
-        for (int c = 0; c < 4; ++c)
-          for (int b = 0; b < 4; ++b)
-            ASSERT_EQ(row[u + 4 * (16 * c + l) + b], file[u + 4 * (4 * l + c) + b])
-                << "bytes " << bytes << " group at " << u << " l " << l << " c " << c;
-    for (int64_t i = bytes / kMlxGroupBytes * kMlxGroupBytes; i < bytes; ++i)
-      EXPECT_EQ(row[i], file[i]);
-    if (bytes >= kMlxGroupBytes) {
-      EXPECT_NE(row, file);
+// MLX groups (repack.h): dword D l + c to 16 c + l (D = bits) by the
+// header's own formula, a known pattern: every byte names its source
+// position; the bytes after the last whole group stay; UntransposeMlxGroups
+// gives the file back.
+TEST(MlxGroups, TransposeDwordsSixteenByBitsAndUndo) {
+  for (int bits : {4, 8})
+    for (int64_t bytes : {0, 128, 256, 320, 512, 1152, 1536}) {
+      const int64_t size = MlxGroupBytes(bits);
+      std::vector<uint8_t> row(bytes);
+      for (int64_t i = 0; i < bytes; ++i) row[i] = static_cast<uint8_t>(i * 7 + 3);
+      const std::vector<uint8_t> file = row;
+      TransposeMlxGroups(row.data(), bytes, bits);
+      for (int64_t u = 0; u + size <= bytes; u += size)
+        for (int l = 0; l < 16; ++l)
+          for (int c = 0; c < bits; ++c)
+            for (int b = 0; b < 4; ++b)
+              ASSERT_EQ(row[u + 4 * (16 * c + l) + b], file[u + 4 * (bits * l + c) + b])
+                  << bits << "-bit, bytes " << bytes << " group at " << u << " l " << l << " c "
+                  << c;
+      for (int64_t i = bytes / size * size; i < bytes; ++i) EXPECT_EQ(row[i], file[i]);
+      if (bytes >= size) {
+        EXPECT_NE(row, file);
+      }
+      UntransposeMlxGroups(row.data(), bytes, bits);
+      EXPECT_EQ(row, file) << bits << "-bit, " << bytes;
     }
-    UntransposeMlxGroups(row.data(), bytes);
-    EXPECT_EQ(row, file) << bytes;
-  }
 }
 
 }  // namespace

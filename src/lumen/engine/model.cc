@@ -96,12 +96,12 @@ int RepackColumnGroupsForInt8(formats::GgufFile& gg, std::vector<StoredTensor>& 
 // MLX matrices' codes rewritten in place in the order this CPU's int8
 // kernels read (kernels::Int8MlxOrder, core/repack.h): runs for the AVX2
 // ones, which then load a run's blocks transposed (a 4 x 4 dword transpose
-// per run saved: MLX 8-bit's row 140 -> 128 ns on Zen 2); groups of 4-bit
-// codes for the AVX-512 VNNI ones, which then load each column of a group
-// (two vpermt2d and a blend per 64 bytes saved; docs/reference/performance.md,
-// session 42). Under the same conditions as the column groups (an int8
-// route, a copied file, not LUMEN_REPACK=0). Every other reader takes the
-// file's order back (kernels::MlxFileCodes). Returns the matrices rewritten.
+// per run saved: MLX 8-bit's row 140 -> 128 ns on Zen 2); groups for the
+// AVX-512 VNNI ones, which then load each column of a group (per 64 bytes,
+// 4-bit: two vpermt2d and a blend saved; 8-bit: a vpermt2d;
+// docs/reference/performance.md, session 42). Under the same conditions as the column groups (an
+// int8 route, a copied file, not LUMEN_REPACK=0). Every other reader takes the file's order back
+// (kernels::MlxFileCodes). Returns the matrices rewritten.
 int RepackMlxForInt8(formats::HfModelDir& hf, std::vector<StoredTensor>& tensors,
                      kernels::ActRoute route, ThreadPool& pool) {
   if (!RepackWanted(route)) return 0;
@@ -119,7 +119,7 @@ int RepackMlxForInt8(formats::HfModelDir& hf, std::vector<StoredTensor>& tensors
           if (order == kernels::MlxOrder::kRuns)
             TransposeMlxRuns(p + n * stride, static_cast<int64_t>(rb));
           else
-            TransposeMlxGroups(p + n * stride, static_cast<int64_t>(rb));
+            TransposeMlxGroups(p + n * stride, static_cast<int64_t>(rb), m.mlx_bits);
         }
       });
     });

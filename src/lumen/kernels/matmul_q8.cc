@@ -166,6 +166,8 @@ enum class Fmt {
 // Q8_0 column groups, as kBlockColumns up to the last group, then natural. kMlxGroups: MLX
 // 4-bit, groups of 512 whose record j lane l holds bytes of block l as the
 // kernel's column j % 4 reads them (SourceIndex), then kEvenOdd twins.
+// kMlx8Groups: MLX 8-bit codes in groups (MlxOrder::kGroups), groups of 512
+// as kBlockColumnsQ8, then kWordTwins.
 enum class Order {
   kNatural,
   kQuads,
@@ -176,14 +178,15 @@ enum class Order {
   kColumns,
   kEvenOdd,
   kWordTwins,
-  kMlxGroups
+  kMlxGroups,
+  kMlx8Groups
 };
 
 // Orders laid out in groups of 16 blocks (512 elements) up to their last
-// group: the column groups and the MLX 4-bit groups.
+// group: the column groups and the MLX groups.
 constexpr bool GroupsOf16(Order o) {
   return o == Order::kBlockColumns || o == Order::kBlockColumnsK || o == Order::kBlockColumnsQ8 ||
-         o == Order::kMlxGroups;
+         o == Order::kMlxGroups || o == Order::kMlx8Groups;
 }
 
 // Orders whose several records of a period accumulate into the same lanes
@@ -205,7 +208,9 @@ struct Geometry {
 
 Geometry GeometryFor(const Matrix& W) {
   if (W.mlx_bits == 4) return {Fmt::kMlx4, 0, 0, W.mlx_group, Order::kMlxGroups};
-  if (W.mlx_bits == 8) return {Fmt::kMlx8, 0, 0, W.mlx_group, Order::kWordTwins};
+  if (W.mlx_bits == 8)
+    return {Fmt::kMlx8, 0, 0, W.mlx_group,
+            W.mlx_order == MlxOrder::kGroups ? Order::kMlx8Groups : Order::kWordTwins};
   switch (W.w.dtype) {
     case DType::kQ4_0:
       return {Fmt::kQ4_0, sizeof(BlockQ4_0), 8, 0, Order::kQuads};
@@ -270,12 +275,13 @@ int64_t SourceIndex(Order order, int64_t nb, int64_t pos) {
     return base + 16 * (o % 64 / 4) + 4 * (o / 64) + o % 4;
   }
   if (order == Order::kBlockColumns || order == Order::kBlockColumnsK ||
-      order == Order::kBlockColumnsQ8) {
+      order == Order::kBlockColumnsQ8 || order == Order::kMlx8Groups) {
     // Groups of 16 blocks (core/repack.h), then quads (a super-block's
-    // columns; Q8_0: natural pairs).
+    // columns; Q8_0: natural pairs; MLX 8-bit: word twins).
     if (pos >= nb / kColsBlocks * kColsElems)
-      return order == Order::kBlockColumnsQ8
-                 ? pos
+      return order == Order::kBlockColumnsQ8 ? pos
+             : order == Order::kMlx8Groups
+                 ? SourceIndex(Order::kWordTwins, nb, pos)
                  : SourceIndex(order == Order::kBlockColumns ? Order::kQuads : Order::kColumns, nb,
                                pos);
     const int64_t o = pos % kColsElems,
@@ -1593,7 +1599,7 @@ LUMEN_VNNI void RowsMlx(const Matrix& W, const Int8Rows& X, int64_t m0, float* Y
   std::vector<float> sb(2 * ng);     // the row's scales, then biases
   const int64_t per_twin = 128 / G;  // groups per twin (G < 128), hoisted: GCC divided per twin
   const int64_t ss = Info(W.scales.dtype).block_bytes;
-  const bool grouped = W.mlx_order == MlxOrder::kGroups;  // 4-bit (Int8RouteSupports)
+  const bool grouped = W.mlx_order == MlxOrder::kGroups;
   const int64_t code_row =
       W.n > 1 ? W.w.row<const uint8_t>(1) - W.w.row<const uint8_t>(0) : K * W.mlx_bits / 8;
   for (int64_t n = n0; n < n1; ++n)
@@ -1661,14 +1667,22 @@ LUMEN_VNNI void RowsMlx(const Matrix& W, const Int8Rows& X, int64_t m0, float* Y
       // vpermt2d and a blend each), so the lane work is paid once per 512
       // weights, not once per 128 as in a twin; in groups (MlxOrder::kGroups,
       // made at load) each column is one load.
+      // MLX 8-bit groups (only as groups): columns 0-3 meet records 0-3, 4-7
+      // records 4-7, as Q8_0's column groups (its codes unsigned already).
       auto group = [&]<int A>(int64_t Q, std::integral_constant<int, A>) LUMEN_VNNI {
-        const uint8_t* c0 = codes + 256 * Q;
-        PrefetchAhead(c0, 256, s.ahead);
+        constexpr int kGroupBytes = F == Fmt::kMlx4 ? 256 : 512;
+        const uint8_t* c0 = codes + kGroupBytes * Q;
+        PrefetchAhead(c0, kGroupBytes, s.ahead);
         const __m512i v0 = _mm512_loadu_si512(c0), v1 = _mm512_loadu_si512(c0 + 64);
         const __m512i v2 = _mm512_loadu_si512(c0 + 128), v3 = _mm512_loadu_si512(c0 + 192);
         const __m512i k4 = _mm512_set1_epi8(0x0F);
         __m512i lo[4], hi[4];
         for (int c = 0; c < 4; ++c) {
+          if constexpr (F == Fmt::kMlx8) {
+            lo[c] = c == 0 ? v0 : c == 1 ? v1 : c == 2 ? v2 : v3;
+            hi[c] = _mm512_loadu_si512(c0 + 256 + 64 * c);
+            continue;
+          }
           __m512i col;
           if (grouped) {
             col = c == 0 ? v0 : c == 1 ? v1 : c == 2 ? v2 : v3;
@@ -1695,7 +1709,7 @@ LUMEN_VNNI void RowsMlx(const Matrix& W, const Int8Rows& X, int64_t m0, float* Y
         }
       };
       int64_t t = s.u0;
-      if constexpr (F == Fmt::kMlx4)  // spans start on a group (BySpans); then twins
+      if (F == Fmt::kMlx4 || grouped)  // spans start on a group (BySpans); then twins
         t = EachGroup(t, std::min(s.u1, K / kColsElems * 4), 4, group);
       for (; t + 2 <= s.u1; t += 2) {
         twin(t, std::integral_constant<int, 0>{});
@@ -1770,7 +1784,7 @@ void BySpans(const Matrix& W, const Geometry& g, int64_t M, int64_t n0, int64_t 
   int64_t per = std::max(kSpanK / unit, (units + kMaxSpans - 1) / kMaxSpans);
   if (g.order == Order::kPairColumns) per += per % 2;  // whole groups of 8 blocks
   if (g.order == Order::kBlockColumns || g.order == Order::kBlockColumnsQ8 ||
-      g.order == Order::kMlxGroups)
+      g.order == Order::kMlxGroups || g.order == Order::kMlx8Groups)
     per = (per + 3) / 4 * 4;                             // of 16 blocks
   if (g.order == Order::kBlockColumnsK) per += per % 2;  // of 2 super-blocks
   Span spans[kMaxSpans];
@@ -1905,15 +1919,12 @@ DType Int8ColumnGroupsOf(DType plain) {
 MlxOrder Int8MlxOrder(const Matrix& W) {
   if (W.mlx_bits == 0 || W.mlx_order != MlxOrder::kFile || !Int8RouteSupports(W))
     return MlxOrder::kFile;
-  if (!CpuHasVnni()) return MlxOrder::kRuns;  // the AVX2 kernels (Int8RouteSupports)
-  return W.mlx_bits == 4 ? MlxOrder::kGroups : MlxOrder::kFile;
+  return CpuHasVnni() ? MlxOrder::kGroups : MlxOrder::kRuns;  // else the AVX2 kernels
 }
 
 bool Int8RouteSupports(const Matrix& W) {
   if (!CpuHasVnni()) return CpuHasAvx2() && Avx2Int8Covers(W);
-  // Runs: the AVX2 kernels' order, made only where they run; groups: 4-bit.
-  if (W.mlx_order == MlxOrder::kRuns || (W.mlx_order == MlxOrder::kGroups && W.mlx_bits != 4))
-    return false;
+  if (W.mlx_order == MlxOrder::kRuns) return false;  // the AVX2 kernels' order, made where they run
   if (W.mlx_bits != 0) {
     const DType st = W.scales.dtype, bt = W.biases.dtype;
     auto flt = [](DType t) { return t == DType::kF16 || t == DType::kBF16 || t == DType::kF32; };

@@ -77,12 +77,13 @@ inline int PlaneCode(const uint8_t* planes, int e) {
 // Byte f (in the file's order) of an MLX row's codes at row, as its order
 // (Matrix::mlx_order, core/repack.h) stores it: in a whole 128-byte run,
 // byte b of the dword at 32 k + 16 h + 4 c is at 32 c + 16 h + 4 k + b; in a
-// whole 256-byte group, byte b of the dword at 4 l + c is at 4 (16 c + l) + b.
+// whole group of 64 D bytes (D = bits), byte b of the dword at D l + c is at
+// 4 (16 c + l) + b.
 inline uint8_t MlxCodeByte(const Matrix& W, const uint8_t* row, int64_t f) {
-  const int64_t unit = MlxUnitBytes(W.mlx_order);
+  const int64_t unit = MlxUnitBytes(W.mlx_order, W.mlx_bits);
   if (unit == 0 || (f / unit + 1) * unit > W.k * W.mlx_bits / 8) return row[f];
-  const int64_t u = f / unit * unit, o = f % unit, b = o % 4;
-  if (W.mlx_order == MlxOrder::kGroups) return row[u + 4 * (16 * (o / 4 % 4) + o / 16) + b];
+  const int64_t u = f / unit * unit, o = f % unit, b = o % 4, D = W.mlx_bits;
+  if (W.mlx_order == MlxOrder::kGroups) return row[u + 4 * (16 * (o / 4 % D) + o / 4 / D) + b];
   const int64_t k = o / 32, h = o % 32 / 16, c = o % 16 / 4;
   return row[u + 32 * c + 16 * h + 4 * k + b];
 }

@@ -118,6 +118,41 @@ LUMEN_VNNI inline __m256i TwoBitPlane(const uint8_t* qs, int n, int j) {
   return _mm256_and_si256(_mm256_srli_epi16(v, 2 * j), _mm256_set1_epi8(3));
 }
 
+// A group's code columns (64 bytes each: dword l of a column is block l's;
+// the legacy types' and Q8_0's column groups, MLX groups; core/repack.h)
+// transposed in registers: by[h][r]'s 128-bit lane j holds block 4 j + r's
+// dwords of columns 4 h .. 4 h + 3 (a 4 x 16 dword transpose of each four
+// columns: four scalar dwords stored and read back as a vector stall the
+// load).
+struct GroupColumns {
+  __m512i by[2][4];
+};
+
+// The first 4 quads (four columns) of the columns at col.
+LUMEN_VNNI inline GroupColumns LoadGroupColumns(const uint8_t* col, int quads) {
+  GroupColumns g;
+  for (int h = 0; h < quads; ++h) {
+    const uint8_t* c4 = col + 256 * h;
+    const __m512i c0 = _mm512_loadu_si512(c4), c1 = _mm512_loadu_si512(c4 + 64);
+    const __m512i c2 = _mm512_loadu_si512(c4 + 128), c3 = _mm512_loadu_si512(c4 + 192);
+    const __m512i t0 = _mm512_unpacklo_epi32(c0, c1), t1 = _mm512_unpackhi_epi32(c0, c1);
+    const __m512i t2 = _mm512_unpacklo_epi32(c2, c3), t3 = _mm512_unpackhi_epi32(c2, c3);
+    g.by[h][0] = _mm512_unpacklo_epi64(t0, t2);
+    g.by[h][1] = _mm512_unpackhi_epi64(t0, t2);
+    g.by[h][2] = _mm512_unpacklo_epi64(t1, t3);
+    g.by[h][3] = _mm512_unpackhi_epi64(t1, t3);
+  }
+  return g;
+}
+
+// Block l's dwords 4 h .. 4 h + 3 (its bytes 16 h .. 16 h + 15) in the file's order.
+LUMEN_VNNI inline __m128i GroupBlockBytes(const GroupColumns& g, int64_t l, int h) {
+  const __m512i lane =
+      _mm512_add_epi32(_mm512_set1_epi32(static_cast<int>(4 * (l / 4))),
+                       _mm512_setr_epi32(0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3));
+  return _mm512_castsi512_si128(_mm512_permutexvar_epi32(lane, g.by[h][l % 4]));
+}
+
 // One weight row as the oracle splits it (matmul_q8_ref.h, w = a q - o):
 // codes[k], and per unit u of S elements scale[u] = a and offset[u] = o.
 // `plain` holds the row's blocks in the file's format.
@@ -296,23 +331,33 @@ LUMEN_VNNI void DecodeFloatRow(DType t, const uint8_t* row, int64_t K, int16_t* 
 // An MLX row n (w = s q + b per group, the file's little-endian words: 4-bit
 // element i is nibble i % 2 of byte i / 2, 8-bit element i byte i) as the
 // oracle splits it: codes q, and per 32-unit a = s and o = -b of its group.
-// sb: room for the row's group scales and biases (2 K / group floats); buf:
-// the row's codes in the file's order where they are in groups.
+// sb: room for the row's group scales and biases (2 K / group floats). Codes
+// in groups (MlxOrder::kGroups) are read as the column groups are.
 LUMEN_VNNI void DecodeMlxRow(const Matrix& W, int64_t n, int16_t* codes, float* scale,
-                             float* offset, float* sb, std::vector<uint8_t>* buf) {
+                             float* offset, float* sb) {
   const int64_t K = W.k, G = W.mlx_group;
+  const bool eight = W.mlx_bits == 8;
   float* s = sb;
   float* b = sb + K / G;
   DequantizeRow(W.scales.dtype, W.scales.row(n), s, K / G);
   DequantizeRow(W.biases.dtype, W.biases.row(n), b, K / G);
-  const uint8_t* row = MlxFileCodes(W, n, 0, K * W.mlx_bits / 8, buf);
+  const uint8_t* row = W.w.row<const uint8_t>(n);
+  const int64_t gb = MlxGroupBytes(W.mlx_bits);
+  const int64_t groups = W.mlx_order == MlxOrder::kGroups ? K * W.mlx_bits / 8 / gb : 0;
   const __m128i m15 = _mm_set1_epi8(15);
+  GroupColumns cols;
   for (int64_t u = 0; u < K / kQK; ++u) {
+    const int64_t l = u % kColsBlocks;
+    const bool in_group = u / kColsBlocks < groups;
+    if (in_group && l == 0) cols = LoadGroupColumns(row + u / kColsBlocks * gb, eight ? 2 : 1);
     __m256i q;
-    if (W.mlx_bits == 8) {
-      q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + u * kQK));
+    if (eight) {
+      q = in_group ? _mm256_set_m128i(GroupBlockBytes(cols, l, 1), GroupBlockBytes(cols, l, 0))
+                   : _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + u * kQK));
     } else {  // 16 bytes: low nibbles the even elements, high the odd
-      const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + u * kQK / 2));
+      const __m128i v = in_group
+                            ? GroupBlockBytes(cols, l, 0)
+                            : _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + u * kQK / 2));
       const __m128i lo = _mm_and_si128(v, m15), hi = _mm_and_si128(_mm_srli_epi16(v, 4), m15);
       q = _mm256_set_m128i(_mm_unpackhi_epi8(lo, hi), _mm_unpacklo_epi8(lo, hi));
     }
@@ -344,30 +389,13 @@ LUMEN_VNNI void DecodeGroupsRow(DType t, const uint8_t* row, int64_t K, int16_t*
     const uint8_t* col = grp + f.codes;
     uint64_t masks[8] = {};
     if (five) std::memcpy(masks, grp + f.high, sizeof(masks));
-    // by[h][r]: 128-bit lane j holds block 4 j + r's dwords of columns 4 h ..
-    // 4 h + 3 (a 4 x 16 dword transpose of each four columns, in registers:
-    // four scalar dwords stored and read back as a vector stall the load).
-    __m512i by[2][4];
-    for (int h = 0; h < (eight ? 2 : 1); ++h) {
-      const uint8_t* c4 = col + 256 * h;
-      const __m512i c0 = _mm512_loadu_si512(c4), c1 = _mm512_loadu_si512(c4 + 64);
-      const __m512i c2 = _mm512_loadu_si512(c4 + 128), c3 = _mm512_loadu_si512(c4 + 192);
-      const __m512i t0 = _mm512_unpacklo_epi32(c0, c1), t1 = _mm512_unpackhi_epi32(c0, c1);
-      const __m512i t2 = _mm512_unpacklo_epi32(c2, c3), t3 = _mm512_unpackhi_epi32(c2, c3);
-      by[h][0] = _mm512_unpacklo_epi64(t0, t2);
-      by[h][1] = _mm512_unpackhi_epi64(t0, t2);
-      by[h][2] = _mm512_unpacklo_epi64(t1, t3);
-      by[h][3] = _mm512_unpackhi_epi64(t1, t3);
-    }
+    const GroupColumns cols = LoadGroupColumns(col, eight ? 2 : 1);
     for (int64_t l = 0; l < kColsBlocks; ++l) {
       int16_t* c = codes + g * kColsElems + kQK * l;
       const int64_t u = g * kColsBlocks + l;
-      const __m512i lane =
-          _mm512_add_epi32(_mm512_set1_epi32(static_cast<int>(4 * (l / 4))),
-                           _mm512_setr_epi32(0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3));
-      const __m128i q = _mm512_castsi512_si128(_mm512_permutexvar_epi32(lane, by[0][l % 4]));
+      const __m128i q = GroupBlockBytes(cols, l, 0);
       if (eight) {  // codes plus 128
-        const __m128i q2 = _mm512_castsi512_si128(_mm512_permutexvar_epi32(lane, by[1][l % 4]));
+        const __m128i q2 = GroupBlockBytes(cols, l, 1);
         const __m256i q8 =
             _mm256_xor_si256(_mm256_set_m128i(q2, q), _mm256_set1_epi8(static_cast<char>(0x80)));
         _mm512_storeu_si512(c, _mm512_cvtepi8_epi16(q8));
@@ -485,7 +513,7 @@ PackedX PackX(const float* X, int64_t M, int64_t ldx, int64_t K, ThreadPool* poo
 // (kNR x K int16) before they are transposed into pairs.
 struct Panel {
   AlignedBuffer codes, scale, offset, rows;
-  std::vector<uint8_t> plain;      // a row's blocks (or MLX codes) in the file's order
+  std::vector<uint8_t> plain;      // a row's blocks in the file's order
   std::vector<float> rs, ro, mlx;  // mlx: a row's group scales and biases
 };
 
@@ -510,7 +538,7 @@ LUMEN_VNNI void DecodePanel(const Matrix& W, int64_t n0, Panel* p) {
     const bool alone = plain == DType::kQ2_K || plain == DType::kQ3_K || plain == DType::kQ6_K;
     if (W.mlx_bits) {
       p->mlx.resize(2 * K / W.mlx_group);
-      DecodeMlxRow(W, n, rows + c * K, p->rs.data(), p->ro.data(), p->mlx.data(), &p->plain);
+      DecodeMlxRow(W, n, rows + c * K, p->rs.data(), p->ro.data(), p->mlx.data());
     } else if (Int8x2GemmRequantizes(W)) {
       DecodeFloatRow(plain, row, K, rows + c * K, p->rs.data());
     } else if (IsColumnGroups(t) && !alone) {

@@ -9,12 +9,12 @@
 
 namespace lumen::kernels {
 
-int64_t MlxUnitBytes(MlxOrder order) {
+int64_t MlxUnitBytes(MlxOrder order, int bits) {
   switch (order) {
     case MlxOrder::kRuns:
       return kMlxRunBytes;
     case MlxOrder::kGroups:
-      return kMlxGroupBytes;
+      return MlxGroupBytes(bits);
     default:
       return 0;
   }
@@ -30,7 +30,7 @@ int64_t MatrixColumnAlign(const Matrix& m) {
 
 int64_t MatrixSliceAlign(const Matrix& m) {
   // whole runs or groups (multiples of the MLX group)
-  if (m.mlx_order != MlxOrder::kFile) return MlxUnitBytes(m.mlx_order) * 8 / m.mlx_bits;
+  if (m.mlx_order != MlxOrder::kFile) return MlxUnitBytes(m.mlx_order, m.mlx_bits) * 8 / m.mlx_bits;
   return IsColumnGroups(m.w.dtype) ? kColsElems : MatrixColumnAlign(m);
 }
 
@@ -38,7 +38,7 @@ const uint8_t* MlxFileCodes(const Matrix& m, int64_t r, int64_t b0, int64_t b1,
                             std::vector<uint8_t>* buf) {
   const uint8_t* row = m.w.row<const uint8_t>(r);
   if (m.mlx_order == MlxOrder::kFile) return row + b0;
-  const int64_t row_bytes = m.k * m.mlx_bits / 8, unit = MlxUnitBytes(m.mlx_order);
+  const int64_t row_bytes = m.k * m.mlx_bits / 8, unit = MlxUnitBytes(m.mlx_order, m.mlx_bits);
   const int64_t u0 = b0 / unit * unit;
   const int64_t u1 = std::min(row_bytes, (b1 + unit - 1) / unit * unit);
   buf->assign(row + u0, row + u1);
@@ -46,7 +46,7 @@ const uint8_t* MlxFileCodes(const Matrix& m, int64_t r, int64_t b0, int64_t b1,
   if (m.mlx_order == MlxOrder::kRuns)
     TransposeMlxRuns(buf->data(), u1 - u0);
   else
-    UntransposeMlxGroups(buf->data(), u1 - u0);
+    UntransposeMlxGroups(buf->data(), u1 - u0, m.mlx_bits);
   return buf->data() + (b0 - u0);
 }
 

@@ -51,11 +51,11 @@ inline std::optional<ActRoute> ParseActRoute(std::string_view s) {
 
 // How an MLX matrix's codes lie in memory: the file's order, or rearranged
 // at load (core/repack.h) as runs (the AVX2 int8 kernels: TransposeMlxRuns,
-// 4- and 8-bit) or groups (the AVX-512 VNNI ones: TransposeMlxGroups, 4-bit).
+// 4- and 8-bit) or groups (the AVX-512 VNNI ones: TransposeMlxGroups, 4- and 8-bit).
 enum class MlxOrder : uint8_t { kFile, kRuns, kGroups };
-// The bytes of a row's codes rearranged as a whole (a run: 128, a group:
-// 256); 0 for the file's order.
-int64_t MlxUnitBytes(MlxOrder order);
+// The bytes of a row's codes rearranged as a whole (a run: 128, a group: 64
+// bits); 0 for the file's order.
+int64_t MlxUnitBytes(MlxOrder order, int bits);
 
 struct Matrix {
   TensorView w;       // [N, K], or MLX packed codes [N, K * bits / 32] (u32)

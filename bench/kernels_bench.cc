@@ -44,20 +44,38 @@ struct Weight {
 // repacked at load (core/repack.h; Q2_K and Q3_K only on CPUs without VNNI),
 // 17 and 18 = MLX 4-bit and 8-bit in runs (as the loader makes them where
 // the int8 kernels are the AVX2 ones; elsewhere no int8 kernel reads them),
-// 19 = MLX 4-bit in groups (as the loader makes them for the AVX-512 VNNI
-// kernels; the AVX2 ones do not read them).
+// 19 and 20 = MLX 4-bit and 8-bit in groups (as the loader makes them for
+// the AVX-512 VNNI kernels; the AVX2 ones do not read them).
 constexpr DType kTypes[] = {DType::kF32,      DType::kF16,      DType::kBF16,     DType::kQ8_0,
                             DType::kQ4_0,     DType::kQ4_K,     DType::kQ6_K,     DType::kU32,
                             DType::kQ2_K,     DType::kQ4_0Cols, DType::kQ4_KCols, DType::kQ3_K,
                             DType::kQ8_0Cols, DType::kQ6_KCols, DType::kQ2_KCols, DType::kQ3_KCols,
-                            DType::kU32,      DType::kU32,      DType::kU32,      DType::kU32};
-constexpr int kMlx = 7, kMlx8 = 16, kMlxRuns = 17, kMlx8Runs = 18, kMlxGroups = 19;
+                            DType::kU32,      DType::kU32,      DType::kU32,      DType::kU32,
+                            DType::kU32};
+constexpr int kMlx = 7, kMlx8 = 16, kMlxRuns = 17, kMlx8Runs = 18, kMlxGroups = 19,
+              kMlx8Groups = 20;
 const char* TypeName(int t) {
-  static const char* names[] = {"f32",       "f16",           "bf16",          "q8_0",
-                                "q4_0",      "q4_k",          "q6_k",          "mlx4_g64",
-                                "q2_k",      "q4_0_cols",     "q4_k_cols",     "q3_k",
-                                "q8_0_cols", "q6_k_cols",     "q2_k_cols",     "q3_k_cols",
-                                "mlx8_g64",  "mlx4_g64_runs", "mlx8_g64_runs", "mlx4_g64_groups"};
+  static const char* names[] = {"f32",
+                                "f16",
+                                "bf16",
+                                "q8_0",
+                                "q4_0",
+                                "q4_k",
+                                "q6_k",
+                                "mlx4_g64",
+                                "q2_k",
+                                "q4_0_cols",
+                                "q4_k_cols",
+                                "q3_k",
+                                "q8_0_cols",
+                                "q6_k_cols",
+                                "q2_k_cols",
+                                "q3_k_cols",
+                                "mlx8_g64",
+                                "mlx4_g64_runs",
+                                "mlx8_g64_runs",
+                                "mlx4_g64_groups",
+                                "mlx8_g64_groups"};
   return names[t];
 }
 
@@ -89,8 +107,8 @@ std::unique_ptr<Weight> MakeWeight(int type, int64_t N, int64_t K) {
   auto w = std::make_unique<Weight>();
   const std::vector<float> src = SlabSource(K);
   if (type == kMlx || type == kMlx8 || type == kMlxRuns || type == kMlx8Runs ||
-      type == kMlxGroups) {
-    const int G = 64, bits = type == kMlx8 || type == kMlx8Runs ? 8 : 4;
+      type == kMlxGroups || type == kMlx8Groups) {
+    const int G = 64, bits = type == kMlx8 || type == kMlx8Runs || type == kMlx8Groups ? 8 : 4;
     const int64_t words = K * bits / 32, groups = K / G;
     w->bytes = AlignedBuffer(N * words * 4);
     w->sb = AlignedBuffer(N * groups * 2);
@@ -117,9 +135,9 @@ std::unique_ptr<Weight> MakeWeight(int type, int64_t N, int64_t K) {
     w->m.biases = TensorView::Contiguous(w->bb.data(), DType::kBF16, {N, groups});
     w->m.mlx_bits = bits;
     w->m.mlx_group = G;
-    w->m.mlx_order = type == kMlxRuns || type == kMlx8Runs ? MlxOrder::kRuns
-                     : type == kMlxGroups                  ? MlxOrder::kGroups
-                                                           : MlxOrder::kFile;
+    w->m.mlx_order = type == kMlxRuns || type == kMlx8Runs       ? MlxOrder::kRuns
+                     : type == kMlxGroups || type == kMlx8Groups ? MlxOrder::kGroups
+                                                                 : MlxOrder::kFile;
     for (int64_t n = 0; n < N && w->m.mlx_order == MlxOrder::kRuns; ++n)
       TransposeMlxRuns(w->bytes.as<uint8_t>() + n * words * 4, words * 4);
     for (int64_t n = 0; n < N && w->m.mlx_order == MlxOrder::kGroups; ++n)
@@ -326,7 +344,8 @@ BENCHMARK(BM_MatMul)->ArgsProduct({{3, 4}, {4, 8}, {1, 2}, {2048, 8192}, {1}})->
 // the last-level cache here (not DRAM), so this times the kernel: its compute
 // and its activation traffic (K = 8192 records outgrow L1 at 4 rows).
 BENCHMARK(BM_MatMul)
-    ->ArgsProduct({{3, 4, 5, 6, 7, 8, 9, 10, 12, 13, 19}, {1, 4}, {1, 2}, {2048, 8192}, {3}})
+    ->ArgsProduct(
+        {{3, 4, 5, 6, 7, 8, 9, 10, 12, 13, 16, 19, 20}, {1, 4}, {1, 2}, {2048, 8192}, {3}})
     ->UseRealTime();
 // The int8x2 route's prefill products (the VNNI GEMM, matmul_q8x2_gemm.h)
 // beside the exact route's above: the same shapes.

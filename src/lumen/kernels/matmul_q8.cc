@@ -1658,41 +1658,39 @@ LUMEN_VNNI void RowsMlx(const Matrix& W, const Int8Rows& X, int64_t m0, float* Y
           acc[r][A] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), sd, acc[r][A]);
         }
       };
-      // MLX 4-bit: group Q (elements 512 Q .. 512 Q + 511, records 8 Q ..)
-      // into accumulator A, as a Q4_0 column group: lane l is activation
-      // block l (32 elements, one dx, one MLX group or half or a quarter of
-      // one), column c its dword c (elements 8c .. 8c + 7), whose low nibbles
-      // meet record c and high nibbles record 4 + c (SourceIndex). The four
-      // columns are gathered from the group's four vectors at run time (two
-      // vpermt2d and a blend each), so the lane work is paid once per 512
-      // weights, not once per 128 as in a twin; in groups (MlxOrder::kGroups,
-      // made at load) each column is one load.
-      // MLX 8-bit groups (only as groups): columns 0-3 meet records 0-3, 4-7
-      // records 4-7, as Q8_0's column groups (its codes unsigned already).
+      // Group Q (elements 512 Q .. 512 Q + 511, records 8 Q ..) into
+      // accumulator A, as a column group: lane l is activation block l (32
+      // elements, one dx, one MLX group or half or a quarter of one). MLX
+      // 4-bit, as Q4_0's: column c is its dword c (elements 8c .. 8c + 7),
+      // whose low nibbles meet record c and high nibbles record 4 + c
+      // (SourceIndex); in the file's order the four columns are gathered from
+      // the group's four vectors at run time (two vpermt2d and a blend each),
+      // in groups (MlxOrder::kGroups, made at load) each is one load. The
+      // lane work is paid once per 512 weights, not once per 128 as in a twin.
+      // MLX 8-bit (only in groups), as Q8_0's: columns 0-3 meet records 0-3,
+      // columns 4-7 records 4-7 (its codes unsigned already).
       auto group = [&]<int A>(int64_t Q, std::integral_constant<int, A>) LUMEN_VNNI {
         constexpr int kGroupBytes = F == Fmt::kMlx4 ? 256 : 512;
         const uint8_t* c0 = codes + kGroupBytes * Q;
         PrefetchAhead(c0, kGroupBytes, s.ahead);
-        const __m512i v0 = _mm512_loadu_si512(c0), v1 = _mm512_loadu_si512(c0 + 64);
-        const __m512i v2 = _mm512_loadu_si512(c0 + 128), v3 = _mm512_loadu_si512(c0 + 192);
+        const __m512i v[4] = {_mm512_loadu_si512(c0), _mm512_loadu_si512(c0 + 64),
+                              _mm512_loadu_si512(c0 + 128), _mm512_loadu_si512(c0 + 192)};
         const __m512i k4 = _mm512_set1_epi8(0x0F);
         __m512i lo[4], hi[4];
         for (int c = 0; c < 4; ++c) {
           if constexpr (F == Fmt::kMlx8) {
-            lo[c] = c == 0 ? v0 : c == 1 ? v1 : c == 2 ? v2 : v3;
+            lo[c] = v[c];
             hi[c] = _mm512_loadu_si512(c0 + 256 + 64 * c);
-            continue;
-          }
-          __m512i col;
-          if (grouped) {
-            col = c == 0 ? v0 : c == 1 ? v1 : c == 2 ? v2 : v3;
-          } else {  // lane l <- dword 4 (l % 8) + c of [v0 | v1] (lanes 0-7) or [v2 | v3].
+          } else {
+            // File order: lane l <- dword 4 (l % 8) + c of [v0 | v1] (lanes 0-7) or [v2 | v3].
             const __m512i idx = LaneValues([c](int l) { return 4 * (l % 8) + c; });
-            col = _mm512_mask_blend_epi32(0xFF00, _mm512_permutex2var_epi32(v0, idx, v1),
-                                          _mm512_permutex2var_epi32(v2, idx, v3));
+            const __m512i col = grouped ? v[c]
+                                        : _mm512_mask_blend_epi32(
+                                              0xFF00, _mm512_permutex2var_epi32(v[0], idx, v[1]),
+                                              _mm512_permutex2var_epi32(v[2], idx, v[3]));
+            lo[c] = _mm512_and_si512(col, k4);
+            hi[c] = _mm512_and_si512(_mm512_srli_epi16(col, 4), k4);
           }
-          lo[c] = _mm512_and_si512(col, k4);
-          hi[c] = _mm512_and_si512(_mm512_srli_epi16(col, 4), k4);
         }
         const float* sg = &sb[Q * (kColsElems / G)];
         const __m512 sc = G == 32   ? _mm512_loadu_ps(sg)

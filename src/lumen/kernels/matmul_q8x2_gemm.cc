@@ -123,12 +123,14 @@ LUMEN_VNNI inline __m256i TwoBitPlane(const uint8_t* qs, int n, int j) {
 // transposed in registers: by[h][r]'s 128-bit lane j holds block 4 j + r's
 // dwords of columns 4 h .. 4 h + 3 (a 4 x 16 dword transpose of each four
 // columns: four scalar dwords stored and read back as a vector stall the
-// load).
+// load). pick[j]: lane j's dword indexes, then lane j's of a second vector,
+// so a block's bytes are one permute.
 struct GroupColumns {
   __m512i by[2][4];
+  __m512i pick[4];
 };
 
-// The first 4 quads (four columns) of the columns at col.
+// The first `quads` quads of columns (four each) at col.
 LUMEN_VNNI inline GroupColumns LoadGroupColumns(const uint8_t* col, int quads) {
   GroupColumns g;
   for (int h = 0; h < quads; ++h) {
@@ -142,15 +144,20 @@ LUMEN_VNNI inline GroupColumns LoadGroupColumns(const uint8_t* col, int quads) {
     g.by[h][2] = _mm512_unpacklo_epi64(t1, t3);
     g.by[h][3] = _mm512_unpackhi_epi64(t1, t3);
   }
+  const __m512i base = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 0, 1, 2, 3, 16, 17, 18, 19);
+  for (int j = 0; j < 4; ++j) g.pick[j] = _mm512_add_epi32(base, _mm512_set1_epi32(4 * j));
   return g;
 }
 
-// Block l's dwords 4 h .. 4 h + 3 (its bytes 16 h .. 16 h + 15) in the file's order.
-LUMEN_VNNI inline __m128i GroupBlockBytes(const GroupColumns& g, int64_t l, int h) {
-  const __m512i lane =
-      _mm512_add_epi32(_mm512_set1_epi32(static_cast<int>(4 * (l / 4))),
-                       _mm512_setr_epi32(0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3));
-  return _mm512_castsi512_si128(_mm512_permutexvar_epi32(lane, g.by[h][l % 4]));
+// Block l's first 16 bytes (dwords 0-3) in the file's order.
+LUMEN_VNNI inline __m128i GroupBlock16(const GroupColumns& g, int64_t l) {
+  return _mm512_castsi512_si128(_mm512_permutexvar_epi32(g.pick[l / 4], g.by[0][l % 4]));
+}
+
+// Block l's 32 bytes (dwords 0-7; two quads loaded) in the file's order.
+LUMEN_VNNI inline __m256i GroupBlock32(const GroupColumns& g, int64_t l) {
+  return _mm512_castsi512_si256(
+      _mm512_permutex2var_epi32(g.by[0][l % 4], g.pick[l / 4], g.by[1][l % 4]));
 }
 
 // One weight row as the oracle splits it (matmul_q8_ref.h, w = a q - o):
@@ -352,11 +359,11 @@ LUMEN_VNNI void DecodeMlxRow(const Matrix& W, int64_t n, int16_t* codes, float* 
     if (in_group && l == 0) cols = LoadGroupColumns(row + u / kColsBlocks * gb, eight ? 2 : 1);
     __m256i q;
     if (eight) {
-      q = in_group ? _mm256_set_m128i(GroupBlockBytes(cols, l, 1), GroupBlockBytes(cols, l, 0))
+      q = in_group ? GroupBlock32(cols, l)
                    : _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + u * kQK));
     } else {  // 16 bytes: low nibbles the even elements, high the odd
       const __m128i v = in_group
-                            ? GroupBlockBytes(cols, l, 0)
+                            ? GroupBlock16(cols, l)
                             : _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + u * kQK / 2));
       const __m128i lo = _mm_and_si128(v, m15), hi = _mm_and_si128(_mm_srli_epi16(v, 4), m15);
       q = _mm256_set_m128i(_mm_unpackhi_epi8(lo, hi), _mm_unpacklo_epi8(lo, hi));
@@ -393,13 +400,12 @@ LUMEN_VNNI void DecodeGroupsRow(DType t, const uint8_t* row, int64_t K, int16_t*
     for (int64_t l = 0; l < kColsBlocks; ++l) {
       int16_t* c = codes + g * kColsElems + kQK * l;
       const int64_t u = g * kColsBlocks + l;
-      const __m128i q = GroupBlockBytes(cols, l, 0);
       if (eight) {  // codes plus 128
-        const __m128i q2 = GroupBlockBytes(cols, l, 1);
         const __m256i q8 =
-            _mm256_xor_si256(_mm256_set_m128i(q2, q), _mm256_set1_epi8(static_cast<char>(0x80)));
+            _mm256_xor_si256(GroupBlock32(cols, l), _mm256_set1_epi8(static_cast<char>(0x80)));
         _mm512_storeu_si512(c, _mm512_cvtepi8_epi16(q8));
       } else {
+        const __m128i q = GroupBlock16(cols, l);
         uint32_t h = 0;  // bit e: the 5th bit of element e = 4 m + i, bit 4 l + i of mask m
         if (five)
           for (int m = 0; m < 8; ++m)

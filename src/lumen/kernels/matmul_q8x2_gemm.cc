@@ -14,6 +14,7 @@
 #include "lumen/core/route.h"
 #include "lumen/kernels/matmul_bf16.h"
 #include "lumen/kernels/matmul_q8.h"
+#include "lumen/kernels/q4k_scales_avx512.h"
 #include "lumen/kernels/transpose16_avx512.h"
 #include "lumen/kernels/vnni_target.h"
 
@@ -413,12 +414,13 @@ LUMEN_VNNI void DecodeGroupsRow(DType t, const uint8_t* row, int64_t K, int16_t*
         const __m128i lo = _mm_and_si128(q, m15), hi = _mm_and_si128(_mm_srli_epi16(q, 4), m15);
         StoreCodes(_mm256_set_m128i(hi, lo), h, shift, c);
       }
-      if (super) {  // sub-block l % 8 of super-block l / 8
-        const int64_t sb = l / 8;
-        uint8_t a, m;
-        GetScaleMinK4(static_cast<int>(l % 8), grp + f.scales + 12 * sb, &a, &m);
-        scale[u] = HalfF(grp + f.d + 4 * sb) * a;
-        offset[u] = HalfF(grp + f.d + 4 * sb + 2) * m;
+      if (super) {  // sub-block l % 8 of super-block l / 8: all 16 at l = 0
+        if (l == 0) {
+          __m512 a, o;
+          ScalesMinsQ4KPair(grp + f.scales, &a, &o);  // d sc, dmin m: exact products
+          _mm512_storeu_ps(scale + u, a);
+          _mm512_storeu_ps(offset + u, o);
+        }
       } else {
         scale[u] = HalfF(grp + f.d + 2 * l);
         offset[u] = min ? -HalfF(grp + f.m + 2 * l) : 0.0f;

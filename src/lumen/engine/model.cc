@@ -99,9 +99,10 @@ int RepackColumnGroupsForInt8(formats::GgufFile& gg, std::vector<StoredTensor>& 
 // per run saved: MLX 8-bit's row 140 -> 128 ns on Zen 2); groups for the
 // AVX-512 VNNI ones, which then load each column of a group (per 64 bytes,
 // 4-bit: two vpermt2d and a blend saved; 8-bit: a vpermt2d;
-// docs/reference/performance.md, session 42). Under the same conditions as the column groups (an
-// int8 route, a copied file, not LUMEN_REPACK=0). Every other reader takes the file's order back
-// (kernels::MlxFileCodes). Returns the matrices rewritten.
+// docs/reference/performance.md, session 42). Under the same conditions as
+// the column groups (an int8 route, a copied file, not LUMEN_REPACK=0).
+// Every other reader takes the file's order back (kernels::MlxFileCodes).
+// Returns the matrices rewritten.
 int RepackMlxForInt8(formats::HfModelDir& hf, std::vector<StoredTensor>& tensors,
                      kernels::ActRoute route, ThreadPool& pool) {
   if (!RepackWanted(route)) return 0;

@@ -29,8 +29,8 @@ int64_t MatrixColumnAlign(const Matrix& m) {
 }
 
 int64_t MatrixSliceAlign(const Matrix& m) {
-  // whole runs or groups (multiples of the MLX group)
-  if (m.mlx_order != MlxOrder::kFile) return MlxUnitBytes(m.mlx_order, m.mlx_bits) * 8 / m.mlx_bits;
+  if (m.mlx_order != MlxOrder::kFile)  // whole runs or groups (multiples of the MLX group)
+    return MlxUnitBytes(m.mlx_order, m.mlx_bits) * 8 / m.mlx_bits;
   return IsColumnGroups(m.w.dtype) ? kColsElems : MatrixColumnAlign(m);
 }
 

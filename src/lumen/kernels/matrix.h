@@ -50,11 +50,12 @@ inline std::optional<ActRoute> ParseActRoute(std::string_view s) {
 }
 
 // How an MLX matrix's codes lie in memory: the file's order, or rearranged
-// at load (core/repack.h) as runs (the AVX2 int8 kernels: TransposeMlxRuns,
-// 4- and 8-bit) or groups (the AVX-512 VNNI ones: TransposeMlxGroups, 4- and 8-bit).
+// at load (core/repack.h) for the int8 kernels, 4- and 8-bit alike: as runs
+// (the AVX2 kernels: TransposeMlxRuns) or groups (the AVX-512 VNNI ones:
+// TransposeMlxGroups).
 enum class MlxOrder : uint8_t { kFile, kRuns, kGroups };
 // The bytes of a row's codes rearranged as a whole (a run: 128, a group: 64
-// bits); 0 for the file's order.
+// times the bits); 0 for the file's order.
 int64_t MlxUnitBytes(MlxOrder order, int bits);
 
 struct Matrix {

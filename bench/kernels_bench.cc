@@ -52,8 +52,7 @@ constexpr DType kTypes[] = {DType::kF32,      DType::kF16,      DType::kBF16,   
                             DType::kQ8_0Cols, DType::kQ6_KCols, DType::kQ2_KCols, DType::kQ3_KCols,
                             DType::kU32,      DType::kU32,      DType::kU32,      DType::kU32,
                             DType::kU32};
-constexpr int kMlx = 7, kMlx8 = 16, kMlxRuns = 17, kMlx8Runs = 18, kMlxGroups = 19,
-              kMlx8Groups = 20;
+constexpr int kMlx8 = 16, kMlxRuns = 17, kMlx8Runs = 18, kMlxGroups = 19, kMlx8Groups = 20;
 const char* TypeName(int t) {
   static const char* names[] = {"f32",
                                 "f16",
@@ -106,8 +105,7 @@ std::vector<float> SlabSource(int64_t K) {
 std::unique_ptr<Weight> MakeWeight(int type, int64_t N, int64_t K) {
   auto w = std::make_unique<Weight>();
   const std::vector<float> src = SlabSource(K);
-  if (type == kMlx || type == kMlx8 || type == kMlxRuns || type == kMlx8Runs ||
-      type == kMlxGroups || type == kMlx8Groups) {
+  if (kTypes[type] == DType::kU32) {  // MLX
     const int G = 64, bits = type == kMlx8 || type == kMlx8Runs || type == kMlx8Groups ? 8 : 4;
     const int64_t words = K * bits / 32, groups = K / G;
     w->bytes = AlignedBuffer(N * words * 4);
@@ -138,10 +136,11 @@ std::unique_ptr<Weight> MakeWeight(int type, int64_t N, int64_t K) {
     w->m.mlx_order = type == kMlxRuns || type == kMlx8Runs       ? MlxOrder::kRuns
                      : type == kMlxGroups || type == kMlx8Groups ? MlxOrder::kGroups
                                                                  : MlxOrder::kFile;
-    for (int64_t n = 0; n < N && w->m.mlx_order == MlxOrder::kRuns; ++n)
-      TransposeMlxRuns(w->bytes.as<uint8_t>() + n * words * 4, words * 4);
-    for (int64_t n = 0; n < N && w->m.mlx_order == MlxOrder::kGroups; ++n)
-      TransposeMlxGroups(w->bytes.as<uint8_t>() + n * words * 4, words * 4, bits);
+    for (int64_t n = 0; n < N; ++n) {
+      uint8_t* row = w->bytes.as<uint8_t>() + n * words * 4;
+      if (w->m.mlx_order == MlxOrder::kRuns) TransposeMlxRuns(row, words * 4);
+      if (w->m.mlx_order == MlxOrder::kGroups) TransposeMlxGroups(row, words * 4, bits);
+    }
   } else {
     const DType t = kTypes[type];
     w->bytes = AlignedBuffer(N * *RowBytes(t, K));

@@ -1546,12 +1546,8 @@ LUMEN_VNNI void RowsMlx(const Matrix& W, const Int8Rows& X, int64_t m0, float* Y
       // prefetchers of the Xeon in prefetch.h do not run ahead of them).
       if (s.first && n + 1 < W.n) {
         const int64_t r = std::min(W.n - 1, n + (s.ahead + code_row - 1) / code_row);
-        __builtin_prefetch(W.scales.row<const uint8_t>(r), 0, 2);
-        __builtin_prefetch(W.biases.row<const uint8_t>(r), 0, 2);
-        for (int64_t o = 64; o < ng * ss; o += 64) {
-          __builtin_prefetch(W.scales.row<const uint8_t>(r) + o, 0, 2);
-          __builtin_prefetch(W.biases.row<const uint8_t>(r) + o, 0, 2);
-        }
+        PrefetchAhead(W.scales.row(r), ng * ss, 0);
+        PrefetchAhead(W.biases.row(r), ng * ss, 0);
       }
       // The span's groups (the last span's run to the row's end); the biases
       // are needed by the last span only.

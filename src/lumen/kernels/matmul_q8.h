@@ -76,8 +76,8 @@ bool Int8RouteSupports(const Matrix& W);
 DType Int8ColumnGroupsOf(DType plain);
 // The order the loader puts W's MLX codes in (core/repack.h,
 // Matrix::mlx_order) for this CPU's int8 kernels: runs where they are the
-// AVX2 ones, groups for 4-bit where they are the AVX-512 VNNI ones, else the
-// file's (8-bit on VNNI; no int8 kernel). W as the file has it.
+// AVX2 ones, groups where they are the AVX-512 VNNI ones, the file's where
+// none reads W. W as the file has it.
 MlxOrder Int8MlxOrder(const Matrix& W);
 
 // True when MatMul(W, ..., M, ...) takes the int8 route: up to Int8MaxRows(W)

@@ -398,6 +398,12 @@ LUMEN_VNNI void DecodeGroupsRow(DType t, const uint8_t* row, int64_t K, int16_t*
     uint64_t masks[8] = {};
     if (five) std::memcpy(masks, grp + f.high, sizeof(masks));
     const GroupColumns cols = LoadGroupColumns(col, eight ? 2 : 1);
+    if (super) {  // lane l: sub-block l % 8 of super-block l / 8 (d sc, dmin m: exact products)
+      __m512 a, o;
+      ScalesMinsQ4KPair(grp + f.scales, &a, &o);
+      _mm512_storeu_ps(scale + g * kColsBlocks, a);
+      _mm512_storeu_ps(offset + g * kColsBlocks, o);
+    }
     for (int64_t l = 0; l < kColsBlocks; ++l) {
       int16_t* c = codes + g * kColsElems + kQK * l;
       const int64_t u = g * kColsBlocks + l;
@@ -414,14 +420,7 @@ LUMEN_VNNI void DecodeGroupsRow(DType t, const uint8_t* row, int64_t K, int16_t*
         const __m128i lo = _mm_and_si128(q, m15), hi = _mm_and_si128(_mm_srli_epi16(q, 4), m15);
         StoreCodes(_mm256_set_m128i(hi, lo), h, shift, c);
       }
-      if (super) {  // sub-block l % 8 of super-block l / 8: all 16 at l = 0
-        if (l == 0) {
-          __m512 a, o;
-          ScalesMinsQ4KPair(grp + f.scales, &a, &o);  // d sc, dmin m: exact products
-          _mm512_storeu_ps(scale + u, a);
-          _mm512_storeu_ps(offset + u, o);
-        }
-      } else {
+      if (!super) {
         scale[u] = HalfF(grp + f.d + 2 * l);
         offset[u] = min ? -HalfF(grp + f.m + 2 * l) : 0.0f;
       }

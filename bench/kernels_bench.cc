@@ -221,8 +221,10 @@ uint8_t* HugeAligned(const AlignedBuffer& region, size_t bytes, bool huge) {
 // 480 MiB), beside a plain read of the same bytes (StreamRead, as `lumen
 // bench --membw`), the two timed in turn in every iteration. range(2): 1
 // puts the matrix on huge pages, as the engine's copied weights; 0 on 4 KiB
-// pages, as a mapped file. stream = the kernel's bytes/s over the read's:
-// what the kernel's access pattern and work leave of the bandwidth.
+// pages, as a mapped file. range(3): 1 cuts the rows into a decode step's
+// products (below), 0 reads them in one. stream = the kernel's bytes/s over
+// the read's: what the kernel's access pattern and work leave of the
+// bandwidth.
 void BM_DecodeStream(benchmark::State& state) {
   const DType t = kTypes[state.range(0)];
   const int threads = static_cast<int>(state.range(1));
@@ -233,11 +235,21 @@ void BM_DecodeStream(benchmark::State& state) {
   AlignedBuffer region = AlignedBuffer::ZeroedOnTouch(bytes + kHuge);
   uint8_t* p = HugeAligned(region, bytes, state.range(2) == 1);
   FillRows(t, SlabSource(K), p, N, K);
-  Matrix m;
-  m.w = TensorView::Contiguous(p, t, {N, K});
-  m.n = N;
-  m.k = K;
-  m.route = ActRoute::kInt8x2;
+  // range(3) == 1: the rows as a Llama-3.2-1B layer's matrices in turn (q,
+  // k, v, o, gate, up, down: 2048, 512, 512, 2048, 8192, 8192 and 8192 rows of
+  // K = 2048, the last the down projection's bytes), one product each.
+  constexpr int64_t kLayer[] = {2048, 512, 512, 2048, 8192, 8192, 8192};
+  std::vector<Matrix> parts;
+  for (int64_t n0 = 0, i = 0; n0 < N; ++i) {
+    const int64_t rows = state.range(3) == 1 ? std::min(kLayer[i % 7], N - n0) : N;
+    Matrix m;
+    m.w = TensorView::Contiguous(p + static_cast<size_t>(n0) * rb, t, {rows, K});
+    m.n = rows;
+    m.k = K;
+    m.route = ActRoute::kInt8x2;
+    parts.push_back(m);
+    n0 += rows;
+  }
   std::vector<float> x(K), y(N);
   std::mt19937 rng(4);
   for (auto& v : x) v = std::uniform_real_distribution<float>(-1, 1)(rng);
@@ -247,7 +259,7 @@ void BM_DecodeStream(benchmark::State& state) {
   std::vector<uint64_t> sink(threads);  // one per thread, so the reads stay
   for (auto _ : state) {
     const auto s0 = std::chrono::steady_clock::now();
-    MatMul(m, x.data(), 1, K, y.data(), N, &pool);
+    for (const Matrix& m : parts) MatMul(m, x.data(), 1, K, y.data(), m.n, &pool);
     const auto s1 = std::chrono::steady_clock::now();
     pool.ParallelFor(pages, [&](int64_t b, int64_t e, int thread) {
       sink[thread] += StreamRead(p + b * 4096, static_cast<size_t>(e - b) * 4096);
@@ -263,10 +275,11 @@ void BM_DecodeStream(benchmark::State& state) {
   state.counters["read_GBps"] = static_cast<double>(bytes) * iters / t_read / 1e9;
   state.counters["stream"] = t_read / t_kernel;
   state.SetLabel(std::string(TypeName(static_cast<int>(state.range(0)))) +
-                 (state.range(2) ? " huge pages" : " 4 KiB pages"));
+                 (state.range(2) ? " huge pages" : " 4 KiB pages") +
+                 (state.range(3) ? ", layer-sized products" : ""));
 }
 BENCHMARK(BM_DecodeStream)
-    ->ArgsProduct({{3, 4, 9, 10, 12}, {1, 2}, {0, 1}})
+    ->ArgsProduct({{3, 4, 8, 9, 10, 12}, {1, 2}, {0, 1}, {0, 1}})
     ->UseRealTime()
     ->Iterations(6);
 

@@ -9,6 +9,8 @@
 #   membw.txt  read bandwidth before and after
 #   ceilings.md  the decode kernel's rate from cache and from DRAM, every
 #              int8x2 type (tools/decode_ceilings.sh; BENCH= the kernel bench)
+#   summary.txt  every target counted from the files above, with its misses
+#              (tools/issue13_summary.py; also printed at the end)
 # Needs the synth files: lumen synth llama-3.2-1b -o /tmp/pb_Q.gguf --quant Q
 # (and -o /tmp/pb_mlx4 --quant mlx4, mlx8). About 40 minutes on 2 cores.
 #   LUMEN=/tmp/lumen tools/issue13_campaign.sh
@@ -53,3 +55,4 @@ BENCH=${BENCH:-build/dev/bench/lumen_bench_kernels} LUMEN=$L ROUNDS=5 \
   tools/decode_ceilings.sh > "$O/ceilings.md" 2>&1
 $L bench --membw >> "$O/membw.txt" 2>&1
 uptime >> "$O/env.txt"
+/usr/bin/python3 tools/issue13_summary.py "$O" | tee "$O/summary.txt"

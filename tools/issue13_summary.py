@@ -1,0 +1,121 @@
+#!/usr/bin/python3
+"""tools/issue13_summary.py OUT: issue 13's targets counted from one campaign.
+
+Reads the files tools/issue13_campaign.sh writes under OUT (peer.md,
+batch.txt, depth.md, mlx.txt, rss.txt, membw.txt, ceilings.md) and prints
+each target's count and misses: prefill 1.5x and decode 1.15x llama.cpp per
+GGUF row, a batch-4 step's aggregate 2.5x a single stream (median of the
+rounds), decode at depth 8192 1.15x, peak RSS within weights + KV + 10%, and
+the MLX rows (no peer): batch 4, and one-thread decode (times the weight
+bytes per token rss.txt names) against every read bandwidth the campaign
+measured (the bandwidth clause asks 90%). A file that
+is missing or holds no row is named, not guessed.
+  /usr/bin/python3 tools/issue13_summary.py /tmp/i13
+"""
+import os
+import re
+import statistics
+import sys
+
+PREFILL, DECODE, BATCH, DEPTH, RSS, ROOF = 1.5, 1.15, 2.5, 1.15, 110.0, 0.90
+
+
+def read(out, name):
+    path = os.path.join(out, name)
+    if not os.path.exists(path):
+        print(f"{name}: missing")
+        return None
+    with open(path, encoding="utf-8") as f:
+        return f.read()
+
+
+def ratio_rows(text):
+    """(model, threads, [ratios...]) of a peer_bench table."""
+    rows = []
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) < 8 or not cells[0].startswith("pb_"):
+            continue
+        ratios = [float(c.rstrip("x")) for c in cells if re.fullmatch(r"[0-9.]+x", c)]
+        rows.append((cells[0].removeprefix("pb_").removesuffix(".gguf"), cells[1], ratios))
+    return rows
+
+
+def count(label, items, target):
+    """items: (name, value); prints how many reach target and the rest."""
+    if not items:
+        print(f"{label}: no rows")
+        return
+    misses = [f"{n} {v:.2f}x" for n, v in items if v < target]
+    print(f"{label}: {len(items) - len(misses)} of {len(items)} at {target}x"
+          + (f" (misses: {', '.join(misses)})" if misses else ""))
+
+
+def main():
+    if len(sys.argv) != 2 or not os.path.isdir(sys.argv[1]):
+        sys.exit("usage: tools/issue13_summary.py OUT (a tools/issue13_campaign.sh folder)")
+    out = sys.argv[1]
+    peer = read(out, "peer.md")
+    if peer is not None:
+        rows = ratio_rows(peer)
+        count("prefill", [(f"{m} -t {t}", r[0]) for m, t, r in rows], PREFILL)
+        count("decode", [(f"{m} -t {t}", r[1]) for m, t, r in rows], DECODE)
+    batch = read(out, "batch.txt")
+    if batch is not None:
+        per = {}
+        for line in batch.splitlines():
+            m = re.search(r"= ([0-9.]+)x batch 1", line)
+            if m:
+                per.setdefault(line.split()[0], []).append(float(m.group(1)))
+        count("batch 4 (median of rounds)", [(t, statistics.median(v)) for t, v in per.items()],
+              BATCH)
+    depth = read(out, "depth.md")
+    if depth is not None:
+        count("depth 8192", [(f"{m} -t {t}", r[2]) for m, t, r in ratio_rows(depth) if len(r) > 2],
+              DEPTH)
+    rss = read(out, "rss.txt")
+    gb = {}  # weights read per decoded token, GB, per type
+    if rss is not None:
+        for line in rss.splitlines():
+            w = re.search(r"weights read per token ([0-9.]+) GB", line)
+            if w:
+                gb[line.split()[0]] = float(w.group(1))
+        pct = [(l.split()[0], float(p)) for l in rss.splitlines()
+               for p in re.findall(r"= ([0-9.]+)%", l)]
+        over = [f"{t} {p:.0f}%" for t, p in pct if p > RSS]
+        print(f"memory: {len(pct) - len(over)} of {len(pct)} within weights + KV + 10%"
+              + (f" (over: {', '.join(over)})" if over else "")
+              + (f"; highest {max(p for _, p in pct):.0f}%" if pct else ""))
+    bw = []
+    membw = read(out, "membw.txt")
+    if membw is not None:
+        bw += [float(x) for x in re.findall(r"read bandwidth, 1 thread: ([0-9.]+) GB/s", membw)]
+    ceil = read(out, "ceilings.md")
+    if ceil is not None:
+        bw += [float(x) for x in re.findall(r"1 thread ([0-9.]+) GB/s", ceil)]
+    mlx = read(out, "mlx.txt")
+    if mlx is not None:
+        model = threads = None
+        for line in mlx.splitlines():
+            head = re.fullmatch(r"(mlx[48]) -t ([0-9]+)", line.strip())
+            if head:
+                model, threads = head.group(1), head.group(2)
+                continue
+            b = re.search(r"= ([0-9.]+)x batch 1", line)
+            if b:
+                ok = "meets" if float(b.group(1)) >= BATCH else "misses"
+                print(f"{model} -t {threads} batch 4: {b.group(1)}x ({ok} {BATCH}x)")
+            d = re.match(r"decode: ([0-9.]+) tok/s", line)
+            if d and threads == "1":
+                if model not in gb or not bw:
+                    print(f"{model} -t 1 decode: {d.group(1)} tok/s (no weight bytes in rss.txt "
+                          "or no read bandwidth in membw.txt / ceilings.md)")
+                    continue
+                gbs = float(d.group(1)) * gb[model]
+                shares = ", ".join(f"{gbs / x:.0%} of {x}" for x in bw)
+                print(f"{model} -t 1 decode: {gbs:.1f} GB/s = {shares} GB/s "
+                      f"(the clause: {ROOF:.0%})")
+
+
+if __name__ == "__main__":
+    main()

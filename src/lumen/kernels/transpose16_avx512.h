@@ -9,6 +9,11 @@
 
 namespace lumen::kernels {
 
+// (GCC 12's AVX-512 intrinsics pass _mm512_undefined_* as the unused merge
+// source, which -Wmaybe-uninitialized reports wherever they are inlined.)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
 // r[j] becomes column j of the 16 x 16 matrix whose rows were r[0..15].
 __attribute__((target("avx512f"))) inline void Transpose16x16(__m512i r[16]) {
   __m512i t[16], u[16];
@@ -34,6 +39,8 @@ __attribute__((target("avx512f"))) inline void Transpose16x16(__m512i r[16]) {
     r[12 + j] = _mm512_shuffle_i32x4(w, w2, 0xdd);
   }
 }
+
+#pragma GCC diagnostic pop
 
 }  // namespace lumen::kernels
 

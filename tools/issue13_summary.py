@@ -58,6 +58,10 @@ def main():
     peer = read(out, "peer.md")
     if peer is not None:
         rows = ratio_rows(peer)
+        for m, t, r in rows:
+            if len(r) < 2:
+                print(f"peer.md: {m} -t {t} has no prefill and decode ratios (a failed run?)")
+        rows = [row for row in rows if len(row[2]) >= 2]
         count("prefill", [(f"{m} -t {t}", r[0]) for m, t, r in rows], PREFILL)
         count("decode", [(f"{m} -t {t}", r[1]) for m, t, r in rows], DECODE)
     batch = read(out, "batch.txt")

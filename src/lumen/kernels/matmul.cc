@@ -1132,8 +1132,8 @@ HWY_NOINLINE float MlxDot4(const uint8_t* p, const float* ss, const float* bb, i
 }
 
 // SmallM's row loop: decode(n, sink) feeds row n's weight vectors to sink.
-// Spread: prefetch into L1 as the row advances (float rows, below) instead
-// of a burst per row into L2.
+// Spread: prefetch as the row advances (float rows, below) instead of a
+// burst per row.
 template <int MB, bool E, bool Spread, class DecodeRow>
 HWY_INLINE void SmallMRows(const float* const* x, int64_t m0, float* Y, int64_t ldy, int64_t n0,
                            int64_t n1, const LowRankTile* epi, const TensorView& w, int64_t K,
@@ -1149,7 +1149,7 @@ HWY_INLINE void SmallMRows(const float* const* x, int64_t m0, float* Y, int64_t 
       for (int m = 0; m < MB; ++m) acc[c][m] = hn::Zero(d);
     auto sink = [&](int64_t k, VF w, auto parity) HWY_ATTR {
       constexpr int c = decltype(parity)::value % kChains;
-      if constexpr (Spread && decltype(parity)::value == 0) PrefetchAheadL1(row + k * esize, step);
+      if constexpr (Spread && decltype(parity)::value == 0) PrefetchAhead(row + k * esize, step);
       for (int m = 0; m < MB; ++m) acc[c][m] = hn::MulAdd(w, hn::LoadU(d, x[m] + k), acc[c][m]);
     };
     decode(n, sink);
@@ -1188,10 +1188,12 @@ void SmallM(RowDecoder& dec, const PreparedX& X, int64_t m0, float* Y, int64_t l
     }
     return;
   }
-  // Float rows (f16: 4 KiB at K = 2048) are prefetched into L1 as the decode
+  // Float rows (f16: 4 KiB at K = 2048) are prefetched into L2 as the decode
   // advances (the lines of each pair of vectors, kAheadBytes on) rather than
-  // as one burst of 32-64 prefetches per row into L2, which left F16 decode
-  // at 3.7 tok/s on one thread where this streams 5.3 (1B, Xeon KVM guest).
+  // as one burst of 32-64 prefetches per row, which left F16 decode at 3.7
+  // tok/s on one thread where this streams 5.3 (1B, Xeon KVM guest); into L2,
+  // not L1: BF16 from DRAM streamed 0.86-0.93 of a plain read against
+  // 0.81-0.84 (performance.md, session 43).
   // Each float storage gets a loop of its own: inside the switch over every
   // decoder GCC kept the accumulators on the stack (a store per FMA), which
   // held F16 decode to 13.7 GB/s on Zen 5 where f32 streamed 22.8.

@@ -156,12 +156,14 @@ TEST(RepackLoad, ColumnGroupsOnlyForInt8RoutesInCopiedFilesWithTheMappedLogits) 
 
 // MLX matrices' codes rewritten at load in the order of this CPU's int8
 // kernels (core/repack.h; kernels::Int8MlxOrder): runs where they are the AVX2
-// ones, groups where they are the AVX-512 VNNI ones; only for an int8 route in a copied file, every
-// MLX matrix those kernels read (the tied embedding table too, whose rows the lookup reads back in
-// the file's order); the logits bit for bit those of the same file mapped (the kernels' sums are
-// the same, only where the transpose happens moves; VNNI 8-bit: within float rounding, its groups
-// summed by block, the file's twins otherwise), through the int8x2 rows and the products of a
-// longer prompt (the exact panels, or the int8x2 GEMM, which reads the file's order back);
+// ones, groups where they are the AVX-512 VNNI ones; only for an int8 route
+// in a copied file, every MLX matrix those kernels read (the tied embedding
+// table too, whose rows the lookup reads back in the file's order); the
+// logits bit for bit those of the same file mapped (the kernels' sums are
+// the same, only where the transpose happens moves; VNNI 8-bit: within float
+// rounding, its groups summed by block, the file's twins otherwise), through
+// the int8x2 rows and the products of a longer prompt (the exact panels, or
+// the int8x2 GEMM, which reads the file's order back);
 // converted, the same file. Rows with and without codes after their last
 // whole run or group.
 TEST(RepackLoad, MlxCodesInTheInt8KernelsOrderOnlyInCopiedFilesWithTheMappedLogits) {

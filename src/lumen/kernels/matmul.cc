@@ -26,6 +26,7 @@
 
 #include "lumen/kernels/dot-inl.h"
 #include "lumen/kernels/gemm-inl.h"
+#include "lumen/kernels/intrinsics_warnings.h"
 
 // Design: one "row decoder" per storage type turns a weight row into f32
 // vectors of N consecutive elements and hands each to a sink, so the weight
@@ -204,11 +205,7 @@ HWY_INLINE void DecodeAffineLegacy(const uint8_t* row, int64_t K, Sink& sink) {
 }
 
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
-// (GCC 12's AVX-512 intrinsics pass _mm512_undefined_* as the unused merge
-// source, which -Wmaybe-uninitialized reports wherever they are inlined:
-// every raw-intrinsic region below is wrapped so.)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+LUMEN_INTRINSICS_BEGIN
 // Four 64-byte columns at cols (lane l of column c: dword c of block l)
 // transposed into qs, dword c of block b at qs[b % 4] + 16 (b / 4) + 4 c
 // (a 4 x 4 dword transpose per 128-bit block: block b is 128-bit block b / 4
@@ -268,7 +265,7 @@ struct TransposedGroup {
     }
   }
 };
-#pragma GCC diagnostic pop
+LUMEN_INTRINSICS_END
 #endif
 
 // Column groups of the legacy formats (core/repack.h): every value,
@@ -303,8 +300,7 @@ HWY_INLINE void DecodeColumnGroups(const uint8_t* row, int64_t K, Sink& sink) {
   int64_t at = 0;
   auto shifted = [&](int64_t k, auto v, auto p) HWY_ATTR { sink(at + k, v, p); };
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+  LUMEN_INTRINSICS_BEGIN
   if constexpr (hn::MaxLanes(DF()) == 16) {
     const DF d;
     const DI di;
@@ -361,7 +357,7 @@ HWY_INLINE void DecodeColumnGroups(const uint8_t* row, int64_t K, Sink& sink) {
       }
     }
   }
-#pragma GCC diagnostic pop
+  LUMEN_INTRINSICS_END
 #endif
   alignas(64) uint8_t blocks[kColsBlocks * sizeof(Block)];
   for (; at + kColsElems <= K; at += kColsElems) {
@@ -428,8 +424,7 @@ HWY_INLINE void DecodeSuperColumnGroups(const uint8_t* row, int64_t K, Sink& sin
   int64_t at = 0;
   auto shifted = [&](int64_t k, auto v, auto p) HWY_ATTR { sink(at + k, v, p); };
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+  LUMEN_INTRINSICS_BEGIN
   if constexpr (hn::MaxLanes(DF()) == 16 && !kPlanes) {
     const DF d;
     for (; at + kColsElems <= K; at += kColsElems) {
@@ -477,7 +472,7 @@ HWY_INLINE void DecodeSuperColumnGroups(const uint8_t* row, int64_t K, Sink& sin
       }
     }
   }
-#pragma GCC diagnostic pop
+  LUMEN_INTRINSICS_END
 #endif
   alignas(64) uint8_t blocks[2 * sizeof(Block)];
   for (; at + kColsElems <= K; at += kColsElems) {
@@ -610,8 +605,7 @@ HWY_INLINE void DecodeQ6Slices(const uint8_t* row, int64_t K, Sink& sink) {
   int64_t at = 0;
   auto shifted = [&](int64_t k, auto v, auto p) HWY_ATTR { sink(at + k, v, p); };
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+  LUMEN_INTRINSICS_BEGIN
   if constexpr (hn::MaxLanes(DF()) == 16) {
     const DF d;
     const DI di;
@@ -655,7 +649,7 @@ HWY_INLINE void DecodeQ6Slices(const uint8_t* row, int64_t K, Sink& sink) {
     }
     return;
   }
-#pragma GCC diagnostic pop
+  LUMEN_INTRINSICS_END
 #endif
   alignas(64) uint8_t blk[sizeof(BlockQ6K)];
   for (; at < K; at += kQKK) {
@@ -1425,8 +1419,7 @@ void GemmRows(RowDecoder& dec, const PreparedX& X, int64_t M, float* Y, int64_t 
 }
 
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+LUMEN_INTRINSICS_BEGIN
 // Q4_0 column groups straight into a bf16 panel row: a block's sixteen
 // possible weights (j - 8) s, j = 0..15, rounded once into a table, and its
 // 32 codes looked up by vpermw. The products and the rounding are those of
@@ -1461,7 +1454,7 @@ HWY_INLINE void DecodeQ4_0ColumnsBf16(const uint8_t* row, int64_t K, uint16_t* o
   auto shifted = [&](int64_t k, VF w, auto p) HWY_ATTR { store(at + k, w, p); };
   DecodeStorage(Path::kQ4_0, row + at / kQK * sizeof(BlockQ4_0), K - at, shifted);
 }
-#pragma GCC diagnostic pop
+LUMEN_INTRINSICS_END
 #endif
 
 // The bf16 route's panels (matmul_bf16.h): rows [n0, n1) of W decoded P at a
@@ -1486,8 +1479,7 @@ void Bf16Panels(RowDecoder& dec, const uint16_t* xb, const uint16_t* xpacked, in
     panel_buf = AlignedBuffer(P * ld * sizeof(uint16_t));
   uint16_t* panel = panel_buf.as<uint16_t>();
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+  LUMEN_INTRINSICS_BEGIN
   // Each decoded vector rounded straight into the panel: the instruction
   // ToBf16Padded uses (same bits), without the f32 row's store and reload
   // (a quarter of the panel decode). Inline asm because Highway 1.0's AVX3
@@ -1512,7 +1504,7 @@ void Bf16Panels(RowDecoder& dec, const uint16_t* xb, const uint16_t* xpacked, in
       dec.Decode(r, store);
     std::fill(out + ldp, out + ld, uint16_t{0});
   };
-#pragma GCC diagnostic pop
+  LUMEN_INTRINSICS_END
 #else
   AlignedBuffer row_buf(ldp * sizeof(float));
   float* row = row_buf.as<float>();

@@ -4,6 +4,7 @@
 
 #include "lumen/core/check.h"
 #include "lumen/core/route.h"
+#include "lumen/kernels/intrinsics_warnings.h"
 #include "lumen/kernels/sum4_avx512.h"
 
 #if defined(__x86_64__)
@@ -46,11 +47,7 @@ LUMEN_ROUTE(
 
 #if defined(__x86_64__)
 
-// GCC 12's AVX-512 intrinsics pass _mm512_undefined_* as the unused merge
-// source, which -Wmaybe-uninitialized reports at every inlined use.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
+LUMEN_INTRINSICS_BEGIN
 
 bool CpuHasBf16() {
   static const bool has = [] {  // CPU feature, fixed for the process
@@ -157,7 +154,7 @@ void Bf16PanelProduct(const uint16_t* panel, int64_t rows, const uint16_t* xb, i
   }
 }
 
-#pragma GCC diagnostic pop
+LUMEN_INTRINSICS_END
 
 #else  // no x86: the route is never taken, so these are never called
 

@@ -10,6 +10,7 @@
 #include "lumen/kernels/matmul_bf16.h"
 
 #include "lumen/kernels/amx_target.h"
+#include "lumen/kernels/intrinsics_warnings.h"
 #include "lumen/kernels/transpose16_avx512.h"
 
 #if defined(LUMEN_AMX_X86)
@@ -45,11 +46,7 @@ LUMEN_ROUTE(matmul_bf16_amx_prefill,
 
 #if defined(LUMEN_AMX_X86)
 
-// GCC 12's AVX-512 intrinsics pass _mm512_undefined_* as the unused merge
-// source, which -Wmaybe-uninitialized reports at every inlined use.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
+LUMEN_INTRINSICS_BEGIN
 
 namespace {
 
@@ -252,7 +249,7 @@ LUMEN_AMX void AmxConfigureTiles() {
 // Smaller context switches while no tile work runs.
 LUMEN_AMX void AmxReleaseTiles() { _tile_release(); }
 
-#pragma GCC diagnostic pop
+LUMEN_INTRINSICS_END
 
 #else  // no x86 Linux: the variant is never taken, so these are never called
 

@@ -4,6 +4,7 @@
 
 #include "lumen/core/check.h"
 #include "lumen/kernels/amx_target.h"
+#include "lumen/kernels/intrinsics_warnings.h"
 #include "lumen/kernels/matmul_bf16.h"
 #include "lumen/kernels/matmul_bf16_amx.h"
 
@@ -21,11 +22,7 @@ namespace lumen::kernels {
 
 #if defined(LUMEN_AMX_X86)
 
-// GCC 12's AVX-512 intrinsics pass _mm512_undefined_* as the unused merge
-// source, which -Wmaybe-uninitialized reports at every inlined use.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
+LUMEN_INTRINSICS_BEGIN
 
 namespace {
 
@@ -178,7 +175,7 @@ LUMEN_AMX void AmxBf16TPanelProduct(const uint16_t* dyb, int64_t M, int64_t ld,
   AmxReleaseTiles();
 }
 
-#pragma GCC diagnostic pop
+LUMEN_INTRINSICS_END
 
 #else  // no x86 Linux: the kernel is never taken, so these are never called
 

@@ -2,7 +2,6 @@
 #include "lumen/kernels/matmul_q8_avx2.h"
 
 #include <algorithm>
-#include <array>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -18,6 +17,7 @@
 #include "lumen/kernels/prefetch.h"
 #include "lumen/kernels/q4k_scales_avx512.h"
 
+#include "lumen/kernels/intrinsics_warnings.h"
 #include "lumen/kernels/vnni_target.h"
 
 // Layout. vpdpbusd sums 4 adjacent byte products (unsigned weight codes times
@@ -506,11 +506,7 @@ void Prepare(const Geometry& g, const float* X, int64_t M, int64_t ldx, int64_t 
 
 #if defined(__x86_64__)
 
-// GCC 12's AVX-512 intrinsics pass _mm512_undefined_* as the unused merge
-// source, which -W(maybe-)uninitialized reports at every inlined use.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+LUMEN_INTRINSICS_BEGIN
 
 }  // namespace
 
@@ -1796,7 +1792,7 @@ void MatMulRowsInt8(const Matrix& W, const Int8Rows& X, float* Y, int64_t ldy, i
   MatMulRowsLevels<1>(W, X, Y, ldy, n0, n1);
 }
 
-#pragma GCC diagnostic pop
+LUMEN_INTRINSICS_END
 
 #else  // no x86: the route is never supported, so these are never called
 

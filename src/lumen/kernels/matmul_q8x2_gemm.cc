@@ -12,6 +12,7 @@
 #include "lumen/core/quant.h"
 #include "lumen/core/repack.h"
 #include "lumen/core/route.h"
+#include "lumen/kernels/intrinsics_warnings.h"
 #include "lumen/kernels/matmul_bf16.h"
 #include "lumen/kernels/matmul_q8.h"
 #include "lumen/kernels/q4k_scales_avx512.h"
@@ -82,11 +83,7 @@ constexpr int64_t kKC = 256;
 
 #if defined(__x86_64__)
 
-// GCC 12's AVX-512 intrinsics pass _mm512_undefined_* as the unused merge
-// source, which -Wmaybe-uninitialized reports at every inlined use.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
+LUMEN_INTRINSICS_BEGIN
 
 LUMEN_VNNI inline float HalfF(const uint8_t* p) {
   uint16_t h;
@@ -672,7 +669,7 @@ LUMEN_VNNI void PanelProduct(const Matrix& W, const Panel& panel, const PackedX&
   }
 }
 
-#pragma GCC diagnostic pop
+LUMEN_INTRINSICS_END
 #endif  // __x86_64__
 
 }  // namespace

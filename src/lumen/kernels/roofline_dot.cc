@@ -5,6 +5,7 @@
 #include "lumen/kernels/roofline.h"
 
 #include "lumen/kernels/amx_target.h"
+#include "lumen/kernels/intrinsics_warnings.h"
 #include "lumen/kernels/matmul_bf16.h"
 #include "lumen/kernels/matmul_bf16_amx.h"
 #include "lumen/kernels/matmul_q8.h"
@@ -15,11 +16,7 @@
 #define LUMEN_VNNI_PEAK __attribute__((target("avx512f,avx512vnni")))
 #endif
 
-// GCC 12's AVX-512 reduce intrinsics read an _mm512_undefined_* merge source,
-// which -W(maybe-)uninitialized reports at every inlined use.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+LUMEN_INTRINSICS_BEGIN
 
 namespace lumen::kernels {
 namespace {
@@ -138,4 +135,4 @@ double MeasureInt8DotOps(double seconds) {
 
 }  // namespace lumen::kernels
 
-#pragma GCC diagnostic pop
+LUMEN_INTRINSICS_END

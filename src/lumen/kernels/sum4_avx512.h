@@ -7,12 +7,11 @@
 #if defined(__x86_64__)
 #include <immintrin.h>
 
+#include "lumen/kernels/intrinsics_warnings.h"
+
 namespace lumen::kernels {
 
-// GCC 12's AVX-512 intrinsics pass _mm512_undefined_* as the unused merge
-// source, which -Wmaybe-uninitialized reports at every inlined use.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+LUMEN_INTRINSICS_BEGIN
 
 // Returns [sum a, sum b, sum c, sum d].
 __attribute__((target("avx512f"))) inline __m128 SumLanes4(__m512 a, __m512 b, __m512 c, __m512 d) {
@@ -29,7 +28,7 @@ __attribute__((target("avx512f"))) inline __m128 SumLanes4(__m512 a, __m512 b, _
   return _mm512_castps512_ps128(_mm512_permutexvar_ps(first, t));
 }
 
-#pragma GCC diagnostic pop
+LUMEN_INTRINSICS_END
 
 }  // namespace lumen::kernels
 

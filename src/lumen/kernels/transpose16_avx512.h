@@ -7,12 +7,11 @@
 #if defined(__x86_64__)
 #include <immintrin.h>
 
+#include "lumen/kernels/intrinsics_warnings.h"
+
 namespace lumen::kernels {
 
-// (GCC 12's AVX-512 intrinsics pass _mm512_undefined_* as the unused merge
-// source, which -Wmaybe-uninitialized reports wherever they are inlined.)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+LUMEN_INTRINSICS_BEGIN
 
 // r[j] becomes column j of the 16 x 16 matrix whose rows were r[0..15].
 __attribute__((target("avx512f"))) inline void Transpose16x16(__m512i r[16]) {
@@ -40,7 +39,7 @@ __attribute__((target("avx512f"))) inline void Transpose16x16(__m512i r[16]) {
   }
 }
 
-#pragma GCC diagnostic pop
+LUMEN_INTRINSICS_END
 
 }  // namespace lumen::kernels
 

@@ -16,11 +16,13 @@
 #define LUMEN_KERNELS_GEMM_INL_H_
 #endif
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 
 #include <hwy/highway.h>
 
+#include "lumen/core/cache_size.h"
 #include "lumen/kernels/transpose16_avx512.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -150,6 +152,45 @@ HWY_INLINE void GemmTile(const float* HWY_RESTRICT panel, const float* const* x,
     for (int v = 0; v < NV; ++v) hn::StoreU(acc[i][v], d, dst + v * L);
     if (!whole) std::memcpy(y[i], tmp[i], nr * sizeof(float));
   }
+}
+
+// The exact products' block sizes, per target as measured there: GemmRows'
+// (bytes) and the transposed product's (MatMulTRows, MatMulTRange).
+struct GemmBlocking {
+  int64_t slice;        // a k block of one panel (KC NR floats), columns path
+  int64_t x_rows;       // the X rows of one row block (bytes), columns path:
+  bool x_per_slice;     // of one slice's KC columns (else of all K)
+  int64_t panel_slice;  // a k block of one panel, panel path
+  int64_t group;        // the decoded whole panels of one group, panel path
+  int64_t t_cols;       // transposed: columns per block (a multiple of 512)
+  int64_t t_rows;       // transposed: the dX rows of one row block (bytes)
+};
+
+// AVX-512 (Zen 5, Xeon: sessions 12-28): slices in L1, X blocks and panel
+// groups of 1 MiB. AVX2 (Zen 2, a 512 KiB L2: session 35): a slice of a
+// quarter of L2 (the whole K of a 2048-wide product) read from L2 keeps the
+// FMAs as busy as a 16 KiB one from L1 there, and the work per slice and
+// per tile (the decode and transposes once per row block, the Y tile's loads
+// and stores) is paid once per panel, not once per 256 columns; X blocks of
+// 4 L2 (256 rows at K = 2048) come from L3. The 512-token prefill rose 7-19%
+// (performance.md, "Zen 2 a seventh time"). Those blocks are sized by the
+// slice, so K = 8192 keeps 256-row blocks (not 64) and decodes each slice
+// once per 256 rows, not four times (Q4_0 at M = 256, two threads: 150 ->
+// 180-186 GFLOP/s; "Zen 2 a ninth time"); the AVX-512 blocks stay sized by
+// K, as measured there (by the slice, their 1 MiB would grow to all of X).
+// Transposed: column blocks of 2048 and dX row blocks of 1 MiB on AVX-512;
+// on AVX2 a 128-row panel of a quarter of L2 where that is 512 columns or
+// more, else 512 (Zen 2: 256 KiB panels, the training step 3-5% faster than
+// with 2048), and half of L2.
+HWY_INLINE GemmBlocking Blocking() {
+#if HWY_TARGET == HWY_AVX2
+  const int64_t l2 = L2CacheBytes();
+  return {l2 / 4, 4 * l2, true,
+          l2 / 4, l2 / 4, std::clamp<int64_t>(l2 / 4 / (128 * 4) / 512 * 512, 512, 2048),
+          l2 / 2};
+#else
+  return {16 << 10, 1 << 20, false, 24 << 10, 1 << 20, 2048, 1 << 20};
+#endif
 }
 
 }  // namespace lumen::kernels::HWY_NAMESPACE

@@ -27,7 +27,7 @@
 // Each 32-bit lane of a column holds one block, so the int8 kernel pays its
 // per-lane work once per 512 weights with no shuffles (and for Q8_0 no sign
 // flips), and the masks feed its masked adds as they are
-// (kernels/matmul_q8.cc). Order: codes, high, then d, m (meta); but d (meta)
+// (kernels/matmul_q8_gguf.cc). Order: codes, high, then d, m (meta); but d (meta)
 // first where the group starts 32 bytes past a 64-byte line, so that in rows
 // on 32-byte boundaries (GGUF's default alignment) the codes and masks are
 // whole cache lines. The layout depends on the address: repacked bytes are

@@ -1,6 +1,7 @@
 // Per-target pieces of the exact f32 product's outer-product GEMM (Highway):
-// k-major weight panels and the register tile that runs over them. Included
-// by matmul.cc inside its HWY_NAMESPACE; never outside src/lumen/kernels/.
+// k-major weight panels, the register tile that runs over them and the
+// block sizes. Included by matmul.cc, matmul_t.cc and attention_rows.cc
+// inside their HWY_NAMESPACE; never outside src/lumen/kernels/.
 //
 // The contract that matters to callers (matmul.h): every output is ONE f32
 // FMA chain over k = 0, 1, ..., K-1 in order (acc = fma(x[m][k], w[n][k], acc)

@@ -413,7 +413,7 @@ TEST(MatMulInt8x2, ManyWithMixedOffsetGroupsMatchesSeparateProducts) {
 
 // The kernels read some weight blocks through the aligned cache lines that
 // hold them and others through unaligned loads, by the block's address
-// (LoadQuad, matmul_q8.cc): the same rows copied to every offset within a
+// (LoadQuad, matmul_q8_gguf.cc): the same rows copied to every offset within a
 // line (contiguous, then with a stride that is not a multiple of 8) give the
 // same bits. Column groups are laid out by their address (core/repack.h):
 // their rows are unpacked and repacked at the new address.

@@ -233,7 +233,7 @@ TEST(MatMulTest, ColumnGroupsGiveThePlainBitsOnTheExactAndBf16Routes) {
 
 // For M > 4 each output of the exact route is one f32 FMA chain over k in
 // order from +0 (gemm-inl.h), however the target blocks the product
-// (matmul.cc Blocking(): k blocks of up to a quarter of L2 on AVX2, 256-384
+// (gemm-inl.h Blocking(): k blocks of up to a quarter of L2 on AVX2, 256-384
 // columns on AVX-512; row blocks; whole-panel groups): against that chain
 // over the reference's weights, bit for bit, for the storages whose decode
 // is one rounding of the reference's value, through both GEMM paths (f32,
@@ -311,7 +311,7 @@ TEST(MatMulTest, PrefillOutputsAreOneFmaChainInKOrderAcrossBlocks) {
 // The transposed product dX = dY W (MatMulT, the backward's) adds each
 // output's terms in ascending n as one FMA chain from +0 (panels of 128
 // rows, the chain stored to dX and loaded back between them), whatever the
-// column blocks (matmul.cc MatMulTRows: 512 columns on AVX2 at a 512 KiB L2,
+// column blocks (matmul_t.cc MatMulTRows: 512 columns on AVX2 at a 512 KiB L2,
 // 2048 on AVX-512), row blocks and thread split; the columns after the last
 // whole vector are a product then a sum. Against that chain, bit for bit:
 // K = 4164 (a 4-column tail) for f32, 4160 for Q8_0 and its column groups,

@@ -1,6 +1,6 @@
 // The scales and mins of a Q4_K / Q5_K column group's two super-blocks in
 // AVX-512 registers (VBMI): the int8 decode kernels' column groups
-// (matmul_q8.cc) and the int8x2 GEMM's panel decode (matmul_q8x2_gemm.cc).
+// (matmul_q8_gguf.cc) and the int8x2 GEMM's panel decode (matmul_q8x2_gemm.cc).
 // x86-64 only; include only from .cc files that include vnni_target.h.
 #pragma once
 
@@ -22,7 +22,7 @@ namespace lumen::kernels {
 // two vpmultishiftqb take every field's two bit windows (A: its low bits,
 // from q[j] or q[j + 4]; B: the top two bits of q[j - 4] or q[j], for j >= 4)
 // and one select and mask join them: half the vector work of two
-// ScalesMinsQ4K calls (matmul_q8.cc), which was a third of the column
+// ScalesMinsQ4K calls (matmul_q8_gguf.cc), which was a third of the column
 // group's.
 // Byte b of ScalesMinsQ4KPair's tables is field j of output qword b / 8:
 // the 8 scales (qwords 0, 1) or mins (2, 3) of super-block b / 8 % 2, whose

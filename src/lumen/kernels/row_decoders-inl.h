@@ -422,7 +422,7 @@ HWY_INLINE void DecodeSuperColumnGroups(const uint8_t* row, int64_t K, Sink& sin
       const TransposedGroup<kQ5> group(g, f);
       // DecodeQ4K5K's factors, d sc and -(dmin m), per sub-block: the 6-bit
       // fields of both super-blocks unpacked as 32-bit words (ScalesMinsQ4K
-      // in matmul_q8.cc), lanes 0-7 sc, 8-15 m, times d and dmin exactly as
+      // in matmul_q8_gguf.cc), lanes 0-7 sc, 8-15 m, times d and dmin exactly as
       // the scalar dd * sc.
       alignas(64) float scale[16], offset[16];
       for (int sb = 0; sb < 2; ++sb) {

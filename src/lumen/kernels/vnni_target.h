@@ -1,4 +1,4 @@
-// The compiler target of the AVX512-VNNI kernels (matmul_q8.cc, the int8
+// The compiler target of the AVX512-VNNI kernels (matmul_q8*.cc, the int8
 // decode kernels; matmul_q8x2_gemm.cc, the int8x2 prefill GEMM), in one
 // place: LUMEN_VNNI marks the functions that use these instructions, which
 // run only where kernels::CpuHasVnni() holds, so the rest of the binary stays

@@ -651,6 +651,7 @@ void MatMulRowsInt8(const Matrix& W, const Int8Rows& X, float* Y, int64_t ldy, i
     for (int64_t m = 0; m < X.M;) {
       const int mb = static_cast<int>(std::min<int64_t>(kMaxRowsPerCall, X.M - m));
       const RowsFn rows = mlx ? MlxRowsFor(g.fmt, mb, X.levels) : GgufRowsFor(g.fmt, mb, X.levels);
+      LUMEN_DCHECK(rows != nullptr);
       rows(W, g, X, m, Y, ldy, b, e, s);
       m += mb;
     }

@@ -86,20 +86,22 @@ constexpr bool SharesLanes(Order o) {
 struct Geometry {
   Fmt fmt;
   int64_t block_bytes;  // GGUF: bytes per (super-)block; MLX: 0
-  int w_offset;         // Q4_0/Q5_0/Q8_0: codes are w + w_offset (unsigned); Q3_K / Q6_K:
-                        // w / a + w_offset; 0: none
-  int64_t sum_group;    // elements per offset group (0: none)
+  // Codes are w + w_offset (Q4_0, Q5_0, Q8_0: unsigned) or w / a + w_offset
+  // (Q3_K, Q6_K), the offset in the integer sums (Int8Rows::corr); 0: none.
+  int w_offset;
+  int64_t sum_group;  // elements per float offset group (Int8Rows::sums; 0: none)
   Order order;
 };
 
 // Activation rows quantized and laid out for one weight format and level
 // count L. Each row is a run of records, one per 64 elements: [L code vectors
 // (level 1, then level 2), 64 B each | lane scales, 16 x f32], then for an
-// odd last block a half record [L x 32 B | 8 x f32]; for K-quants then the
-// offset sums (the group's sum of the activations as the codes read back,
-// f32). One pointer per row and sequential reads (with separate arrays the
-// 4-row kernel ran out of registers). The lane scale is d (L = 1) or d2 =
-// d / 256 (L = 2).
+// odd last block a half record [L x 32 B | 8 x f32]; then, for the formats
+// with float offsets (Q4_1, Q5_1, Q2_K, Q4_K, Q5_K, MLX), the offset sums
+// (each group's sum of the activations as the codes read back, f32), and for
+// those with integer ones the corrections. One pointer per row and sequential reads (with separate
+// arrays the 4-row kernel ran out of registers). The lane scale is d (L = 1) or d2 = d / 256 (L =
+// 2).
 struct Int8Rows {
   int64_t M = 0, K = 0, stride = 0;  // stride: bytes per row (a multiple of 64)
   int64_t nsum = 0;                  // offset sums per row
@@ -109,8 +111,9 @@ struct Int8Rows {
   const float* sums(int64_t m) const {
     return reinterpret_cast<const float*>(row(m) + (levels + 1) * K);
   }
-  // Q4_0 / Q5_0 / Q8_0 / Q3_K / Q6_K: per 4-byte lane of the records, -w_offset times the
-  // lane's activation codes summed (q1, or 256 q1 + q2), one int32 each.
+  // Q4_0 / Q5_0 / Q8_0 / Q3_K / Q6_K: per 4-byte lane of the records,
+  // -w_offset times the lane's activation codes summed (q1, or 256 q1 + q2),
+  // one int32 each (SharesLanes: a period's records summed into its first).
   const int32_t* corr(int64_t m) const {
     return reinterpret_cast<const int32_t*>(row(m) + (levels + 1) * K + 4 * nsum);
   }

@@ -3,10 +3,8 @@
 #include "lumen/kernels/matmul_q8_internal.h"
 
 #include <algorithm>
-#include <cmath>
 #include <cstring>
 #include <limits>
-#include <type_traits>
 #include <vector>
 
 #include "lumen/core/buffer.h"
@@ -16,7 +14,6 @@
 #include "lumen/core/route.h"
 #include "lumen/kernels/matmul_bf16.h"
 #include "lumen/kernels/prefetch.h"
-#include "lumen/kernels/q4k_scales_avx512.h"
 
 #include "lumen/kernels/intrinsics_warnings.h"
 #include "lumen/kernels/vnni_target.h"
@@ -60,7 +57,7 @@
 //     (Block columns built from the file's quads at run time measured slower
 //     on one row than quads, session 15; repacked at load they are faster.)
 //   K-quants: a super-block is four columns, one 16-element slice per lane
-//     (see SuperColumns).
+//     (see SuperColumns, matmul_q8_gguf.cc).
 //   MLX 4-bit: groups of 512 elements as Q4_0 column groups, built at run
 //     time: column c's lane l is dword c of activation block l (elements
 //     8c..8c+7 of the block's 32; low nibbles the even ones, high the odd),

@@ -11,6 +11,7 @@ The names are matched whether the kernels sit in an anonymous namespace
   /usr/bin/python3 tools/kernel_insns_compare.py /tmp/kb_old build/dev/bench/lumen_bench_kernels
 """
 import re
+import signal
 import subprocess
 import sys
 
@@ -42,6 +43,7 @@ def counts(binary, address, size):
 
 
 def main():
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # piped into head: stop quietly
     if len(sys.argv) < 3:
         print(__doc__.strip().splitlines()[0], file=sys.stderr)
         sys.exit(2)

@@ -50,6 +50,85 @@ HWY_BEFORE_NAMESPACE();
 namespace lumen::kernels::HWY_NAMESPACE {
 namespace {
 
+// Per-thread state for decoding rows of one matrix.
+struct RowDecoder {
+  const Matrix& W;
+  Path path;
+  std::vector<float> scratch;  // generic: one dequantized row; MLX: scales + biases
+  std::vector<uint8_t> codes;  // MLX runs: a row's codes in the file's order
+
+  explicit RowDecoder(const Matrix& w) : W(w), path(PathFor(w)) {
+    if (path == Path::kGeneric) scratch.resize(W.k);
+    if (path == Path::kMlx) scratch.resize(2 * (W.k / W.mlx_group));
+  }
+
+  template <class Sink>
+  HWY_INLINE void Decode(int64_t r, Sink& sink) {
+    const uint8_t* row = W.w.row<const uint8_t>(r);
+    switch (path) {
+      case Path::kMlx: {
+        const int64_t groups = W.k / W.mlx_group;
+        DequantizeRow(W.scales.dtype, W.scales.row(r), scratch.data(), groups);
+        DequantizeRow(W.biases.dtype, W.biases.row(r), scratch.data() + groups, groups);
+        return DecodeMlx(W, MlxCodes(r), scratch.data(), scratch.data() + groups, sink);
+      }
+      case Path::kGeneric: {
+        DequantizeMatrixRow(W, r, scratch.data());
+        const DF d;
+        const int64_t N = hn::Lanes(d);
+        int64_t k = 0;
+        for (; k + N <= W.k; k += N) sink(k, hn::LoadU(d, scratch.data() + k), P0{});
+        if (k < W.k) {  // tail: zero-padded vector (callers pad X the same way)
+          HWY_ALIGN float t[hn::MaxLanes(d)] = {};
+          std::memcpy(t, scratch.data() + k, (W.k - k) * sizeof(float));
+          sink(k, hn::Load(d, t), P1{});
+        }
+        return;
+      }
+      default:
+        return DecodeStorage(path, row, W.k, sink);
+    }
+  }
+
+  const uint8_t* MlxCodes(int64_t r) { return MlxFileCodes(W, r, 0, W.k * W.mlx_bits / 8, &codes); }
+};
+
+// X rows as the decoders index them: MLX 4-bit permuted within 2N chunks, and
+// every row padded to a whole vector so the generic tail can read past K.
+struct PreparedX {
+  const float* base;
+  int64_t ld;
+  std::vector<float> own;
+
+  PreparedX(const Matrix& W, Path path, const float* X, int64_t M, int64_t ldx) {
+    const int64_t N = hn::Lanes(DF()), K = W.k;
+    const bool permute = path == Path::kMlx && W.mlx_bits == 4;
+    const bool pad = path == Path::kGeneric && K % N != 0;
+    if (!permute && !pad) {
+      base = X;
+      ld = ldx;
+      return;
+    }
+    ld = (K + N - 1) / N * N;
+    own.assign(M * ld, 0.0f);
+    for (int64_t m = 0; m < M; ++m) {
+      const float* x = X + m * ldx;
+      float* o = own.data() + m * ld;
+      if (!permute) {
+        std::memcpy(o, x, K * sizeof(float));
+        continue;
+      }
+      for (int64_t c = 0; c < K; c += 2 * N)
+        for (int64_t j = 0; j < N; ++j) {
+          o[c + j] = x[c + 2 * j];
+          o[c + N + j] = x[c + 2 * j + 1];
+        }
+    }
+    base = own.data();
+  }
+  const float* row(int64_t m) const { return base + m * ld; }
+};
+
 // The forward epilogue's operands for one thread's rows [n0, n1) of W: U
 // pre-multiplied by the scale, and B's rows, each padded with zeros to rp (a
 // whole number of vectors), so the epilogue is rp / Lanes more FMAs into the

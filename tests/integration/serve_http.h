@@ -209,4 +209,12 @@ inline std::vector<SseEvent> ParseSse(const std::string& body) {
   return out;
 }
 
+// A chat completion request body: one user message, max_tokens, and the
+// fields of extra.
+inline json Chat(const std::string& text, int max_tokens, json extra = json::object()) {
+  json b = {{"messages", {{{"role", "user"}, {"content", text}}}}, {"max_tokens", max_tokens}};
+  b.update(extra);
+  return b;
+}
+
 }  // namespace lumen::testing::http

@@ -106,4 +106,14 @@ class ThreadPool {
   std::chrono::steady_clock::time_point last_end_{};  // of the last counted call
 };
 
+// fn over [0, n): split across pool by `how` (ParallelFor, ParallelForDynamic
+// or ParallelForStealing) in multiples of grain when there is a pool and n
+// reaches min_n, else fn(0, n, 0) inline on the caller's thread.
+using PoolSplit = void (ThreadPool::*)(int64_t, const ThreadPool::Fn&, int64_t);
+inline void ParallelOrInline(ThreadPool* pool, int64_t n, int64_t min_n, int64_t grain,
+                             const ThreadPool::Fn& fn, PoolSplit how = &ThreadPool::ParallelFor) {
+  if (pool && n >= min_n) return (pool->*how)(n, fn, grain);
+  fn(0, n, 0);
+}
+
 }  // namespace lumen

@@ -278,12 +278,14 @@ void SmallM(RowDecoder& dec, const PreparedX& X, int64_t m0, float* Y, int64_t l
   switch (dec.path) {
     case Path::kF16:
       return SmallMRows<MB, E, true>(x, m0, Y, ldy, n0, n1, epi, w, K,
-                                     [&](int64_t n, auto& sink)
-                                         HWY_ATTR { DecodeF16(w.row<const uint8_t>(n), K, sink); });
+                                     [&](int64_t n, auto& sink) HWY_ATTR {
+                                       DecodeHalf<hwy::float16_t>(w.row<const uint8_t>(n), K, sink);
+                                     });
     case Path::kBF16:
       return SmallMRows<MB, E, true>(
-          x, m0, Y, ldy, n0, n1, epi, w, K,
-          [&](int64_t n, auto& sink) HWY_ATTR { DecodeBF16(w.row<const uint8_t>(n), K, sink); });
+          x, m0, Y, ldy, n0, n1, epi, w, K, [&](int64_t n, auto& sink) HWY_ATTR {
+            DecodeHalf<hwy::bfloat16_t>(w.row<const uint8_t>(n), K, sink);
+          });
     case Path::kF32:
       return SmallMRows<MB, E, true>(x, m0, Y, ldy, n0, n1, epi, w, K,
                                      [&](int64_t n, auto& sink)
@@ -737,16 +739,6 @@ HWY_EXPORT(FusedPath);
 
 namespace {
 
-// fn over [0, n): split across the pool in multiples of grain by `how`
-// (contiguous chunks, first-come units, or chunks with stolen tails) when
-// there is a pool and n reaches min_n, else inline on the caller's thread.
-using PoolSplit = void (ThreadPool::*)(int64_t, const ThreadPool::Fn&, int64_t);
-void Split(ThreadPool* pool, int64_t n, int64_t min_n, int64_t grain, const ThreadPool::Fn& fn,
-           PoolSplit how = &ThreadPool::ParallelFor) {
-  if (pool && n >= min_n) return (pool->*how)(n, fn, grain);
-  fn(0, n, 0);
-}
-
 // The products' rows laid end to end: fn(i, lo, hi) for each product i
 // with rows [lo, hi) inside [b, e).
 template <class Fn>
@@ -771,8 +763,8 @@ void RowsOnPool(const Matrix& W, const float* X, int64_t M, int64_t ldx, float* 
   auto rows = [&](int64_t b, int64_t e, int) {
     HWY_DYNAMIC_DISPATCH(MatMulRows)(W, X, M, ldx, Y, ldy, b, e, lr, accumulate);
   };
-  Split(pool, W.n, 32, 16, rows,
-        M <= 8 ? &ThreadPool::ParallelForStealing : &ThreadPool::ParallelFor);
+  ParallelOrInline(pool, W.n, 32, 16, rows,
+                   M <= 8 ? &ThreadPool::ParallelForStealing : &ThreadPool::ParallelFor);
 }
 
 // Weight rows per unit of the bf16 route's dynamic split: a multiple of every
@@ -808,7 +800,7 @@ void Bf16OnPool(std::span<const MatMulOut> outs, const float* X, int64_t M, int6
     if (it == copies.end()) {
       Copy c{layout, AlignedBuffer(size_t(M) * ld * sizeof(uint16_t)), {}};
       uint16_t* xb = c.xb.as<uint16_t>();
-      Split(pool, M, 8, 4, [&](int64_t b, int64_t e, int) {
+      ParallelOrInline(pool, M, 8, 4, [&](int64_t b, int64_t e, int) {
         HWY_DYNAMIC_DISPATCH(PrepareBf16Rows)(W, X, ldx, b, e, xb, ld);
       });
       if (amx) {
@@ -833,7 +825,7 @@ void Bf16OnPool(std::span<const MatMulOut> outs, const float* X, int64_t M, int6
   // Units of kBf16Unit rows taken first come, first served: a row's output
   // does not depend on which thread computes it, and a static half each left
   // the faster thread waiting 9-12% of a two-thread prefill on a KVM guest.
-  Split(pool, total, 32, kBf16Unit, rows, &ThreadPool::ParallelForDynamic);
+  ParallelOrInline(pool, total, 32, kBf16Unit, rows, &ThreadPool::ParallelForDynamic);
 }
 
 }  // namespace
@@ -864,7 +856,7 @@ void MatMulMany(std::span<const MatMulOut> outs, const float* X, int64_t M, int6
     return Bf16OnPool(outs, X, M, ldx, pool);
   int64_t total = 0;
   for (const MatMulOut& o : outs) total += o.w->n;
-  Split(pool, total, 32, 16, [&](int64_t b, int64_t e, int) {
+  ParallelOrInline(pool, total, 32, 16, [&](int64_t b, int64_t e, int) {
     ForEachSlice(outs, b, e, [&](size_t i, int64_t lo, int64_t hi) {
       const MatMulOut& o = outs[i];
       HWY_DYNAMIC_DISPATCH(MatMulRows)(*o.w, X, M, ldx, o.y, o.ldy, lo, hi, nullptr, false);
@@ -917,7 +909,7 @@ void MatMulLowRank(const Matrix& W, const float* X, int64_t M, int64_t ldx, cons
 
 void AddLowRank(float* Y, int64_t ldy, int64_t M, int64_t N, const LowRank& lr, ThreadPool* pool) {
   LUMEN_CHECK(lr.u && lr.v && lr.r >= 1 && lr.mask == nullptr);
-  Split(pool, N, 32, 16, [&](int64_t b, int64_t e, int) {
+  ParallelOrInline(pool, N, 32, 16, [&](int64_t b, int64_t e, int) {
     HWY_DYNAMIC_DISPATCH(AddLowRankCols)(lr, M, Y, ldy, b, e);
   });
 }

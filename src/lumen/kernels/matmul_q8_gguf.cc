@@ -30,6 +30,20 @@ LUMEN_VNNI inline uint32_t LoadU16(const uint8_t* p) {
   return h;
 }
 
+// LevelDot (matmul_q8_internal.h) on a half record (32 elements: L x 32 B).
+template <int L>
+LUMEN_VNNI inline __m256i LevelDotHalf(__m256i init, __m256i w, const uint8_t* rec) {
+  auto dot = [&](__m256i acc, const uint8_t* p) LUMEN_VNNI {
+    return _mm256_dpbusd_epi32(acc, w, _mm256_load_si256(reinterpret_cast<const __m256i*>(p)));
+  };
+  if constexpr (L == 1) {
+    return dot(init, rec);
+  } else {
+    return _mm256_add_epi32(_mm256_slli_epi32(dot(_mm256_setzero_si256(), rec), 8),
+                            dot(init, rec + 32));
+  }
+}
+
 // The legacy 32-element formats: where the codes start in a block, where the
 // 5th bits start (Q5_*), whether an offset m follows d, and what is
 // subtracted from the codes to make them signed (types without m).
@@ -495,7 +509,8 @@ LUMEN_VNNI inline __m512 ScalesMinsQ4K(const uint8_t* scales, const uint8_t* dd_
 constexpr int SubBlock(Fmt f) { return f == Fmt::kQ4K || f == Fmt::kQ5K ? 32 : 16; }
 
 // A K-quant super-block's sub-block scales a and offsets o (w = a q - o), one
-// per lane (sub-blocks of 32: lanes 0-7).
+// per lane (sub-blocks of 32: lanes 0-7). Q3_K and Q6_K leave o alone: their
+// offset is a fixed multiple of a, taken in the integer sums (RowsK).
 template <Fmt F>
 LUMEN_VNNI inline void SubScales(const uint8_t* blk, __m512* a, __m512* o) {
   if constexpr (F == Fmt::kQ4K || F == Fmt::kQ5K) {
@@ -506,7 +521,6 @@ LUMEN_VNNI inline void SubScales(const uint8_t* blk, __m512* a, __m512* o) {
     const __m128i sc = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 192));
     *a = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(sc)),
                        _mm512_set1_ps(F16Scalar(blk + 208)));
-    *o = _mm512_mul_ps(*a, _mm512_set1_ps(32.0f));
   } else if constexpr (F == Fmt::kQ3K) {
     // Q3KScale's 6-bit fields four at a time in 32-bit lanes (as Q4_K's, not
     // through a stack array): lane j = ((w[j % 2] >> 4 (j / 2)) & k4) | (((w2
@@ -522,7 +536,6 @@ LUMEN_VNNI inline void SubScales(const uint8_t* blk, __m512* a, __m512* o) {
     const __m128i u = _mm_or_si128(low, _mm_slli_epi32(high, 4));
     const __m512i sc = _mm512_sub_epi32(_mm512_cvtepu8_epi32(u), _mm512_set1_epi32(32));
     *a = _mm512_mul_ps(_mm512_cvtepi32_ps(sc), _mm512_set1_ps(F16Scalar(blk + 108)));
-    *o = _mm512_mul_ps(*a, _mm512_set1_ps(4.0f));
   } else {  // Q2_K: byte j = scale j (low nibble) | min j (high nibble)
     const __m512i sc = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk)));
     const __m512i k = _mm512_set1_epi32(15);
@@ -658,7 +671,7 @@ LUMEN_VNNI void RowsK(const Matrix& W, const Geometry& g, const Int8Rows& X, int
       auto super = [&]<int A>(int64_t sb, std::integral_constant<int, A>) LUMEN_VNNI {
         const uint8_t* blk = row + sb * g.block_bytes;
         PrefetchAhead(blk, g.block_bytes, s.ahead);
-        __m512 a, o;
+        __m512 a, o = _mm512_setzero_ps();
         SubScales<FQ>(blk, &a, &o);
         if constexpr (kSubs == 8) a = _mm512_permutexvar_ps(halves, a);
         __m512i u[4];

@@ -203,20 +203,6 @@ LUMEN_VNNI inline __m512i LevelDot(__m512i init, __m512i w, const uint8_t* rec) 
   });
 }
 
-// The same on a half record (32 elements: L x 32 B).
-template <int L>
-LUMEN_VNNI inline __m256i LevelDotHalf(__m256i init, __m256i w, const uint8_t* rec) {
-  auto dot = [&](__m256i acc, const uint8_t* p) LUMEN_VNNI {
-    return _mm256_dpbusd_epi32(acc, w, _mm256_load_si256(reinterpret_cast<const __m256i*>(p)));
-  };
-  if constexpr (L == 1) {
-    return dot(init, rec);
-  } else {
-    return _mm256_add_epi32(_mm256_slli_epi32(dot(_mm256_setzero_si256(), rec), 8),
-                            dot(init, rec + 32));
-  }
-}
-
 // The lane sums of a twin (two code vectors a, b whose lanes hold the same
 // blocks) against its two activation records at rec.
 template <int L>

@@ -10,6 +10,7 @@
 
 #include "lumen/core/check.h"
 #include "lumen/core/route.h"
+#include "lumen/core/thread_pool.h"
 #include "lumen/kernels/matmul.h"
 
 #undef HWY_TARGET_INCLUDE
@@ -250,11 +251,9 @@ namespace {
 // reduction between threads is needed.
 void TransposedOnPool(const Matrix& W, const float* dY, int64_t M, float* dX, const LowRank* lr,
                       ThreadPool* pool) {
-  auto cols = [&](int64_t b, int64_t e, int) {
+  ParallelOrInline(pool, W.k, 1, 64, [&](int64_t b, int64_t e, int) {
     HWY_DYNAMIC_DISPATCH(MatMulTRows)(W, dY, M, dX, b, e, lr);
-  };
-  if (pool) return pool->ParallelFor(W.k, cols, 64);
-  cols(0, W.k, 0);
+  });
 }
 
 }  // namespace

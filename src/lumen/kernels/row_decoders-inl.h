@@ -60,6 +60,19 @@ using P1 = Par<1>;
 using P2 = Par<2>;
 using P3 = Par<3>;
 
+// block(b, pa, pb) over blocks [0, nb), two chain tags per block: pairs of
+// blocks over the four chains (even blocks P0 / P1, odd P2 / P3), a last odd
+// block on P0 / P1.
+template <class Block>
+HWY_INLINE void OnFourChains(int64_t nb, const Block& block) {
+  int64_t b = 0;
+  for (; b + 2 <= nb; b += 2) {
+    block(b, P0{}, P1{});
+    block(b + 1, P2{}, P3{});
+  }
+  if (b < nb) block(b, P0{}, P1{});
+}
+
 // Unsigned (signed) bytes p[0..N) widened to int32 lanes.
 HWY_INLINE hn::Vec<DI> LoadU8(const uint8_t* p) {
   const DI di;
@@ -83,24 +96,13 @@ HWY_INLINE void DecodeF32(const uint8_t* row, int64_t K, Sink& sink) {
   }
 }
 
-template <class Sink>
-HWY_INLINE void DecodeF16(const uint8_t* row, int64_t K, Sink& sink) {
+// F16 or BF16 rows (Half: hwy::float16_t or hwy::bfloat16_t), widened exactly.
+template <class Half, class Sink>
+HWY_INLINE void DecodeHalf(const uint8_t* row, int64_t K, Sink& sink) {
   const DF d;
-  const hn::Rebind<hwy::float16_t, DF> dh;
+  const hn::Rebind<Half, DF> dh;
   const int64_t N = hn::Lanes(d);
-  const hwy::float16_t* p = reinterpret_cast<const hwy::float16_t*>(row);
-  for (int64_t k = 0; k < K; k += 2 * N) {
-    sink(k, hn::PromoteTo(d, hn::LoadU(dh, p + k)), P0{});
-    sink(k + N, hn::PromoteTo(d, hn::LoadU(dh, p + k + N)), P1{});
-  }
-}
-
-template <class Sink>
-HWY_INLINE void DecodeBF16(const uint8_t* row, int64_t K, Sink& sink) {
-  const DF d;
-  const hn::Rebind<hwy::bfloat16_t, DF> dh;
-  const int64_t N = hn::Lanes(d);
-  const hwy::bfloat16_t* p = reinterpret_cast<const hwy::bfloat16_t*>(row);
+  const Half* p = reinterpret_cast<const Half*>(row);
   for (int64_t k = 0; k < K; k += 2 * N) {
     sink(k, hn::PromoteTo(d, hn::LoadU(dh, p + k)), P0{});
     sink(k + N, hn::PromoteTo(d, hn::LoadU(dh, p + k + N)), P1{});
@@ -120,13 +122,7 @@ HWY_INLINE void DecodeQ8_0(const uint8_t* row, int64_t K, Sink& sink) {
       sink(b * kQK + i + N, hn::Mul(hn::ConvertTo(d, LoadI8(qs + i + N)), vd), pb);
     }
   };
-  const int64_t nb = K / kQK;
-  int64_t b = 0;
-  for (; b + 2 <= nb; b += 2) {
-    block(b, P0{}, P1{});
-    block(b + 1, P2{}, P3{});
-  }
-  if (b < nb) block(b, P0{}, P1{});
+  OnFourChains(K / kQK, block);
 }
 
 // The legacy 32-element blocks (Q4_0, Q4_1, Q5_0, Q5_1): element j in the
@@ -160,13 +156,7 @@ HWY_INLINE void DecodeLegacy(const uint8_t* row, int64_t K, Sink& sink, const We
       sink(b * kQK + 16 + i, weight(blk, hi), pb);
     }
   };
-  const int64_t nb = K / kQK;
-  int64_t b = 0;
-  for (; b + 2 <= nb; b += 2) {
-    block(b, P0{}, P1{});
-    block(b + 1, P2{}, P3{});
-  }
-  if (b < nb) block(b, P0{}, P1{});
+  OnFourChains(K / kQK, block);
 }
 
 // Q4_0 / Q5_0: float(q - kZero) * d as the scalar code, bit for bit (an fma
@@ -299,7 +289,7 @@ HWY_INLINE void DecodeColumnGroups(const uint8_t* row, int64_t K, Sink& sink) {
       alignas(64) uint8_t qs[2][4][64];  // codes 0-15, 16-31
       TransposeColumns(g + f.codes, qs[0]);
       TransposeColumns(g + f.codes + 256, qs[1]);
-      auto block = [&](int b, auto pa, auto pb) HWY_ATTR {
+      auto block = [&](int64_t b, auto pa, auto pb) HWY_ATTR {
         const auto s = hn::Set(d, LoadF16(g + f.d + 2 * b));
         for (int h = 0; h < 2; ++h) {  // DecodeQ8_0's arithmetic
           const hn::Vec<DI> q{_mm512_sub_epi32(
@@ -314,16 +304,13 @@ HWY_INLINE void DecodeColumnGroups(const uint8_t* row, int64_t K, Sink& sink) {
           }
         }
       };
-      for (int b = 0; b < 16; b += 2) {  // DecodeQ8_0's chains: even blocks P0, P1, odd P2, P3
-        block(b, P0{}, P1{});
-        block(b + 1, P2{}, P3{});
-      }
+      OnFourChains(16, block);  // DecodeQ8_0's
     }
     for (; !kQ8 && at + kColsElems <= K; at += kColsElems) {
       const uint8_t* g = row + at / kQK * sizeof(Block);
       const ColsFields f = ColsFieldsAt(kPlain, g);
       const TransposedGroup<kQh> group(g, f);
-      auto block = [&](int b, auto pa, auto pb) HWY_ATTR {
+      auto block = [&](int64_t b, auto pa, auto pb) HWY_ATTR {
         const auto s = hn::Set(d, LoadF16(g + f.d + 2 * b));
         hn::Vec<DI> lo, hi;
         group.Codes(b, &lo, &hi);
@@ -339,10 +326,7 @@ HWY_INLINE void DecodeColumnGroups(const uint8_t* row, int64_t K, Sink& sink) {
         shifted(kQK * b, wl, pa);
         shifted(kQK * b + 16, wh, pb);
       };
-      for (int b = 0; b < 16; b += 2) {  // DecodeLegacy's chains: even blocks P0, P1, odd P2, P3
-        block(b, P0{}, P1{});
-        block(b + 1, P2{}, P3{});
-      }
+      OnFourChains(16, block);  // DecodeLegacy's
     }
   }
   LUMEN_INTRINSICS_END
@@ -880,9 +864,9 @@ HWY_INLINE void DecodeStorage(Path path, const uint8_t* row, int64_t K, Sink& si
     case Path::kF32:
       return DecodeF32(row, K, sink);
     case Path::kF16:
-      return DecodeF16(row, K, sink);
+      return DecodeHalf<hwy::float16_t>(row, K, sink);
     case Path::kBF16:
-      return DecodeBF16(row, K, sink);
+      return DecodeHalf<hwy::bfloat16_t>(row, K, sink);
     case Path::kQ8_0:
       return DecodeQ8_0(row, K, sink);
     case Path::kQ4_0:

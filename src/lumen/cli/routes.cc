@@ -275,7 +275,7 @@ std::string RouteSummary(const RouteChoice& c, const engine::Model& model) {
                         : !bf16                    ? "exact (L2)"
                         : kernels::AmxBf16Usable() ? "bf16 (L3, AMX tiles)"
                                                    : "bf16 (L3)";
-  if (int8 && short_rows > kernels::kInt8MaxRows)  // the AVX2 kernels: short prompts too
+  if (int8 && short_rows > kernels::kInt8MaxRows)  // short prompts on the dot kernels
     prefill +=
         fmt::format(", {} for prompts of up to {} tokens", x2 ? "int8x2" : "int8", short_rows);
   return fmt::format(

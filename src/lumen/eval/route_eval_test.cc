@@ -203,19 +203,20 @@ void ExpectInt8x2PrefillGate(const char* dir_name, int64_t rows,
   fs::remove_all(dir);
 }
 
-// On CPUs with the AVX2 int8 kernels and no bf16 route, prompts of up to
-// kernels::Int8MaxRows tokens (12 for Q8_0, 32 for Q4_0) take the int8x2
-// route at prefill too.
+// Prompts of up to kernels::Int8MaxRows tokens take the int8x2 dot kernels
+// at prefill too: with the AVX2 kernels and no bf16 route 12 for Q8_0 and 32
+// for Q4_0, with the VNNI kernels (the GEMM above) 32 for both.
 TEST(RouteKl, Int8x2ShortPrefillPassesTheDefaultGate) {
-  if (kernels::CpuHasVnni() || !kernels::CpuHasAvx2())
-    GTEST_SKIP() << "the int8x2 route takes prompts above 8 tokens only with the AVX2 kernels "
-                    "(no AVX512-VNNI): not on this CPU";
-  ExpectInt8x2PrefillGate("lumen_gatesp", 0, {{"q8_0", 12}, {"q4_0", 32}}, {DType::kQ4_0});
+  if (!kernels::CpuHasVnni() && !kernels::CpuHasAvx2())
+    GTEST_SKIP() << "no AVX512-VNNI and no AVX2 on this CPU: the route never runs";
+  const int64_t q8_rows = kernels::CpuHasVnni() ? 32 : 12;
+  ExpectInt8x2PrefillGate("lumen_gatesp", 0, {{"q8_0", q8_rows}, {"q4_0", 32}}, {DType::kQ4_0});
 }
 
-// On AVX512-VNNI CPUs every prompt takes the int8x2 route: above 8 tokens
-// the GEMM (kernels/matmul_q8x2_gemm.h); sequences of 64 tokens. F16 and
-// BF16 weights take it requantized to 12-bit codes per 32.
+// On AVX512-VNNI CPUs every prompt takes the int8x2 route: above Int8MaxRows
+// tokens (Q8_0, Q4_0: 32; F16, BF16: 8) the GEMM (kernels/matmul_q8x2_gemm.h);
+// sequences of 64 tokens. F16 and BF16 weights take it requantized to 12-bit
+// codes per 32.
 TEST(RouteKl, Int8x2PrefillGemmPassesTheDefaultGate) {
   if (!kernels::CpuHasVnni())
     GTEST_SKIP() << "the int8x2 prefill GEMM needs AVX512-VNNI: not on this CPU";
@@ -414,8 +415,8 @@ TEST(RouteKl, Int8x2DecodeGateOnEveryWeightType) {
 // where it runs (one prefill per sequence, every position's logits), on a
 // random-weight tiny Llama 256 wide, whose rows hold whole runs of the
 // kernels' blocks (stories260K's 64-wide rows are all tail). gemm: prompts of
-// 64 tokens on the VNNI GEMM; else the AVX2 kernels' short prompts (4-bit: up
-// to 32 tokens, 8-bit: 10).
+// 64 tokens on the VNNI GEMM; else the dot kernels' short prompts (VNNI: up
+// to 32 tokens; AVX2 4-bit: 32, 8-bit: 10).
 void ExpectMlxPrefillGate(const char* dir_name, bool gemm) {
   const fs::path dir = GateDir(dir_name);
   auto tiny = Load(SynthTiny256(dir), kernels::ActRoute::kExact);
@@ -437,7 +438,7 @@ void ExpectMlxPrefillGate(const char* dir_name, bool gemm) {
     if (gemm) {
       ASSERT_TRUE(kernels::Int8x2GemmTakes(up)) << st.name();
     } else {
-      ASSERT_EQ(rows, st.mlx_bits == 4 ? 32 : 10) << st.name();
+      ASSERT_EQ(rows, st.mlx_bits == 4 || kernels::CpuHasVnni() ? 32 : 10) << st.name();
     }
     ASSERT_TRUE(kernels::UsesInt8Route(up, rows)) << st.name();
     EvalOptions o;
@@ -459,13 +460,12 @@ void ExpectMlxPrefillGate(const char* dir_name, bool gemm) {
 }
 
 TEST(RouteKl, Int8x2ShortPrefillGateOnMlx) {
-  if (kernels::CpuHasVnni() || !kernels::CpuHasAvx2())
-    GTEST_SKIP() << "MLX prompts above 8 tokens take the int8x2 route only with the AVX2 kernels "
-                    "(no AVX512-VNNI): not on this CPU";
+  if (!kernels::CpuHasVnni() && !kernels::CpuHasAvx2())
+    GTEST_SKIP() << "no AVX512-VNNI and no AVX2 on this CPU: the route never runs";
   ExpectMlxPrefillGate("lumen_gate_mlxp", false);
 }
 
-// With AVX512-VNNI, MLX prompts above 8 tokens take the int8x2 GEMM.
+// With AVX512-VNNI, MLX prompts above 32 tokens take the int8x2 GEMM.
 TEST(RouteKl, Int8x2PrefillGemmGateOnMlx) {
   if (!kernels::CpuHasVnni())
     GTEST_SKIP() << "the int8x2 prefill GEMM needs AVX512-VNNI: not on this CPU";

@@ -605,6 +605,10 @@ LUMEN_VNNI void QuantizeBlocksX2Avx512(const float* x, int64_t nb, int8_t* q1, i
 // not depend on how many rows share the call.
 inline constexpr int64_t kSpanK = 2048;
 
+// Weight bytes a product of more than kMaxRowsPerCall activation rows reads
+// per pass of its row kernels (MatMulRowsInt8): well inside L2.
+inline constexpr int64_t kPassBytes = 256 << 10;
+
 // Calls run(spans, n0, n1): one activation row takes all the spans of each
 // weight row in turn; several take one span of every weight row at a time.
 template <class Run>
@@ -644,14 +648,24 @@ void MatMulRowsInt8(const Matrix& W, const Int8Rows& X, float* Y, int64_t ldy, i
                     int64_t n1) {
   const Geometry g = GeometryFor(W);
   const bool mlx = g.fmt == Fmt::kMlx4 || g.fmt == Fmt::kMlx8;
+  // (One weight row: no chunks to size.)
+  const int64_t row_bytes = W.n > 1 ? W.w.row<const uint8_t>(1) - W.w.row<const uint8_t>(0) : 1;
+  // A span's bytes of a weight row (spans are about kSpanK elements).
+  const int64_t span_bytes = std::max<int64_t>(1, row_bytes * std::min(W.k, kSpanK) / W.k);
   BySpans(W, g, X.M, n0, n1, [&](std::span<const Span> s, int64_t b, int64_t e) {
-    for (int64_t m = 0; m < X.M;) {
-      const int mb = static_cast<int>(std::min<int64_t>(kMaxRowsPerCall, X.M - m));
-      const RowsFn rows = mlx ? MlxRowsFor(g.fmt, mb, X.levels) : GgufRowsFor(g.fmt, mb, X.levels);
-      LUMEN_DCHECK(rows != nullptr);
-      rows(W, g, X, m, Y, ldy, b, e, s);
-      m += mb;
-    }
+    // More activation rows than one call takes read the weight rows once per
+    // call: in chunks of about kPassBytes, which stay in L2 for the next call.
+    const int64_t chunk =
+        X.M > kMaxRowsPerCall ? std::max<int64_t>(16, kPassBytes / span_bytes) : e - b;
+    for (int64_t c0 = b; c0 < e; c0 += chunk)
+      for (int64_t m = 0; m < X.M;) {
+        const int mb = static_cast<int>(std::min<int64_t>(kMaxRowsPerCall, X.M - m));
+        const RowsFn rows =
+            mlx ? MlxRowsFor(g.fmt, mb, X.levels) : GgufRowsFor(g.fmt, mb, X.levels);
+        LUMEN_DCHECK(rows != nullptr);
+        rows(W, g, X, m, Y, ldy, c0, std::min(e, c0 + chunk), s);
+        m += mb;
+      }
   });
 }
 
@@ -689,8 +703,42 @@ void QuantizeBlocksQ8x2(const float* x, int64_t nb, int8_t* q1, int8_t* q2, floa
     d2[b] = QuantizeBlockQ8x2(x + b * kQK, q1 + b * kQK, q2 + b * kQK);
 }
 
+namespace {
+
+// Up to how many rows the VNNI dot kernels keep a product of W that the
+// int8x2 GEMM would take: the GEMM decodes every weight of W into its panels
+// once per call, which a 512-row chunk pays once and a 16-row prompt pays
+// for 16 rows; four rows per pass of the dot kernels cost the same per row
+// at any count. Where the two met on this session's Xeon (2 threads, the
+// 1B model's prompts of 16-48 tokens; performance.md, "Short prompts on
+// VNNI"): Q2_K and Q3_K, whose four-row steps cost the most, early; Q6_K,
+// whose panels cost the most to decode, late. Other products (the bf16
+// panels, one level, F16 / BF16 storage) keep kInt8MaxRows, unmeasured.
+int64_t VnniInt8MaxRows(const Matrix& W) {
+  if (!Int8x2GemmTakes(W) || !Int8RouteSupports(W)) return kInt8MaxRows;
+  switch (GeometryFor(W).fmt) {
+    case Fmt::kQ3K:
+      return 16;
+    case Fmt::kQ2K:
+      return 24;
+    case Fmt::kQ4_1:
+    case Fmt::kQ4_1C:
+    case Fmt::kQ5_0:
+    case Fmt::kQ5_0C:
+      return 48;
+    case Fmt::kQ6K:
+    case Fmt::kQ6KC:
+      return kInt8MaxRowsVnni;
+    default:  // Q4_0, Q5_1, Q8_0, Q4_K, Q5_K, MLX
+      return 32;
+  }
+}
+
+}  // namespace
+
 int64_t Int8MaxRows(const Matrix& W) {
-  if (CpuHasVnni() || !CpuHasAvx2()) return kInt8MaxRows;
+  if (CpuHasVnni()) return VnniInt8MaxRows(W);
+  if (!CpuHasAvx2()) return kInt8MaxRows;
   // Where the bf16 panels take the longer products (AVX512-BF16 without
   // VBMI: Cooper Lake), they keep them, unmeasured against these kernels.
   if (RouteHasBf16(W.route) && CpuHasBf16()) return kInt8MaxRows;
@@ -767,7 +815,16 @@ void MatMulInt8(const Matrix& W, const float* X, int64_t M, int64_t ldx, float* 
 void MatMulManyInt8(std::span<const MatMulOut> outs, const float* X, int64_t M, int64_t ldx,
                     ThreadPool* pool) {
   if (!CpuHasVnni()) return MatMulManyInt8Avx2(outs, X, M, ldx, pool);
-  if (M > kInt8MaxRows) return MatMulManyInt8x2Gemm(outs, X, M, ldx, pool, false);
+  // Each product where MatMul would take it (the GEMM above its Int8MaxRows),
+  // so that its bits do not depend on the products beside it.
+  const auto gemm = [M](const MatMulOut& o) { return M > Int8MaxRows(*o.w); };
+  if (std::any_of(outs.begin(), outs.end(), gemm)) {
+    std::vector<MatMulOut> g, d;
+    for (const MatMulOut& o : outs) (gemm(o) ? g : d).push_back(o);
+    MatMulManyInt8x2Gemm(g, X, M, ldx, pool, false);
+    if (d.empty()) return;
+    return MatMulManyInt8(d, X, M, ldx, pool);
+  }
   // One prepared copy of X per activation layout present (q/k/v may differ):
   // byte order, sign, offset group and level count (formats that agree on
   // all four, e.g. Q4_K and Q5_K, share one).

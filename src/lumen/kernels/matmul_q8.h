@@ -45,16 +45,21 @@
 
 namespace lumen::kernels {
 
-// The most rows a product of W takes the int8 routes for: kInt8MaxRows with
-// the VNNI kernels (above, the bf16 prefill route or the exact f32 panels,
-// which decode the weights once for many rows), for storages no int8 kernel
-// reads and where W's route and the CPU have bf16; else with the AVX2 kernels up to
-// kInt8MaxRowsAvx2 by weight type (Avx2Int8MaxRows in matmul_q8_avx2.h): there
-// the exact panels ran prompts of 9 to 32 tokens at a third to four fifths of
-// the int8x2 kernels' rate (Zen 2, Q4_K_M, 2 threads: 18.9 tok/s at 9 rows
-// against 48.4 on the kernels; docs/reference/performance.md, "Short prompts
-// on AVX2").
+// The most rows a product of W takes the int8 dot kernels for. Above it the
+// products go to a route that decodes the weights once for many rows (the
+// int8x2 GEMM, the bf16 panels or the exact f32 panels), a cost per call
+// that short prompts pay for few rows. kInt8MaxRows for storages no int8
+// kernel reads, where the bf16 panels or one level take the rest, and on
+// CPUs with neither kernel set; with the VNNI kernels where the int8x2 GEMM
+// takes the rest, 16 to kInt8MaxRowsVnni by weight type (matmul_q8.cc: the
+// GEMM's 16-token prompts ran at 0.3-0.7x the dot kernels' on a Xeon);
+// with the AVX2 kernels up to kInt8MaxRowsAvx2 by weight type
+// (Avx2Int8MaxRows in matmul_q8_avx2.h: the exact panels ran prompts of 9 to
+// 32 tokens at a third to four fifths of the int8x2 kernels' rate on Zen 2).
+// docs/reference/performance.md, "Short prompts on AVX2" and "Short prompts
+// on VNNI".
 inline constexpr int64_t kInt8MaxRows = 8;
+inline constexpr int64_t kInt8MaxRowsVnni = 64;
 inline constexpr int64_t kInt8MaxRowsAvx2 = 32;
 int64_t Int8MaxRows(const Matrix& W);
 

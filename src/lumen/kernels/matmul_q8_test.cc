@@ -209,7 +209,8 @@ TEST(MatMulInt8, RouteSelection) {
   std::mt19937 rng(11);
   OwnedMatrix W = MakeInt8(DType::kQ4_0, 40, 256, rng);
   if (!Int8RouteSupports(W.m)) GTEST_SKIP() << "no AVX2 and no AVX512-VNNI: no int8 kernel runs";
-  // 8 rows with the VNNI kernels, 32 for Q4_0 with the AVX2 ones (no bf16 route there).
+  // One level: 8 rows with the VNNI kernels (no GEMM takes one level), 32 for
+  // Q4_0 with the AVX2 ones (no bf16 route there).
   EXPECT_EQ(Int8MaxRows(W.m), CpuHasVnni() ? kInt8MaxRows : kInt8MaxRowsAvx2);
   const int64_t M = Int8MaxRows(W.m) + 1, N = 40, K = 256;
   const std::vector<float> X = RandomActivations(M, K, rng);

@@ -354,6 +354,41 @@ TEST(MatMulInt8x2, ARowGivesTheSameBitsAloneAndInABatchAcrossSpans) {
     }
 }
 
+// Short prompts: up to Int8MaxRows rows (16 to kInt8MaxRowsVnni by storage,
+// where the GEMM takes the longer products) stay on the dot kernels, four
+// activation rows per pass over chunks of weight rows sized for L2
+// (matmul_q8.cc, kPassBytes; 400 rows of K = 2048 are two chunks or more of
+// every storage): within the oracle's bound, each row the bits it has alone,
+// on one thread or two. One row more goes to the GEMM, whose bits differ.
+TEST(MatMulInt8x2, ShortPromptsStayOnTheDotKernels) {
+  std::mt19937 rng(59);
+  ThreadPool pool(2);
+  for (const Case& c : kCases) {
+    const int64_t K = 2048, N = 400;
+    OwnedMatrix W = MakeX2(c, N, K, rng);
+    SKIP_WITHOUT_VNNI(W.m);
+    const int64_t M = Int8MaxRows(W.m);
+    ASSERT_TRUE(UsesInt8Route(W.m, M)) << CaseName(c);
+    const std::vector<float> X = RandomActivations(M + 1, K, rng);
+    std::vector<float> batch(M * N), two(M * N), alone(M * N), more((M + 1) * N);
+    MatMul(W.m, X.data(), M, K, batch.data(), N, nullptr);
+    MatMul(W.m, X.data(), M, K, two.data(), N, &pool);
+    for (int64_t m = 0; m < M; ++m)
+      MatMul(W.m, X.data() + m * K, 1, K, alone.data() + m * N, N, nullptr);
+    EXPECT_EQ(batch, alone) << CaseName(c) << " M=" << M;
+    EXPECT_EQ(batch, two) << CaseName(c) << " M=" << M;
+    constexpr int64_t kHead = 24;  // the oracle on the first rows (it is slow at this size)
+    std::vector<float> head(M * kHead);
+    for (int64_t m = 0; m < M; ++m)
+      std::copy_n(batch.data() + m * N, kHead, head.data() + m * kHead);
+    ExpectOracleAndExactBound(c, W.m.RowSlice(0, kHead), X, M, head);
+    ASSERT_TRUE(Int8x2GemmTakes(W.m)) << CaseName(c);
+    MatMul(W.m, X.data(), M + 1, K, more.data(), N, nullptr);
+    EXPECT_FALSE(std::equal(batch.begin(), batch.end(), more.begin()))
+        << CaseName(c) << ": the GEMM did not take " << M + 1 << " rows";
+  }
+}
+
 // Rows wider than 64 spans of 2048 take longer spans (BySpans): still the
 // same bits alone and in a batch, and within the oracle's bound. Q8_0's
 // spans of 17 units are rounded up to whole groups of 8 blocks (18), Q4_0
@@ -488,11 +523,12 @@ TEST(Int8x2Gemm, MatchesOracleAndExactBound) {
   std::mt19937 rng(41);
   for (const Case& c : GemmCases()) {
     for (int64_t K : {32, 160, 256, 768, 1280, 2080})
-      for (int64_t M : {kInt8MaxRows + 1, int64_t{23}}) {
+      for (int64_t above : {1, 15}) {  // rows past the dot kernels' Int8MaxRows
         if (K % BlockOf(c) != 0) continue;
         const int64_t N = 45;
         OwnedMatrix W = MakeX2(c, N, K, rng);
         SKIP_WITHOUT_GEMM(W.m);
+        const int64_t M = Int8MaxRows(W.m) + above;
         ASSERT_TRUE(UsesInt8Route(W.m, M) && Int8x2GemmTakes(W.m)) << CaseName(c);
         const std::vector<float> X = RandomActivations(M, K, rng);
         std::vector<float> Y(M * N, -7.0f);
@@ -510,9 +546,10 @@ TEST(Int8x2Gemm, RowsThreadsManyAndSlicesAreBitIdentical) {
   std::mt19937 rng(43);
   ThreadPool pool(2);
   for (const Case& c : GemmCases()) {
-    const int64_t K = 1536, N = 70, M = 40, few = kInt8MaxRows + 1;
+    const int64_t K = 1536, N = 70;
     OwnedMatrix W = MakeX2(c, N, K, rng);
     SKIP_WITHOUT_GEMM(W.m);
+    const int64_t few = Int8MaxRows(W.m) + 1, M = few + 31;
     const std::vector<float> X = RandomActivations(M, K, rng);
     std::vector<float> one(M * N), two(M * N), part(few * N), many(M * N), other(M * 33);
     MatMul(W.m, X.data(), M, K, one.data(), N, nullptr);
@@ -594,7 +631,7 @@ TEST(Int8x2Gemm, SelectionByRouteAndCpu) {
   std::mt19937 rng(47);
   OwnedMatrix W = MakeX2({DType::kQ4_0}, 40, 512, rng);
   SKIP_WITHOUT_GEMM(W.m);
-  const int64_t M = 20;
+  const int64_t M = Int8MaxRows(W.m) + 1;
   EXPECT_TRUE(Int8x2GemmTakes(W.m));
   Matrix with_bf16 = W.m, one_level = W.m, exact = W.m;
   with_bf16.route = ActRoute::kInt8x2Bf16;

@@ -82,7 +82,7 @@ int64_t WorkFloats(const ModelConfig& c) {
   const int64_t qkv_att = c.q_dim() + 2 * c.kv_dim() + c.q_dim();
   return std::max(
       {kMaxChunk * qkv_att, kMaxChunk * (2 * std::min<int64_t>(c.ffn_dim, kFfnPiece) + c.dim),
-       std::max(kernels::kInt8MaxRows, kernels::kInt8MaxRowsAvx2) * 2 * int64_t(c.ffn_dim)});
+       std::max(kernels::kInt8MaxRowsVnni, kernels::kInt8MaxRowsAvx2) * 2 * int64_t(c.ffn_dim)});
 }
 
 }  // namespace

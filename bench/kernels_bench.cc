@@ -27,6 +27,7 @@
 #include "lumen/kernels/matmul.h"
 #include "lumen/kernels/matmul_bf16.h"
 #include "lumen/kernels/matmul_q8.h"
+#include "lumen/kernels/matmul_q8x2_gemm.h"
 #include "lumen/kernels/norm.h"
 #include "lumen/kernels/roofline.h"
 #include "lumen/kernels/rope.h"
@@ -364,6 +365,48 @@ BENCHMARK(BM_MatMul)
 BENCHMARK(BM_MatMul)
     ->ArgsProduct({{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13}, {256}, {1, 2}, {2048, 8192}, {3}})
     ->UseRealTime();
+// Short prompts with the VNNI kernels: a product of M rows on the int8x2 dot
+// kernels (MatMulManyInt8Dots, which MatMul takes up to Int8MaxRows(W)) and
+// on the int8x2 GEMM (which it takes above), timed in turn in every
+// iteration; gemm_over_dots > 1 where the dot kernels are faster. The
+// 2048 x 2048 weights stay in the last-level cache, so both are timed
+// compute-bound, as a prompt of this length is. range: type, M, threads.
+void BM_ShortPrompt(benchmark::State& state) {
+  const int type = static_cast<int>(state.range(0));
+  const int64_t M = state.range(1), N = 2048, K = 2048;
+  auto w = MakeWeight(type, N, K);
+  w->m.route = ActRoute::kInt8x2;
+  if (!CpuHasVnni() || !Int8x2GemmTakes(w->m) || !Int8RouteSupports(w->m)) {
+    state.SkipWithError("needs the VNNI dot kernels and the int8x2 GEMM for this type");
+    return;
+  }
+  std::vector<float> x(M * K), y(M * N);
+  std::mt19937 rng(5);
+  for (auto& v : x) v = std::uniform_real_distribution<float>(-1, 1)(rng);
+  ThreadPool pool(static_cast<int>(state.range(2)));
+  const MatMulOut out{&w->m, y.data(), N};
+  double t_dots = 0, t_gemm = 0;
+  for (auto _ : state) {
+    const auto s0 = std::chrono::steady_clock::now();
+    MatMulManyInt8Dots({&out, 1}, x.data(), M, K, &pool);
+    const auto s1 = std::chrono::steady_clock::now();
+    MatMulManyInt8x2Gemm({&out, 1}, x.data(), M, K, &pool, false);
+    const auto s2 = std::chrono::steady_clock::now();
+    benchmark::DoNotOptimize(y.data());
+    t_dots += std::chrono::duration<double>(s1 - s0).count();
+    t_gemm += std::chrono::duration<double>(s2 - s1).count();
+  }
+  const double it = static_cast<double>(state.iterations());
+  state.counters["dots_us"] = t_dots / it * 1e6;
+  state.counters["gemm_us"] = t_gemm / it * 1e6;
+  state.counters["gemm_over_dots"] = t_gemm / t_dots;
+  state.SetLabel(std::string(TypeName(type)) + ", MatMul takes the " +
+                 (M <= Int8MaxRows(w->m) ? "dots" : "GEMM"));
+}
+BENCHMARK(BM_ShortPrompt)
+    ->ArgsProduct({{8, 9, 10, 11, 12, 13, 19, 20}, {8, 16, 24, 32, 48, 64}, {1, 2}})
+    ->UseRealTime();
+
 // Training's backward through a frozen weight: dX[M, K] = dY[M, N] W (the
 // transposed product, MatMulT), beside BM_MatMul's forward of the same
 // shape. range: type, M, threads, N (8192: the fused head's vocabulary

@@ -317,6 +317,23 @@ TEST(RoutesCli, DefaultPrefillIsTheFasterRouteAndTheTableSaysWhichRuns) {
   }
 }
 
+// The summary line names how long a prompt stays on the int8 dot kernels
+// (kernels::Int8MaxRows, asked on the chosen route): Q4_0 up to 32 tokens
+// with the VNNI kernels (the int8x2 GEMM above) and with the AVX2 ones.
+TEST(RoutesCli, SummarySaysWhichPromptsTakeTheDotKernels) {
+  const std::string path = TempDir("routes_short") + "/q4_0.gguf";
+  CliRun s = RunLumen("synth tiny-llama --dim 256 --ffn 512 --quant q4_0 -o " + path);
+  ASSERT_EQ(s.code, 0) << s.err;
+  CliRun t = RunLumen("routes -m " + path + " --for generate --act-route int8x2");
+  ASSERT_EQ(t.code, 0) << t.err;
+  const bool dots = kernels::CpuHasVnni() || kernels::CpuHasAvx2();
+  EXPECT_EQ(t.out.find("int8x2 for prompts of up to 32 tokens") != std::string::npos, dots)
+      << t.out;
+  CliRun e = RunLumen("routes -m " + path + " --for generate --act-route exact");
+  ASSERT_EQ(e.code, 0) << e.err;
+  EXPECT_EQ(e.out.find("for prompts of up to"), std::string::npos) << e.out;
+}
+
 // A skipped test counts against a route only where the route can run. The
 // AVX2 int8 routes run only without AVX512-VNNI (a VNNI CPU has AVX2 too and
 // never takes them), so their route-specific tests may skip on a VNNI CPU but

@@ -249,12 +249,17 @@ std::string RouteSummary(const RouteChoice& c, const engine::Model& model) {
            "bit-identical to the reference path";
   const auto act = kernels::ParseActRoute(c.act_route).value_or(kernels::ActRoute::kExact);
   bool int8 = false, gemm = false, requantized = false;
-  int64_t short_rows = 0;  // the most rows an int8 kernel takes (kernels::Int8MaxRows)
+  // The fewest and most rows the int8 dot kernels take (kernels::Int8MaxRows, by weight type).
+  int64_t short_min = 0, short_rows = 0;
   for (const auto& t : model.tensors()) {
     if (t.shape.size() != 2) continue;
     if (kernels::Int8RouteSupports(t.matrix)) {
       int8 = true;
-      short_rows = std::max(short_rows, kernels::Int8MaxRows(t.matrix));
+      kernels::Matrix on_route = t.matrix;  // the counts depend on the route (the GEMM's)
+      on_route.route = act;
+      const int64_t rows = kernels::Int8MaxRows(on_route);
+      short_min = short_rows == 0 ? rows : std::min(short_min, rows);
+      short_rows = std::max(short_rows, rows);
     }
     if (kernels::Int8x2GemmSupports(t.matrix)) {
       gemm = true;
@@ -276,8 +281,10 @@ std::string RouteSummary(const RouteChoice& c, const engine::Model& model) {
                         : kernels::AmxBf16Usable() ? "bf16 (L3, AMX tiles)"
                                                    : "bf16 (L3)";
   if (int8 && short_rows > kernels::kInt8MaxRows)  // short prompts on the dot kernels
-    prefill +=
-        fmt::format(", {} for prompts of up to {} tokens", x2 ? "int8x2" : "int8", short_rows);
+    prefill += fmt::format(", {} for prompts of up to {}", x2 ? "int8x2" : "int8",
+                           short_min == short_rows ? fmt::format("{} tokens", short_rows)
+                                                   : fmt::format("{}-{} tokens (by weight type)",
+                                                                 short_min, short_rows));
   return fmt::format(
       "routes ({}): prefill products {}, decode products {}, KV {} ({}); "
       "`lumen routes` lists every node, --exact restores the reference path",

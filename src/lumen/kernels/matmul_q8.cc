@@ -133,7 +133,8 @@ LUMEN_ROUTE(
      .bound = "|y - y_exact| <= sum over blocks of (dx / 256) sum |w| (+ f32 slack); "
               "KL(exact || route) below a quarter of what Q8_0 weights cost",
      .tests = "QuantizeBlocksQ8x2.*;MatMulInt8x2.*;RouteKl.Int8x2DecodePassesTheDefaultGate;"
-              "RouteKl.Int8x2DecodeGateOnEveryWeightType",
+              "RouteKl.Int8x2DecodeGateOnEveryWeightType;RouteKl."
+              "Int8x2ShortPrefillPassesTheDefaultGate;RouteKl.Int8x2ShortPrefillGateOnMlx",
      .measure = "docs/reference/performance.md#the-int8x2-decode-route-the-default",
      .when = "act=int8x2|int8x2+bf16 cpu=avx512vnni int8=kernel",
      .priority = 20});
@@ -822,9 +823,15 @@ void MatMulManyInt8(std::span<const MatMulOut> outs, const float* X, int64_t M, 
     std::vector<MatMulOut> g, d;
     for (const MatMulOut& o : outs) (gemm(o) ? g : d).push_back(o);
     MatMulManyInt8x2Gemm(g, X, M, ldx, pool, false);
-    if (d.empty()) return;
-    return MatMulManyInt8(d, X, M, ldx, pool);
+    if (!d.empty()) MatMulManyInt8Dots(d, X, M, ldx, pool);
+    return;
   }
+  MatMulManyInt8Dots(outs, X, M, ldx, pool);
+}
+
+void MatMulManyInt8Dots(std::span<const MatMulOut> outs, const float* X, int64_t M, int64_t ldx,
+                        ThreadPool* pool) {
+  LUMEN_CHECK(CpuHasVnni());
   // One prepared copy of X per activation layout present (q/k/v may differ):
   // byte order, sign, offset group and level count (formats that agree on
   // all four, e.g. Q4_K and Q5_K, share one).

@@ -116,4 +116,10 @@ void MatMulInt8(const Matrix& W, const float* X, int64_t M, int64_t ldx, float* 
 void MatMulManyInt8(std::span<const MatMulOut> outs, const float* X, int64_t M, int64_t ldx,
                     ThreadPool* pool);
 
+// The VNNI dot kernels at any row count, where MatMulManyInt8 takes them up
+// to Int8MaxRows: for the benchmark that sets those counts against the GEMM
+// (bench/kernels_bench.cc, BM_ShortPrompt). Requires CpuHasVnni().
+void MatMulManyInt8Dots(std::span<const MatMulOut> outs, const float* X, int64_t M, int64_t ldx,
+                        ThreadPool* pool);
+
 }  // namespace lumen::kernels

@@ -144,9 +144,11 @@ namespace {
 using int8_vnni::Fmt;
 using int8_vnni::Geometry;
 using int8_vnni::GgufRowsFor;
+using int8_vnni::GgufWideRowsFor;
 using int8_vnni::GroupsOf16;
 using int8_vnni::Int8Rows;
 using int8_vnni::kMaxRowsPerCall;
+using int8_vnni::kWideRows;
 using int8_vnni::MlxRowsFor;
 using int8_vnni::Order;
 using int8_vnni::RowsFn;
@@ -653,6 +655,7 @@ void MatMulRowsInt8(const Matrix& W, const Int8Rows& X, float* Y, int64_t ldy, i
   const int64_t row_bytes = W.n > 1 ? W.w.row<const uint8_t>(1) - W.w.row<const uint8_t>(0) : 1;
   // A span's bytes of a weight row (spans are about kSpanK elements).
   const int64_t span_bytes = std::max<int64_t>(1, row_bytes * std::min(W.k, kSpanK) / W.k);
+  const RowsFn wide = mlx || X.M < kWideRows ? nullptr : GgufWideRowsFor(g.fmt, X.levels);
   BySpans(W, g, X.M, n0, n1, [&](std::span<const Span> s, int64_t b, int64_t e) {
     // More activation rows than one call takes read the weight rows once per
     // call: in chunks of about kPassBytes, which stay in L2 for the next call.
@@ -660,9 +663,12 @@ void MatMulRowsInt8(const Matrix& W, const Int8Rows& X, float* Y, int64_t ldy, i
         X.M > kMaxRowsPerCall ? std::max<int64_t>(16, kPassBytes / span_bytes) : e - b;
     for (int64_t c0 = b; c0 < e; c0 += chunk)
       for (int64_t m = 0; m < X.M;) {
-        const int mb = static_cast<int>(std::min<int64_t>(kMaxRowsPerCall, X.M - m));
-        const RowsFn rows =
-            mlx ? MlxRowsFor(g.fmt, mb, X.levels) : GgufRowsFor(g.fmt, mb, X.levels);
+        const bool wide_call = wide != nullptr && X.M - m >= kWideRows;
+        const int mb =
+            wide_call ? kWideRows : static_cast<int>(std::min<int64_t>(kMaxRowsPerCall, X.M - m));
+        const RowsFn rows = wide_call ? wide
+                            : mlx     ? MlxRowsFor(g.fmt, mb, X.levels)
+                                      : GgufRowsFor(g.fmt, mb, X.levels);
         LUMEN_DCHECK(rows != nullptr);
         rows(W, g, X, m, Y, ldy, c0, std::min(e, c0 + chunk), s);
         m += mb;
@@ -712,16 +718,16 @@ namespace {
 // for 16 rows; four rows per pass of the dot kernels cost the same per row
 // at any count. Where the two met on this session's Xeon (2 threads, the
 // 1B model's prompts of 16-48 tokens; performance.md, "Short prompts on
-// VNNI"): Q2_K and Q3_K, whose four-row steps cost the most, early; Q6_K,
-// whose panels cost the most to decode, late. Other products (the bf16
-// panels, one level, F16 / BF16 storage) keep kInt8MaxRows, unmeasured.
+// VNNI"): Q2_K and Q3_K, whose row steps cost the most (even with their
+// eight-row kernels), early; Q6_K, whose panels cost the most to decode, late. Other products (the
+// bf16 panels, one level, F16 / BF16 storage) keep kInt8MaxRows, unmeasured.
 int64_t VnniInt8MaxRows(const Matrix& W) {
   if (!Int8x2GemmTakes(W) || !Int8RouteSupports(W)) return kInt8MaxRows;
   switch (GeometryFor(W).fmt) {
     case Fmt::kQ3K:
-      return 16;
-    case Fmt::kQ2K:
       return 24;
+    case Fmt::kQ2K:
+      return 32;
     case Fmt::kQ4_1:
     case Fmt::kQ4_1C:
     case Fmt::kQ5_0:

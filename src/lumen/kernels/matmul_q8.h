@@ -51,7 +51,7 @@ namespace lumen::kernels {
 // that short prompts pay for few rows. kInt8MaxRows for storages no int8
 // kernel reads, where the bf16 panels or one level take the rest, and on
 // CPUs with neither kernel set; with the VNNI kernels where the int8x2 GEMM
-// takes the rest, 16 to kInt8MaxRowsVnni by weight type (matmul_q8.cc: the
+// takes the rest, 24 to kInt8MaxRowsVnni by weight type (matmul_q8.cc: the
 // GEMM's 16-token prompts ran at 0.3-0.7x the dot kernels' on a Xeon);
 // with the AVX2 kernels up to kInt8MaxRowsAvx2 by weight type
 // (Avx2Int8MaxRows in matmul_q8_avx2.h: the exact panels ran prompts of 9 to

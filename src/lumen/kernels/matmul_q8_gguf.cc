@@ -781,6 +781,15 @@ struct GgufKernels {
 
 RowsFn GgufRowsFor(Fmt f, int mb, int levels) { return PickRows<GgufKernels>(f, mb, levels); }
 
+RowsFn GgufWideRowsFor(Fmt f, int levels) {
+  LUMEN_CHECK(levels == 1 || levels == 2);
+  if (f == Fmt::kQ2K)
+    return levels == 1 ? &RowsK<Fmt::kQ2K, kWideRows, 1> : &RowsK<Fmt::kQ2K, kWideRows, 2>;
+  if (f == Fmt::kQ3K)
+    return levels == 1 ? &RowsK<Fmt::kQ3K, kWideRows, 1> : &RowsK<Fmt::kQ3K, kWideRows, 2>;
+  return nullptr;
+}
+
 LUMEN_INTRINSICS_END
 
 }  // namespace lumen::kernels::int8_vnni

@@ -154,6 +154,13 @@ constexpr int64_t kRecord = 64 * L + 64;
 // a time, then the rest).
 inline constexpr int kMaxRowsPerCall = 4;
 
+// Q2_K and Q3_K also have kernels of kWideRows rows (GgufWideRowsFor), taken
+// while that many rows are left: their codes cost the most to unpack per
+// super-block, work an eight-row call shares between twice the rows (16-row
+// products 1.1-1.4x faster on a Xeon, though the accumulators spill; the
+// other formats' eight-row calls ran at 0.65-1.12x their four-row ones).
+inline constexpr int kWideRows = 8;
+
 // A row kernel: rows [n0, n1) of W against the MB prepared activation rows
 // of X from m0 (MB and the level count fixed by the pick), over the spans;
 // each output's partial sum stored to Y (a span's first) or added.
@@ -164,6 +171,8 @@ using RowsFn = void (*)(const Matrix& W, const Geometry& g, const Int8Rows& X, i
 // null where the format is the other file's. x86-64 with VNNI only.
 RowsFn GgufRowsFor(Fmt f, int mb, int levels);
 RowsFn MlxRowsFor(Fmt f, int mb, int levels);
+// The kWideRows-row kernel of f at 1 or 2 levels; null where f has none.
+RowsFn GgufWideRowsFor(Fmt f, int levels);
 
 // Kernels::Pick<MB, L>(f) for mb and levels known at run time.
 template <class Kernels>

@@ -354,9 +354,10 @@ TEST(MatMulInt8x2, ARowGivesTheSameBitsAloneAndInABatchAcrossSpans) {
     }
 }
 
-// Short prompts: up to Int8MaxRows rows (16 to kInt8MaxRowsVnni by storage,
+// Short prompts: up to Int8MaxRows rows (24 to kInt8MaxRowsVnni by storage,
 // where the GEMM takes the longer products) stay on the dot kernels, four
-// activation rows per pass over chunks of weight rows sized for L2
+// activation rows per pass (Q2_K, Q3_K: eight, then the rest) over chunks of
+// weight rows sized for L2
 // (matmul_q8.cc, kPassBytes; 400 rows of K = 2048 are two chunks or more of
 // every storage): within the oracle's bound, each row the bits it has alone,
 // on one thread or two. One row more goes to the GEMM, whose bits differ.
@@ -367,25 +368,29 @@ TEST(MatMulInt8x2, ShortPromptsStayOnTheDotKernels) {
     const int64_t K = 2048, N = 400;
     OwnedMatrix W = MakeX2(c, N, K, rng);
     SKIP_WITHOUT_VNNI(W.m);
-    const int64_t M = Int8MaxRows(W.m);
-    ASSERT_TRUE(UsesInt8Route(W.m, M)) << CaseName(c);
-    const std::vector<float> X = RandomActivations(M + 1, K, rng);
-    std::vector<float> batch(M * N), two(M * N), alone(M * N), more((M + 1) * N);
-    MatMul(W.m, X.data(), M, K, batch.data(), N, nullptr);
-    MatMul(W.m, X.data(), M, K, two.data(), N, &pool);
-    for (int64_t m = 0; m < M; ++m)
-      MatMul(W.m, X.data() + m * K, 1, K, alone.data() + m * N, N, nullptr);
-    EXPECT_EQ(batch, alone) << CaseName(c) << " M=" << M;
-    EXPECT_EQ(batch, two) << CaseName(c) << " M=" << M;
-    constexpr int64_t kHead = 24;  // the oracle on the first rows (it is slow at this size)
-    std::vector<float> head(M * kHead);
-    for (int64_t m = 0; m < M; ++m)
-      std::copy_n(batch.data() + m * N, kHead, head.data() + m * kHead);
-    ExpectOracleAndExactBound(c, W.m.RowSlice(0, kHead), X, M, head);
+    const int64_t top = Int8MaxRows(W.m);
+    ASSERT_TRUE(UsesInt8Route(W.m, top)) << CaseName(c);
+    const std::vector<float> X = RandomActivations(top + 1, K, rng);
+    for (int64_t M : {top - 3, top}) {  // Q2_K / Q3_K: eight-row calls, then the rest
+      std::vector<float> batch(M * N), two(M * N), alone(M * N);
+      MatMul(W.m, X.data(), M, K, batch.data(), N, nullptr);
+      MatMul(W.m, X.data(), M, K, two.data(), N, &pool);
+      for (int64_t m = 0; m < M; ++m)
+        MatMul(W.m, X.data() + m * K, 1, K, alone.data() + m * N, N, nullptr);
+      EXPECT_EQ(batch, alone) << CaseName(c) << " M=" << M;
+      EXPECT_EQ(batch, two) << CaseName(c) << " M=" << M;
+      constexpr int64_t kHead = 24;  // the oracle on the first rows (it is slow at this size)
+      std::vector<float> head(M * kHead);
+      for (int64_t m = 0; m < M; ++m)
+        std::copy_n(batch.data() + m * N, kHead, head.data() + m * kHead);
+      ExpectOracleAndExactBound(c, W.m.RowSlice(0, kHead), X, M, head);
+    }
     ASSERT_TRUE(Int8x2GemmTakes(W.m)) << CaseName(c);
-    MatMul(W.m, X.data(), M + 1, K, more.data(), N, nullptr);
+    std::vector<float> batch(top * N), more((top + 1) * N);
+    MatMul(W.m, X.data(), top, K, batch.data(), N, nullptr);
+    MatMul(W.m, X.data(), top + 1, K, more.data(), N, nullptr);
     EXPECT_FALSE(std::equal(batch.begin(), batch.end(), more.begin()))
-        << CaseName(c) << ": the GEMM did not take " << M + 1 << " rows";
+        << CaseName(c) << ": the GEMM did not take " << top + 1 << " rows";
   }
 }
 

@@ -715,12 +715,12 @@ namespace {
 // Up to how many rows the VNNI dot kernels keep a product of W that the
 // int8x2 GEMM would take: the GEMM decodes every weight of W into its panels
 // once per call, which a 512-row chunk pays once and a 16-row prompt pays
-// for 16 rows; four rows per pass of the dot kernels cost the same per row
-// at any count. Where the two met on this session's Xeon (2 threads, the
+// for 16 rows; the dot kernels' passes of four (or eight) rows cost the same
+// per row at any count. Where the two met on a Xeon (BM_ShortPrompt, and the
 // 1B model's prompts of 16-48 tokens; performance.md, "Short prompts on
-// VNNI"): Q2_K and Q3_K, whose row steps cost the most (even with their
-// eight-row kernels), early; Q6_K, whose panels cost the most to decode, late. Other products (the
-// bf16 panels, one level, F16 / BF16 storage) keep kInt8MaxRows, unmeasured.
+// VNNI"): Q2_K and Q3_K, whose row steps cost the most, early; Q6_K, whose
+// panels cost the most to decode, late. Other products (the bf16 panels,
+// one level, F16 / BF16 storage) keep kInt8MaxRows, unmeasured.
 int64_t VnniInt8MaxRows(const Matrix& W) {
   if (!Int8x2GemmTakes(W) || !Int8RouteSupports(W)) return kInt8MaxRows;
   switch (GeometryFor(W).fmt) {

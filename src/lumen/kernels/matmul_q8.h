@@ -52,7 +52,7 @@ namespace lumen::kernels {
 // kernel reads, where the bf16 panels or one level take the rest, and on
 // CPUs with neither kernel set; with the VNNI kernels where the int8x2 GEMM
 // takes the rest, 24 to kInt8MaxRowsVnni by weight type (matmul_q8.cc: the
-// GEMM's 16-token prompts ran at 0.3-0.7x the dot kernels' on a Xeon);
+// GEMM's 16-token prompts ran at 0.3-0.8x the dot kernels' on a Xeon);
 // with the AVX2 kernels up to kInt8MaxRowsAvx2 by weight type
 // (Avx2Int8MaxRows in matmul_q8_avx2.h: the exact panels ran prompts of 9 to
 // 32 tokens at a third to four fifths of the int8x2 kernels' rate on Zen 2).

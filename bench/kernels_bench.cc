@@ -46,13 +46,14 @@ struct Weight {
 // 17 and 18 = MLX 4-bit and 8-bit in runs (as the loader makes them where
 // the int8 kernels are the AVX2 ones; elsewhere no int8 kernel reads them),
 // 19 and 20 = MLX 4-bit and 8-bit in groups (as the loader makes them for
-// the AVX-512 VNNI kernels; the AVX2 ones do not read them).
-constexpr DType kTypes[] = {DType::kF32,      DType::kF16,      DType::kBF16,     DType::kQ8_0,
-                            DType::kQ4_0,     DType::kQ4_K,     DType::kQ6_K,     DType::kU32,
-                            DType::kQ2_K,     DType::kQ4_0Cols, DType::kQ4_KCols, DType::kQ3_K,
-                            DType::kQ8_0Cols, DType::kQ6_KCols, DType::kQ2_KCols, DType::kQ3_KCols,
-                            DType::kU32,      DType::kU32,      DType::kU32,      DType::kU32,
-                            DType::kU32};
+// the AVX-512 VNNI kernels; the AVX2 ones do not read them), 21-24 = Q4_1,
+// Q5_0, Q5_1 and Q5_K in column groups (as the loader makes them for both).
+constexpr DType kTypes[] = {
+    DType::kF32,      DType::kF16,      DType::kBF16,     DType::kQ8_0,     DType::kQ4_0,
+    DType::kQ4_K,     DType::kQ6_K,     DType::kU32,      DType::kQ2_K,     DType::kQ4_0Cols,
+    DType::kQ4_KCols, DType::kQ3_K,     DType::kQ8_0Cols, DType::kQ6_KCols, DType::kQ2_KCols,
+    DType::kQ3_KCols, DType::kU32,      DType::kU32,      DType::kU32,      DType::kU32,
+    DType::kU32,      DType::kQ4_1Cols, DType::kQ5_0Cols, DType::kQ5_1Cols, DType::kQ5_KCols};
 constexpr int kMlx8 = 16, kMlxRuns = 17, kMlx8Runs = 18, kMlxGroups = 19, kMlx8Groups = 20;
 const char* TypeName(int t) {
   static const char* names[] = {"f32",
@@ -75,7 +76,11 @@ const char* TypeName(int t) {
                                 "mlx4_g64_runs",
                                 "mlx8_g64_runs",
                                 "mlx4_g64_groups",
-                                "mlx8_g64_groups"};
+                                "mlx8_g64_groups",
+                                "q4_1_cols",
+                                "q5_0_cols",
+                                "q5_1_cols",
+                                "q5_k_cols"};
   return names[t];
 }
 
@@ -404,7 +409,7 @@ void BM_ShortPrompt(benchmark::State& state) {
                  (M <= Int8MaxRows(w->m) ? "dots" : "GEMM"));
 }
 BENCHMARK(BM_ShortPrompt)
-    ->ArgsProduct({{8, 9, 10, 11, 12, 13, 19, 20}, {8, 16, 24, 32, 48, 64}, {1, 2}})
+    ->ArgsProduct({{8, 9, 10, 11, 12, 13, 19, 20, 21, 22, 23, 24}, {8, 16, 24, 32, 48, 64}, {1, 2}})
     ->UseRealTime();
 
 // Training's backward through a frozen weight: dX[M, K] = dY[M, N] W (the

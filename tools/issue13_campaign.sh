@@ -2,6 +2,8 @@
 # tools/issue13_campaign.sh: the same-run table of docs/reference/performance.md
 # (issue 13) in one go, one file per step under $OUT (default /tmp/i13):
 #   peer.md    lumen against llama.cpp, every GGUF type, 1 and 2 threads
+#   short.md   the same at 16-token prompts (not an issue-13 target: what a
+#              chat turn's prompt costs; SHORT=0 skips it, about 12 minutes)
 #   batch.txt  batch-4 aggregate over a single stream, 2 threads, 3 rounds
 #   depth.md   decode at depth 8192 against llama.cpp (Q4_0, 2 threads)
 #   mlx.txt    MLX 4/8-bit (lumen only), 1 and 2 threads
@@ -12,7 +14,7 @@
 #   summary.txt  every target counted from the files above, with its misses
 #              (tools/issue13_summary.py; also printed at the end)
 # Needs the synth files: lumen synth llama-3.2-1b -o /tmp/pb_Q.gguf --quant Q
-# (and -o /tmp/pb_mlx4 --quant mlx4, mlx8). About 40 minutes on 2 cores.
+# (and -o /tmp/pb_mlx4 --quant mlx4, mlx8). About 50 minutes on 2 cores.
 #   LUMEN=/tmp/lumen tools/issue13_campaign.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -31,6 +33,10 @@ mkdir -p "$O"
 $L bench --membw > "$O/membw.txt" 2>&1
 LUMEN=$L THREADS="1 2" ROUNDS=2 REPEAT=1 PROMPT=512 GEN=32 \
   tools/peer_bench.sh "$PEER" "${files[@]}" > "$O/peer.md" 2>&1
+if [ "${SHORT:-1}" != 0 ]; then
+  LUMEN=$L THREADS="1 2" ROUNDS=1 REPEAT=3 PROMPT=16 GEN=16 \
+    tools/peer_bench.sh "$PEER" "${files[@]}" > "$O/short.md" 2>&1
+fi
 for r in 1 2 3; do
   for t in $types; do
     echo "$t round $r $($L bench "/tmp/pb_$t.gguf" --prompt 16 --gen 16 --repeat 1 --batch 4 -t 2 \

@@ -2,14 +2,16 @@
 """tools/issue13_summary.py OUT: issue 13's targets counted from one campaign.
 
 Reads the files tools/issue13_campaign.sh writes under OUT (peer.md,
-batch.txt, depth.md, mlx.txt, rss.txt, membw.txt, ceilings.md) and prints
+batch.txt, depth.md, mlx.txt, rss.txt, membw.txt, ceilings.md; short.md
+where the campaign ran it) and prints
 each target's count and misses: prefill 1.5x and decode 1.15x llama.cpp per
 GGUF row, a batch-4 step's aggregate 2.5x a single stream (median of the
 rounds), decode at depth 8192 1.15x, peak RSS within weights + KV + 10%, and
 the MLX rows (no peer): batch 4, and one-thread decode (times the weight
 bytes per token rss.txt names) against every read bandwidth the campaign
 measured (the bandwidth clause asks 90%). A file that
-is missing or holds no row is named, not guessed.
+is missing or holds no row is named, not guessed. short.md (16-token
+prompts, not a target) is counted against llama.cpp's prefill at 1x.
   /usr/bin/python3 tools/issue13_summary.py /tmp/i13
 """
 import os
@@ -64,6 +66,9 @@ def main():
         rows = [row for row in rows if len(row[2]) >= 2]
         count("prefill", [(f"{m} -t {t}", r[0]) for m, t, r in rows], PREFILL)
         count("decode", [(f"{m} -t {t}", r[1]) for m, t, r in rows], DECODE)
+    if os.path.exists(os.path.join(out, "short.md")):
+        rows = [row for row in ratio_rows(read(out, "short.md")) if row[2]]
+        count("16-token prefill (not a target)", [(f"{m} -t {t}", r[0]) for m, t, r in rows], 1.0)
     batch = read(out, "batch.txt")
     if batch is not None:
         per = {}

@@ -305,9 +305,7 @@ LUMEN_VNNI void Rows(const Matrix& W, const Geometry& g, const Int8Rows& X, int6
             const __m512i init =
                 kOffset ? _mm512_loadu_si512(rp.corr[r] + 32 * q) : _mm512_setzero_si512();
             const __m512i i = TwinDot<L>(init, w.a, w.b, rec);
-            const __m512 sd =
-                _mm512_mul_ps(w.d, _mm512_load_ps(reinterpret_cast<const float*>(rec + 64 * L)));
-            acc[r][A] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), sd, acc[r][A]);
+            acc[r][A] = AddScaledLanes<L>(acc[r][A], i, w.d, rec);
           }
           if constexpr (kMin)
             for (int r = 0; r < MB; ++r)
@@ -347,9 +345,7 @@ LUMEN_VNNI void Rows(const Matrix& W, const Geometry& g, const Int8Rows& X, int6
           const uint8_t* rec = x[r] + kRecord<L> * 4 * G;
           const __m512i init = _mm512_loadu_si512(rp.corr[r] + 64 * G);
           const __m512i i = ColumnDot<L>(init, col, rec);
-          const __m512 sd =
-              _mm512_mul_ps(d, _mm512_load_ps(reinterpret_cast<const float*>(rec + 64 * L)));
-          acc[r][A] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), sd, acc[r][A]);
+          acc[r][A] = AddScaledLanes<L>(acc[r][A], i, d, rec);
         }
       };
       // Q4_0 column group G (units 4 G .. 4 G + 3, records 8 G ..; core/repack.h)
@@ -377,9 +373,7 @@ LUMEN_VNNI void Rows(const Matrix& W, const Geometry& g, const Int8Rows& X, int6
           const __m512i init =
               kOffset ? _mm512_loadu_si512(rp.corr[r] + 128 * G) : _mm512_setzero_si512();
           const __m512i i = GroupDot<L>(init, lo, hi, rec);
-          const __m512 sd =
-              _mm512_mul_ps(d, _mm512_load_ps(reinterpret_cast<const float*>(rec + 64 * L)));
-          acc[r][A] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), sd, acc[r][A]);
+          acc[r][A] = AddScaledLanes<L>(acc[r][A], i, d, rec);
           if constexpr (kMin)  // m times each block's activation sum, lane by lane
             acc[r][A] = _mm512_fmadd_ps(
                 _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(grp + f.m))),
@@ -401,9 +395,7 @@ LUMEN_VNNI void Rows(const Matrix& W, const Geometry& g, const Int8Rows& X, int6
           const __m512i init =
               kOffset ? _mm512_loadu_si512(rp.corr[r] + 16 * rec_at) : _mm512_setzero_si512();
           const __m512i i = LevelDot<L>(init, w, rec);
-          const __m512 sd =
-              _mm512_mul_ps(s, _mm512_load_ps(reinterpret_cast<const float*>(rec + 64 * L)));
-          acc[r][A] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), sd, acc[r][A]);
+          acc[r][A] = AddScaledLanes<L>(acc[r][A], i, s, rec);
           if constexpr (kMin) {
             const __m128 sums =
                 _mm_castsi128_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(rp.sums[r] + b)));
@@ -681,9 +673,7 @@ LUMEN_VNNI void RowsK(const Matrix& W, const Geometry& g, const Int8Rows& X, int
           const __m512i init = kIntOffset ? _mm512_loadu_si512(rows.corr[r] + kQKK / 4 * sb)
                                           : _mm512_setzero_si512();
           const __m512i i = ColumnDot<L>(init, u, rec);
-          const __m512 sd =
-              _mm512_mul_ps(a, _mm512_load_ps(reinterpret_cast<const float*>(rec + 64 * L)));
-          acc[r][A] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), sd, acc[r][A]);
+          acc[r][A] = AddScaledLanes<L>(acc[r][A], i, a, rec);
           if constexpr (!kIntOffset)
             off[r] = _mm512_fmadd_ps(o, _mm512_maskz_loadu_ps(sums_mask, rows.sums[r] + kSubs * sb),
                                      off[r]);
@@ -704,9 +694,7 @@ LUMEN_VNNI void RowsK(const Matrix& W, const Geometry& g, const Int8Rows& X, int
         for (int r = 0; r < MB; ++r) {
           const uint8_t* rec = x[r] + kRecord<L> * 8 * G;
           const __m512i i = GroupDot<L>(_mm512_setzero_si512(), lo, hi, rec);
-          const __m512 sd =
-              _mm512_mul_ps(a, _mm512_load_ps(reinterpret_cast<const float*>(rec + 64 * L)));
-          acc[r][A] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), sd, acc[r][A]);
+          acc[r][A] = AddScaledLanes<L>(acc[r][A], i, a, rec);
           off[r] = _mm512_fmadd_ps(o, _mm512_loadu_ps(rows.sums[r] + kColsBlocks * G), off[r]);
         }
       };

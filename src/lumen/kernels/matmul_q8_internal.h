@@ -191,6 +191,16 @@ RowsFn PickRows(Fmt f, int mb, int levels) {
 
 LUMEN_INTRINSICS_BEGIN
 
+// acc + the lane sums i (converted) times scale times the record's lane
+// scales (dx, after its L levels' codes): every row kernel's step after its
+// dot products.
+template <int L>
+LUMEN_VNNI inline __m512 AddScaledLanes(__m512 acc, __m512i i, __m512 scale, const uint8_t* rec) {
+  const __m512 sd =
+      _mm512_mul_ps(scale, _mm512_load_ps(reinterpret_cast<const float*>(rec + 64 * L)));
+  return _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), sd, acc);
+}
+
 // The integer lane sums of L levels, plus init (added once), from dot(acc,
 // level) = acc + the level's dot products: one level, dot(init, 0); two,
 // (dot(0, 0) << 8) + dot(init, 1).

@@ -40,9 +40,7 @@ LUMEN_VNNI inline void DotRecords(const uint8_t* const* x, int64_t chunk, __m512
   for (int r = 0; r < MB; ++r) {
     const uint8_t* rec = x[r] + kRecord<L> * chunk;
     const __m512i i = LevelDot<L>(_mm512_setzero_si512(), w, rec);
-    const __m512 sd =
-        _mm512_mul_ps(lanes, _mm512_load_ps(reinterpret_cast<const float*>(rec + 64 * L)));
-    acc[r][A] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), sd, acc[r][A]);
+    acc[r][A] = AddScaledLanes<L>(acc[r][A], i, lanes, rec);
   }
 }
 
@@ -133,9 +131,7 @@ LUMEN_VNNI void RowsMlx(const Matrix& W, const Geometry&, const Int8Rows& X, int
         for (int r = 0; r < MB; ++r) {
           const uint8_t* rec = x[r] + kRecord<L> * 2 * t;
           const __m512i i = TwinDot<L>(_mm512_setzero_si512(), a, b, rec);
-          const __m512 sd =
-              _mm512_mul_ps(sc, _mm512_load_ps(reinterpret_cast<const float*>(rec + 64 * L)));
-          acc[r][A] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), sd, acc[r][A]);
+          acc[r][A] = AddScaledLanes<L>(acc[r][A], i, sc, rec);
         }
       };
       // Group Q (elements 512 Q .. 512 Q + 511, records 8 Q ..) into
@@ -181,9 +177,7 @@ LUMEN_VNNI void RowsMlx(const Matrix& W, const Geometry&, const Int8Rows& X, int
         for (int r = 0; r < MB; ++r) {
           const uint8_t* rec = x[r] + kRecord<L> * 8 * Q;
           const __m512i i = GroupDot<L>(_mm512_setzero_si512(), lo, hi, rec);
-          const __m512 sd =
-              _mm512_mul_ps(sc, _mm512_load_ps(reinterpret_cast<const float*>(rec + 64 * L)));
-          acc[r][A] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), sd, acc[r][A]);
+          acc[r][A] = AddScaledLanes<L>(acc[r][A], i, sc, rec);
         }
       };
       int64_t t = s.u0;

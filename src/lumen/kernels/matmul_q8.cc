@@ -609,11 +609,13 @@ LUMEN_VNNI void QuantizeBlocksX2Avx512(const float* x, int64_t nb, int8_t* q1, i
 inline constexpr int64_t kSpanK = 2048;
 
 // Weight bytes a product of more than kMaxRowsPerCall activation rows reads
-// per pass of its row kernels (MatMulRowsInt8): well inside L2.
+// per pass of its row kernels (BySpans): well inside L2.
 inline constexpr int64_t kPassBytes = 256 << 10;
 
 // Calls run(spans, n0, n1): one activation row takes all the spans of each
-// weight row in turn; several take one span of every weight row at a time.
+// weight row in turn; several take one span of every weight row at a time,
+// and more than one kernel call takes (kMaxRowsPerCall) take it in chunks of
+// weight rows of about kPassBytes, which stay in L2 from one call to the next.
 template <class Run>
 void BySpans(const Matrix& W, const Geometry& g, int64_t M, int64_t n0, int64_t n1, Run run) {
   constexpr int kMaxSpans = 64;
@@ -632,47 +634,46 @@ void BySpans(const Matrix& W, const Geometry& g, int64_t M, int64_t n0, int64_t 
     const int64_t e = std::min(units, u + per);
     spans[count++] = Span{u, e, u == 0, e == units, kAheadBytes};
   }
-  if (M == 1 || count == 1) return run(std::span<const Span>(spans, count), n0, n1);
+  if (M == 1) return run(std::span<const Span>(spans, count), n0, n1);
   // The weight bytes of one span of a row (MLX: its codes, which the kernel prefetches).
-  const int64_t row = W.w.row<const uint8_t>(1) - W.w.row<const uint8_t>(0);
   const int64_t unit_bytes = W.mlx_bits     ? 128 * W.mlx_bits / 8
                              : unit == kQKK ? g.block_bytes
                                             : 4 * g.block_bytes;
-  const int64_t seg = per * unit_bytes, rows_ahead = (kAheadBytes + seg - 1) / seg;
+  const int64_t seg = std::max<int64_t>(1, std::min(per, units) * unit_bytes);
+  const int64_t chunk = M > kMaxRowsPerCall ? std::max<int64_t>(16, kPassBytes / seg) : n1 - n0;
+  auto in_chunks = [&](std::span<const Span> s) {
+    for (int64_t c0 = n0; c0 < n1; c0 += chunk) run(s, c0, std::min(n1, c0 + chunk));
+  };
+  if (count == 1) return in_chunks(std::span<const Span>(spans, 1));
+  const int64_t row = W.w.row<const uint8_t>(1) - W.w.row<const uint8_t>(0);
+  const int64_t rows_ahead = (kAheadBytes + seg - 1) / seg;
   for (int i = 0; i < count; ++i) {
     spans[i].ahead = rows_ahead * row;
-    run(std::span<const Span>(spans + i, 1), n0, n1);
+    in_chunks(std::span<const Span>(spans + i, 1));
   }
 }
 
 // Rows [n0, n1) of W against every prepared activation row: each span (or
-// all of them), the rows kMaxRowsPerCall at a time by the format's kernel.
+// all of them) and chunk of rows (BySpans), the activation rows
+// kMaxRowsPerCall at a time by the format's kernel (Q2_K / Q3_K: kWideRows
+// while that many are left).
 void MatMulRowsInt8(const Matrix& W, const Int8Rows& X, float* Y, int64_t ldy, int64_t n0,
                     int64_t n1) {
   const Geometry g = GeometryFor(W);
   const bool mlx = g.fmt == Fmt::kMlx4 || g.fmt == Fmt::kMlx8;
-  // (One weight row: no chunks to size.)
-  const int64_t row_bytes = W.n > 1 ? W.w.row<const uint8_t>(1) - W.w.row<const uint8_t>(0) : 1;
-  // A span's bytes of a weight row (spans are about kSpanK elements).
-  const int64_t span_bytes = std::max<int64_t>(1, row_bytes * std::min(W.k, kSpanK) / W.k);
   const RowsFn wide = mlx || X.M < kWideRows ? nullptr : GgufWideRowsFor(g.fmt, X.levels);
   BySpans(W, g, X.M, n0, n1, [&](std::span<const Span> s, int64_t b, int64_t e) {
-    // More activation rows than one call takes read the weight rows once per
-    // call: in chunks of about kPassBytes, which stay in L2 for the next call.
-    const int64_t chunk =
-        X.M > kMaxRowsPerCall ? std::max<int64_t>(16, kPassBytes / span_bytes) : e - b;
-    for (int64_t c0 = b; c0 < e; c0 += chunk)
-      for (int64_t m = 0; m < X.M;) {
-        const bool wide_call = wide != nullptr && X.M - m >= kWideRows;
-        const int mb =
-            wide_call ? kWideRows : static_cast<int>(std::min<int64_t>(kMaxRowsPerCall, X.M - m));
-        const RowsFn rows = wide_call ? wide
-                            : mlx     ? MlxRowsFor(g.fmt, mb, X.levels)
-                                      : GgufRowsFor(g.fmt, mb, X.levels);
-        LUMEN_DCHECK(rows != nullptr);
-        rows(W, g, X, m, Y, ldy, c0, std::min(e, c0 + chunk), s);
-        m += mb;
-      }
+    for (int64_t m = 0; m < X.M;) {
+      const bool wide_call = wide != nullptr && X.M - m >= kWideRows;
+      const int mb =
+          wide_call ? kWideRows : static_cast<int>(std::min<int64_t>(kMaxRowsPerCall, X.M - m));
+      const RowsFn rows = wide_call ? wide
+                          : mlx     ? MlxRowsFor(g.fmt, mb, X.levels)
+                                    : GgufRowsFor(g.fmt, mb, X.levels);
+      LUMEN_DCHECK(rows != nullptr);
+      rows(W, g, X, m, Y, ldy, b, e, s);
+      m += mb;
+    }
   });
 }
 

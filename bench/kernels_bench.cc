@@ -370,6 +370,9 @@ BENCHMARK(BM_MatMul)
 BENCHMARK(BM_MatMul)
     ->ArgsProduct({{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13}, {256}, {1, 2}, {2048, 8192}, {3}})
     ->UseRealTime();
+// F16 and BF16 at a short prompt's rows: above Int8MaxRows (8) the GEMM
+// requantizes every weight per call, a cost 16 rows share.
+BENCHMARK(BM_MatMul)->ArgsProduct({{1, 2}, {16}, {1, 2}, {2048, 8192}, {3}})->UseRealTime();
 // Short prompts with the VNNI kernels: a product of M rows on the int8x2 dot
 // kernels (MatMulManyInt8Dots, which MatMul takes up to Int8MaxRows(W)) and
 // on the int8x2 GEMM (which it takes above), timed in turn in every

@@ -15,6 +15,7 @@
 #include "lumen/kernels/intrinsics_warnings.h"
 #include "lumen/kernels/matmul_bf16.h"
 #include "lumen/kernels/matmul_q8.h"
+#include "lumen/kernels/prefetch.h"
 #include "lumen/kernels/q4k_scales_avx512.h"
 #include "lumen/kernels/transpose16_avx512.h"
 #include "lumen/kernels/vnni_target.h"
@@ -80,6 +81,11 @@ bool Covered(DType plain) {
 constexpr int kR = 6;
 constexpr int64_t kNR = 32;
 constexpr int64_t kKC = 256;
+// How far ahead of the row it decodes a panel prefetches: a short prompt's
+// call (16-64 rows) is as long as streaming its weights, and the hardware
+// prefetchers of the Xeon in performance.md do not run ahead of the decode;
+// 4-32 rows measured alike there (16-token F16 prefill, "Short prompts on VNNI").
+constexpr int64_t kAheadRows = 8;
 
 #if defined(__x86_64__)
 
@@ -298,38 +304,100 @@ LUMEN_VNNI void DecodeRow(DType t, const uint8_t* plain, int64_t K, int16_t* cod
   }
 }
 
+// The largest |w| of up to 16 F16 / BF16 units (32 elements, 64 bytes each,
+// from p) as the storage's 16-bit patterns, dword j for unit j (zero past
+// `units`). Sign-cleared patterns order as their values do, with inf and NaN
+// above every finite one, so the maxima are taken as integers and also tell
+// which units are finite. A tree across registers: at each step pairs of
+// registers trade halves and keep the larger, so 16 units cost 15 maxima and
+// 30 shuffles, not 16 horizontal reductions.
+LUMEN_VNNI __m512i UnitMaxBits(const uint8_t* p, int units) {
+  const __m512i abs = _mm512_set1_epi16(0x7FFF);
+  __m512i v[16];  // (a lambda would not take the target attribute)
+  for (int j = 0; j < 16; ++j)
+    v[j] = j < units ? _mm512_and_si512(_mm512_loadu_si512(p + j * 2 * kQK), abs)
+                     : _mm512_setzero_si512();
+  // a[i]: 128-bit lanes 0-1 unit 2i, 2-3 unit 2i + 1.
+  __m512i a[8];
+  for (int i = 0; i < 8; ++i) {
+    const __m512i x = v[2 * i], y = v[2 * i + 1];
+    a[i] = _mm512_max_epu16(_mm512_shuffle_i64x2(x, y, 0x44), _mm512_shuffle_i64x2(x, y, 0xEE));
+  }
+  // b[i]: 128-bit lane l unit 4i + l.
+  __m512i b[4];
+  for (int i = 0; i < 4; ++i)
+    b[i] = _mm512_max_epu16(_mm512_shuffle_i64x2(a[2 * i], a[2 * i + 1], 0x88),
+                            _mm512_shuffle_i64x2(a[2 * i], a[2 * i + 1], 0xDD));
+  // c[i]: in 128-bit lane l, qword 0 unit 8i + l, qword 1 unit 8i + 4 + l.
+  __m512i c[2];
+  for (int i = 0; i < 2; ++i)
+    c[i] = _mm512_max_epu16(_mm512_unpacklo_epi64(b[2 * i], b[2 * i + 1]),
+                            _mm512_unpackhi_epi64(b[2 * i], b[2 * i + 1]));
+  // In 128-bit lane l, dword k: unit 4k + l (two words each).
+  const __m512 c0 = _mm512_castsi512_ps(c[0]), c1 = _mm512_castsi512_ps(c[1]);
+  __m512i d = _mm512_max_epu16(_mm512_castps_si512(_mm512_shuffle_ps(c0, c1, 0x88)),
+                               _mm512_castps_si512(_mm512_shuffle_ps(c0, c1, 0xDD)));
+  d = _mm512_and_si512(_mm512_max_epu16(d, _mm512_srli_epi32(d, 16)), _mm512_set1_epi32(0xFFFF));
+  // Dword 4l + k holds unit 4k + l.
+  const __m512i order = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
+  return _mm512_permutexvar_epi32(order, d);
+}
+
+// Elements [0, 32) of a unit at p as f32.
+LUMEN_VNNI void LoadFloatUnit(DType t, const uint8_t* p, __m512* w0, __m512* w1) {
+  const __m512i h = _mm512_loadu_si512(p);
+  const __m256i h0 = _mm512_castsi512_si256(h), h1 = _mm512_extracti64x4_epi64(h, 1);
+  if (t == DType::kBF16) {
+    *w0 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h0), 16));
+    *w1 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h1), 16));
+  } else {
+    *w0 = _mm512_cvtph_ps(h0);
+    *w1 = _mm512_cvtph_ps(h1);
+  }
+}
+
 // An F16 / BF16 row requantized per 32-unit to 12-bit codes as the oracle
 // does it (matmul_q8_ref.h): q = rint(w 2047 / amax), scale amax / 2047
 // (zero below kFloatUnitTiny); a unit with an inf or NaN gets scale NaN (its
 // outputs are NaN where the exact route's would be non-finite). No offsets.
-LUMEN_VNNI void DecodeFloatRow(DType t, const uint8_t* row, int64_t K, int16_t* codes,
-                               float* scale) {
-  const __m512 abs_mask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7FFFFFFF));
-  for (int64_t b = 0; b < K / kQK; ++b) {
-    const __m512i h = _mm512_loadu_si512(row + b * kQK * 2);
-    const __m256i h0 = _mm512_castsi512_si256(h), h1 = _mm512_extracti64x4_epi64(h, 1);
-    __m512 w0, w1;
-    if (t == DType::kBF16) {
-      w0 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h0), 16));
-      w1 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h1), 16));
-    } else {
-      w0 = _mm512_cvtph_ps(h0);
-      w1 = _mm512_cvtph_ps(h1);
+// Sixteen units at a time: their maxima, scales and reciprocals as vectors.
+// ahead (may be null): a later row, prefetched into L2 line by line.
+LUMEN_VNNI void DecodeFloatRow(DType t, const uint8_t* row, int64_t K, int16_t* codes, float* scale,
+                               const uint8_t* ahead) {
+  const bool bf16 = t == DType::kBF16;
+  // Pairs of packed 16-bit codes come out as qwords 0 2 4 6 1 3 5 7.
+  const __m512i unpack = _mm512_set_epi64(7, 5, 3, 1, 6, 4, 2, 0);
+  for (int64_t b0 = 0; b0 < K / kQK; b0 += 16) {
+    const int units = static_cast<int>(std::min<int64_t>(16, K / kQK - b0));
+    const uint8_t* p = row + b0 * kQK * 2;
+    if (ahead)
+      for (int j = 0; j < units; ++j) __builtin_prefetch(ahead + (b0 + j) * kQK * 2, 0, 2);
+    const __m512i bits = UnitMaxBits(p, units);
+    const __m512 amax = bf16 ? _mm512_castsi512_ps(_mm512_slli_epi32(bits, 16))
+                             : _mm512_cvtph_ps(_mm512_cvtepi32_epi16(bits));
+    const __mmask16 finite =
+        _mm512_cmplt_epu32_mask(bits, _mm512_set1_epi32(bf16 ? 0x7F80 : 0x7C00));
+    const __mmask16 live =
+        finite & _mm512_cmp_ps_mask(amax, _mm512_set1_ps(kFloatUnitTiny), _CMP_GE_OQ);
+    alignas(64) float inv[16];
+    _mm512_store_ps(inv, _mm512_maskz_div_ps(live, _mm512_set1_ps(kFloatCodeMax), amax));
+    const __m512 s =
+        _mm512_mask_blend_ps(finite, _mm512_set1_ps(std::numeric_limits<float>::quiet_NaN()),
+                             _mm512_maskz_div_ps(live, amax, _mm512_set1_ps(kFloatCodeMax)));
+    _mm512_mask_storeu_ps(scale + b0, static_cast<__mmask16>((1u << units) - 1), s);
+    for (int j = 0; j < units; ++j) {
+      int16_t* out = codes + (b0 + j) * kQK;
+      if (!((live >> j) & 1)) {
+        _mm512_storeu_si512(out, _mm512_setzero_si512());
+        continue;
+      }
+      __m512 w0, w1;
+      LoadFloatUnit(t, p + j * 2 * kQK, &w0, &w1);
+      const __m512 r = _mm512_set1_ps(inv[j]);
+      const __m512i q = _mm512_packs_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(w0, r)),
+                                           _mm512_cvtps_epi32(_mm512_mul_ps(w1, r)));
+      _mm512_storeu_si512(out, _mm512_permutexvar_epi64(unpack, q));
     }
-    // 0x99: QNaN, SNaN, +inf, -inf.
-    const bool finite = (_mm512_fpclass_ps_mask(w0, 0x99) | _mm512_fpclass_ps_mask(w1, 0x99)) == 0;
-    const float amax = _mm512_reduce_max_ps(
-        _mm512_max_ps(_mm512_and_ps(w0, abs_mask), _mm512_and_ps(w1, abs_mask)));
-    if (!finite || amax < kFloatUnitTiny) {
-      _mm512_storeu_si512(codes + b * kQK, _mm512_setzero_si512());
-      scale[b] = finite ? 0.0f : std::numeric_limits<float>::quiet_NaN();
-      continue;
-    }
-    const __m512 inv = _mm512_set1_ps(kFloatCodeMax / amax);
-    const __m256i q0 = _mm512_cvtepi32_epi16(_mm512_cvtps_epi32(_mm512_mul_ps(w0, inv)));
-    const __m256i q1 = _mm512_cvtepi32_epi16(_mm512_cvtps_epi32(_mm512_mul_ps(w1, inv)));
-    _mm512_storeu_si512(codes + b * kQK, _mm512_inserti64x4(_mm512_castsi256_si512(q0), q1, 1));
-    scale[b] = amax / kFloatCodeMax;
   }
 }
 
@@ -539,12 +607,16 @@ LUMEN_VNNI void DecodePanel(const Matrix& W, int64_t n0, Panel* p) {
       continue;
     }
     const uint8_t* row = W.w.row<const uint8_t>(n);
+    // The row kAheadRows on, into L2 as this one is decoded: one line per
+    // line read for F16 / BF16, whose rows are the largest, else the row at once.
+    const uint8_t* ahead = n + kAheadRows < W.n ? W.w.row<const uint8_t>(n + kAheadRows) : nullptr;
+    if (ahead && !Int8x2GemmRequantizes(W)) PrefetchAhead(ahead, W.w.row_bytes(), 0);
     const bool alone = plain == DType::kQ2_K || plain == DType::kQ3_K || plain == DType::kQ6_K;
     if (W.mlx_bits) {
       p->mlx.resize(2 * K / W.mlx_group);
       DecodeMlxRow(W, n, rows + c * K, p->rs.data(), p->ro.data(), p->mlx.data());
     } else if (Int8x2GemmRequantizes(W)) {
-      DecodeFloatRow(plain, row, K, rows + c * K, p->rs.data());
+      DecodeFloatRow(plain, row, K, rows + c * K, p->rs.data(), ahead);
     } else if (IsColumnGroups(t) && !alone) {
       DecodeGroupsRow(t, row, K, rows + c * K, p->rs.data(), p->ro.data());
     } else {
@@ -686,6 +758,13 @@ bool Int8x2GemmSupports(const Matrix& W) {
 
 bool Int8x2GemmRequantizes(const Matrix& W) {
   return W.mlx_bits == 0 && (W.w.dtype == DType::kF16 || W.w.dtype == DType::kBF16);
+}
+
+void RequantizeFloatRow(DType t, const uint8_t* row, int64_t K, int16_t* codes, float* scale) {
+  LUMEN_CHECK(CpuHasVnni() && (t == DType::kF16 || t == DType::kBF16) && K % kQK == 0);
+#if defined(__x86_64__)
+  DecodeFloatRow(t, row, K, codes, scale, nullptr);
+#endif
 }
 
 bool Int8x2GemmTakes(const Matrix& W) {

@@ -57,6 +57,11 @@ bool Int8x2GemmSupports(const Matrix& W);
 // rather than reading its codes.
 bool Int8x2GemmRequantizes(const Matrix& W);
 
+// An F16 / BF16 row of K elements (K % 32 == 0) requantized as this GEMM
+// reads it: codes[K] and scale[K / 32], the oracle's arithmetic
+// (matmul_q8_ref.h). Requires CpuHasVnni(). For tests, against a scalar loop.
+void RequantizeFloatRow(DType t, const uint8_t* row, int64_t K, int16_t* codes, float* scale);
+
 // True when W's products of more than Int8MaxRows(W) rows take this GEMM:
 // the route has two int8 levels, no bf16 prefill that runs on this CPU takes
 // them first, and Int8x2GemmSupports(W).

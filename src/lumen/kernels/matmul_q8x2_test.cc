@@ -628,6 +628,63 @@ TEST(Int8x2Gemm, FloatUnitsAtTheEdges) {
   }
 }
 
+// The requantization of F16 / BF16 rows, sixteen units at a time by
+// vectors, against the oracle's arithmetic unit by unit (matmul_q8_ref.h):
+// every code and scale bit for bit, over whole sixteens and a remainder, with
+// units holding an inf, a -inf, a NaN, zeros, values below kFloatUnitTiny,
+// F16 subnormals and F16's largest value.
+TEST(Int8x2Gemm, FloatRequantizationMatchesTheScalarLoop) {
+  if (!CpuHasVnni()) GTEST_SKIP() << "no AVX512-VNNI on this CPU: the GEMM does not run here";
+  std::mt19937 rng(61);
+  for (DType t : {DType::kF16, DType::kBF16})
+    for (int64_t K : {32, 160, 512, 1184}) {  // 1, 5, 16 and 37 units
+      const int64_t units = K / kQK;
+      std::vector<float> w(K);
+      std::normal_distribution<float> nd(0.0f, 0.05f);
+      for (float& v : w) v = nd(rng) * std::exp2(float(rng() % 9) - 4);
+      const auto at = [&](int64_t u, int j) -> float& { return w[(u % units) * kQK + j]; };
+      if (units > 1) at(1, 7) = std::numeric_limits<float>::infinity();
+      if (units > 2) at(2, 31) = -std::numeric_limits<float>::infinity();
+      if (units > 3) at(3, 0) = std::numeric_limits<float>::quiet_NaN();
+      for (int j = 0; j < kQK; ++j) {
+        if (units > 4) at(4, j) = 0.0f;
+        if (units > 17) at(17, j) = t == DType::kBF16 ? 3e-31f * float(j - 16) : 0.0f;
+        if (units > 18) at(18, j) = 6e-8f * float(j % 5);  // F16 subnormals
+      }
+      if (units > 20) at(20, 3) = t == DType::kF16 ? 65504.0f : 3e38f;
+      if (units > 33) at(33, 9) = std::numeric_limits<float>::quiet_NaN();
+      std::vector<uint8_t> row(*RowBytes(t, K));
+      QuantizeRow(t, w.data(), row.data(), K);
+      std::vector<float> back(K);
+      DequantizeRow(t, row.data(), back.data(), K);
+      std::vector<int16_t> codes(K, 77);
+      std::vector<float> scale(units, 77.0f);
+      RequantizeFloatRow(t, row.data(), K, codes.data(), scale.data());
+      for (int64_t u = 0; u < units; ++u) {
+        float amax = 0;
+        bool finite = true;
+        for (int j = 0; j < kQK; ++j) {
+          finite = finite && std::isfinite(back[u * kQK + j]);
+          amax = std::max(amax, std::fabs(back[u * kQK + j]));
+        }
+        const bool zero = !finite || amax < kFloatUnitTiny;
+        const float inv = zero ? 0.0f : kFloatCodeMax / amax;
+        const float want = !finite ? std::numeric_limits<float>::quiet_NaN()
+                           : zero  ? 0.0f
+                                   : amax / kFloatCodeMax;
+        if (std::isnan(want))
+          EXPECT_TRUE(std::isnan(scale[u])) << Name(t) << " K " << K << " unit " << u;
+        else
+          EXPECT_EQ(std::bit_cast<uint32_t>(want), std::bit_cast<uint32_t>(scale[u]))
+              << Name(t) << " K " << K << " unit " << u << ": " << want << " " << scale[u];
+        for (int j = 0; j < kQK; ++j) {
+          const int16_t q = zero ? 0 : int16_t(std::nearbyint(back[u * kQK + j] * inv));
+          ASSERT_EQ(q, codes[u * kQK + j]) << Name(t) << " K " << K << " unit " << u << " j " << j;
+        }
+      }
+    }
+}
+
 // Which route takes a product of more than Int8MaxRows rows: the GEMM for
 // int8x2, and for int8x2+bf16 where the CPU has no bf16 route; bf16 where it
 // has; the exact panels for one level. The GEMM's results differ from the

@@ -477,7 +477,7 @@ void BM_MatMulRowCost(benchmark::State& state) {
   state.SetLabel(TypeName(type));
 }
 BENCHMARK(BM_MatMulRowCost)
-    ->ArgsProduct({{3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18}, {1, 4}})
+    ->ArgsProduct({{3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20}, {1, 4}})
     ->UseRealTime();
 // The bf16 prefill route (matmul_bf16.h) beside the exact M=256 rows above.
 BENCHMARK(BM_MatMul)

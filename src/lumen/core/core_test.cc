@@ -291,8 +291,9 @@ TEST(Buffer, MappedFileErrorsNameThePath) {
 }
 
 // Both residencies hold the file's exact bytes; kAuto copies a large file
-// (onto a 2 MiB boundary, read-only) and maps a small one; LUMEN_MMAP=1
-// forces the mapping.
+// (onto a 2 MiB boundary, read-only; read by a thread per piece of whole
+// huge pages where the machine has several cores, the last piece short)
+// and maps a small one; LUMEN_MMAP=1 forces the mapping.
 TEST(Buffer, MappedFileCopyAndMapHoldTheSameBytes) {
   const std::string path = ::testing::TempDir() + "/lumen_residency.bin";
   std::string bytes(MappedFile::kCopyMinBytes + 12345, '\0');

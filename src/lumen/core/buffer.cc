@@ -116,6 +116,7 @@ ReadError ReadParallel(int fd, uint8_t* dst, size_t size) {
   std::vector<ReadError> errs(pieces);
   {
     std::vector<std::jthread> threads;
+    threads.reserve(pieces - 1);
     const auto piece = [&](size_t i) {
       errs[i] = ReadRange(fd, dst, std::min(size, i * per), std::min(size, (i + 1) * per));
     };

@@ -1,4 +1,5 @@
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -288,6 +289,26 @@ TEST(Buffer, MappedFileErrorsNameThePath) {
   auto r = MappedFile::Open("/nonexistent/x.gguf");
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("/nonexistent/x.gguf"), std::string::npos);
+}
+
+// A file that yields fewer bytes than its size says (a sysfs attribute: 4096
+// by stat, a few bytes read) is an error naming it, where the copy stopped
+// and why, and leaves nothing mapped.
+TEST(Buffer, MappedFileCopyOfAFileThatShrinksIsAnError) {
+  const char* path = nullptr;
+  for (const char* p : {"/sys/kernel/uevent_seqnum", "/sys/kernel/profiling", "/sys/power/state"}) {
+    struct stat st {};
+    if (::stat(p, &st) == 0 && S_ISREG(st.st_mode) && st.st_size == 4096) {
+      path = p;
+      break;
+    }
+  }
+  if (!path) GTEST_SKIP() << "no sysfs attribute to read here (no /sys in this container)";
+  auto r = MappedFile::Open(path, Residency::kCopy);
+  ASSERT_FALSE(r.ok());
+  const std::string msg(r.status().message());
+  EXPECT_NE(msg.find(path), std::string::npos) << msg;
+  EXPECT_NE(msg.find("of 4096: file shrank while reading"), std::string::npos) << msg;
 }
 
 // Both residencies hold the file's exact bytes; kAuto copies a large file

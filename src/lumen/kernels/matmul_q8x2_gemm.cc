@@ -309,11 +309,11 @@ LUMEN_VNNI void DecodeRow(DType t, const uint8_t* plain, int64_t K, int16_t* cod
 // `units`). Sign-cleared patterns order as their values do, with inf and NaN
 // above every finite one, so the maxima are taken as integers and also tell
 // which units are finite. A tree across registers: at each step pairs of
-// registers trade halves and keep the larger, so 16 units cost 15 maxima and
-// 30 shuffles, not 16 horizontal reductions.
+// registers trade halves and keep the larger, so 16 units cost 15 maxima,
+// 30 shuffles and a permute, not 16 horizontal reductions.
 LUMEN_VNNI __m512i UnitMaxBits(const uint8_t* p, int units) {
   const __m512i abs = _mm512_set1_epi16(0x7FFF);
-  __m512i v[16];  // (a lambda would not take the target attribute)
+  __m512i v[16];
   for (int j = 0; j < 16; ++j)
     v[j] = j < units ? _mm512_and_si512(_mm512_loadu_si512(p + j * 2 * kQK), abs)
                      : _mm512_setzero_si512();
@@ -360,8 +360,9 @@ LUMEN_VNNI void LoadFloatUnit(DType t, const uint8_t* p, __m512* w0, __m512* w1)
 // does it (matmul_q8_ref.h): q = rint(w 2047 / amax), scale amax / 2047
 // (zero below kFloatUnitTiny); a unit with an inf or NaN gets scale NaN (its
 // outputs are NaN where the exact route's would be non-finite). No offsets.
-// Sixteen units at a time: their maxima, scales and reciprocals as vectors.
-// ahead (may be null): a later row, prefetched into L2 line by line.
+// Sixteen units at a time: their maxima, scales and reciprocals as vectors,
+// then each unit read again (from L1) for its codes. ahead (may be null): a
+// later row, prefetched into L2 a line per unit.
 LUMEN_VNNI void DecodeFloatRow(DType t, const uint8_t* row, int64_t K, int16_t* codes, float* scale,
                                const uint8_t* ahead) {
   const bool bf16 = t == DType::kBF16;

@@ -26,9 +26,10 @@ namespace {
 
 // Whether Q6_K's super-blocks are prefetched into L1 rather than L2. Its
 // 210-byte records straddle cache lines (three unaligned 64-byte loads each),
-// and on AMD Zen 5 one- and two-thread decode read them 1.17-1.21x faster
-// with the lines in L1 (performance.md, session 47); the Intel Xeon of
-// prefetch.h keeps L2, where an L1 prefetch cost the K-quant rows 10%.
+// and on AMD (Zen 5, measured) one- and two-thread decode read them 1.17-1.23x faster
+// with the lines in L1, batch steps no slower (performance.md, session 47).
+// Other CPUs keep L2: on the Xeon of prefetch.h an L1 prefetch cost Q4_K's
+// rows 10%, and Q6_K's there is unmeasured.
 bool Q6KPrefetchIntoL1() {
   static const bool amd = [] {
     __builtin_cpu_init();

@@ -24,20 +24,6 @@ LUMEN_INTRINSICS_BEGIN
 
 namespace {
 
-// Whether Q6_K's super-blocks are prefetched into L1 rather than L2. Its
-// 210-byte records straddle cache lines (three unaligned 64-byte loads each),
-// and on AMD (Zen 5, measured) one- and two-thread decode read them 1.17-1.23x faster
-// with the lines in L1, batch steps no slower (performance.md, session 47).
-// Other CPUs keep L2: on the Xeon of prefetch.h an L1 prefetch cost Q4_K's
-// rows 10%, and Q6_K's there is unmeasured.
-bool Q6KPrefetchIntoL1() {
-  static const bool amd = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_is("amd");
-  }();
-  return amd;
-}
-
 LUMEN_VNNI inline uint32_t LoadU16(const uint8_t* p) {
   uint16_t h;
   std::memcpy(&h, p, 2);
@@ -668,7 +654,9 @@ LUMEN_VNNI void RowsK(const Matrix& W, const Geometry& g, const Int8Rows& X, int
   // Slice l's scale: sub-block l, or (sub-blocks of 32) l / 2.
   const __m512i halves = LaneValues([](int l) { return l / 2; });
   const __mmask16 sums_mask = kSubs == 16 ? 0xFFFF : 0x00FF;
-  const bool l1 = FQ == Fmt::kQ6K && Q6KPrefetchIntoL1();
+  // Q6_K's 210-byte super-blocks straddle cache lines (three unaligned
+  // 64-byte loads each); L1PrefetchPays says where they are asked into L1.
+  const bool l1 = FQ == Fmt::kQ6K && L1PrefetchPays();
   for (int64_t n = n0; n < n1; ++n)
     for (const Span& s : spans) {
       const uint8_t* row = W.w.row<const uint8_t>(n);

@@ -37,8 +37,9 @@ inline void PrefetchAheadL1(const void* p, int64_t bytes, int64_t ahead = kAhead
 
 // Whether the decode rows of Q6_K and MLX (matmul_q8_gguf.cc,
 // matmul_q8_mlx.cc) prefetch into L1 rather than L2: on AMD CPUs, where Zen 5
-// decoded Q6_K 1.17-1.23x and MLX 4 / 8-bit 1.24-1.39x faster with it, one
-// thread or two (docs/reference/performance.md, session 47). Other CPUs keep
+// decoded Q6_K 1.17-1.23x and MLX 4 / 8-bit 1.15-1.39x faster with it, one
+// thread or two (docs/reference/performance.md, session 47; two-thread MLX
+// rounds tied in one slow stretch of that host). Other CPUs keep
 // L2: on the Xeon above an L1 prefetch cost Q4_K's rows 10%, and Q6_K's and
 // MLX's are unmeasured there. Decided once, from the CPU's identity.
 inline bool L1PrefetchPays() {

@@ -11,6 +11,8 @@
 
 #include <cstdint>
 
+#include "lumen/kernels/cpu_vendor.h"
+
 namespace lumen::kernels {
 
 // Distance of the prefetch from the current read position. 4 KiB measured
@@ -42,16 +44,6 @@ inline void PrefetchAheadL1(const void* p, int64_t bytes, int64_t ahead = kAhead
 // rounds tied in one slow stretch of that host). Other CPUs keep
 // L2: on the Xeon above an L1 prefetch cost Q4_K's rows 10%, and Q6_K's and
 // MLX's are unmeasured there. Decided once, from the CPU's identity.
-inline bool L1PrefetchPays() {
-#if defined(__x86_64__)
-  static const bool amd = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_is("amd");
-  }();
-  return amd;
-#else
-  return false;
-#endif
-}
+inline bool L1PrefetchPays() { return CpuIsAmd(); }
 
 }  // namespace lumen::kernels

@@ -665,10 +665,7 @@ LUMEN_VNNI void RowsK(const Matrix& W, const Geometry& g, const Int8Rows& X, int
       // Super-block sb into accumulator set A (compile time, see Rows).
       auto super = [&]<int A>(int64_t sb, std::integral_constant<int, A>) LUMEN_VNNI {
         const uint8_t* blk = row + sb * g.block_bytes;
-        if (l1)
-          PrefetchAheadL1(blk, g.block_bytes, s.ahead);
-        else
-          PrefetchAhead(blk, g.block_bytes, s.ahead);
+        PrefetchAheadInto(l1, blk, g.block_bytes, s.ahead);
         __m512 a, o = _mm512_setzero_ps();
         SubScales<FQ>(blk, &a, &o);
         if constexpr (kSubs == 8) a = _mm512_permutexvar_ps(halves, a);

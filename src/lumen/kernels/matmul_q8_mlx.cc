@@ -112,10 +112,7 @@ LUMEN_VNNI void RowsMlx(const Matrix& W, const Geometry&, const Int8Rows& X, int
         // Without it the twin's code loads waited on DRAM (Zen 5, one thread:
         // MLX 4-bit decode 19.0 -> 20.2 tok/s, session 11).
         constexpr int kTwinBytes = F == Fmt::kMlx4 ? 64 : 128;
-        if (l1)
-          PrefetchAheadL1(codes + kTwinBytes * t, kTwinBytes, s.ahead);
-        else
-          PrefetchAhead(codes + kTwinBytes * t, kTwinBytes, s.ahead);
+        PrefetchAheadInto(l1, codes + kTwinBytes * t, kTwinBytes, s.ahead);
         if constexpr (F == Fmt::kMlx4) {
           const __m512i y = _mm512_loadu_si512(codes + 64 * t), m = _mm512_set1_epi8(0x0F);
           a = _mm512_and_si512(y, m);
@@ -152,10 +149,7 @@ LUMEN_VNNI void RowsMlx(const Matrix& W, const Geometry&, const Int8Rows& X, int
       auto group = [&]<int A>(int64_t Q, std::integral_constant<int, A>) LUMEN_VNNI {
         constexpr int kGroupBytes = F == Fmt::kMlx4 ? 256 : 512;
         const uint8_t* c0 = codes + kGroupBytes * Q;
-        if (l1)
-          PrefetchAheadL1(c0, kGroupBytes, s.ahead);
-        else
-          PrefetchAhead(c0, kGroupBytes, s.ahead);
+        PrefetchAheadInto(l1, c0, kGroupBytes, s.ahead);
         const __m512i v[4] = {_mm512_loadu_si512(c0), _mm512_loadu_si512(c0 + 64),
                               _mm512_loadu_si512(c0 + 128), _mm512_loadu_si512(c0 + 192)};
         const __m512i k4 = _mm512_set1_epi8(0x0F);

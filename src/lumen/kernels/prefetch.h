@@ -46,4 +46,14 @@ inline void PrefetchAheadL1(const void* p, int64_t bytes, int64_t ahead = kAhead
 // MLX's are unmeasured there. Decided once, from the CPU's identity.
 inline bool L1PrefetchPays() { return CpuIsAmd(); }
 
+// PrefetchAheadL1 where into_l1 (a kernel's L1PrefetchPays, read once per
+// call), else PrefetchAhead.
+inline void PrefetchAheadInto(bool into_l1, const void* p, int64_t bytes,
+                              int64_t ahead = kAheadBytes) {
+  if (into_l1)
+    PrefetchAheadL1(p, bytes, ahead);
+  else
+    PrefetchAhead(p, bytes, ahead);
+}
+
 }  // namespace lumen::kernels

@@ -54,7 +54,7 @@ Status NotSafetensors(const std::string& path, const Status& why) {
   return Errorf("{}: not a safetensors file: {}", path, reason);
 }
 
-// Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q8_0 and Q6_K matrices (and Q2_K, Q3_K
+// Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q8_0, Q6_K and Q2_K matrices (and Q3_K
 // where the AVX2 kernels are the int8 ones; Q5_K's 5th bits there in planes)
 // rewritten in place as column groups
 // (core/repack.h) for the int8 decode kernels, which then pay their

@@ -57,7 +57,9 @@
 //     (Block columns built from the file's quads at run time measured slower
 //     on one row than quads, session 15; repacked at load they are faster.)
 //   K-quants: a super-block is four columns, one 16-element slice per lane
-//     (see SuperColumns, matmul_q8_gguf.cc).
+//     (see SuperColumns, matmul_q8_gguf.cc); Q2_K repacked at load
+//     (kQ2_KCols, records) the same with its lanes in another order
+//     (Order::kHalfColumns), each column a shift and a mask of one load.
 //   MLX 4-bit: groups of 512 elements as Q4_0 column groups, built at run
 //     time: column c's lane l is dword c of activation block l (elements
 //     8c..8c+7 of the block's 32; low nibbles the even ones, high the odd),
@@ -183,6 +185,8 @@ Geometry GeometryFor(const Matrix& W) {
       return {Fmt::kQ8_0C, sizeof(BlockQ8_0), 128, 0, Order::kBlockColumnsQ8};
     case DType::kQ2_K:
       return {Fmt::kQ2K, sizeof(BlockQ2K), 0, 16, Order::kColumns};
+    case DType::kQ2_KCols:  // records: the same columns, their lanes in another order
+      return {Fmt::kQ2KC, sizeof(BlockQ2K), 0, 16, Order::kHalfColumns};
     case DType::kQ3_K:  // w = a (q - 4): the offset in the integer sum (SharesLanes)
       return {Fmt::kQ3K, sizeof(BlockQ3K), 4, 0, Order::kColumns};
     case DType::kQ4_K:
@@ -222,6 +226,10 @@ int64_t SourceIndex(Order order, int64_t nb, int64_t pos) {
   if (order == Order::kColumns) {  // record j, lane l: elements 16 l + 4 j .. (SuperColumns)
     const int64_t base = pos / kQKK * kQKK, o = pos % kQKK;
     return base + 16 * (o % 64 / 4) + 4 * (o / 64) + o % 4;
+  }
+  if (order == Order::kHalfColumns) {  // record j, lane l: sub-block 2 (l % 8) + l / 8
+    const int64_t base = pos / kQKK * kQKK, o = pos % kQKK, l = o % 64 / 4;
+    return base + 16 * (2 * (l % 8) + l / 8) + 4 * (o / 64) + o % 4;
   }
   if (order == Order::kBlockColumns || order == Order::kBlockColumnsK ||
       order == Order::kBlockColumnsQ8 || order == Order::kMlx8Groups) {
@@ -268,7 +276,7 @@ struct Period {
 Period PeriodOf(const Geometry& g, int64_t K) {
   const int64_t nb = K / kQK;
   Period p;
-  const bool columns = g.order == Order::kColumns;
+  const bool columns = g.order == Order::kColumns || g.order == Order::kHalfColumns;
   const bool pairs = g.order == Order::kPairColumns;
   const bool blocks = GroupsOf16(g.order);
   p.len = g.order == Order::kNatural ? 64 : columns || pairs ? kQKK : blocks ? kColsElems : 128;
@@ -619,7 +627,10 @@ inline constexpr int64_t kPassBytes = 256 << 10;
 template <class Run>
 void BySpans(const Matrix& W, const Geometry& g, int64_t M, int64_t n0, int64_t n1, Run run) {
   constexpr int kMaxSpans = 64;
-  const int64_t unit = g.order == Order::kColumns || g.order == Order::kBlockColumnsK ? kQKK : 128;
+  const int64_t unit = g.order == Order::kColumns || g.order == Order::kHalfColumns ||
+                               g.order == Order::kBlockColumnsK
+                           ? kQKK
+                           : 128;
   const int64_t units = W.k / unit;
   // Rows past kMaxSpans x kSpanK elements take longer spans.
   int64_t per = std::max(kSpanK / unit, (units + kMaxSpans - 1) / kMaxSpans);
@@ -728,6 +739,7 @@ int64_t VnniInt8MaxRows(const Matrix& W) {
     case Fmt::kQ3K:
       return 24;
     case Fmt::kQ2K:
+    case Fmt::kQ2KC:
       return 32;
     case Fmt::kQ4_1:
     case Fmt::kQ4_1C:
@@ -754,10 +766,11 @@ int64_t Int8MaxRows(const Matrix& W) {
 }
 
 DType Int8ColumnGroupsOf(DType plain) {
-  // The VNNI kernels decode Q2_K / Q3_K in the file's order (unmeasured
-  // against records) and take Q5_K's masks as they are.
-  if (CpuHasVnni())
-    return plain == DType::kQ2_K || plain == DType::kQ3_K ? plain : ColumnGroupsOf(plain);
+  // The VNNI kernels decode Q3_K in the file's order (unmeasured against its
+  // planes) and take Q5_K's masks as they are; Q2_K's records save them
+  // four dword permutes per super-block (a one-row product 1.2x faster on
+  // Zen 5, performance.md).
+  if (CpuHasVnni()) return plain == DType::kQ3_K ? plain : ColumnGroupsOf(plain);
   if (!CpuHasAvx2()) return plain;
   return plain == DType::kQ5_K ? DType::kQ5_KPlanes : ColumnGroupsOf(plain);
 }
@@ -798,6 +811,7 @@ bool Int8RouteSupports(const Matrix& W) {
     case DType::kQ4_KCols:
     case DType::kQ5_KCols:
     case DType::kQ6_KCols:
+    case DType::kQ2_KCols:
       return W.k % kQKK == 0;
     default:
       return false;

@@ -33,6 +33,7 @@ enum class Fmt {
   kQ5_1,
   kQ8_0,
   kQ2K,
+  kQ2KC,
   kQ3K,
   kQ4K,
   kQ5K,
@@ -52,7 +53,10 @@ enum class Fmt {
 // 4-bit, groups of 512 whose record j lane l holds bytes of block l as the
 // kernel's column j % 4 reads them (SourceIndex), then kEvenOdd twins.
 // kMlx8Groups: MLX 8-bit codes in groups (MlxOrder::kGroups), groups of 512
-// as kBlockColumnsQ8, then kWordTwins.
+// as kBlockColumnsQ8, then kWordTwins. kHalfColumns: kColumns with the
+// lanes in Q2_K records' order (core/repack.h): lane l holds sub-block
+// 2 (l % 8) + l / 8, so lanes 0-7 the first halves of the eight 32-element
+// blocks and lanes 8-15 their second halves.
 enum class Order {
   kNatural,
   kQuads,
@@ -61,6 +65,7 @@ enum class Order {
   kBlockColumnsQ8,
   kPairColumns,
   kColumns,
+  kHalfColumns,
   kEvenOdd,
   kWordTwins,
   kMlxGroups,
@@ -80,7 +85,8 @@ constexpr bool GroupsOf16(Order o) {
 // record, where the kernel starts from them.
 constexpr bool SharesLanes(Order o) {
   return o == Order::kQuads || o == Order::kBlockColumns || o == Order::kBlockColumnsK ||
-         o == Order::kBlockColumnsQ8 || o == Order::kPairColumns || o == Order::kColumns;
+         o == Order::kBlockColumnsQ8 || o == Order::kPairColumns || o == Order::kColumns ||
+         o == Order::kHalfColumns;
 }
 
 struct Geometry {

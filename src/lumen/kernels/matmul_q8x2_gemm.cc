@@ -201,6 +201,7 @@ LUMEN_VNNI void DecodeRow(DType t, const uint8_t* plain, int64_t K, int16_t* cod
       }
       return;
     case DType::kQ2_K:
+    case DType::kQ2_KCols:
     case DType::kQ3_K: {
       // Codes times their sub-block's scale (Q2_K: q (sc & 15), at most 45;
       // Q3_K: (q - 4) (sc - 32), at most 128 in magnitude), one scale d per
@@ -214,7 +215,26 @@ LUMEN_VNNI void DecodeRow(DType t, const uint8_t* plain, int64_t K, int16_t* cod
         int sc[16];
         for (int u = 0; u < 16; ++u)
           sc[u] = three ? Q3KScale(blk + offsetof(BlockQ3K, scales), u) - 32 : blk[u] & 15;
-        for (int n = 0; n < 2; ++n)
+        if (t == DType::kQ2_KCols) {
+          // Records (core/repack.h): sub-block u is dword 8 (u % 2) + u / 2
+          // of the codes, element 4 i + b at bits 8 b + 2 i. Elements 64 k ..
+          // (sub-blocks 4 k + q, one per 128-bit lane) are that dword in
+          // every dword of lane q, shifted by 2 i and masked.
+          const __m512i v = _mm512_loadu_si512(qs);
+          const __m512i by = _mm512_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6, 0, 2, 4, 6, 0, 2, 4, 6);
+          for (int k = 0; k < 4; ++k) {
+            const __m512i at =
+                _mm512_add_epi32(_mm512_setr_epi32(0, 0, 0, 0, 8, 8, 8, 8, 1, 1, 1, 1, 9, 9, 9, 9),
+                                 _mm512_set1_epi32(2 * k));
+            const __m512i z = _mm512_and_si512(
+                _mm512_srlv_epi32(_mm512_permutexvar_epi32(at, v), by), _mm512_set1_epi8(3));
+            int16_t* c = codes + s * kQKK + 64 * k;
+            StoreScaledCodes(_mm512_castsi512_si256(z), 0, sc[4 * k], sc[4 * k + 1], c);
+            StoreScaledCodes(_mm512_extracti64x4_epi64(z, 1), 0, sc[4 * k + 2], sc[4 * k + 3],
+                             c + 32);
+          }
+        }
+        for (int n = 0; n < 2 && t != DType::kQ2_KCols; ++n)
           for (int j = 0; j < 4; ++j) {
             const __m256i lo = TwoBitPlane(qs, n, j);
             const int u = 8 * n + 2 * j;  // the sub-blocks of elements 128 n + 32 j ..
@@ -612,12 +632,15 @@ LUMEN_VNNI void DecodePanel(const Matrix& W, int64_t n0, Panel* p) {
     // line read for F16 / BF16, whose rows are the largest, else the row at once.
     const uint8_t* ahead = n + kAheadRows < W.n ? W.w.row<const uint8_t>(n + kAheadRows) : nullptr;
     if (ahead && !Int8x2GemmRequantizes(W)) PrefetchAhead(ahead, W.w.row_bytes(), 0);
-    const bool alone = plain == DType::kQ2_K || plain == DType::kQ3_K || plain == DType::kQ6_K;
+    // Q2_K records are decoded as they are; Q3_K planes and Q6_K slices unpacked first.
+    const bool alone = plain == DType::kQ3_K || plain == DType::kQ6_K;
     if (W.mlx_bits) {
       p->mlx.resize(2 * K / W.mlx_group);
       DecodeMlxRow(W, n, rows + c * K, p->rs.data(), p->ro.data(), p->mlx.data());
     } else if (Int8x2GemmRequantizes(W)) {
       DecodeFloatRow(plain, row, K, rows + c * K, p->rs.data(), ahead);
+    } else if (t == DType::kQ2_KCols) {
+      DecodeRow(t, row, K, rows + c * K, p->rs.data(), p->ro.data());
     } else if (IsColumnGroups(t) && !alone) {
       DecodeGroupsRow(t, row, K, rows + c * K, p->rs.data(), p->ro.data());
     } else {

@@ -54,6 +54,7 @@ constexpr Case kCases[] = {{DType::kQ4_0},
                            {DType::kQ5_KCols},
                            {DType::kQ8_0Cols},
                            {DType::kQ6_KCols},
+                           {DType::kQ2_KCols},
                            {DType::kQ4_1},
                            {DType::kQ5_0},
                            {DType::kQ5_1},
@@ -483,8 +484,9 @@ TEST(MatMulInt8x2, EveryRowAddressGivesTheSameBits) {
           const uint8_t* from = W.m.w.row<const uint8_t>(n);
           uint8_t* to = base + n * stride;
           std::memcpy(to, from, rb);
-          // Q6_K slices do not depend on the address: the copy is the repacked row.
-          if (!cols || c.t == DType::kQ6_KCols) continue;
+          // Q6_K slices and Q2_K records do not depend on the address: the copy
+          // is the repacked row.
+          if (!cols || c.t == DType::kQ6_KCols || c.t == DType::kQ2_KCols) continue;
           const DType plain = PlainOf(c.t);
           const int64_t gb = kColsElems / Info(plain).block_elems * Info(plain).block_bytes;
           for (int64_t g = 0; g < K / kColsElems; ++g)

@@ -477,22 +477,26 @@ HWY_INLINE void DecodePlanes2(const uint8_t* qs, int64_t base, Sink& sink, const
 
 // Q2_K: dl * q - ml with dl = d * (sc & 15), ml = dmin * (sc >> 4), both
 // exact (4 + 11 bits), and dl * q exact: one rounding, as fma(q, dl, -ml).
+// The 16 sub-blocks' factors once per super-block (the same products): per
+// vector of codes they cost a byte load, two scalar products and two
+// broadcasts, most of this decode's time in a Q2_K prefill.
+HWY_INLINE void Q2KFactors(const uint8_t* blk, float (&dl)[16], float (&ml)[16]) {
+  const uint8_t* sc = blk + offsetof(BlockQ2K, scales);
+  const float dd = LoadF16(blk + offsetof(BlockQ2K, d)),
+              dmin = LoadF16(blk + offsetof(BlockQ2K, dmin));
+  for (int i = 0; i < 16; ++i) {
+    dl[i] = dd * float(sc[i] & 0xF);
+    ml[i] = -(dmin * float(sc[i] >> 4));
+  }
+}
+
 template <class Sink>
 HWY_INLINE void DecodeQ2K(const uint8_t* row, int64_t K, Sink& sink) {
   const DF d;
   for (int64_t b = 0; b < K / kQKK; ++b) {
     const uint8_t* blk = row + b * sizeof(BlockQ2K);
-    const uint8_t* sc = blk + offsetof(BlockQ2K, scales);
-    const float dd = LoadF16(blk + offsetof(BlockQ2K, d)),
-                dmin = LoadF16(blk + offsetof(BlockQ2K, dmin));
-    // The 16 sub-blocks' factors once per super-block (the same products):
-    // per vector of codes they cost a byte load, two scalar products and two
-    // broadcasts, most of this decode's time in a Q2_K prefill.
     float dl[16], ml[16];
-    for (int i = 0; i < 16; ++i) {
-      dl[i] = dd * float(sc[i] & 0xF);
-      ml[i] = -(dmin * float(sc[i] >> 4));
-    }
+    Q2KFactors(blk, dl, ml);
     DecodePlanes2(blk + offsetof(BlockQ2K, qs), b * kQKK, sink,
                   [&](int c, int j, int64_t l, auto q) HWY_ATTR {
                     const int64_t i = 8 * c + 2 * j + l / 16;
@@ -634,9 +638,10 @@ HWY_INLINE void DecodeQ6Slices(const uint8_t* row, int64_t K, Sink& sink) {
 // bytes, then the plain decoder (the unpack is a few word operations per 16
 // codes; the exact panels decode each weight once per call), so the values
 // are the plain row's bits.
-#if HWY_ARCH_X86 && HWY_TARGET == HWY_AVX2
-// UnpackQ23Records in registers, for the 8-lane decoders (the loader makes
-// records only on CPUs whose int8 kernels are the AVX2 ones): the codes'
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
+// UnpackQ23Records in registers, for the decoders of AVX2 and wider (the
+// loader makes records only on x86 CPUs with AVX2: Q3_K's where the int8
+// kernels are the AVX2 ones, Q2_K's there and with VNNI): the codes'
 // 4 x 4 dword transpose per 128-bit lane is its own inverse (record t, lane
 // 4 n + j <-> the plain code vector j's dword t, n in the lane), and hmask's
 // bits are a 4 x 8 byte transpose and a movemask per bit: record byte 4 l +
@@ -716,14 +721,56 @@ HWY_INLINE void UnpackRecordsAvx2(const uint8_t* src, uint8_t* dst) {
 }
 #endif
 
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+// Q2_K records read as they are, 16 lanes: sub-block s is the dword at lane
+// 8 (s % 2) + s / 2 of the codes (core/repack.h), its element 4 t + i at bits
+// 8 i + 2 t, so 16 codes are a broadcast, a shift per lane and a mask (the
+// super-block unpacked first cost a 16-token Q2_K prompt 5-8%). The
+// sub-blocks go out in DecodePlanes2's order with its chain tags (sub-block
+// s on (s % 8) / 2), so the exact route's sums keep their bits.
+template <class Sink>
+HWY_INLINE void DecodeQ2Records16(const uint8_t* row, int64_t K, Sink& sink) {
+  LUMEN_INTRINSICS_BEGIN
+  const DF d;
+  const __m512i shift =
+      _mm512_setr_epi32(0, 8, 16, 24, 2, 10, 18, 26, 4, 12, 20, 28, 6, 14, 22, 30);
+  const __m512i k3 = _mm512_set1_epi32(3);
+  for (int64_t b = 0; b < K / kQKK; ++b) {
+    const uint8_t* blk = row + b * sizeof(BlockQ2K);
+    const uint8_t* qs = blk + offsetof(BlockQ2K, qs);
+    float dl[16], ml[16];
+    Q2KFactors(blk, dl, ml);
+    auto sub = [&](int s, auto chain) HWY_ATTR {
+      uint32_t w;
+      std::memcpy(&w, qs + 4 * (8 * (s % 2) + s / 2), 4);
+      const hn::Vec<DI> q{_mm512_and_si512(
+          _mm512_srlv_epi32(_mm512_set1_epi32(static_cast<int32_t>(w)), shift), k3)};
+      sink(b * kQKK + 16 * s, hn::MulAdd(hn::ConvertTo(d, q), hn::Set(d, dl[s]), hn::Set(d, ml[s])),
+           chain);
+    };
+    for (int h = 0; h < 4; ++h) {  // DecodePlanes2's half c = h / 2, l = 16 (h % 2)
+      const int s = 8 * (h / 2) + h % 2;
+      sub(s, P0{});
+      sub(s + 2, P1{});
+      sub(s + 4, P2{});
+      sub(s + 6, P3{});
+    }
+  }
+  LUMEN_INTRINSICS_END
+}
+#endif
+
 template <bool kThree, class Sink>
 HWY_INLINE void DecodeQ23Records(const uint8_t* row, int64_t K, Sink& sink) {
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+  if constexpr (!kThree && hn::MaxLanes(DF()) == 16) return DecodeQ2Records16(row, K, sink);
+#endif
   constexpr int64_t kBytes = kThree ? sizeof(BlockQ3K) : sizeof(BlockQ2K);
   int64_t at = 0;
   auto shifted = [&](int64_t k, auto v, auto p) HWY_ATTR { sink(at + k, v, p); };
   alignas(64) uint8_t blk[kBytes];
   for (; at < K; at += kQKK) {
-#if HWY_ARCH_X86 && HWY_TARGET == HWY_AVX2
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
     UnpackRecordsAvx2<kThree>(row + at / kQKK * kBytes, blk);
 #else
     UnpackQ23Records(kThree, row + at / kQKK * kBytes, blk);

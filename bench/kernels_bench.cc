@@ -195,7 +195,7 @@ void BM_MatVec(benchmark::State& state) {
 }
 BENCHMARK(BM_MatVec)->ArgsProduct({{0, 1, 2, 3, 4, 5, 6, 7}, {1, 2}, {0}, {1, 4}})->UseRealTime();
 BENCHMARK(BM_MatVec)
-    ->ArgsProduct({{3, 4, 5, 6, 7, 8, 9, 10, 12, 13}, {1, 2}, {1, 2}, {1, 4}})
+    ->ArgsProduct({{3, 4, 5, 6, 7, 8, 9, 10, 12, 13, 14}, {1, 2}, {1, 2}, {1, 4}})
     ->UseRealTime();
 
 // The default decode route (int8x2) of one row from DRAM at the two widths
@@ -363,7 +363,7 @@ BENCHMARK(BM_MatMul)->ArgsProduct({{3, 4}, {4, 8}, {1, 2}, {2048, 8192}, {1}})->
 // and its activation traffic (K = 8192 records outgrow L1 at 4 rows).
 BENCHMARK(BM_MatMul)
     ->ArgsProduct(
-        {{3, 4, 5, 6, 7, 8, 9, 10, 12, 13, 16, 19, 20}, {1, 4}, {1, 2}, {2048, 8192}, {3}})
+        {{3, 4, 5, 6, 7, 8, 9, 10, 12, 13, 14, 16, 19, 20}, {1, 4}, {1, 2}, {2048, 8192}, {3}})
     ->UseRealTime();
 // The int8x2 route's prefill products (the VNNI GEMM, matmul_q8x2_gemm.h)
 // beside the exact route's above: the same shapes.

@@ -42,7 +42,7 @@ struct Weight {
 
 // Weight "type" index -> storage; 7 and 16 = MLX 4-bit and 8-bit g64 (bf16
 // scales), 9, 10, 12, 13, 14 and 15 = Q4_0, Q4_K, Q8_0, Q6_K, Q2_K and Q3_K
-// repacked at load (core/repack.h; Q2_K and Q3_K only on CPUs without VNNI),
+// repacked at load (core/repack.h; Q3_K only on CPUs without VNNI),
 // 17 and 18 = MLX 4-bit and 8-bit in runs (as the loader makes them where
 // the int8 kernels are the AVX2 ones; elsewhere no int8 kernel reads them),
 // 19 and 20 = MLX 4-bit and 8-bit in groups (as the loader makes them for

@@ -725,8 +725,10 @@ LUMEN_VNNI void RowsK(const Matrix& W, const Geometry& g, const Int8Rows& X, int
       }
       if (sb < s.u1) super(sb, std::integral_constant<int, 0>{});
       for (int r = 0; r < MB; ++r) {
-        float y = _mm512_reduce_add_ps(_mm512_add_ps(acc[r][0], acc[r][1]));
-        if constexpr (!kIntOffset) y -= _mm512_reduce_add_ps(off[r]);
+        // One horizontal sum per row, the offsets in it.
+        __m512 t = _mm512_add_ps(acc[r][0], acc[r][1]);
+        if constexpr (!kIntOffset) t = _mm512_sub_ps(t, off[r]);
+        const float y = _mm512_reduce_add_ps(t);
         float& out = Y[(m0 + r) * ldy + n];
         out = s.first ? y : out + y;
       }

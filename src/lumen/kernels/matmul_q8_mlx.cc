@@ -206,8 +206,9 @@ LUMEN_VNNI void RowsMlx(const Matrix& W, const Geometry&, const Int8Rows& X, int
           off[r] = _mm512_fmadd_ps(b, _mm512_maskz_loadu_ps(k, rows.sums[r] + g), off[r]);
       }
       for (int r = 0; r < MB; ++r) {
-        const float y = _mm512_reduce_add_ps(_mm512_add_ps(acc[r][0], acc[r][1])) +
-                        _mm512_reduce_add_ps(off[r]);
+        // One horizontal sum per row, the offsets in it.
+        const float y =
+            _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[r][0], acc[r][1]), off[r]));
         float& out = Y[(m0 + r) * ldy + n];
         out = s.first ? y : out + y;
       }

@@ -24,6 +24,7 @@
 #include "lumen/core/thread_pool.h"
 #include "lumen/kernels/activation.h"
 #include "lumen/kernels/attention.h"
+#include "lumen/kernels/intrinsics_warnings.h"
 #include "lumen/kernels/matmul.h"
 #include "lumen/kernels/matmul_bf16.h"
 #include "lumen/kernels/matmul_q8.h"
@@ -195,7 +196,7 @@ void BM_MatVec(benchmark::State& state) {
 }
 BENCHMARK(BM_MatVec)->ArgsProduct({{0, 1, 2, 3, 4, 5, 6, 7}, {1, 2}, {0}, {1, 4}})->UseRealTime();
 BENCHMARK(BM_MatVec)
-    ->ArgsProduct({{3, 4, 5, 6, 7, 8, 9, 10, 12, 13, 14}, {1, 2}, {1, 2}, {1, 4}})
+    ->ArgsProduct({{3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14}, {1, 2}, {1, 2}, {1, 4}})
     ->UseRealTime();
 
 // The default decode route (int8x2) of one row from DRAM at the two widths
@@ -363,7 +364,7 @@ BENCHMARK(BM_MatMul)->ArgsProduct({{3, 4}, {4, 8}, {1, 2}, {2048, 8192}, {1}})->
 // and its activation traffic (K = 8192 records outgrow L1 at 4 rows).
 BENCHMARK(BM_MatMul)
     ->ArgsProduct(
-        {{3, 4, 5, 6, 7, 8, 9, 10, 12, 13, 14, 16, 19, 20}, {1, 4}, {1, 2}, {2048, 8192}, {3}})
+        {{3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 16, 19, 20}, {1, 4}, {1, 2}, {2048, 8192}, {3}})
     ->UseRealTime();
 // The int8x2 route's prefill products (the VNNI GEMM, matmul_q8x2_gemm.h)
 // beside the exact route's above: the same shapes.
@@ -730,6 +731,92 @@ __attribute__((target("avx512f,avx512vnni,avx512bf16"))) void BM_IssueRate512(
   state.SetLabel(names[kind]);
 }
 BENCHMARK(BM_IssueRate512)->DenseRange(0, 3)->UseRealTime();
+
+// A batch-4 decode step's inner work on one Q4_0 column group (512 weights),
+// without the kernel around it: 4 activation rows x 2 levels x 8 records =
+// 64 vpdpbusd, each row's lane sums then converted, scaled and added (the
+// int8x2 kernels' AddScaledLanes). range(0): 0 the weight vectors fixed in
+// registers, 1 unpacked from a 2.4 MiB stream of 288-byte groups (the
+// kernels bench's 2048 x 2048 product: the last-level cache); range(1): 0
+// the rows' chains interleaved record by record, 1 row by row in two chains
+// per level (GroupDot's order). ns per group = 1e9 / groups/s; the bound
+// next to the kernel's own (BM_MatMul/9/4/1/2048/3: 8192 groups per call).
+#define LUMEN_BENCH_VNNI __attribute__((target("avx512f,avx512bw,avx512vnni")))
+LUMEN_BENCH_VNNI void BM_FourRowGroupDots(benchmark::State& state) {
+  if (!CpuHasVnni()) return state.SkipWithError("no AVX512-VNNI");
+  const bool stream = state.range(0) == 1, by_row = state.range(1) == 1;
+  constexpr int64_t kGroupBytes = 288, kGroups = 8192, kRowBytes = 1024;
+  AlignedBuffer w(kGroups * kGroupBytes + 4096), x(8 * 4 * kRowBytes);
+  std::memset(w.data(), 0x35, w.size());
+  std::memset(x.data(), 0x11, x.size());
+  LUMEN_INTRINSICS_BEGIN
+  const __m512 d = _mm512_set1_ps(1.5f);
+  const __m512i m = _mm512_set1_epi8(15);
+  __m512 acc[4][2];
+  for (auto& a : acc) a[0] = a[1] = _mm512_setzero_ps();
+  int64_t g = 0;
+  auto group = [&]<int A>(std::integral_constant<int, A>) LUMEN_BENCH_VNNI {
+    const uint8_t* grp = w.as<uint8_t>() + g * kGroupBytes;
+    const uint8_t* p = x.as<uint8_t>() + (g % 8) * 4 * kRowBytes;
+    g = g + 1 == kGroups ? 0 : g + 1;
+    __m512i c[8];
+    for (int i = 0; i < 4; ++i) {
+      const __m512i y =
+          stream ? _mm512_loadu_si512(grp + 64 * i) : _mm512_set1_epi8(static_cast<char>(i + 1));
+      c[i] = _mm512_and_si512(y, m);
+      c[4 + i] = _mm512_and_si512(_mm512_srli_epi16(y, 4), m);
+    }
+    if (stream) _mm_prefetch(reinterpret_cast<const char*>(grp) + 4096, _MM_HINT_T1);
+    __m512i a[4][2];
+    auto rec = [&](int r, int k, int l) LUMEN_BENCH_VNNI {
+      return _mm512_load_si512(p + r * kRowBytes + 128 * k + 64 * l);
+    };
+    if (!by_row) {
+      for (int r = 0; r < 4; ++r) a[r][0] = a[r][1] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+      for (int k = 0; k < 8; ++k)
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; ++r)
+#pragma GCC unroll 2
+          for (int l = 0; l < 2; ++l) a[r][l] = _mm512_dpbusd_epi32(a[r][l], c[k], rec(r, k, l));
+    } else {
+#pragma GCC unroll 4
+      for (int r = 0; r < 4; ++r)
+#pragma GCC unroll 2
+        for (int l = 0; l < 2; ++l) {
+          __m512i lo = _mm512_setzero_si512(), hi = _mm512_setzero_si512();
+#pragma GCC unroll 4
+          for (int k = 0; k < 4; ++k) {
+            lo = _mm512_dpbusd_epi32(lo, c[k], rec(r, k, l));
+            hi = _mm512_dpbusd_epi32(hi, c[4 + k], rec(r, 4 + k, l));
+          }
+          a[r][l] = _mm512_add_epi32(lo, hi);
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; ++r) {
+      const __m512i i = _mm512_add_epi32(_mm512_slli_epi32(a[r][0], 8), a[r][1]);
+      const __m512 sd = _mm512_mul_ps(
+          d, _mm512_load_ps(reinterpret_cast<const float*>(p + r * kRowBytes + kRowBytes - 64)));
+      acc[r][A] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), sd, acc[r][A]);
+    }
+  };
+  constexpr int64_t kPerIter = 1 << 14;
+  for (auto _ : state) {
+    for (int64_t i = 0; i < kPerIter; i += 2) {
+      group(std::integral_constant<int, 0>{});
+      group(std::integral_constant<int, 1>{});
+    }
+    for (auto& a : acc) benchmark::DoNotOptimize(a);
+  }
+  LUMEN_INTRINSICS_END
+  state.counters["groups"] = benchmark::Counter(double(kPerIter) * double(state.iterations()),
+                                                benchmark::Counter::kIsRate);
+  state.SetLabel(std::string(stream ? "weights streamed" : "weights in registers") +
+                 (by_row ? ", row by row" : ", interleaved"));
+}
+BENCHMARK(BM_FourRowGroupDots)->ArgsProduct({{0, 1}, {0, 1}})->UseRealTime();
+#undef LUMEN_BENCH_VNNI
 #endif
 
 }  // namespace

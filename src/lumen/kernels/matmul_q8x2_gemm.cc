@@ -166,7 +166,8 @@ LUMEN_VNNI inline __m256i GroupBlock32(const GroupColumns& g, int64_t l) {
 
 // One weight row as the oracle splits it (matmul_q8_ref.h, w = a q - o):
 // codes[k], and per unit u of S elements scale[u] = a and offset[u] = o.
-// `plain` holds the row's blocks in the file's format.
+// `plain` holds the row's blocks in the file's format (t plain), or Q2_K's
+// records (t kQ2_KCols).
 LUMEN_VNNI void DecodeRow(DType t, const uint8_t* plain, int64_t K, int16_t* codes, float* scale,
                           float* offset) {
   const __m128i m15 = _mm_set1_epi8(15);
@@ -465,8 +466,9 @@ LUMEN_VNNI void DecodeMlxRow(const Matrix& W, int64_t n, int16_t* codes, float* 
 // DecodeRow for a row of column groups (core/repack.h) of the legacy types,
 // Q4_K and Q5_K, read where the groups hold them (the blocks after the last
 // group are plain): block (sub-block) l's 16 code bytes are dword l of each
-// code column, its 5th bits nibble l of each mask. Q6_K, Q2_K and Q3_K
-// (repacked a super-block at a time) go through UnpackColumnGroupsRow.
+// code column, its 5th bits nibble l of each mask. Q6_K and Q3_K (repacked
+// a super-block at a time) go through UnpackColumnGroupsRow, Q2_K's records
+// through DecodeRow.
 LUMEN_VNNI void DecodeGroupsRow(DType t, const uint8_t* row, int64_t K, int16_t* codes,
                                 float* scale, float* offset) {
   const DType plain = PlainOf(t);

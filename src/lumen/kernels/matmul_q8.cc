@@ -148,6 +148,7 @@ using int8_vnni::Geometry;
 using int8_vnni::GgufRowsFor;
 using int8_vnni::GgufWideRowsFor;
 using int8_vnni::GroupsOf16;
+using int8_vnni::HalfColumnsSubBlock;
 using int8_vnni::Int8Rows;
 using int8_vnni::kMaxRowsPerCall;
 using int8_vnni::kWideRows;
@@ -155,6 +156,7 @@ using int8_vnni::MlxRowsFor;
 using int8_vnni::Order;
 using int8_vnni::RowsFn;
 using int8_vnni::SharesLanes;
+using int8_vnni::SuperColumnOrder;
 using int8_vnni::Span;
 
 Geometry GeometryFor(const Matrix& W) {
@@ -229,7 +231,7 @@ int64_t SourceIndex(Order order, int64_t nb, int64_t pos) {
   }
   if (order == Order::kHalfColumns) {  // record j, lane l: sub-block 2 (l % 8) + l / 8
     const int64_t base = pos / kQKK * kQKK, o = pos % kQKK, l = o % 64 / 4;
-    return base + 16 * (2 * (l % 8) + l / 8) + 4 * (o / 64) + o % 4;
+    return base + 16 * HalfColumnsSubBlock(static_cast<int>(l)) + 4 * (o / 64) + o % 4;
   }
   if (order == Order::kBlockColumns || order == Order::kBlockColumnsK ||
       order == Order::kBlockColumnsQ8 || order == Order::kMlx8Groups) {
@@ -276,7 +278,7 @@ struct Period {
 Period PeriodOf(const Geometry& g, int64_t K) {
   const int64_t nb = K / kQK;
   Period p;
-  const bool columns = g.order == Order::kColumns || g.order == Order::kHalfColumns;
+  const bool columns = SuperColumnOrder(g.order);
   const bool pairs = g.order == Order::kPairColumns;
   const bool blocks = GroupsOf16(g.order);
   p.len = g.order == Order::kNatural ? 64 : columns || pairs ? kQKK : blocks ? kColsElems : 128;
@@ -627,10 +629,7 @@ inline constexpr int64_t kPassBytes = 256 << 10;
 template <class Run>
 void BySpans(const Matrix& W, const Geometry& g, int64_t M, int64_t n0, int64_t n1, Run run) {
   constexpr int kMaxSpans = 64;
-  const int64_t unit = g.order == Order::kColumns || g.order == Order::kHalfColumns ||
-                               g.order == Order::kBlockColumnsK
-                           ? kQKK
-                           : 128;
+  const int64_t unit = SuperColumnOrder(g.order) || g.order == Order::kBlockColumnsK ? kQKK : 128;
   const int64_t units = W.k / unit;
   // Rows past kMaxSpans x kSpanK elements take longer spans.
   int64_t per = std::max(kSpanK / unit, (units + kMaxSpans - 1) / kMaxSpans);
@@ -766,10 +765,11 @@ int64_t Int8MaxRows(const Matrix& W) {
 }
 
 DType Int8ColumnGroupsOf(DType plain) {
-  // The VNNI kernels decode Q3_K in the file's order (unmeasured against its
-  // planes) and take Q5_K's masks as they are; Q2_K's records save them
-  // four dword permutes per super-block (a one-row product 1.2x faster on
-  // Zen 5, performance.md).
+  // The VNNI kernels decode Q3_K in the file's order (its planes measured
+  // faster to decode but slower in the bf16 panels' short prompts on Zen 5)
+  // and take Q5_K's masks as they are; Q2_K's records save them four dword
+  // permutes per super-block (a one-row product 1.10-1.12x faster on Zen 5;
+  // performance.md, session 48).
   if (CpuHasVnni()) return plain == DType::kQ3_K ? plain : ColumnGroupsOf(plain);
   if (!CpuHasAvx2()) return plain;
   return plain == DType::kQ5_K ? DType::kQ5_KPlanes : ColumnGroupsOf(plain);

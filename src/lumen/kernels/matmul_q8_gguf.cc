@@ -666,7 +666,7 @@ LUMEN_VNNI void RowsK(const Matrix& W, const Geometry& g, const Int8Rows& X, int
   const __m512i halves = LaneValues([](int l) { return l / 2; });
   // Q2_K records: lane l's sub-block (the offsets o stay in sub-block order,
   // as the activations' sums are).
-  const __m512i record_lanes = LaneValues([](int l) { return 2 * (l % 8) + l / 8; });
+  const __m512i record_lanes = LaneValues(HalfColumnsSubBlock);
   const __mmask16 sums_mask = kSubs == 16 ? 0xFFFF : 0x00FF;
   // Q6_K's 210-byte super-blocks straddle cache lines (three unaligned
   // 64-byte loads each); L1PrefetchPays says where they are asked into L1.

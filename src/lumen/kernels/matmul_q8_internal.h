@@ -72,6 +72,16 @@ enum class Order {
   kMlx8Groups
 };
 
+// kHalfColumns' sub-block in lane l (SourceIndex lays the activations out
+// so; the kernel permutes the sub-block scales so).
+constexpr int HalfColumnsSubBlock(int l) { return 2 * (l % 8) + l / 8; }
+
+// Orders whose period is one K-quant super-block in four columns, lane l
+// one 16-element slice (SuperColumns).
+constexpr bool SuperColumnOrder(Order o) {
+  return o == Order::kColumns || o == Order::kHalfColumns;
+}
+
 // Orders laid out in groups of 16 blocks (512 elements) up to their last
 // group: the column groups and the MLX groups.
 constexpr bool GroupsOf16(Order o) {
@@ -85,8 +95,7 @@ constexpr bool GroupsOf16(Order o) {
 // record, where the kernel starts from them.
 constexpr bool SharesLanes(Order o) {
   return o == Order::kQuads || o == Order::kBlockColumns || o == Order::kBlockColumnsK ||
-         o == Order::kBlockColumnsQ8 || o == Order::kPairColumns || o == Order::kColumns ||
-         o == Order::kHalfColumns;
+         o == Order::kBlockColumnsQ8 || o == Order::kPairColumns || SuperColumnOrder(o);
 }
 
 struct Geometry {

@@ -234,22 +234,23 @@ LUMEN_VNNI void DecodeRow(DType t, const uint8_t* plain, int64_t K, int16_t* cod
             StoreScaledCodes(_mm512_extracti64x4_epi64(z, 1), 0, sc[4 * k + 2], sc[4 * k + 3],
                              c + 32);
           }
-        }
-        for (int n = 0; n < 2 && t != DType::kQ2_KCols; ++n)
-          for (int j = 0; j < 4; ++j) {
-            const __m256i lo = TwoBitPlane(qs, n, j);
-            const int u = 8 * n + 2 * j;  // the sub-blocks of elements 128 n + 32 j ..
-            int16_t* c = codes + s * kQKK + 128 * n + 32 * j;
-            if (!three) {
-              StoreScaledCodes(lo, 0, sc[u], sc[u + 1], c);
-              continue;
+        } else {
+          for (int n = 0; n < 2; ++n)
+            for (int j = 0; j < 4; ++j) {
+              const __m256i lo = TwoBitPlane(qs, n, j);
+              const int u = 8 * n + 2 * j;  // the sub-blocks of elements 128 n + 32 j ..
+              int16_t* c = codes + s * kQKK + 128 * n + 32 * j;
+              if (!three) {
+                StoreScaledCodes(lo, 0, sc[u], sc[u + 1], c);
+                continue;
+              }
+              // q - 4, plus 4 where the third bit (bit 4 n + j of hmask[l]) is set.
+              const __mmask32 third = _mm256_test_epi8_mask(
+                  hmask, _mm256_set1_epi8(static_cast<char>(1 << (4 * n + j))));
+              const __m256i q = _mm256_mask_add_epi8(lo, third, lo, _mm256_set1_epi8(4));
+              StoreScaledCodes(q, 4, sc[u], sc[u + 1], c);
             }
-            // q - 4, plus 4 where the third bit (bit 4 n + j of hmask[l]) is set.
-            const __mmask32 third =
-                _mm256_test_epi8_mask(hmask, _mm256_set1_epi8(static_cast<char>(1 << (4 * n + j))));
-            const __m256i q = _mm256_mask_add_epi8(lo, third, lo, _mm256_set1_epi8(4));
-            StoreScaledCodes(q, 4, sc[u], sc[u + 1], c);
-          }
+        }
         const float d = HalfF(blk + (three ? offsetof(BlockQ3K, d) : offsetof(BlockQ2K, d)));
         for (int u = 0; u < 8; ++u) scale[s * 8 + u] = d;
         if (!three) {

@@ -640,8 +640,9 @@ HWY_INLINE void DecodeQ6Slices(const uint8_t* row, int64_t K, Sink& sink) {
 // are the plain row's bits.
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
 // UnpackQ23Records in registers, for the decoders of AVX2 and wider (the
-// loader makes records only on x86 CPUs with AVX2: Q3_K's where the int8
-// kernels are the AVX2 ones, Q2_K's there and with VNNI): the codes'
+// loader makes records only on x86 CPUs with AVX2; the 16-lane decoders read
+// Q2_K's in place, DecodeQ2Records16, and unpack Q3_K's, made on AVX-512 CPUs
+// without VNNI): the codes'
 // 4 x 4 dword transpose per 128-bit lane is its own inverse (record t, lane
 // 4 n + j <-> the plain code vector j's dword t, n in the lane), and hmask's
 // bits are a 4 x 8 byte transpose and a movemask per bit: record byte 4 l +

@@ -12,6 +12,7 @@
 #include "lumen/core/quant.h"
 #include "lumen/core/repack.h"
 #include "lumen/core/route.h"
+#include "lumen/kernels/cpu_vendor.h"
 #include "lumen/kernels/matmul_bf16.h"
 #include "lumen/kernels/prefetch.h"
 
@@ -156,8 +157,8 @@ using int8_vnni::MlxRowsFor;
 using int8_vnni::Order;
 using int8_vnni::RowsFn;
 using int8_vnni::SharesLanes;
-using int8_vnni::SuperColumnOrder;
 using int8_vnni::Span;
+using int8_vnni::SuperColumnOrder;
 
 Geometry GeometryFor(const Matrix& W) {
   if (W.mlx_bits == 4) return {Fmt::kMlx4, 0, 0, W.mlx_group, Order::kMlxGroups};
@@ -665,7 +666,7 @@ void BySpans(const Matrix& W, const Geometry& g, int64_t M, int64_t n0, int64_t 
 
 // Rows [n0, n1) of W against every prepared activation row: each span (or
 // all of them) and chunk of rows (BySpans), the activation rows
-// kMaxRowsPerCall at a time by the format's kernel (Q2_K / Q3_K: kWideRows
+// kMaxRowsPerCall at a time by the format's kernel (Q2_K / Q3_K on Intel CPUs: kWideRows
 // while that many are left).
 void MatMulRowsInt8(const Matrix& W, const Int8Rows& X, float* Y, int64_t ldy, int64_t n0,
                     int64_t n1) {
@@ -723,6 +724,28 @@ void QuantizeBlocksQ8x2(const float* x, int64_t nb, int8_t* q1, int8_t* q2, floa
 
 namespace {
 
+// Up to how many rows the VNNI dot kernels keep a two-level product of W
+// that the bf16 panels take above (on AMD CPUs with AVX512-BF16, where they
+// pay: bf16_prefill_pays.cc). The panels decode every weight once per call
+// too; on Zen 5 the dot kernels ran 16-token prompts of Q2_K, Q3_K and Q4_K
+// 1.06-1.20x faster than them and lost from about 20 rows (2048 x 2048,
+// one thread; performance.md, session 49). Q4_0 measured even at 16 and
+// the other types unmeasured: kInt8MaxRows, as on Intel's AMX panels.
+int64_t PanelsInt8MaxRows(const Matrix& W) {
+  if (Int8Levels(W.route) != 2 || !RouteHasBf16(W.route) || !CpuHasBf16() || !CpuIsAmd())
+    return kInt8MaxRows;
+  switch (GeometryFor(W).fmt) {
+    case Fmt::kQ2K:
+    case Fmt::kQ2KC:
+    case Fmt::kQ3K:
+    case Fmt::kQ4K:
+    case Fmt::kQ4KC:
+      return 16;
+    default:
+      return kInt8MaxRows;
+  }
+}
+
 // Up to how many rows the VNNI dot kernels keep a product of W that the
 // int8x2 GEMM would take: the GEMM decodes every weight of W into its panels
 // once per call, which a 512-row chunk pays once and a 16-row prompt pays
@@ -733,7 +756,8 @@ namespace {
 // panels cost the most to decode, late. Other products (the bf16 panels,
 // one level, F16 / BF16 storage) keep kInt8MaxRows, unmeasured.
 int64_t VnniInt8MaxRows(const Matrix& W) {
-  if (!Int8x2GemmTakes(W) || !Int8RouteSupports(W)) return kInt8MaxRows;
+  if (!Int8RouteSupports(W)) return kInt8MaxRows;
+  if (!Int8x2GemmTakes(W)) return PanelsInt8MaxRows(W);
   switch (GeometryFor(W).fmt) {
     case Fmt::kQ3K:
       return 24;

@@ -15,6 +15,7 @@
 #include "lumen/kernels/matmul_q8_internal.h"
 
 #if defined(__x86_64__)
+#include "lumen/kernels/cpu_vendor.h"
 #include "lumen/kernels/prefetch.h"
 #include "lumen/kernels/q4k_scales_avx512.h"
 
@@ -793,6 +794,7 @@ RowsFn GgufRowsFor(Fmt f, int mb, int levels) { return PickRows<GgufKernels>(f, 
 
 RowsFn GgufWideRowsFor(Fmt f, int levels) {
   LUMEN_CHECK(levels == 1 || levels == 2);
+  if (CpuIsAmd()) return nullptr;  // (kWideRows)
   if (f == Fmt::kQ2K)
     return levels == 1 ? &RowsK<Fmt::kQ2K, kWideRows, 1> : &RowsK<Fmt::kQ2K, kWideRows, 2>;
   if (f == Fmt::kQ2KC)

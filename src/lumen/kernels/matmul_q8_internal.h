@@ -170,10 +170,13 @@ constexpr int64_t kRecord = 64 * L + 64;
 inline constexpr int kMaxRowsPerCall = 4;
 
 // Q2_K and Q3_K also have kernels of kWideRows rows (GgufWideRowsFor), taken
-// while that many rows are left: their codes cost the most to unpack per
-// super-block, work an eight-row call shares between twice the rows (16-row
-// products 1.1-1.4x faster on a Xeon, though the accumulators spill; the
-// other formats' eight-row calls ran at 0.65-1.12x their four-row ones).
+// while that many rows are left on Intel CPUs: their codes cost the most to
+// unpack per super-block, work an eight-row call shares between twice the
+// rows (16-row products 1.1-1.4x faster on a Xeon, though the accumulators
+// spill; the other formats' eight-row calls ran at 0.65-1.12x their
+// four-row ones). On Zen 5 the spills cost more than the shared unpack:
+// two four-row calls ran 8- and 16-row products 1.26-1.40x faster (Q3_K,
+// Q2_K records; performance.md, session 49), so AMD CPUs take none.
 inline constexpr int kWideRows = 8;
 
 // A row kernel: rows [n0, n1) of W against the MB prepared activation rows

@@ -729,8 +729,10 @@ namespace {
 // pay: bf16_prefill_pays.cc). The panels decode every weight once per call
 // too; on Zen 5 the dot kernels ran 16-token prompts of Q2_K, Q3_K and Q4_K
 // 1.06-1.20x faster than them and lost from about 20 rows (2048 x 2048,
-// one thread; performance.md, session 49). Q4_0 measured even at 16 and
-// the other types unmeasured: kInt8MaxRows, as on Intel's AMX panels.
+// one thread), and MLX prompts (whose panels decode slowest) 1.3-1.9x
+// faster up to 24 tokens, 1.03-1.16x at 32, 0.95-0.96x at 48
+// (performance.md, session 49). The other types measured even or behind
+// at 16 rows: kInt8MaxRows, as on Intel's AMX panels (unmeasured).
 int64_t PanelsInt8MaxRows(const Matrix& W) {
   if (Int8Levels(W.route) != 2 || !RouteHasBf16(W.route) || !CpuHasBf16() || !CpuIsAmd())
     return kInt8MaxRows;
@@ -741,6 +743,9 @@ int64_t PanelsInt8MaxRows(const Matrix& W) {
     case Fmt::kQ4K:
     case Fmt::kQ4KC:
       return 16;
+    case Fmt::kMlx4:
+    case Fmt::kMlx8:
+      return 32;
     default:
       return kInt8MaxRows;
   }

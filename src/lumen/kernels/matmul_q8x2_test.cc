@@ -398,33 +398,39 @@ TEST(MatMulInt8x2, ShortPromptsStayOnTheDotKernels) {
 
 // Where the bf16 panels take the longer prompts (int8x2+bf16 on a CPU with
 // AVX512-BF16), the dot kernels keep up to 16 rows of Q2_K, Q3_K and Q4_K
-// on AMD CPUs (PanelsInt8MaxRows in matmul_q8.cc; measured on Zen 5) and
-// kInt8MaxRows elsewhere: those rows each have the bits they have alone, and
-// one row more has the panels' bits (MatMulBf16).
-TEST(MatMulInt8x2, PanelCpusKeepShortKQuantPromptsOnTheDotKernels) {
+// and 32 of MLX on AMD CPUs (PanelsInt8MaxRows in matmul_q8.cc; measured on
+// Zen 5), kInt8MaxRows elsewhere: those rows each have the bits they have
+// alone, and one row more has the panels' bits (MatMulBf16).
+TEST(MatMulInt8x2, PanelCpusKeepShortPromptsOnTheDotKernels) {
   if (!CpuHasVnni() || !CpuHasBf16())
     GTEST_SKIP() << "needs AVX512-VNNI and AVX512-BF16: the bf16 panels beside the dot kernels";
   std::mt19937 rng(61);
   const int64_t K = 512, N = 48;
-  for (DType t : {DType::kQ2_KCols, DType::kQ3_K, DType::kQ4_KCols, DType::kQ4_K, DType::kQ4_0Cols,
-                  DType::kQ6_KCols, DType::kQ8_0Cols}) {
-    OwnedMatrix W = MakeX2({t}, N, K, rng);
+  const Case cases[] = {{DType::kQ2_KCols}, {DType::kQ3_K},     {DType::kQ4_KCols},
+                        {DType::kQ4_K},     {DType::kQ4_0Cols}, {DType::kQ6_KCols},
+                        {DType::kQ8_0Cols}, {DType::kU32, 64},  {DType::kU32, 32, DType::kF16, 8}};
+  for (const Case& c : cases) {
+    OwnedMatrix W = MakeX2(c, N, K, rng);
     W.m.route = ActRoute::kInt8x2Bf16;
-    ASSERT_FALSE(Int8x2GemmTakes(W.m)) << Name(t);
-    const bool k_quant =
-        t == DType::kQ2_KCols || t == DType::kQ3_K || t == DType::kQ4_KCols || t == DType::kQ4_K;
+    ASSERT_FALSE(Int8x2GemmTakes(W.m)) << CaseName(c);
+    const bool k_quant = c.t == DType::kQ2_KCols || c.t == DType::kQ3_K ||
+                         c.t == DType::kQ4_KCols || c.t == DType::kQ4_K;
+    const int64_t want = !CpuIsAmd()          ? kInt8MaxRows
+                         : c.t == DType::kU32 ? 32
+                         : k_quant            ? 16
+                                              : kInt8MaxRows;
     const int64_t top = Int8MaxRows(W.m);
-    EXPECT_EQ(top, k_quant && CpuIsAmd() ? 16 : kInt8MaxRows) << Name(t);
+    EXPECT_EQ(top, want) << CaseName(c);
     const std::vector<float> X = RandomActivations(top + 1, K, rng);
     std::vector<float> batch(top * N), alone(top * N);
     MatMul(W.m, X.data(), top, K, batch.data(), N, nullptr);
     for (int64_t m = 0; m < top; ++m)
       MatMul(W.m, X.data() + m * K, 1, K, alone.data() + m * N, N, nullptr);
-    EXPECT_EQ(batch, alone) << Name(t) << " M=" << top;
+    EXPECT_EQ(batch, alone) << CaseName(c) << " M=" << top;
     std::vector<float> more((top + 1) * N), panels((top + 1) * N);
     MatMul(W.m, X.data(), top + 1, K, more.data(), N, nullptr);
     MatMulBf16(W.m, X.data(), top + 1, K, panels.data(), N, nullptr);
-    EXPECT_EQ(more, panels) << Name(t) << ": the panels did not take " << top + 1 << " rows";
+    EXPECT_EQ(more, panels) << CaseName(c) << ": the panels did not take " << top + 1 << " rows";
   }
 }
 

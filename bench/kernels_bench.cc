@@ -374,6 +374,16 @@ BENCHMARK(BM_MatMul)
 // F16 and BF16 at a short prompt's rows: above Int8MaxRows (8) the GEMM
 // requantizes every weight per call, a cost 16 rows share.
 BENCHMARK(BM_MatMul)->ArgsProduct({{1, 2}, {16}, {1, 2}, {2048, 8192}, {3}})->UseRealTime();
+// Short prompts where the bf16 panels take the products above the dot
+// kernels' row count (AMD CPUs with AVX512-BF16): the panels (route 2)
+// against the dot kernels (int8x2, route 3, which keeps these row counts
+// on them) for Q4_0, Q4_K, Q3_K, Q2_K records and MLX 4 / 8-bit groups
+// (Q4_0 and Q4_K's panels at 16 rows are registered below).
+BENCHMARK(BM_MatMul)
+    ->ArgsProduct({{9, 10, 11, 14, 19, 20}, {8, 12, 24}, {1}, {2048}, {2, 3}})
+    ->UseRealTime();
+BENCHMARK(BM_MatMul)->ArgsProduct({{11, 14, 19, 20}, {16}, {1}, {2048}, {2, 3}})->UseRealTime();
+BENCHMARK(BM_MatMul)->ArgsProduct({{9, 10}, {16}, {1}, {2048}, {3}})->UseRealTime();
 // Short prompts with the VNNI kernels: a product of M rows on the int8x2 dot
 // kernels (MatMulManyInt8Dots, which MatMul takes up to Int8MaxRows(W)) and
 // on the int8x2 GEMM (which it takes above), timed in turn in every
@@ -413,7 +423,9 @@ void BM_ShortPrompt(benchmark::State& state) {
                  (M <= Int8MaxRows(w->m) ? "dots" : "GEMM"));
 }
 BENCHMARK(BM_ShortPrompt)
-    ->ArgsProduct({{8, 9, 10, 11, 12, 13, 19, 20, 21, 22, 23, 24}, {8, 16, 24, 32, 48, 64}, {1, 2}})
+    ->ArgsProduct({{8, 9, 10, 11, 12, 13, 14, 19, 20, 21, 22, 23, 24},
+                   {8, 16, 24, 32, 48, 64},
+                   {1, 2}})
     ->UseRealTime();
 
 // Training's backward through a frozen weight: dX[M, K] = dY[M, N] W (the

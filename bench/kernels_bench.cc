@@ -43,7 +43,7 @@ struct Weight {
 
 // Weight "type" index -> storage; 7 and 16 = MLX 4-bit and 8-bit g64 (bf16
 // scales), 9, 10, 12, 13, 14 and 15 = Q4_0, Q4_K, Q8_0, Q6_K, Q2_K and Q3_K
-// repacked at load (core/repack.h; Q3_K only on CPUs without VNNI),
+// repacked at load (core/repack.h),
 // 17 and 18 = MLX 4-bit and 8-bit in runs (as the loader makes them where
 // the int8 kernels are the AVX2 ones; elsewhere no int8 kernel reads them),
 // 19 and 20 = MLX 4-bit and 8-bit in groups (as the loader makes them for
@@ -196,7 +196,7 @@ void BM_MatVec(benchmark::State& state) {
 }
 BENCHMARK(BM_MatVec)->ArgsProduct({{0, 1, 2, 3, 4, 5, 6, 7}, {1, 2}, {0}, {1, 4}})->UseRealTime();
 BENCHMARK(BM_MatVec)
-    ->ArgsProduct({{3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14}, {1, 2}, {1, 2}, {1, 4}})
+    ->ArgsProduct({{3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}, {1, 2}, {1, 2}, {1, 4}})
     ->UseRealTime();
 
 // The default decode route (int8x2) of one row from DRAM at the two widths
@@ -363,8 +363,11 @@ BENCHMARK(BM_MatMul)->ArgsProduct({{3, 4}, {4, 8}, {1, 2}, {2048, 8192}, {1}})->
 // the last-level cache here (not DRAM), so this times the kernel: its compute
 // and its activation traffic (K = 8192 records outgrow L1 at 4 rows).
 BENCHMARK(BM_MatMul)
-    ->ArgsProduct(
-        {{3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 16, 19, 20}, {1, 4}, {1, 2}, {2048, 8192}, {3}})
+    ->ArgsProduct({{3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 19, 20},
+                   {1, 4},
+                   {1, 2},
+                   {2048, 8192},
+                   {3}})
     ->UseRealTime();
 // The int8x2 route's prefill products (the VNNI GEMM, matmul_q8x2_gemm.h)
 // beside the exact route's above: the same shapes.
@@ -380,9 +383,9 @@ BENCHMARK(BM_MatMul)->ArgsProduct({{1, 2}, {16}, {1, 2}, {2048, 8192}, {3}})->Us
 // on them) for Q4_0, Q4_K, Q3_K, Q2_K records and MLX 4 / 8-bit groups
 // (Q4_0 and Q4_K's panels at 16 rows are registered below).
 BENCHMARK(BM_MatMul)
-    ->ArgsProduct({{9, 10, 11, 14, 19, 20}, {8, 12, 24}, {1}, {2048}, {2, 3}})
+    ->ArgsProduct({{9, 10, 11, 14, 15, 19, 20}, {8, 12, 24}, {1}, {2048}, {2, 3}})
     ->UseRealTime();
-BENCHMARK(BM_MatMul)->ArgsProduct({{11, 14, 19, 20}, {16}, {1}, {2048}, {2, 3}})->UseRealTime();
+BENCHMARK(BM_MatMul)->ArgsProduct({{11, 14, 15, 19, 20}, {16}, {1}, {2048}, {2, 3}})->UseRealTime();
 BENCHMARK(BM_MatMul)->ArgsProduct({{9, 10}, {16}, {1}, {2048}, {3}})->UseRealTime();
 // Short prompts with the VNNI kernels: a product of M rows on the int8x2 dot
 // kernels (MatMulManyInt8Dots, which MatMul takes up to Int8MaxRows(W)) and

@@ -44,17 +44,17 @@
 // l) are then a mask or a shift and a mask of three loads, where the file's
 // order needs eight dword permutes and eight variable shifts.
 //
-// Q2_K and Q3_K are repacked the same way, a super-block at a time ("records":
-// Q2_K's where the AVX2 or the VNNI kernels read them, Q3_K's where the AVX2
-// ones do): byte 4 l + i of qs half h (the
+// Q2_K and Q3_K are repacked the same way, a super-block at a time
+// ("records"): byte 4 l + i of qs half h (the
 // 32 bytes at qs + 32 h) holds at bits 2 t the 2-bit code of element 16 h +
 // 4 t + i of 32-element block l; the scales and d stay. The AVX2 kernel's
 // records (lane l = block l, record r = 4 h + t = elements 4 r .. 4 r + 3 of
 // each block) are then a shift and a mask of one load, where the file's order
 // needs a 4 x 4 dword transpose per record quad. The VNNI kernel reads the
 // 64 bytes as four 16-lane columns (column t = bits 2 t: lane 8 h + l holds
-// 16-element sub-block 2 l + h), a shift and a mask each, where the file's
-// order needs a dword permute more per column. Q3_K's codes (hmask and qs,
+// 16-element sub-block 2 l + h; kernels/q23_columns_avx512.h), a shift and a
+// mask each, where the file's order needs a dword permute more per column.
+// Q3_K's codes (hmask and qs,
 // bytes 0-95) become three planes of 32 bytes instead: lane byte 4 l + i of
 // plane k (at 32 k) holds the 3-bit codes (low 2 bits | third bit << 2) of
 // records 2 k and 2 k + 1 at bits 0-2 and 3-5, and bits 6-7 of planes 0 and 1

@@ -54,8 +54,8 @@ Status NotSafetensors(const std::string& path, const Status& why) {
   return Errorf("{}: not a safetensors file: {}", path, reason);
 }
 
-// Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q8_0, Q6_K and Q2_K matrices (and Q3_K
-// where the AVX2 kernels are the int8 ones; Q5_K's 5th bits there in planes)
+// Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q8_0, Q6_K, Q2_K and Q3_K matrices
+// (Q5_K's 5th bits in planes where the AVX2 kernels are the int8 ones)
 // rewritten in place as column groups
 // (core/repack.h) for the int8 decode kernels, which then pay their
 // per-lane work once per 512 weights with no shuffles (the AVX2 kernels once per 256:

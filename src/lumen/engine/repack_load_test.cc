@@ -139,7 +139,7 @@ TEST(RepackLoad, ColumnGroupsOnlyForInt8RoutesInCopiedFilesWithTheMappedLogits) 
     const auto& w = copied->weights();
     for (const kernels::Matrix* m :
          {&w.tok_embd, &w.output, &w.layers[0].wq, &w.layers[1].w_down, &w.layers[1].w_up})
-      EXPECT_EQ(kernels::Int8ColumnGroupsOf(t), m->w.dtype) << Name(t);  // Q3_K: only without VNNI
+      EXPECT_EQ(kernels::Int8ColumnGroupsOf(t), m->w.dtype) << Name(t);
     EXPECT_EQ(t, mapped->weights().layers[0].wq.w.dtype);
     EXPECT_EQ(t, exact->weights().layers[0].wq.w.dtype);
 

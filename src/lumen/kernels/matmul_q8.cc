@@ -58,9 +58,10 @@
 //     (Block columns built from the file's quads at run time measured slower
 //     on one row than quads, session 15; repacked at load they are faster.)
 //   K-quants: a super-block is four columns, one 16-element slice per lane
-//     (see SuperColumns, matmul_q8_gguf.cc); Q2_K repacked at load
-//     (kQ2_KCols, records) the same with its lanes in another order
-//     (Order::kHalfColumns), each column a shift and a mask of one load.
+//     (see SuperColumns, matmul_q8_gguf.cc); Q2_K and Q3_K repacked at load
+//     (kQ2_KCols records, kQ3_KCols planes) the same with their lanes in
+//     another order (Order::kHalfColumns), each column a shift and a mask
+//     of one or two loads (q23_columns_avx512.h).
 //   MLX 4-bit: groups of 512 elements as Q4_0 column groups, built at run
 //     time: column c's lane l is dword c of activation block l (elements
 //     8c..8c+7 of the block's 32; low nibbles the even ones, high the odd),
@@ -192,6 +193,8 @@ Geometry GeometryFor(const Matrix& W) {
       return {Fmt::kQ2KC, sizeof(BlockQ2K), 0, 16, Order::kHalfColumns};
     case DType::kQ3_K:  // w = a (q - 4): the offset in the integer sum (SharesLanes)
       return {Fmt::kQ3K, sizeof(BlockQ3K), 4, 0, Order::kColumns};
+    case DType::kQ3_KCols:  // planes: the columns of Q2_K's records
+      return {Fmt::kQ3KC, sizeof(BlockQ3K), 4, 0, Order::kHalfColumns};
     case DType::kQ4_K:
       return {Fmt::kQ4K, sizeof(BlockQ4K), 0, 32, Order::kColumns};
     case DType::kQ5_K:
@@ -740,6 +743,7 @@ int64_t PanelsInt8MaxRows(const Matrix& W) {
     case Fmt::kQ2K:
     case Fmt::kQ2KC:
     case Fmt::kQ3K:
+    case Fmt::kQ3KC:
     case Fmt::kQ4K:
     case Fmt::kQ4KC:
       return 16;
@@ -765,6 +769,7 @@ int64_t VnniInt8MaxRows(const Matrix& W) {
   if (!Int8x2GemmTakes(W)) return PanelsInt8MaxRows(W);
   switch (GeometryFor(W).fmt) {
     case Fmt::kQ3K:
+    case Fmt::kQ3KC:
       return 24;
     case Fmt::kQ2K:
     case Fmt::kQ2KC:
@@ -794,12 +799,12 @@ int64_t Int8MaxRows(const Matrix& W) {
 }
 
 DType Int8ColumnGroupsOf(DType plain) {
-  // The VNNI kernels decode Q3_K in the file's order (its planes measured
-  // faster to decode but slower in the bf16 panels' short prompts on Zen 5)
-  // and take Q5_K's masks as they are; Q2_K's records save them four dword
-  // permutes per super-block (a one-row product 1.10-1.12x faster on Zen 5;
-  // performance.md, session 48).
-  if (CpuHasVnni()) return plain == DType::kQ3_K ? plain : ColumnGroupsOf(plain);
+  // The VNNI kernels take Q5_K's masks as they are; Q2_K's records save them
+  // four dword permutes per super-block, Q3_K's planes eight (one-row
+  // products 1.10-1.14x faster on Zen 5, Q3_K's decode 1.11-1.13x; the bf16
+  // panels decode the planes as fast as the file's bytes; performance.md,
+  // sessions 48-49).
+  if (CpuHasVnni()) return ColumnGroupsOf(plain);
   if (!CpuHasAvx2()) return plain;
   return plain == DType::kQ5_K ? DType::kQ5_KPlanes : ColumnGroupsOf(plain);
 }
@@ -841,6 +846,7 @@ bool Int8RouteSupports(const Matrix& W) {
     case DType::kQ5_KCols:
     case DType::kQ6_KCols:
     case DType::kQ2_KCols:
+    case DType::kQ3_KCols:
       return W.k % kQKK == 0;
     default:
       return false;

@@ -75,9 +75,8 @@ bool Int8RouteSupports(const Matrix& W);
 
 // The column-group type (core/repack.h) this CPU's int8 kernels read for
 // `plain`, which the loader then makes, else plain itself: ColumnGroupsOf for
-// every type that has one, where the CPU has VNNI or AVX2; Q3_K only without
-// VNNI (the AVX2 kernels read its records, the VNNI ones the file's order);
-// Q5_K without VNNI as kQ5_KPlanes (the AVX2 kernels' 5th bits).
+// every type that has one, where the CPU has VNNI or AVX2; Q5_K without VNNI
+// as kQ5_KPlanes (the AVX2 kernels' 5th bits).
 DType Int8ColumnGroupsOf(DType plain);
 // The order the loader puts W's MLX codes in (core/repack.h,
 // Matrix::mlx_order) for this CPU's int8 kernels: runs where they are the

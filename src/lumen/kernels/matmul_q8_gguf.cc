@@ -17,6 +17,7 @@
 #if defined(__x86_64__)
 #include "lumen/kernels/cpu_vendor.h"
 #include "lumen/kernels/prefetch.h"
+#include "lumen/kernels/q23_columns_avx512.h"
 #include "lumen/kernels/q4k_scales_avx512.h"
 
 namespace lumen::kernels::int8_vnni {
@@ -601,15 +602,10 @@ template <Fmt F>
             _mm512_mask_add_epi8(u[j], _mm512_test_epi8_mask(h, hbit), u[j], _mm512_set1_epi8(4));
       }
     }
-  } else if constexpr (F == Fmt::kQ2KC) {
-    // Q2_K records (core/repack.h): byte 4 l + i holds at bits 2 j the code of
-    // element 4 j + i of sub-block 2 (l % 8) + l / 8 (Order::kHalfColumns),
-    // so column j is a shift and a mask of one load.
-    const __m512i v = _mm512_loadu_si512(blk + 16);
-    u[0] = _mm512_and_si512(v, k2);
-    u[1] = _mm512_and_si512(_mm512_srli_epi16(v, 2), k2);
-    u[2] = _mm512_and_si512(_mm512_srli_epi16(v, 4), k2);
-    u[3] = _mm512_and_si512(_mm512_srli_epi16(v, 6), k2);
+  } else if constexpr (F == Fmt::kQ2KC) {  // records (q23_columns_avx512.h)
+    Q2RecordColumns(blk + 16, u);
+  } else if constexpr (F == Fmt::kQ3KC) {  // planes
+    Q3PlaneColumns(blk, u);
   } else if constexpr (F == Fmt::kQ6KC) {
     // Q6_K slices (core/repack.h): column j's low 4 bits are a nibble of
     // vector j % 2, its top 2 bits bits 2 j of the third; moved to bits 4-5
@@ -654,6 +650,7 @@ LUMEN_VNNI void RowsK(const Matrix& W, const Geometry& g, const Int8Rows& X, int
                      : F == Fmt::kQ5KC ? Fmt::kQ5K
                      : F == Fmt::kQ6KC ? Fmt::kQ6K
                      : F == Fmt::kQ2KC ? Fmt::kQ2K
+                     : F == Fmt::kQ3KC ? Fmt::kQ3K
                                        : F;
   constexpr bool kGroups = F == Fmt::kQ4KC || F == Fmt::kQ5KC;
   constexpr int kSubs = kQKK / SubBlock(FQ);  // 16 or 8 sub-blocks
@@ -665,8 +662,8 @@ LUMEN_VNNI void RowsK(const Matrix& W, const Geometry& g, const Int8Rows& X, int
   const auto& x = rows.x;
   // Slice l's scale: sub-block l, or (sub-blocks of 32) l / 2.
   const __m512i halves = LaneValues([](int l) { return l / 2; });
-  // Q2_K records: lane l's sub-block (the offsets o stay in sub-block order,
-  // as the activations' sums are).
+  // Q2_K records, Q3_K planes: lane l's sub-block (Q2_K's offsets o stay in
+  // sub-block order, as the activations' sums are).
   const __m512i record_lanes = LaneValues(HalfColumnsSubBlock);
   const __mmask16 sums_mask = kSubs == 16 ? 0xFFFF : 0x00FF;
   // Q6_K's 210-byte super-blocks straddle cache lines (three unaligned
@@ -684,9 +681,10 @@ LUMEN_VNNI void RowsK(const Matrix& W, const Geometry& g, const Int8Rows& X, int
         __m512 a, o = _mm512_setzero_ps();
         SubScales<FQ>(blk, &a, &o);
         if constexpr (kSubs == 8) a = _mm512_permutexvar_ps(halves, a);
-        if constexpr (F == Fmt::kQ2KC) a = _mm512_permutexvar_ps(record_lanes, a);
+        constexpr bool kHalves = F == Fmt::kQ2KC || F == Fmt::kQ3KC;  // Order::kHalfColumns
+        if constexpr (kHalves) a = _mm512_permutexvar_ps(record_lanes, a);
         __m512i u[4];
-        SuperColumns<F == Fmt::kQ6KC || F == Fmt::kQ2KC ? F : FQ>(blk, u);
+        SuperColumns<F == Fmt::kQ6KC || kHalves ? F : FQ>(blk, u);
         for (int r = 0; r < MB; ++r) {
           const uint8_t* rec = x[r] + kRecord<L> * 4 * sb;
           const __m512i init = kIntOffset ? _mm512_loadu_si512(rows.corr[r] + kQKK / 4 * sb)
@@ -766,6 +764,8 @@ struct GgufKernels {
         return &RowsK<Fmt::kQ2K, MB, L>;
       case Fmt::kQ2KC:
         return &RowsK<Fmt::kQ2KC, MB, L>;
+      case Fmt::kQ3KC:
+        return &RowsK<Fmt::kQ3KC, MB, L>;
       case Fmt::kQ3K:
         return &RowsK<Fmt::kQ3K, MB, L>;
       case Fmt::kQ4K:
@@ -799,6 +799,8 @@ RowsFn GgufWideRowsFor(Fmt f, int levels) {
     return levels == 1 ? &RowsK<Fmt::kQ2K, kWideRows, 1> : &RowsK<Fmt::kQ2K, kWideRows, 2>;
   if (f == Fmt::kQ2KC)
     return levels == 1 ? &RowsK<Fmt::kQ2KC, kWideRows, 1> : &RowsK<Fmt::kQ2KC, kWideRows, 2>;
+  if (f == Fmt::kQ3KC)
+    return levels == 1 ? &RowsK<Fmt::kQ3KC, kWideRows, 1> : &RowsK<Fmt::kQ3KC, kWideRows, 2>;
   if (f == Fmt::kQ3K)
     return levels == 1 ? &RowsK<Fmt::kQ3K, kWideRows, 1> : &RowsK<Fmt::kQ3K, kWideRows, 2>;
   return nullptr;

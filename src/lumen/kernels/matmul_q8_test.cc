@@ -141,6 +141,7 @@ TEST(MatMulInt8, MatchesOracleAndExactBound) {
                         {DType::kQ8_0Cols},
                         {DType::kQ6_KCols},
                         {DType::kQ2_KCols},
+                        {DType::kQ3_KCols},
                         {DType::kQ4_1},
                         {DType::kQ5_0},
                         {DType::kQ5_1},
@@ -250,10 +251,10 @@ TEST(MatMulInt8, RouteSelection) {
   // With VNNI or AVX2 every quantized type the engine loads has one (on AVX2
   // CPUs the GGUF types as stored, their column groups and MLX).
   for (DType t :
-       {DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1, DType::kQ8_0, DType::kQ2_K,
-        DType::kQ3_K, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K, DType::kQ4_0Cols, DType::kQ4_1Cols,
-        DType::kQ5_0Cols, DType::kQ5_1Cols, DType::kQ4_KCols, DType::kQ5_KCols, DType::kQ8_0Cols,
-        DType::kQ6_KCols, DType::kQ2_KCols})
+       {DType::kQ4_0,     DType::kQ4_1,     DType::kQ5_0,     DType::kQ5_1,     DType::kQ8_0,
+        DType::kQ2_K,     DType::kQ3_K,     DType::kQ4_K,     DType::kQ5_K,     DType::kQ6_K,
+        DType::kQ4_0Cols, DType::kQ4_1Cols, DType::kQ5_0Cols, DType::kQ5_1Cols, DType::kQ4_KCols,
+        DType::kQ5_KCols, DType::kQ8_0Cols, DType::kQ6_KCols, DType::kQ2_KCols, DType::kQ3_KCols})
     EXPECT_TRUE(Int8RouteSupports(MakeInt8(t, 8, 256, rng).m)) << Name(t);
   for (int bits : {4, 8})
     for (int g : {32, 64, 128})

@@ -16,6 +16,7 @@
 #include "lumen/kernels/matmul_bf16.h"
 #include "lumen/kernels/matmul_q8.h"
 #include "lumen/kernels/prefetch.h"
+#include "lumen/kernels/q23_columns_avx512.h"
 #include "lumen/kernels/q4k_scales_avx512.h"
 #include "lumen/kernels/transpose16_avx512.h"
 #include "lumen/kernels/vnni_target.h"
@@ -167,7 +168,7 @@ LUMEN_VNNI inline __m256i GroupBlock32(const GroupColumns& g, int64_t l) {
 // One weight row as the oracle splits it (matmul_q8_ref.h, w = a q - o):
 // codes[k], and per unit u of S elements scale[u] = a and offset[u] = o.
 // `plain` holds the row's blocks in the file's format (t plain), or Q2_K's
-// records (t kQ2_KCols).
+// records / Q3_K's planes (t kQ2_KCols / kQ3_KCols).
 LUMEN_VNNI void DecodeRow(DType t, const uint8_t* plain, int64_t K, int16_t* codes, float* scale,
                           float* offset) {
   const __m128i m15 = _mm_set1_epi8(15);
@@ -203,11 +204,13 @@ LUMEN_VNNI void DecodeRow(DType t, const uint8_t* plain, int64_t K, int16_t* cod
       return;
     case DType::kQ2_K:
     case DType::kQ2_KCols:
-    case DType::kQ3_K: {
+    case DType::kQ3_K:
+    case DType::kQ3_KCols: {
       // Codes times their sub-block's scale (Q2_K: q (sc & 15), at most 45;
       // Q3_K: (q - 4) (sc - 32), at most 128 in magnitude), one scale d per
       // 32-unit; Q2_K's offsets dmin (sc >> 4) per 16 elements.
-      const bool three = t == DType::kQ3_K;
+      const bool three = t == DType::kQ3_K || t == DType::kQ3_KCols;
+      const bool repacked = t == DType::kQ2_KCols || t == DType::kQ3_KCols;
       const int64_t bytes = three ? sizeof(BlockQ3K) : sizeof(BlockQ2K);
       for (int64_t s = 0; s < K / kQKK; ++s) {
         const uint8_t* blk = plain + s * bytes;
@@ -216,24 +219,19 @@ LUMEN_VNNI void DecodeRow(DType t, const uint8_t* plain, int64_t K, int16_t* cod
         int sc[16];
         for (int u = 0; u < 16; ++u)
           sc[u] = three ? Q3KScale(blk + offsetof(BlockQ3K, scales), u) - 32 : blk[u] & 15;
-        if (t == DType::kQ2_KCols) {
-          // Records (core/repack.h): sub-block u is dword 8 (u % 2) + u / 2
-          // of the codes, element 4 i + b at bits 8 b + 2 i. Elements 64 k ..
-          // (sub-blocks 4 k + q, one per 128-bit lane) are that dword in
-          // every dword of lane q, shifted by 2 i and masked.
-          const __m512i v = _mm512_loadu_si512(qs);
-          const __m512i by = _mm512_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6, 0, 2, 4, 6, 0, 2, 4, 6);
-          for (int k = 0; k < 4; ++k) {
-            const __m512i at =
-                _mm512_add_epi32(_mm512_setr_epi32(0, 0, 0, 0, 8, 8, 8, 8, 1, 1, 1, 1, 9, 9, 9, 9),
-                                 _mm512_set1_epi32(2 * k));
-            const __m512i z = _mm512_and_si512(
-                _mm512_srlv_epi32(_mm512_permutexvar_epi32(at, v), by), _mm512_set1_epi8(3));
-            int16_t* c = codes + s * kQKK + 64 * k;
-            StoreScaledCodes(_mm512_castsi512_si256(z), 0, sc[4 * k], sc[4 * k + 1], c);
-            StoreScaledCodes(_mm512_extracti64x4_epi64(z, 1), 0, sc[4 * k + 2], sc[4 * k + 3],
-                             c + 32);
+        if (repacked) {
+          // Q2_K records, Q3_K planes (q23_columns_avx512.h): block l's 32
+          // codes, sub-blocks 2 l and 2 l + 1, from the columns by lane.
+          __m512i u[4];
+          if (three) {
+            Q3PlaneColumns(blk, u);
+          } else {
+            Q2RecordColumns(qs, u);
           }
+          const SubBlockCodes sub(u);
+          for (int l = 0; l < 8; ++l)
+            StoreScaledCodes(sub.Block(l), three ? 4 : 0, sc[2 * l], sc[2 * l + 1],
+                             codes + s * kQKK + 32 * l);
         } else {
           for (int n = 0; n < 2; ++n)
             for (int j = 0; j < 4; ++j) {
@@ -467,9 +465,9 @@ LUMEN_VNNI void DecodeMlxRow(const Matrix& W, int64_t n, int16_t* codes, float* 
 // DecodeRow for a row of column groups (core/repack.h) of the legacy types,
 // Q4_K and Q5_K, read where the groups hold them (the blocks after the last
 // group are plain): block (sub-block) l's 16 code bytes are dword l of each
-// code column, its 5th bits nibble l of each mask. Q6_K and Q3_K (repacked
-// a super-block at a time) go through UnpackColumnGroupsRow, Q2_K's records
-// through DecodeRow.
+// code column, its 5th bits nibble l of each mask. Q6_K (repacked a
+// super-block at a time) goes through UnpackColumnGroupsRow, Q2_K and Q3_K
+// through DecodeRow, which reads their records and planes.
 LUMEN_VNNI void DecodeGroupsRow(DType t, const uint8_t* row, int64_t K, int16_t* codes,
                                 float* scale, float* offset) {
   const DType plain = PlainOf(t);
@@ -635,19 +633,17 @@ LUMEN_VNNI void DecodePanel(const Matrix& W, int64_t n0, Panel* p) {
     // line read for F16 / BF16, whose rows are the largest, else the row at once.
     const uint8_t* ahead = n + kAheadRows < W.n ? W.w.row<const uint8_t>(n + kAheadRows) : nullptr;
     if (ahead && !Int8x2GemmRequantizes(W)) PrefetchAhead(ahead, W.w.row_bytes(), 0);
-    // Q2_K records are decoded as they are; Q3_K planes and Q6_K slices unpacked first.
-    const bool alone = plain == DType::kQ3_K || plain == DType::kQ6_K;
     if (W.mlx_bits) {
       p->mlx.resize(2 * K / W.mlx_group);
       DecodeMlxRow(W, n, rows + c * K, p->rs.data(), p->ro.data(), p->mlx.data());
     } else if (Int8x2GemmRequantizes(W)) {
       DecodeFloatRow(plain, row, K, rows + c * K, p->rs.data(), ahead);
-    } else if (t == DType::kQ2_KCols) {
+    } else if (t == DType::kQ2_KCols || t == DType::kQ3_KCols) {
       DecodeRow(t, row, K, rows + c * K, p->rs.data(), p->ro.data());
-    } else if (IsColumnGroups(t) && !alone) {
+    } else if (IsColumnGroups(t) && plain != DType::kQ6_K) {
       DecodeGroupsRow(t, row, K, rows + c * K, p->rs.data(), p->ro.data());
     } else {
-      if (IsColumnGroups(t)) {  // Q6_K, Q2_K, Q3_K: a super-block at a time
+      if (IsColumnGroups(t)) {  // Q6_K slices: a super-block at a time
         p->plain.resize(*RowBytes(plain, K));
         UnpackColumnGroupsRow(t, row, K, p->plain.data());
         row = p->plain.data();

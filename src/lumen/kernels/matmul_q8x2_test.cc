@@ -56,6 +56,7 @@ constexpr Case kCases[] = {{DType::kQ4_0},
                            {DType::kQ8_0Cols},
                            {DType::kQ6_KCols},
                            {DType::kQ2_KCols},
+                           {DType::kQ3_KCols},
                            {DType::kQ4_1},
                            {DType::kQ5_0},
                            {DType::kQ5_1},
@@ -406,15 +407,17 @@ TEST(MatMulInt8x2, PanelCpusKeepShortPromptsOnTheDotKernels) {
     GTEST_SKIP() << "needs AVX512-VNNI and AVX512-BF16: the bf16 panels beside the dot kernels";
   std::mt19937 rng(61);
   const int64_t K = 512, N = 48;
-  const Case cases[] = {{DType::kQ2_KCols}, {DType::kQ3_K},     {DType::kQ4_KCols},
-                        {DType::kQ4_K},     {DType::kQ4_0Cols}, {DType::kQ6_KCols},
-                        {DType::kQ8_0Cols}, {DType::kU32, 64},  {DType::kU32, 32, DType::kF16, 8}};
+  const Case cases[] = {{DType::kQ2_KCols}, {DType::kQ3_K},
+                        {DType::kQ3_KCols}, {DType::kQ4_KCols},
+                        {DType::kQ4_K},     {DType::kQ4_0Cols},
+                        {DType::kQ6_KCols}, {DType::kQ8_0Cols},
+                        {DType::kU32, 64},  {DType::kU32, 32, DType::kF16, 8}};
   for (const Case& c : cases) {
     OwnedMatrix W = MakeX2(c, N, K, rng);
     W.m.route = ActRoute::kInt8x2Bf16;
     ASSERT_FALSE(Int8x2GemmTakes(W.m)) << CaseName(c);
     const bool k_quant = c.t == DType::kQ2_KCols || c.t == DType::kQ3_K ||
-                         c.t == DType::kQ4_KCols || c.t == DType::kQ4_K;
+                         c.t == DType::kQ3_KCols || c.t == DType::kQ4_KCols || c.t == DType::kQ4_K;
     const int64_t want = !CpuIsAmd()          ? kInt8MaxRows
                          : c.t == DType::kU32 ? 32
                          : k_quant            ? 16
@@ -523,9 +526,11 @@ TEST(MatMulInt8x2, EveryRowAddressGivesTheSameBits) {
           const uint8_t* from = W.m.w.row<const uint8_t>(n);
           uint8_t* to = base + n * stride;
           std::memcpy(to, from, rb);
-          // Q6_K slices and Q2_K records do not depend on the address: the copy
-          // is the repacked row.
-          if (!cols || c.t == DType::kQ6_KCols || c.t == DType::kQ2_KCols) continue;
+          // Q6_K slices, Q2_K records and Q3_K planes do not depend on the
+          // address: the copy is the repacked row.
+          if (!cols || c.t == DType::kQ6_KCols || c.t == DType::kQ2_KCols ||
+              c.t == DType::kQ3_KCols)
+            continue;
           const DType plain = PlainOf(c.t);
           const int64_t gb = kColsElems / Info(plain).block_elems * Info(plain).block_bytes;
           for (int64_t g = 0; g < K / kColsElems; ++g)
@@ -549,12 +554,9 @@ TEST(MatMulInt8x2, EveryRowAddressGivesTheSameBits) {
                   "exact (or bf16) here"
 
 // The storages the GEMM reads: every case above (GGUF, and MLX in the
-// file's words), Q2_K / Q3_K in the records the loader makes only where the
-// AVX2 kernels run, and F16 / BF16 (requantized per 32).
+// file's words) and F16 / BF16 (requantized per 32).
 std::vector<Case> GemmCases() {
   std::vector<Case> v(std::begin(kCases), std::end(kCases));
-  v.push_back({DType::kQ2_KCols});
-  v.push_back({DType::kQ3_KCols});
   v.push_back({DType::kF16});
   v.push_back({DType::kBF16});
   return v;

@@ -31,6 +31,7 @@
 #include "lumen/core/repack.h"
 #include "lumen/kernels/intrinsics_warnings.h"
 #include "lumen/kernels/matrix.h"
+#include "lumen/kernels/q23_columns_avx512.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace lumen::kernels::HWY_NAMESPACE {
@@ -638,11 +639,9 @@ HWY_INLINE void DecodeQ6Slices(const uint8_t* row, int64_t K, Sink& sink) {
 // bytes, then the plain decoder (the unpack is a few word operations per 16
 // codes; the exact panels decode each weight once per call), so the values
 // are the plain row's bits.
-#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
-// UnpackQ23Records in registers, for the decoders of AVX2 and wider (the
-// loader makes records only on x86 CPUs with AVX2; the 16-lane decoders read
-// Q2_K's in place, DecodeQ2Records16, and unpack Q3_K's, made on AVX-512 CPUs
-// without VNNI): the codes'
+#if HWY_ARCH_X86 && HWY_TARGET == HWY_AVX2
+// UnpackQ23Records in registers, for the 8-lane decoders (the 16-lane ones
+// read the records as they are, DecodeQ2Records16 and DecodeQ3Planes16): the codes'
 // 4 x 4 dword transpose per 128-bit lane is its own inverse (record t, lane
 // 4 n + j <-> the plain code vector j's dword t, n in the lane), and hmask's
 // bits are a 4 x 8 byte transpose and a movemask per bit: record byte 4 l +
@@ -722,6 +721,21 @@ HWY_INLINE void UnpackRecordsAvx2(const uint8_t* src, uint8_t* dst) {
 }
 #endif
 
+// sub(s, chain) for a super-block's sixteen 16-element sub-blocks in
+// DecodePlanes2's order with its chain tags (sub-block s on (s % 8) / 2),
+// so a 16-lane decoder's sums keep the plain decoder's bits.
+template <class Sub>
+HWY_INLINE void EachSubBlockInPlanes2Order(Sub& sub) {
+#pragma GCC unroll 4
+  for (int h = 0; h < 4; ++h) {  // DecodePlanes2's half c = h / 2, l = 16 (h % 2)
+    const int s = 8 * (h / 2) + h % 2;
+    sub(s, P0{});
+    sub(s + 2, P1{});
+    sub(s + 4, P2{});
+    sub(s + 6, P3{});
+  }
+}
+
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
 // Q2_K records read as they are, 16 lanes: sub-block s is the dword at lane
 // 8 (s % 2) + s / 2 of the codes (core/repack.h), its element 4 t + i at bits
@@ -749,13 +763,38 @@ HWY_INLINE void DecodeQ2Records16(const uint8_t* row, int64_t K, Sink& sink) {
       sink(b * kQKK + 16 * s, hn::MulAdd(hn::ConvertTo(d, q), hn::Set(d, dl[s]), hn::Set(d, ml[s])),
            chain);
     };
-    for (int h = 0; h < 4; ++h) {  // DecodePlanes2's half c = h / 2, l = 16 (h % 2)
-      const int s = 8 * (h / 2) + h % 2;
-      sub(s, P0{});
-      sub(s + 2, P1{});
-      sub(s + 4, P2{});
-      sub(s + 6, P3{});
-    }
+    EachSubBlockInPlanes2Order(sub);
+  }
+  LUMEN_INTRINSICS_END
+}
+#endif
+
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+// Q3_K planes read as they are, 16 lanes: the super-block's columns
+// (q23_columns_avx512.h) transposed by lane, so a sub-block's 16 codes are
+// one 128-bit lane widened. The sub-blocks go out in DecodePlanes2's order
+// with its chain tags (sub-block s on (s % 8) / 2) and the plain decoder's
+// arithmetic, so the exact route's sums keep their bits.
+template <class Sink>
+HWY_INLINE void DecodeQ3Planes16(const uint8_t* row, int64_t K, Sink& sink) {
+  LUMEN_INTRINSICS_BEGIN
+  const DF d;
+  const DI di;
+  for (int64_t b = 0; b < K / kQKK; ++b) {
+    const uint8_t* blk = row + b * sizeof(BlockQ3K);
+    __m512i u[4];
+    Q3PlaneColumns(blk, u);
+    float dl[16];
+    const float dd = LoadF16(blk + offsetof(BlockQ3K, d));
+    for (int i = 0; i < 16; ++i)
+      dl[i] = dd * float(Q3KScale(blk + offsetof(BlockQ3K, scales), i) - 32);
+    const SubBlockCodes codes(u);
+    auto sub = [&](int s, auto chain) HWY_ATTR {
+      const hn::Vec<DI> q{_mm512_cvtepu8_epi32(codes.Sub(s))};
+      sink(b * kQKK + 16 * s,
+           hn::Mul(hn::ConvertTo(d, hn::Sub(q, hn::Set(di, 4))), hn::Set(d, dl[s])), chain);
+    };
+    EachSubBlockInPlanes2Order(sub);
   }
   LUMEN_INTRINSICS_END
 }
@@ -764,14 +803,17 @@ HWY_INLINE void DecodeQ2Records16(const uint8_t* row, int64_t K, Sink& sink) {
 template <bool kThree, class Sink>
 HWY_INLINE void DecodeQ23Records(const uint8_t* row, int64_t K, Sink& sink) {
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
-  if constexpr (!kThree && hn::MaxLanes(DF()) == 16) return DecodeQ2Records16(row, K, sink);
+  if constexpr (hn::MaxLanes(DF()) == 16) {
+    if constexpr (kThree) return DecodeQ3Planes16(row, K, sink);
+    return DecodeQ2Records16(row, K, sink);
+  }
 #endif
   constexpr int64_t kBytes = kThree ? sizeof(BlockQ3K) : sizeof(BlockQ2K);
   int64_t at = 0;
   auto shifted = [&](int64_t k, auto v, auto p) HWY_ATTR { sink(at + k, v, p); };
   alignas(64) uint8_t blk[kBytes];
   for (; at < K; at += kQKK) {
-#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
+#if HWY_ARCH_X86 && HWY_TARGET == HWY_AVX2
     UnpackRecordsAvx2<kThree>(row + at / kQKK * kBytes, blk);
 #else
     UnpackQ23Records(kThree, row + at / kQKK * kBytes, blk);

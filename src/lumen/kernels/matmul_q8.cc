@@ -732,10 +732,12 @@ namespace {
 // pay: bf16_prefill_pays.cc). The panels decode every weight once per call
 // too; on Zen 5 the dot kernels ran 16-token prompts of Q2_K, Q3_K and Q4_K
 // 1.06-1.20x faster than them and lost from about 20 rows (2048 x 2048,
-// one thread), and MLX prompts (whose panels decode slowest) 1.3-1.9x
-// faster up to 24 tokens, 1.03-1.16x at 32, 0.95-0.96x at 48
-// (performance.md, session 49). The other types measured even or behind
-// at 16 rows: kInt8MaxRows, as on Intel's AMX panels (unmeasured).
+// one thread), MLX prompts (whose panels decode slowest) 1.3-1.9x faster
+// up to 24 tokens, 1.03-1.16x at 32, 0.95-0.96x at 48, Q8_0 1.27-1.29x at
+// 12 tokens and 1.05-1.07x at 16, Q4_1, Q5_0, Q5_1 and Q5_K 1.04-1.19x at
+// 12 (Q5_K even at 16). Q4_0 and Q6_K measured even or behind at 12-16
+// rows: kInt8MaxRows, as on Intel's AMX panels (unmeasured; performance.md,
+// session 49).
 int64_t PanelsInt8MaxRows(const Matrix& W) {
   if (Int8Levels(W.route) != 2 || !RouteHasBf16(W.route) || !CpuHasBf16() || !CpuIsAmd())
     return kInt8MaxRows;
@@ -747,10 +749,22 @@ int64_t PanelsInt8MaxRows(const Matrix& W) {
     case Fmt::kQ4K:
     case Fmt::kQ4KC:
       return 16;
+    case Fmt::kQ8_0:
+    case Fmt::kQ8_0C:
+      return 16;
+    case Fmt::kQ4_1:
+    case Fmt::kQ4_1C:
+    case Fmt::kQ5_0:
+    case Fmt::kQ5_0C:
+    case Fmt::kQ5_1:
+    case Fmt::kQ5_1C:
+    case Fmt::kQ5K:
+    case Fmt::kQ5KC:
+      return 12;
     case Fmt::kMlx4:
     case Fmt::kMlx8:
       return 32;
-    default:
+    default:  // Q4_0, Q6_K
       return kInt8MaxRows;
   }
 }

@@ -398,32 +398,42 @@ TEST(MatMulInt8x2, ShortPromptsStayOnTheDotKernels) {
 }
 
 // Where the bf16 panels take the longer prompts (int8x2+bf16 on a CPU with
-// AVX512-BF16), the dot kernels keep up to 16 rows of Q2_K, Q3_K and Q4_K
-// and 32 of MLX on AMD CPUs (PanelsInt8MaxRows in matmul_q8.cc; measured on
-// Zen 5), kInt8MaxRows elsewhere: those rows each have the bits they have
-// alone, and one row more has the panels' bits (MatMulBf16).
+// AVX512-BF16), the dot kernels keep up to a per-type row count on AMD CPUs
+// (PanelsInt8MaxRows in matmul_q8.cc; measured on Zen 5: 16 for Q2_K, Q3_K,
+// Q4_K and Q8_0, 12 for Q4_1, Q5_0, Q5_1 and Q5_K, 32 for MLX) and
+// kInt8MaxRows elsewhere: those rows each have the bits they have alone, and
+// one row more has the panels' bits (MatMulBf16).
 TEST(MatMulInt8x2, PanelCpusKeepShortPromptsOnTheDotKernels) {
   if (!CpuHasVnni() || !CpuHasBf16())
     GTEST_SKIP() << "needs AVX512-VNNI and AVX512-BF16: the bf16 panels beside the dot kernels";
   std::mt19937 rng(61);
   const int64_t K = 512, N = 48;
-  const Case cases[] = {{DType::kQ2_KCols}, {DType::kQ3_K},
-                        {DType::kQ3_KCols}, {DType::kQ4_KCols},
-                        {DType::kQ4_K},     {DType::kQ4_0Cols},
-                        {DType::kQ6_KCols}, {DType::kQ8_0Cols},
-                        {DType::kU32, 64},  {DType::kU32, 32, DType::kF16, 8}};
-  for (const Case& c : cases) {
+  struct Want {
+    Case c;
+    int64_t amd;  // the count on AMD CPUs
+  };
+  const Want cases[] = {{{DType::kQ2_KCols}, 16},
+                        {{DType::kQ3_K}, 16},
+                        {{DType::kQ3_KCols}, 16},
+                        {{DType::kQ4_KCols}, 16},
+                        {{DType::kQ4_K}, 16},
+                        {{DType::kQ8_0Cols}, 16},
+                        {{DType::kQ8_0}, 16},
+                        {{DType::kQ5_KCols}, 12},
+                        {{DType::kQ5_1Cols}, 12},
+                        {{DType::kQ4_1Cols}, 12},
+                        {{DType::kQ5_0}, 12},
+                        {{DType::kQ4_0Cols}, kInt8MaxRows},
+                        {{DType::kQ6_KCols}, kInt8MaxRows},
+                        {{DType::kU32, 64}, 32},
+                        {{DType::kU32, 32, DType::kF16, 8}, 32}};
+  for (const Want& w : cases) {
+    const Case& c = w.c;
     OwnedMatrix W = MakeX2(c, N, K, rng);
     W.m.route = ActRoute::kInt8x2Bf16;
     ASSERT_FALSE(Int8x2GemmTakes(W.m)) << CaseName(c);
-    const bool k_quant = c.t == DType::kQ2_KCols || c.t == DType::kQ3_K ||
-                         c.t == DType::kQ3_KCols || c.t == DType::kQ4_KCols || c.t == DType::kQ4_K;
-    const int64_t want = !CpuIsAmd()          ? kInt8MaxRows
-                         : c.t == DType::kU32 ? 32
-                         : k_quant            ? 16
-                                              : kInt8MaxRows;
     const int64_t top = Int8MaxRows(W.m);
-    EXPECT_EQ(top, want) << CaseName(c);
+    EXPECT_EQ(top, CpuIsAmd() ? w.amd : kInt8MaxRows) << CaseName(c);
     const std::vector<float> X = RandomActivations(top + 1, K, rng);
     std::vector<float> batch(top * N), alone(top * N);
     MatMul(W.m, X.data(), top, K, batch.data(), N, nullptr);

@@ -748,7 +748,6 @@ int64_t PanelsInt8MaxRows(const Matrix& W) {
     case Fmt::kQ3KC:
     case Fmt::kQ4K:
     case Fmt::kQ4KC:
-      return 16;
     case Fmt::kQ8_0:
     case Fmt::kQ8_0C:
       return 16;
@@ -776,8 +775,9 @@ int64_t PanelsInt8MaxRows(const Matrix& W) {
 // per row at any count. Where the two met on a Xeon (BM_ShortPrompt, and the
 // 1B model's prompts of 16-48 tokens; performance.md, "Short prompts on
 // VNNI"): Q2_K and Q3_K, whose row steps cost the most, early; Q6_K, whose
-// panels cost the most to decode, late. Other products (the bf16 panels,
-// one level, F16 / BF16 storage) keep kInt8MaxRows, unmeasured.
+// panels cost the most to decode, late. Where the bf16 panels take the
+// longer prompts instead, PanelsInt8MaxRows; other products (one level,
+// F16 / BF16 storage) keep kInt8MaxRows, unmeasured.
 int64_t VnniInt8MaxRows(const Matrix& W) {
   if (!Int8RouteSupports(W)) return kInt8MaxRows;
   if (!Int8x2GemmTakes(W)) return PanelsInt8MaxRows(W);

@@ -669,8 +669,8 @@ void BySpans(const Matrix& W, const Geometry& g, int64_t M, int64_t n0, int64_t 
 
 // Rows [n0, n1) of W against every prepared activation row: each span (or
 // all of them) and chunk of rows (BySpans), the activation rows
-// kMaxRowsPerCall at a time by the format's kernel (Q2_K / Q3_K on Intel CPUs: kWideRows
-// while that many are left).
+// kMaxRowsPerCall at a time by the format's kernel (Q2_K / Q3_K on Intel
+// CPUs: kWideRows while that many are left).
 void MatMulRowsInt8(const Matrix& W, const Int8Rows& X, float* Y, int64_t ldy, int64_t n0,
                     int64_t n1) {
   const Geometry g = GeometryFor(W);

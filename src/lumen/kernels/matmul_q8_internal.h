@@ -55,9 +55,9 @@ enum class Fmt {
 // kernel's column j % 4 reads them (SourceIndex), then kEvenOdd twins.
 // kMlx8Groups: MLX 8-bit codes in groups (MlxOrder::kGroups), groups of 512
 // as kBlockColumnsQ8, then kWordTwins. kHalfColumns: kColumns with the
-// lanes in Q2_K records' and Q3_K planes' order (core/repack.h): lane l holds sub-block
-// 2 (l % 8) + l / 8, so lanes 0-7 the first halves of the eight 32-element
-// blocks and lanes 8-15 their second halves.
+// lanes in Q2_K records' and Q3_K planes' order (core/repack.h): lane l
+// holds sub-block 2 (l % 8) + l / 8, so lanes 0-7 the first halves of the
+// eight 32-element blocks and lanes 8-15 their second halves.
 enum class Order {
   kNatural,
   kQuads,

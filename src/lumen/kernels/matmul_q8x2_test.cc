@@ -359,8 +359,8 @@ TEST(MatMulInt8x2, ARowGivesTheSameBitsAloneAndInABatchAcrossSpans) {
 
 // Short prompts: up to Int8MaxRows rows (24 to kInt8MaxRowsVnni by storage,
 // where the GEMM takes the longer products) stay on the dot kernels, four
-// activation rows per pass (Q2_K, Q3_K on Intel CPUs: eight, then the rest) over chunks of
-// weight rows sized for L2
+// activation rows per pass (Q2_K, Q3_K on Intel CPUs: eight, then the
+// rest) over chunks of weight rows sized for L2
 // (matmul_q8.cc, kPassBytes; 400 rows of K = 2048 are two chunks or more of
 // every storage): within the oracle's bound, each row the bits it has alone,
 // on one thread or two. One row more goes to the GEMM, whose bits differ.

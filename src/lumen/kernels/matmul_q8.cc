@@ -734,10 +734,10 @@ namespace {
 // 1.06-1.20x faster than them and lost from about 20 rows (2048 x 2048,
 // one thread), MLX prompts (whose panels decode slowest) 1.3-1.9x faster
 // up to 24 tokens, 1.03-1.16x at 32, 0.95-0.96x at 48, Q8_0 1.27-1.29x at
-// 12 tokens and 1.05-1.07x at 16, Q4_1, Q5_0, Q5_1 and Q5_K 1.04-1.19x at
-// 12 (Q5_K even at 16). Q4_0 and Q6_K measured even or behind at 12-16
-// rows: kInt8MaxRows, as on Intel's AMX panels (unmeasured; performance.md,
-// session 49).
+// 12 tokens and 1.05-1.07x at 16, Q4_0, Q4_1, Q5_0, Q5_1 and Q5_K
+// 1.04-1.19x at 12 (Q4_0 0.92-0.96x at 16, Q5_K even). Q6_K measured
+// behind at 12 rows: kInt8MaxRows, as on Intel's AMX panels (unmeasured;
+// performance.md, session 49).
 int64_t PanelsInt8MaxRows(const Matrix& W) {
   if (Int8Levels(W.route) != 2 || !RouteHasBf16(W.route) || !CpuHasBf16() || !CpuIsAmd())
     return kInt8MaxRows;
@@ -751,6 +751,8 @@ int64_t PanelsInt8MaxRows(const Matrix& W) {
     case Fmt::kQ8_0:
     case Fmt::kQ8_0C:
       return 16;
+    case Fmt::kQ4_0:
+    case Fmt::kQ4_0C:
     case Fmt::kQ4_1:
     case Fmt::kQ4_1C:
     case Fmt::kQ5_0:
@@ -763,7 +765,7 @@ int64_t PanelsInt8MaxRows(const Matrix& W) {
     case Fmt::kMlx4:
     case Fmt::kMlx8:
       return 32;
-    default:  // Q4_0, Q6_K
+    default:  // Q6_K
       return kInt8MaxRows;
   }
 }
@@ -788,6 +790,8 @@ int64_t VnniInt8MaxRows(const Matrix& W) {
     case Fmt::kQ2K:
     case Fmt::kQ2KC:
       return 32;
+    case Fmt::kQ4_0:
+    case Fmt::kQ4_0C:
     case Fmt::kQ4_1:
     case Fmt::kQ4_1C:
     case Fmt::kQ5_0:

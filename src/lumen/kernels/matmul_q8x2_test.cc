@@ -400,7 +400,7 @@ TEST(MatMulInt8x2, ShortPromptsStayOnTheDotKernels) {
 // Where the bf16 panels take the longer prompts (int8x2+bf16 on a CPU with
 // AVX512-BF16), the dot kernels keep up to a per-type row count on AMD CPUs
 // (PanelsInt8MaxRows in matmul_q8.cc; measured on Zen 5: 16 for Q2_K, Q3_K,
-// Q4_K and Q8_0, 12 for Q4_1, Q5_0, Q5_1 and Q5_K, 32 for MLX) and
+// Q4_K and Q8_0, 12 for Q4_0, Q4_1, Q5_0, Q5_1 and Q5_K, 32 for MLX) and
 // kInt8MaxRows elsewhere: those rows each have the bits they have alone, and
 // one row more has the panels' bits (MatMulBf16).
 TEST(MatMulInt8x2, PanelCpusKeepShortPromptsOnTheDotKernels) {
@@ -423,7 +423,7 @@ TEST(MatMulInt8x2, PanelCpusKeepShortPromptsOnTheDotKernels) {
                         {{DType::kQ5_1Cols}, 12},
                         {{DType::kQ4_1Cols}, 12},
                         {{DType::kQ5_0}, 12},
-                        {{DType::kQ4_0Cols}, kInt8MaxRows},
+                        {{DType::kQ4_0Cols}, 12},
                         {{DType::kQ6_KCols}, kInt8MaxRows},
                         {{DType::kU32, 64}, 32},
                         {{DType::kU32, 32, DType::kF16, 8}, 32}};

@@ -790,8 +790,6 @@ int64_t VnniInt8MaxRows(const Matrix& W) {
     case Fmt::kQ2K:
     case Fmt::kQ2KC:
       return 32;
-    case Fmt::kQ4_0:
-    case Fmt::kQ4_0C:
     case Fmt::kQ4_1:
     case Fmt::kQ4_1C:
     case Fmt::kQ5_0:

@@ -22,6 +22,9 @@ LUMEN_INTRINSICS_BEGIN
 
 #define LUMEN_Q23_TARGET __attribute__((target("avx512f,avx512bw"), always_inline))
 
+// The lane (the dword of the 64 code bytes) that holds 16-element sub-block s.
+constexpr int Q23Lane(int s) { return 8 * (s % 2) + s / 2; }
+
 // Q2_K records: the 64 code bytes at qs hold column t at bits 2 t.
 LUMEN_Q23_TARGET inline void Q2RecordColumns(const uint8_t* qs, __m512i (&u)[4]) {
   const __m512i v = _mm512_loadu_si512(qs), k3 = _mm512_set1_epi8(3);
@@ -80,9 +83,9 @@ struct SubBlockCodes {
     return _mm512_castsi512_si256(l < 4 ? _mm512_shuffle_i32x4(v, v, 0x08)    // lanes 0, 2
                                         : _mm512_shuffle_i32x4(v, v, 0x0D));  // lanes 1, 3
   }
-  // The 16 codes of sub-block s (lane 8 (s % 2) + s / 2), in element order.
+  // The 16 codes of sub-block s (lane Q23Lane(s)), in element order.
   LUMEN_Q23_TARGET __m128i Sub(int s) const {
-    const int lane = 8 * (s % 2) + s / 2;
+    const int lane = Q23Lane(s);
     const __m512i v = by[lane % 4];
     switch (lane / 4) {
       case 0:

@@ -738,11 +738,10 @@ HWY_INLINE void EachSubBlockInPlanes2Order(Sub& sub) {
 
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
 // Q2_K records read as they are, 16 lanes: sub-block s is the dword at lane
-// 8 (s % 2) + s / 2 of the codes (core/repack.h), its element 4 t + i at bits
+// Q23Lane(s) of the codes (core/repack.h), its element 4 t + i at bits
 // 8 i + 2 t, so 16 codes are a broadcast, a shift per lane and a mask (the
-// super-block unpacked first cost a 16-token Q2_K prompt 5-8%). The
-// sub-blocks go out in DecodePlanes2's order with its chain tags (sub-block
-// s on (s % 8) / 2), so the exact route's sums keep their bits.
+// super-block unpacked first cost a 16-token Q2_K prompt 5-8%), in the
+// plain decoder's order (EachSubBlockInPlanes2Order).
 template <class Sink>
 HWY_INLINE void DecodeQ2Records16(const uint8_t* row, int64_t K, Sink& sink) {
   LUMEN_INTRINSICS_BEGIN
@@ -757,7 +756,7 @@ HWY_INLINE void DecodeQ2Records16(const uint8_t* row, int64_t K, Sink& sink) {
     Q2KFactors(blk, dl, ml);
     auto sub = [&](int s, auto chain) HWY_ATTR {
       uint32_t w;
-      std::memcpy(&w, qs + 4 * (8 * (s % 2) + s / 2), 4);
+      std::memcpy(&w, qs + 4 * Q23Lane(s), 4);
       const hn::Vec<DI> q{_mm512_and_si512(
           _mm512_srlv_epi32(_mm512_set1_epi32(static_cast<int32_t>(w)), shift), k3)};
       sink(b * kQKK + 16 * s, hn::MulAdd(hn::ConvertTo(d, q), hn::Set(d, dl[s]), hn::Set(d, ml[s])),
@@ -767,14 +766,10 @@ HWY_INLINE void DecodeQ2Records16(const uint8_t* row, int64_t K, Sink& sink) {
   }
   LUMEN_INTRINSICS_END
 }
-#endif
 
-#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
 // Q3_K planes read as they are, 16 lanes: the super-block's columns
 // (q23_columns_avx512.h) transposed by lane, so a sub-block's 16 codes are
-// one 128-bit lane widened. The sub-blocks go out in DecodePlanes2's order
-// with its chain tags (sub-block s on (s % 8) / 2) and the plain decoder's
-// arithmetic, so the exact route's sums keep their bits.
+// one 128-bit lane widened; the plain decoder's arithmetic, in its order.
 template <class Sink>
 HWY_INLINE void DecodeQ3Planes16(const uint8_t* row, int64_t K, Sink& sink) {
   LUMEN_INTRINSICS_BEGIN

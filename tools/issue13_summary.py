@@ -9,7 +9,9 @@ GGUF row, a batch-4 step's aggregate 2.5x a single stream (median of the
 rounds), decode at depth 8192 1.15x, peak RSS within weights + KV + 10%, and
 the MLX rows (no peer): batch 4, and one-thread decode (times the weight
 bytes per token rss.txt names) against every read bandwidth the campaign
-measured (the bandwidth clause asks 90%). A file that
+measured (the bandwidth clause asks 90%); the one-thread GGUF rows under
+1.15x are put against the same bandwidths, the issue's other decode clause
+where one thread is bound by the memory. A file that
 is missing or holds no row is named, not guessed. short.md (16-token
 prompts, not a target) is counted against llama.cpp's prefill at 1x.
   /usr/bin/python3 tools/issue13_summary.py /tmp/i13
@@ -43,6 +45,18 @@ def ratio_rows(text):
     return rows
 
 
+def lumen_decode(text, model):
+    """lumen's one-thread decode tok/s for model in a peer_bench table."""
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) >= 8 and cells[0] == f"pb_{model}.gguf" and cells[1] == "1":
+            try:
+                return float(cells[6])
+            except ValueError:
+                return None
+    return None
+
+
 def count(label, items, target):
     """items: (name, value); prints how many reach target and the rest."""
     if not items:
@@ -58,6 +72,7 @@ def main():
         sys.exit("usage: tools/issue13_summary.py OUT (a tools/issue13_campaign.sh folder)")
     out = sys.argv[1]
     peer = read(out, "peer.md")
+    decode_misses = []  # one-thread decode rows under 1.15x: (type, lumen tok/s)
     if peer is not None:
         rows = ratio_rows(peer)
         for m, t, r in rows:
@@ -66,6 +81,8 @@ def main():
         rows = [row for row in rows if len(row[2]) >= 2]
         count("prefill", [(f"{m} -t {t}", r[0]) for m, t, r in rows], PREFILL)
         count("decode", [(f"{m} -t {t}", r[1]) for m, t, r in rows], DECODE)
+        decode_misses = [(m, lumen_decode(peer, m)) for m, t, r in rows
+                         if t == "1" and r[1] < DECODE]
     if os.path.exists(os.path.join(out, "short.md")):
         rows = [row for row in ratio_rows(read(out, "short.md")) if row[2]]
         count("16-token prefill (not a target)", [(f"{m} -t {t}", r[0]) for m, t, r in rows], 1.0)
@@ -102,6 +119,17 @@ def main():
     ceil = read(out, "ceilings.md")
     if ceil is not None:
         bw += [float(x) for x in re.findall(r"1 thread ([0-9.]+) GB/s", ceil)]
+    # The issue's other decode clause: where one thread is bound by the
+    # memory, 90% of the same-run roofline (the weight bytes per token at
+    # the read bandwidths the campaign measured).
+    for m, tok_s in decode_misses:
+        if m not in gb or not bw or tok_s is None:
+            print(f"{m} -t 1 decode: no weight bytes in rss.txt or no read bandwidth")
+            continue
+        gbs = tok_s * gb[m]
+        shares = ", ".join(f"{gbs / x:.0%} of {x}" for x in bw)
+        print(f"{m} -t 1 decode (under {DECODE}x): {gbs:.1f} GB/s = {shares} GB/s "
+              f"(the bandwidth clause: {ROOF:.0%})")
     mlx = read(out, "mlx.txt")
     if mlx is not None:
         model = threads = None

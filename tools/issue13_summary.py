@@ -33,23 +33,25 @@ def read(out, name):
         return f.read()
 
 
-def ratio_rows(text):
-    """(model, threads, [ratios...]) of a peer_bench table."""
-    rows = []
+def table_rows(text):
+    """The cells of each model row of a peer_bench table."""
     for line in text.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) < 8 or not cells[0].startswith("pb_"):
-            continue
-        ratios = [float(c.rstrip("x")) for c in cells if re.fullmatch(r"[0-9.]+x", c)]
-        rows.append((cells[0].removeprefix("pb_").removesuffix(".gguf"), cells[1], ratios))
-    return rows
+        if len(cells) >= 8 and cells[0].startswith("pb_"):
+            yield cells
+
+
+def ratio_rows(text):
+    """(model, threads, [ratios...]) of a peer_bench table."""
+    return [(cells[0].removeprefix("pb_").removesuffix(".gguf"), cells[1],
+             [float(c.rstrip("x")) for c in cells if re.fullmatch(r"[0-9.]+x", c)])
+            for cells in table_rows(text)]
 
 
 def lumen_decode(text, model):
     """lumen's one-thread decode tok/s for model in a peer_bench table."""
-    for line in text.splitlines():
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) >= 8 and cells[0] == f"pb_{model}.gguf" and cells[1] == "1":
+    for cells in table_rows(text):
+        if cells[0] == f"pb_{model}.gguf" and cells[1] == "1":
             try:
                 return float(cells[6])
             except ValueError:

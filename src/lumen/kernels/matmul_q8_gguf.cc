@@ -795,15 +795,21 @@ RowsFn GgufRowsFor(Fmt f, int mb, int levels) { return PickRows<GgufKernels>(f, 
 RowsFn GgufWideRowsFor(Fmt f, int levels) {
   LUMEN_CHECK(levels == 1 || levels == 2);
   if (CpuIsAmd()) return nullptr;  // (kWideRows)
-  if (f == Fmt::kQ2K)
-    return levels == 1 ? &RowsK<Fmt::kQ2K, kWideRows, 1> : &RowsK<Fmt::kQ2K, kWideRows, 2>;
-  if (f == Fmt::kQ2KC)
-    return levels == 1 ? &RowsK<Fmt::kQ2KC, kWideRows, 1> : &RowsK<Fmt::kQ2KC, kWideRows, 2>;
-  if (f == Fmt::kQ3KC)
-    return levels == 1 ? &RowsK<Fmt::kQ3KC, kWideRows, 1> : &RowsK<Fmt::kQ3KC, kWideRows, 2>;
-  if (f == Fmt::kQ3K)
-    return levels == 1 ? &RowsK<Fmt::kQ3K, kWideRows, 1> : &RowsK<Fmt::kQ3K, kWideRows, 2>;
-  return nullptr;
+  auto wide = [levels]<Fmt F>(std::integral_constant<Fmt, F>) -> RowsFn {
+    return levels == 1 ? &RowsK<F, kWideRows, 1> : &RowsK<F, kWideRows, 2>;
+  };
+  switch (f) {
+    case Fmt::kQ2K:
+      return wide(std::integral_constant<Fmt, Fmt::kQ2K>{});
+    case Fmt::kQ2KC:
+      return wide(std::integral_constant<Fmt, Fmt::kQ2KC>{});
+    case Fmt::kQ3K:
+      return wide(std::integral_constant<Fmt, Fmt::kQ3K>{});
+    case Fmt::kQ3KC:
+      return wide(std::integral_constant<Fmt, Fmt::kQ3KC>{});
+    default:
+      return nullptr;
+  }
 }
 
 LUMEN_INTRINSICS_END

@@ -610,8 +610,10 @@ template <Fmt F>
     // Q6_K slices (core/repack.h): column j's low 4 bits are a nibble of
     // vector j % 2, its top 2 bits bits 2 j of the third; moved to bits 4-5
     // and joined by one ternary op (a | (b & 0x30)).
-    const __m512i va = _mm512_loadu_si512(blk), vb = _mm512_loadu_si512(blk + 64);
-    const __m512i h = _mm512_loadu_si512(blk + 128), k30 = _mm512_set1_epi8(0x30);
+    __m512i va = _mm512_loadu_si512(blk), vb = _mm512_loadu_si512(blk + 64);
+    __m512i h = _mm512_loadu_si512(blk + 128);
+    InRegisters(va, vb, h);
+    const __m512i k30 = _mm512_set1_epi8(0x30);
     u[0] = _mm512_ternarylogic_epi32(_mm512_and_si512(va, k4), _mm512_slli_epi16(h, 4), k30, 0xF8);
     u[1] = _mm512_ternarylogic_epi32(_mm512_and_si512(vb, k4), _mm512_slli_epi16(h, 2), k30, 0xF8);
     u[2] = _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi16(va, 4), k4), h, k30, 0xF8);

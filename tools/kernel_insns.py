@@ -3,20 +3,23 @@
 
 Static counts of the AVX512-VNNI int8 kernel instantiations (Rows, RowsK,
 RowsMlx; two levels) in a build (lumen or lumen_bench_kernels), from its
-disassembly: instructions, vpdpbusd, FMAs, stack accesses and calls. With
-OLD_BIN first, both builds side by side and the instruction ratio new / old: for
+disassembly: instructions, vpdpbusd, FMAs, stack accesses, calls, and
+reloads (vector ops that read an address an earlier op of the same basic
+block read: a loaded vector folded into each of its uses). With OLD_BIN
+first, both builds side by side and the instruction ratio new / old: for
 checking what a kernel change removed, or that a refactor left the hot code
 as it was, where timings are the host's noise. The names are matched whether
 the kernels sit in an anonymous namespace (before session 44) or in
 int8_vnni's.
 
 --rows: activation-row counts (default 1 4). --only: one kernel and format,
-e.g. RowsK:10. Formats (int8_vnni::Fmt, matmul_q8_internal.h): Q4_0 0, Q4_0
+e.g. RowsK:15. Formats (int8_vnni::Fmt, matmul_q8_internal.h): Q4_0 0, Q4_0
 groups 1, Q4_1 groups 2, Q5_0 groups 3, Q5_1 groups 4, Q4_1 5, Q5_0 6,
-Q5_1 7, Q8_0 8, Q2_K 9, Q3_K 10, Q4_K 11, Q5_K 12, Q4_K groups 13, Q5_K
-groups 14, Q6_K 15, Q6_K slices 16, Q8_0 groups 17, MLX 4-bit 18, 8-bit 19.
+Q5_1 7, Q8_0 8, Q2_K 9, Q2_K records 10, Q3_K 11, Q3_K planes 12, Q4_K 13,
+Q5_K 14, Q4_K groups 15, Q5_K groups 16, Q6_K 17, Q6_K slices 18, Q8_0
+groups 19, MLX 4-bit 20, 8-bit 21.
 
-  /usr/bin/python3 tools/kernel_insns.py build/dev/bench/lumen_bench_kernels --only RowsK:10
+  /usr/bin/python3 tools/kernel_insns.py build/dev/bench/lumen_bench_kernels --only RowsK:15
   /usr/bin/python3 tools/kernel_insns.py /tmp/kb_old build/dev/bench/lumen_bench_kernels
 """
 import argparse
@@ -43,14 +46,41 @@ def symbols(binary):
     return found
 
 
+# A memory operand off a general register other than the stack pointer.
+OPERAND = re.compile(r"(?<![\w])(-?0x[0-9a-f]+)?\((%r(?!sp|ip)[a-z0-9]+)(,%r[a-z0-9]+,\d)?\)")
+
+
+def reloads(insns):
+    """Vector ops (not moves or dot products) that read an address an earlier
+    op of the same basic block read, its base register unchanged: a loaded
+    vector GCC folded into each of its uses (session 51: Q6_K slices read each
+    of their three vectors two to four times)."""
+    found, seen = 0, set()
+    for x in insns:
+        if re.match(r"(j|ret|call)", x):
+            seen.clear()
+            continue
+        m = OPERAND.search(x)
+        if m and x.startswith("v") and "mm" in x:
+            if m.group(0) in seen and not x.startswith(("vmov", "vpdpbusd")):
+                found += 1
+            seen.add(m.group(0))
+        written = re.search(r",(%r[a-z0-9]+)$", x)
+        if written and not x.startswith("v"):
+            seen = {a for a in seen if written.group(1) not in a}
+    return found
+
+
 def counts(binary, address, size):
-    """(instructions, vpdpbusd, FMAs, stack accesses, calls) between address and its end."""
+    """(instructions, vpdpbusd, FMAs, stack accesses, calls, reloads) between
+    address and its end."""
     dis = subprocess.run(["objdump", "-d", "--no-show-raw-insn", f"--start-address={address}",
                           f"--stop-address={address + size}", binary],
                          capture_output=True, text=True, check=True).stdout
     lines = [l for l in dis.splitlines() if re.match(r"^ +[0-9a-f]+:\t", l)]
+    insns = [l.split("\t", 1)[1].strip() for l in lines]
     return (len(lines), sum("vpdpbusd" in l for l in lines), sum("vfmadd" in l for l in lines),
-            sum("(%rsp)" in l for l in lines), sum("\tcall" in l for l in lines))
+            sum("(%rsp)" in l for l in lines), sum("\tcall" in l for l in lines), reloads(insns))
 
 
 def main():
@@ -86,7 +116,7 @@ def main():
         print("kernel_insns: no int8 kernel instantiation matches", file=sys.stderr)
         sys.exit(1)
     show = lambda c: " / ".join(map(str, c)) if c else "absent"
-    head = "insns / vpdpbusd / FMAs / stack / calls"
+    head = "insns / vpdpbusd / FMAs / stack / calls / reloads"
     if args.old:
         print(f"| kernel <fmt, rows, levels> | old: {head} | new | insns new / old |")
         print("|---|---|---|---|")

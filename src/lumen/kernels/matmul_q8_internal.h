@@ -253,10 +253,11 @@ LUMEN_VNNI inline __m512i TwinDot(__m512i init, __m512i a, __m512i b, const uint
 
 // Keeps vectors just loaded in registers: where a loaded vector has several
 // uses (a mask and a shift), GCC 12 folds the load into each of them, one
-// load per use, and a 64-byte load from an unaligned address (Q6_K's
-// 210-byte super-blocks) splits over two cache lines every time. Q6_K
-// slices' kernel read each of its three vectors two to four times: pinned,
-// 1.37x (one row) and 1.19-1.36x (four), session 51.
+// load per use. Q6_K slices' kernel read each of its three vectors two to
+// four times (most of them split over two lines: 210-byte super-blocks):
+// pinned, 1.37x one row and 1.19-1.36x four (session 51). The count of
+// loads was the cost, not the splits: aligned lines shifted by vpermt2b ran
+// 0.84-0.95x the pinned loads. tools/kernel_insns.py counts such reloads.
 template <class V, class... Rest>
 [[gnu::always_inline]] LUMEN_VNNI inline void InRegisters(V& v, Rest&... rest) {
   asm("" : "+v"(v));

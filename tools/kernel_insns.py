@@ -46,8 +46,19 @@ def symbols(binary):
     return found
 
 
-# A memory operand off a general register other than the stack pointer.
+# A memory operand off a general register other than the stack and
+# instruction pointers.
 OPERAND = re.compile(r"(?<![\w])(-?0x[0-9a-f]+)?\((%r(?!sp|ip)[a-z0-9]+)(,%r[a-z0-9]+,\d)?\)")
+# The 64-bit register a scalar instruction writes (its last operand), from
+# its 64- or 32-bit name: a 32-bit write replaces the whole register.
+WRITTEN = re.compile(r",%(?:r([a-z]{2})|e([a-z]{2})|(r\d+)d?)$")
+
+
+def written_register(insn):
+    m = None if insn.startswith("v") else WRITTEN.search(insn)
+    if not m:
+        return None
+    return "%r" + (m.group(1) or m.group(2)) if m.group(3) is None else "%" + m.group(3)
 
 
 def reloads(insns):
@@ -65,9 +76,9 @@ def reloads(insns):
             if m.group(0) in seen and not x.startswith(("vmov", "vpdpbusd")):
                 found += 1
             seen.add(m.group(0))
-        written = re.search(r",(%r[a-z0-9]+)$", x)
-        if written and not x.startswith("v"):
-            seen = {a for a in seen if written.group(1) not in a}
+        reg = written_register(x)
+        if reg:
+            seen = {a for a in seen if not re.search(re.escape(reg) + r"\b", a)}
     return found
 
 

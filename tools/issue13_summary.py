@@ -48,15 +48,14 @@ def ratio_rows(text):
             for cells in table_rows(text)]
 
 
-def lumen_decode(text, model):
-    """lumen's one-thread decode tok/s for model in a peer_bench table."""
+def one_thread_decode(text):
+    """{model: lumen's one-thread decode tok/s, or None} of a peer_bench table."""
+    found = {}
     for cells in table_rows(text):
-        if cells[0] == f"pb_{model}.gguf" and cells[1] == "1":
-            try:
-                return float(cells[6])
-            except ValueError:
-                return None
-    return None
+        if cells[1] == "1":
+            model = cells[0].removeprefix("pb_").removesuffix(".gguf")
+            found[model] = float(cells[6]) if re.fullmatch(r"[0-9.]+", cells[6]) else None
+    return found
 
 
 def count(label, items, target):
@@ -83,8 +82,8 @@ def main():
         rows = [row for row in rows if len(row[2]) >= 2]
         count("prefill", [(f"{m} -t {t}", r[0]) for m, t, r in rows], PREFILL)
         count("decode", [(f"{m} -t {t}", r[1]) for m, t, r in rows], DECODE)
-        decode_misses = [(m, lumen_decode(peer, m)) for m, t, r in rows
-                         if t == "1" and r[1] < DECODE]
+        decode = one_thread_decode(peer)
+        decode_misses = [(m, decode.get(m)) for m, t, r in rows if t == "1" and r[1] < DECODE]
     if os.path.exists(os.path.join(out, "short.md")):
         rows = [row for row in ratio_rows(read(out, "short.md")) if row[2]]
         count("16-token prefill (not a target)", [(f"{m} -t {t}", r[0]) for m, t, r in rows], 1.0)

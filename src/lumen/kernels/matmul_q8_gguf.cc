@@ -305,13 +305,13 @@ LUMEN_VNNI void Rows(const Matrix& W, const Geometry& g, const Int8Rows& X, int6
           for (int r = 0; r < MB; ++r) {
             const uint8_t* rec = x[r] + kRecord<L> * 2 * q;
             const __m512i init =
-                kOffset ? _mm512_loadu_si512(rp.corr[r] + 32 * q) : _mm512_setzero_si512();
+                kOffset ? _mm512_loadu_si512(rp.corr(r, 32 * q)) : _mm512_setzero_si512();
             const __m512i i = TwinDot<L>(init, w.a, w.b, rec);
             acc[r][A] = AddScaledLanes<L>(acc[r][A], i, w.d, rec);
           }
           if constexpr (kMin)
             for (int r = 0; r < MB; ++r)
-              off[r] = _mm_fmadd_ps(w.m, _mm_loadu_ps(rp.sums[r] + 4 * q), off[r]);
+              off[r] = _mm_fmadd_ps(w.m, _mm_loadu_ps(rp.sums(r, 4 * q)), off[r]);
         }
       };
       // Q8_0: a group of 8 blocks (units 2 G, 2 G + 1; records 4 G ..) as
@@ -345,7 +345,7 @@ LUMEN_VNNI void Rows(const Matrix& W, const Geometry& g, const Int8Rows& X, int6
         const __m512 d = _mm512_broadcast_f32x8(_mm256_cvtph_ps(h));  // lane l: block l % 8
         for (int r = 0; r < MB; ++r) {
           const uint8_t* rec = x[r] + kRecord<L> * 4 * G;
-          const __m512i init = _mm512_loadu_si512(rp.corr[r] + 64 * G);
+          const __m512i init = _mm512_loadu_si512(rp.corr(r, 64 * G));
           const __m512i i = ColumnDot<L>(init, col, rec);
           acc[r][A] = AddScaledLanes<L>(acc[r][A], i, d, rec);
         }
@@ -373,13 +373,13 @@ LUMEN_VNNI void Rows(const Matrix& W, const Geometry& g, const Int8Rows& X, int6
         for (int r = 0; r < MB; ++r) {
           const uint8_t* rec = x[r] + kRecord<L> * 8 * G;
           const __m512i init =
-              kOffset ? _mm512_loadu_si512(rp.corr[r] + 128 * G) : _mm512_setzero_si512();
+              kOffset ? _mm512_loadu_si512(rp.corr(r, 128 * G)) : _mm512_setzero_si512();
           const __m512i i = GroupDot<L>(init, lo, hi, rec);
           acc[r][A] = AddScaledLanes<L>(acc[r][A], i, d, rec);
           if constexpr (kMin)  // m times each block's activation sum, lane by lane
             acc[r][A] = _mm512_fmadd_ps(
                 _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(grp + f.m))),
-                _mm512_loadu_ps(rp.sums[r] + kColsBlocks * G), acc[r][A]);
+                _mm512_loadu_ps(rp.sums(r, kColsBlocks * G)), acc[r][A]);
         }
       };
       // A pair record, [block b | block b + 1] in natural order, into
@@ -395,12 +395,12 @@ LUMEN_VNNI void Rows(const Matrix& W, const Geometry& g, const Int8Rows& X, int6
         for (int r = 0; r < MB; ++r) {
           const uint8_t* rec = x[r] + kRecord<L> * rec_at;
           const __m512i init =
-              kOffset ? _mm512_loadu_si512(rp.corr[r] + 16 * rec_at) : _mm512_setzero_si512();
+              kOffset ? _mm512_loadu_si512(rp.corr(r, 16 * rec_at)) : _mm512_setzero_si512();
           const __m512i i = LevelDot<L>(init, w, rec);
           acc[r][A] = AddScaledLanes<L>(acc[r][A], i, s, rec);
           if constexpr (kMin) {
             const __m128 sums =
-                _mm_castsi128_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(rp.sums[r] + b)));
+                _mm_castsi128_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(rp.sums(r, b))));
             off[r] = _mm_fmadd_ps(TwoHalves(blk + 2, bb), sums, off[r]);
           }
         }
@@ -446,7 +446,7 @@ LUMEN_VNNI void Rows(const Matrix& W, const Geometry& g, const Int8Rows& X, int6
           const uint8_t* rec = x[r] + kRecord<L> * rec_at;
           const __m256i init =
               kOffset
-                  ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rp.corr[r] + 16 * rec_at))
+                  ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rp.corr(r, 16 * rec_at)))
                   : _mm256_setzero_si256();
           const __m256i i = LevelDotHalf<L>(init, w, rec);
           alignas(32) int32_t v[8];
@@ -457,7 +457,7 @@ LUMEN_VNNI void Rows(const Matrix& W, const Geometry& g, const Int8Rows& X, int6
           // One explicit rounding: left to -ffp-contract, GCC fused this for
           // some row counts and not others, and a batched row lost the bits
           // it has alone (Q4_1/Q5_1 rows with 1-3 blocks after the quads).
-          if constexpr (kMin) tail[r] = std::fma(F16Scalar(blk + 2), rp.sums[r][b], tail[r]);
+          if constexpr (kMin) tail[r] = std::fma(F16Scalar(blk + 2), *rp.sums(r, b), tail[r]);
         }
       }
       for (int r = 0; r < MB; ++r) {
@@ -689,12 +689,12 @@ LUMEN_VNNI void RowsK(const Matrix& W, const Geometry& g, const Int8Rows& X, int
         SuperColumns<F == Fmt::kQ6KC || kHalves ? F : FQ>(blk, u);
         for (int r = 0; r < MB; ++r) {
           const uint8_t* rec = x[r] + kRecord<L> * 4 * sb;
-          const __m512i init = kIntOffset ? _mm512_loadu_si512(rows.corr[r] + kQKK / 4 * sb)
-                                          : _mm512_setzero_si512();
+          const __m512i init =
+              kIntOffset ? _mm512_loadu_si512(rows.corr(r, kQKK / 4 * sb)) : _mm512_setzero_si512();
           const __m512i i = ColumnDot<L>(init, u, rec);
           acc[r][A] = AddScaledLanes<L>(acc[r][A], i, a, rec);
           if constexpr (!kIntOffset)
-            off[r] = _mm512_fmadd_ps(o, _mm512_maskz_loadu_ps(sums_mask, rows.sums[r] + kSubs * sb),
+            off[r] = _mm512_fmadd_ps(o, _mm512_maskz_loadu_ps(sums_mask, rows.sums(r, kSubs * sb)),
                                      off[r]);
         }
       };
@@ -714,7 +714,7 @@ LUMEN_VNNI void RowsK(const Matrix& W, const Geometry& g, const Int8Rows& X, int
           const uint8_t* rec = x[r] + kRecord<L> * 8 * G;
           const __m512i i = GroupDot<L>(_mm512_setzero_si512(), lo, hi, rec);
           acc[r][A] = AddScaledLanes<L>(acc[r][A], i, a, rec);
-          off[r] = _mm512_fmadd_ps(o, _mm512_loadu_ps(rows.sums[r] + kColsBlocks * G), off[r]);
+          off[r] = _mm512_fmadd_ps(o, _mm512_loadu_ps(rows.sums(r, kColsBlocks * G)), off[r]);
         }
       };
       int64_t sb = s.u0;

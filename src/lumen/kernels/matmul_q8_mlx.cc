@@ -203,7 +203,7 @@ LUMEN_VNNI void RowsMlx(const Matrix& W, const Geometry&, const Int8Rows& X, int
         const __mmask16 k = ng - g >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (ng - g)) - 1);
         const __m512 b = _mm512_maskz_loadu_ps(k, sb.data() + ng + g);
         for (int r = 0; r < MB; ++r)
-          off[r] = _mm512_fmadd_ps(b, _mm512_maskz_loadu_ps(k, rows.sums[r] + g), off[r]);
+          off[r] = _mm512_fmadd_ps(b, _mm512_maskz_loadu_ps(k, rows.sums(r, g)), off[r]);
       }
       for (int r = 0; r < MB; ++r) {
         // One horizontal sum per row, the offsets in it.

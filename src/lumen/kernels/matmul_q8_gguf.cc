@@ -285,6 +285,10 @@ LUMEN_VNNI void Rows(const Matrix& W, const Geometry& g, const Int8Rows& X, int6
   constexpr bool kQuads = FQ != Fmt::kQ8_0;
   const int64_t K = W.k, nb = K / kQK, units = nb / 4, bb = g.block_bytes;
   const RowPtrs<MB> rp(X, m0);
+  // The column groups of 4- and 5-bit codes ask for their rows in L1 where
+  // L1PrefetchPays (prefetch.h); Q8_0's groups, twice the bytes, decoded 3%
+  // slower so (session 52).
+  const bool l1 = FQ != Fmt::kQ8_0 && L1PrefetchPays();
   const auto& x = rp.x;
   for (int64_t n = n0; n < n1; ++n)
     for (const Span& s : spans) {
@@ -357,7 +361,7 @@ LUMEN_VNNI void Rows(const Matrix& W, const Geometry& g, const Int8Rows& X, int6
       // weights.
       auto cgroup = [&]<int A>(int64_t G, std::integral_constant<int, A>) LUMEN_VNNI {
         const uint8_t* grp = row + G * kColsBlocks * bb;
-        PrefetchAhead(grp, kColsBlocks * bb, s.ahead);
+        PrefetchAheadInto(l1, grp, kColsBlocks * bb, s.ahead);
         const ColsFields f = ColsFieldsAt(kPlainDType<FQ>, grp);
         const __m512 d =
             _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(grp + f.d)));
@@ -668,9 +672,11 @@ LUMEN_VNNI void RowsK(const Matrix& W, const Geometry& g, const Int8Rows& X, int
   // sub-block order, as the activations' sums are).
   const __m512i record_lanes = LaneValues(HalfColumnsSubBlock);
   const __mmask16 sums_mask = kSubs == 16 ? 0xFFFF : 0x00FF;
-  // Q6_K's 210-byte super-blocks straddle cache lines (three unaligned
-  // 64-byte loads each); L1PrefetchPays says where they are asked into L1.
-  const bool l1 = FQ == Fmt::kQ6K && L1PrefetchPays();
+  // Where the rows are asked into L1 (prefetch.h): Q6_K's 210-byte
+  // super-blocks straddle cache lines (three unaligned 64-byte loads each),
+  // and the other K-quants' groups and records gained too, but for Q5_K's
+  // (2% slower so; session 52).
+  const bool l1 = FQ != Fmt::kQ5K && L1PrefetchPays();
   for (int64_t n = n0; n < n1; ++n)
     for (const Span& s : spans) {
       const uint8_t* row = W.w.row<const uint8_t>(n);
@@ -704,7 +710,7 @@ LUMEN_VNNI void RowsK(const Matrix& W, const Geometry& g, const Int8Rows& X, int
       // and the scales, offsets and conversion are paid once per 512 weights.
       auto cgroup = [&]<int A>(int64_t G, std::integral_constant<int, A>) LUMEN_VNNI {
         const uint8_t* grp = row + 2 * G * g.block_bytes;
-        PrefetchAhead(grp, 2 * g.block_bytes, s.ahead);
+        PrefetchAheadInto(l1, grp, 2 * g.block_bytes, s.ahead);
         const ColsFields f = ColsFieldsAt(FQ == Fmt::kQ4K ? DType::kQ4_K : DType::kQ5_K, grp);
         __m512 a, o;
         ScalesMinsQ4KPair(grp + f.scales, &a, &o);

@@ -230,8 +230,10 @@ uint8_t* HugeAligned(const AlignedBuffer& region, size_t bytes, bool huge) {
 // two timed in turn in every iteration. range(2): 1 puts the matrix on huge
 // pages, as the engine's copied weights; 0 on 4 KiB pages, as a mapped file.
 // range(3): 1 cuts the rows into a decode step's products (below), 0 reads
-// them in one. stream = the kernel's bytes/s over the read's: what the
-// kernel's access pattern and work leave of the bandwidth.
+// them in one. range(4): activation rows (1 a decode step, 4 a batch-4
+// step's products over the same bytes). stream = the kernel's bytes/s over
+// the read's: what the kernel's access pattern and work leave of the
+// bandwidth.
 void BM_DecodeStream(benchmark::State& state) {
   const DType t = kTypes[state.range(0)];
   const int threads = static_cast<int>(state.range(1));
@@ -257,7 +259,8 @@ void BM_DecodeStream(benchmark::State& state) {
     parts.push_back(m);
     n0 += rows;
   }
-  std::vector<float> x(K), y(N);
+  const int64_t M = state.range(4);
+  std::vector<float> x(M * K), y(M * N);
   std::mt19937 rng(4);
   for (auto& v : x) v = std::uniform_real_distribution<float>(-1, 1)(rng);
   ThreadPool pool(threads);
@@ -266,7 +269,7 @@ void BM_DecodeStream(benchmark::State& state) {
   std::vector<uint64_t> sink(threads);  // one per thread, so the reads stay
   for (auto _ : state) {
     const auto s0 = std::chrono::steady_clock::now();
-    for (const Matrix& m : parts) MatMul(m, x.data(), 1, K, y.data(), m.n, &pool);
+    for (const Matrix& m : parts) MatMul(m, x.data(), M, K, y.data(), m.n, &pool);
     const auto s1 = std::chrono::steady_clock::now();
     pool.ParallelFor(pages, [&](int64_t b, int64_t e, int thread) {
       sink[thread] += StreamRead(p + b * 4096, static_cast<size_t>(e - b) * 4096);
@@ -283,10 +286,18 @@ void BM_DecodeStream(benchmark::State& state) {
   state.counters["stream"] = t_read / t_kernel;
   state.SetLabel(std::string(TypeName(static_cast<int>(state.range(0)))) +
                  (state.range(2) ? " huge pages" : " 4 KiB pages") +
-                 (state.range(3) ? ", layer-sized products" : ""));
+                 (state.range(3) ? ", layer-sized products" : "") +
+                 (M > 1 ? ", " + std::to_string(M) + " rows" : ""));
 }
 BENCHMARK(BM_DecodeStream)
-    ->ArgsProduct({{1, 2, 3, 4, 8, 9, 10, 12}, {1, 2}, {0, 1}, {0, 1}})
+    ->ArgsProduct({{1, 2, 3, 4, 8, 9, 10, 12}, {1, 2}, {0, 1}, {0, 1}, {1}})
+    ->UseRealTime()
+    ->Iterations(6);
+// A batch-4 step's products against the memory (the 4-row kernels on huge
+// pages, layer-sized), beside BM_MatMul/T/4/1/2048/3's rate from L3.
+BENCHMARK(BM_DecodeStream)
+    ->ArgsProduct({{9, 10, 12}, {1, 2}, {1}, {1}, {4}})
+    ->ArgsProduct({{13, 14}, {1, 2}, {1}, {1}, {1, 4}})
     ->UseRealTime()
     ->Iterations(6);
 

@@ -286,7 +286,7 @@ LUMEN_VNNI void Rows(const Matrix& W, const Geometry& g, const Int8Rows& X, int6
   const int64_t K = W.k, nb = K / kQK, units = nb / 4, bb = g.block_bytes;
   const RowPtrs<MB> rp(X, m0);
   // The column groups of 4- and 5-bit codes ask for their rows in L1 where
-  // L1PrefetchPays (prefetch.h); Q8_0's groups, twice the bytes, decoded 3%
+  // L1PrefetchPays (prefetch.h); Q8_0's groups, twice the bytes, decoded 2%
   // slower so (session 52).
   const bool l1 = FQ != Fmt::kQ8_0 && L1PrefetchPays();
   const auto& x = rp.x;

@@ -320,7 +320,7 @@ void Prepare(const Geometry& g, const float* X, int64_t M, int64_t ldx, int64_t 
   out->levels = levels;
   // L bytes and 1/4 f32 scale per element, then the sums, then (offset
   // weights) 1/4 int32 correction per element.
-  out->stride = ((levels + 1) * K + 4 * nsum + (g.w_offset ? K : 0) + 63) / 64 * 64;
+  out->stride = (out->corr_at() + (g.w_offset ? K : 0) + 63) / 64 * 64;
   out->buf = AlignedBuffer(M * out->stride);
   std::vector<int8_t> q1(K), q2(levels == 2 ? K : 0);
   std::vector<float> dn(nb);
@@ -341,8 +341,8 @@ void Prepare(const Geometry& g, const float* X, int64_t M, int64_t ldx, int64_t 
     }
     const int8_t* const q[2] = {q1.data(), q2.data()};
     uint8_t* rec = out->buf.as<uint8_t>() + m * out->stride;
-    int32_t* const corr_row = reinterpret_cast<int32_t*>(out->buf.as<uint8_t>() + m * out->stride +
-                                                         (levels + 1) * K + 4 * nsum);
+    int32_t* const corr_row =
+        reinterpret_cast<int32_t*>(out->buf.as<uint8_t>() + m * out->stride + out->corr_at());
     if (start > 0)
       PrepareRecordsVnni(g, levels, per, q1.data(), q2.data(), dn.data(), rec,
                          g.w_offset ? corr_row : nullptr);
@@ -362,9 +362,7 @@ void Prepare(const Geometry& g, const float* X, int64_t M, int64_t ldx, int64_t 
       for (int64_t l = 0; l < n / 4; ++l)
         dx[l] = dn[(natural ? pos + 4 * l : src[pos - start + 4 * l]) / kQK];
       if (g.w_offset) {
-        int32_t* corr = reinterpret_cast<int32_t*>(out->buf.as<uint8_t>() + m * out->stride +
-                                                   (levels + 1) * K + 4 * nsum) +
-                        pos / 4;
+        int32_t* corr = corr_row + pos / 4;
         const auto* c1 = reinterpret_cast<const int8_t*>(rec);
         const auto* c2 = reinterpret_cast<const int8_t*>(rec + n);
         for (int64_t l = 0; l < n / 4; ++l) {
@@ -378,8 +376,7 @@ void Prepare(const Geometry& g, const float* X, int64_t M, int64_t ldx, int64_t 
       pos += n;
     }
     if (g.w_offset && SharesLanes(g.order)) {
-      int32_t* corr = reinterpret_cast<int32_t*>(out->buf.as<uint8_t>() + m * out->stride +
-                                                 (levels + 1) * K + 4 * nsum);
+      int32_t* corr = corr_row;
       // Positions [from, to) in periods of `records` records.
       auto fold = [&](int64_t from, int64_t to, int64_t records) {
         for (int64_t at = from / 4; at < to / 4; at += 16 * records)
@@ -394,7 +391,7 @@ void Prepare(const Geometry& g, const float* X, int64_t M, int64_t ldx, int64_t 
       if (g.order == Order::kBlockColumns) fold(per.end, nb / 4 * 128, 2);
     }
     float* sums =
-        reinterpret_cast<float*>(out->buf.as<uint8_t>() + m * out->stride + (levels + 1) * K);
+        reinterpret_cast<float*>(out->buf.as<uint8_t>() + m * out->stride + out->sums_at());
     // sum over the group of dx * code (code = q1, or 256 q1 + q2); a group is
     // part of one block or whole blocks.
     const int64_t part = std::min<int64_t>(g.sum_group, kQK);

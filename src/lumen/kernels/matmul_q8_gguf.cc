@@ -285,10 +285,7 @@ LUMEN_VNNI void Rows(const Matrix& W, const Geometry& g, const Int8Rows& X, int6
   constexpr bool kQuads = FQ != Fmt::kQ8_0;
   const int64_t K = W.k, nb = K / kQK, units = nb / 4, bb = g.block_bytes;
   const RowPtrs<MB> rp(X, m0);
-  // The column groups of 4- and 5-bit codes ask for their rows in L1 where
-  // L1PrefetchPays (prefetch.h); Q8_0's groups, twice the bytes, decoded 2%
-  // slower so (session 52).
-  const bool l1 = FQ != Fmt::kQ8_0 && L1PrefetchPays();
+  const bool l1 = RowsIntoL1(FQ);  // the column groups' prefetch
   const auto& x = rp.x;
   for (int64_t n = n0; n < n1; ++n)
     for (const Span& s : spans) {
@@ -672,11 +669,9 @@ LUMEN_VNNI void RowsK(const Matrix& W, const Geometry& g, const Int8Rows& X, int
   // sub-block order, as the activations' sums are).
   const __m512i record_lanes = LaneValues(HalfColumnsSubBlock);
   const __mmask16 sums_mask = kSubs == 16 ? 0xFFFF : 0x00FF;
-  // Where the rows are asked into L1 (prefetch.h): Q6_K's 210-byte
-  // super-blocks straddle cache lines (three unaligned 64-byte loads each),
-  // and the other K-quants' groups and records gained too, but for Q5_K's
-  // (2% slower so; session 52).
-  const bool l1 = FQ != Fmt::kQ5K && L1PrefetchPays();
+  // Q6_K's 210-byte super-blocks straddle cache lines (three unaligned
+  // 64-byte loads each): L1 first paid there (session 47).
+  const bool l1 = RowsIntoL1(FQ);
   for (int64_t n = n0; n < n1; ++n)
     for (const Span& s : spans) {
       const uint8_t* row = W.w.row<const uint8_t>(n);

@@ -14,6 +14,7 @@
 #include "lumen/core/check.h"
 #include "lumen/core/quant.h"
 #include "lumen/kernels/matrix.h"
+#include "lumen/kernels/prefetch.h"
 #include "lumen/kernels/vnni_target.h"
 
 #if defined(__x86_64__)
@@ -109,6 +110,12 @@ struct Geometry {
   Order order;
 };
 
+// Whether a kernel asks for the decode rows of format f (the plain one a
+// repacked format reads as) in L1 rather than L2: where L1PrefetchPays
+// (prefetch.h), but for Q8_0's and Q5_K's groups, which decoded 2% slower so
+// on Zen 5 (session 52).
+inline bool RowsIntoL1(Fmt f) { return f != Fmt::kQ8_0 && f != Fmt::kQ5K && L1PrefetchPays(); }
+
 // Activation rows quantized and laid out for one weight format and level
 // count L. Each row is a run of records, one per 64 elements: [L code vectors
 // (level 1, then level 2), 64 B each | lane scales, 16 x f32], then for an
@@ -124,14 +131,15 @@ struct Int8Rows {
   int levels = 1;
   AlignedBuffer buf;
   const uint8_t* row(int64_t m) const { return buf.as<const uint8_t>() + m * stride; }
-  const float* sums(int64_t m) const {
-    return reinterpret_cast<const float*>(row(m) + (levels + 1) * K);
-  }
+  // Bytes from a row's start to its offset sums and to its corrections.
+  int64_t sums_at() const { return (levels + 1) * K; }
+  int64_t corr_at() const { return sums_at() + 4 * nsum; }
+  const float* sums(int64_t m) const { return reinterpret_cast<const float*>(row(m) + sums_at()); }
   // Q4_0 / Q5_0 / Q8_0 / Q3_K / Q6_K: per 4-byte lane of the records,
   // -w_offset times the lane's activation codes summed (q1, or 256 q1 + q2),
   // one int32 each (SharesLanes: a period's records summed into its first).
   const int32_t* corr(int64_t m) const {
-    return reinterpret_cast<const int32_t*>(row(m) + (levels + 1) * K + 4 * nsum);
+    return reinterpret_cast<const int32_t*>(row(m) + corr_at());
   }
 };
 
@@ -143,10 +151,8 @@ struct Int8Rows {
 template <int MB>
 struct RowPtrs {
   const uint8_t* x[MB];
-  int64_t sums_at, corr_at;  // bytes from a row's records
-  RowPtrs(const Int8Rows& X, int64_t m0)
-      : sums_at(reinterpret_cast<const uint8_t*>(X.sums(m0)) - X.row(m0)),
-        corr_at(reinterpret_cast<const uint8_t*>(X.corr(m0)) - X.row(m0)) {
+  int64_t sums_at, corr_at;  // Int8Rows' distances
+  RowPtrs(const Int8Rows& X, int64_t m0) : sums_at(X.sums_at()), corr_at(X.corr_at()) {
     for (int r = 0; r < MB; ++r) x[r] = X.row(m0 + r);
   }
   // Row r's offset sums from element i, corrections from lane i.

@@ -82,7 +82,7 @@ LUMEN_VNNI void RowsMlx(const Matrix& W, const Geometry&, const Int8Rows& X, int
   const int64_t per_twin = 128 / G;  // groups per twin (G < 128), hoisted: GCC divided per twin
   const int64_t ss = Info(W.scales.dtype).block_bytes;
   const bool grouped = W.mlx_order == MlxOrder::kGroups;
-  const bool l1 = L1PrefetchPays();  // the codes' prefetch into L1 (prefetch.h)
+  const bool l1 = RowsIntoL1(F);  // the codes' prefetch
   const int64_t code_row =
       W.n > 1 ? W.w.row<const uint8_t>(1) - W.w.row<const uint8_t>(0) : K * W.mlx_bits / 8;
   for (int64_t n = n0; n < n1; ++n)

@@ -43,7 +43,7 @@ inline void PrefetchAheadL1(const void* p, int64_t bytes, int64_t ahead = kAhead
 // 1.17-1.23x and MLX 4 / 8-bit 1.15-1.39x faster with it, one thread or two
 // (docs/reference/performance.md, session 47), and Q2_K 1.03x / 1.07x, Q4_K
 // 1.03x / 1.02x, Q4_K_M 1.02x / 1.02x, Q5_0 1.05x / 1.09x, Q4_0 1.00x /
-// 1.02x (session 52; Q8_0's and Q5_K's groups lost 2% and stay in L2). Other
+// 1.02x (session 52; Q8_0's and Q5_K's groups stay in L2: RowsIntoL1). Other
 // CPUs keep L2: on the Xeon above an L1 prefetch cost Q4_K's rows 10%, and
 // the rest are unmeasured there. Decided once, from the CPU's identity.
 inline bool L1PrefetchPays() { return CpuIsAmd(); }

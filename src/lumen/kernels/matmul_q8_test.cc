@@ -303,14 +303,21 @@ TEST(MatMulInt8, MlxGroupsReadAsTheFile) {
   std::mt19937 rng(41);
   ThreadPool pool(3);
   const int64_t N = 37, kMaxM = 48, group = 512;  // codes per group
+  // Every group size with every scale type (the kernels' lane scales read each).
+  struct GroupScales {
+    int g;
+    DType st;
+  };
+  std::vector<GroupScales> groups;
+  for (int g : {32, 64, 128})
+    for (DType st : {DType::kF16, DType::kBF16, DType::kF32}) groups.push_back({g, st});
   for (int bits : {4, 8})
-    for (int g : {32, 64, 128})
+    for (const auto& [g, st] : groups)
       for (int64_t K : {640, 1024, 1152, 2048}) {
         if (K % g != 0) continue;
-        const std::string what =
-            "mlx" + std::to_string(bits) + "_g" + std::to_string(g) + " K=" + std::to_string(K);
-        OwnedMatrix W =
-            MakeInt8(DType::kU32, N, K, rng, g, g == 64 ? DType::kBF16 : DType::kF16, bits);
+        const std::string what = "mlx" + std::to_string(bits) + "_g" + std::to_string(g) + " " +
+                                 std::string(Name(st)) + " scales K=" + std::to_string(K);
+        OwnedMatrix W = MakeInt8(DType::kU32, N, K, rng, g, st, bits);
         W.m.route = ActRoute::kInt8x2;
         SKIP_WITHOUT_VNNI(W.m);
         ASSERT_EQ(MlxOrder::kGroups, Int8MlxOrder(W.m)) << what;

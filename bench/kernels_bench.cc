@@ -842,6 +842,92 @@ LUMEN_BENCH_VNNI void BM_FourRowGroupDots(benchmark::State& state) {
                  (by_row ? ", row by row" : ", interleaved"));
 }
 BENCHMARK(BM_FourRowGroupDots)->ArgsProduct({{0, 1}, {0, 1}})->UseRealTime();
+
+// Which vector instructions share this core's vpdpbusd pipes: an iteration
+// of 12 vpdpbusd (12 chains, activation-like loads from L1 folded in)
+// beside 8 instructions of one kind (8 chains), timed with and without the
+// dot products. An instruction that issues elsewhere adds nothing to the
+// dots' time; one that shares their pipes adds about its share of them.
+// range(0): the kind (0 none, 1 vpaddd, 2 vpsrlw, 3 vpermd, 4 vcvtdq2ps,
+// 5 vmulps, 6 vfmadd, 7 vpermps, 8 a 64-byte load and vpxor); range(1): 1
+// beside the dot products, 0 alone. ns per iteration = 1e9 / iters/s.
+// kPerIter iterations of BM_VnniBeside's loop, the vectors in registers (a
+// call inside the loop, as the benchmark's own iteration has, would put
+// them in memory: every vector register is caller-saved).
+template <int kKind, bool kDots>
+LUMEN_BENCH_VNNI __attribute__((noinline)) int VnniBesideLoop(const uint8_t* p, int64_t n) {
+  LUMEN_INTRINSICS_BEGIN
+  // Named vectors, not arrays: GCC kept arrays of them in memory here.
+  __m512i a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11;
+  a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = a8 = a9 = a10 = a11 = _mm512_setzero_si512();
+  __m512i v0 = _mm512_set1_epi32(1), v1 = _mm512_set1_epi32(2), v2 = _mm512_set1_epi32(3),
+          v3 = _mm512_set1_epi32(4), v4 = _mm512_set1_epi32(5), v5 = _mm512_set1_epi32(6),
+          v6 = _mm512_set1_epi32(7), v7 = _mm512_set1_epi32(8);
+  const __m512i w = _mm512_set1_epi8(3), k = _mm512_set1_epi32(1);
+  const __m512i idx = _mm512_set_epi32(0, 15, 1, 14, 2, 13, 3, 12, 4, 11, 5, 10, 6, 9, 7, 8);
+  const __m512 g = _mm512_set1_ps(0.999f), h = _mm512_set1_ps(1e-3f);
+  for (int64_t i = 0; i < n; ++i) {
+    const uint8_t* rec = p + (i * 768) % (16 << 10);
+    auto dot = [&](__m512i& acc, int j) LUMEN_BENCH_VNNI {
+      acc = _mm512_dpbusd_epi32(acc, w, _mm512_load_si512(rec + 64 * j));
+    };
+    if constexpr (kDots) {
+      dot(a0, 0), dot(a1, 1), dot(a2, 2), dot(a3, 3), dot(a4, 4), dot(a5, 5);
+      dot(a6, 6), dot(a7, 7), dot(a8, 8), dot(a9, 9), dot(a10, 10), dot(a11, 11);
+    }
+    auto op = [&](__m512i& x, int j) LUMEN_BENCH_VNNI {
+      if constexpr (kKind == 1) x = _mm512_add_epi32(x, k);
+      if constexpr (kKind == 2) x = _mm512_srli_epi16(x, 1);
+      if constexpr (kKind == 3) x = _mm512_permutexvar_epi32(idx, x);
+      if constexpr (kKind == 4) x = _mm512_castps_si512(_mm512_cvtepi32_ps(x));
+      if constexpr (kKind == 5) x = _mm512_castps_si512(_mm512_mul_ps(_mm512_castsi512_ps(x), g));
+      if constexpr (kKind == 6)
+        x = _mm512_castps_si512(_mm512_fmadd_ps(_mm512_castsi512_ps(x), g, h));
+      if constexpr (kKind == 7)
+        x = _mm512_castps_si512(_mm512_permutexvar_ps(idx, _mm512_castsi512_ps(x)));
+      if constexpr (kKind == 8) x = _mm512_xor_si512(x, _mm512_load_si512(rec + 8192 + 64 * j));
+      asm volatile("" : "+v"(x));  // no folding of a chain, no call hoisted as const
+    };
+    op(v0, 0), op(v1, 1), op(v2, 2), op(v3, 3), op(v4, 4), op(v5, 5), op(v6, 6), op(v7, 7);
+  }
+  const __m512i sa =
+      _mm512_add_epi32(_mm512_add_epi32(_mm512_add_epi32(a0, a1), _mm512_add_epi32(a2, a3)),
+                       _mm512_add_epi32(_mm512_add_epi32(a4, a5), _mm512_add_epi32(a6, a7)));
+  const __m512i sb = _mm512_add_epi32(_mm512_add_epi32(a8, a9), _mm512_add_epi32(a10, a11));
+  const __m512i sv =
+      _mm512_add_epi32(_mm512_add_epi32(_mm512_add_epi32(v0, v1), _mm512_add_epi32(v2, v3)),
+                       _mm512_add_epi32(_mm512_add_epi32(v4, v5), _mm512_add_epi32(v6, v7)));
+  return _mm512_reduce_add_epi32(_mm512_add_epi32(_mm512_add_epi32(sa, sb), sv));
+  LUMEN_INTRINSICS_END
+}
+template <int kKind, bool kDots>
+void VnniBeside(benchmark::State& state) {
+  AlignedBuffer x(32 << 10);
+  std::memset(x.data(), 0x11, x.size());
+  constexpr int64_t kPerIter = 1 << 12;
+  for (auto _ : state)
+    benchmark::DoNotOptimize(VnniBesideLoop<kKind, kDots>(x.as<uint8_t>(), kPerIter));
+  state.counters["iters"] = benchmark::Counter(double(kPerIter) * double(state.iterations()),
+                                               benchmark::Counter::kIsRate);
+}
+void BM_VnniBeside(benchmark::State& state) {
+  if (!CpuHasVnni()) return state.SkipWithError("no AVX512-VNNI");
+  const bool dots = state.range(1) == 1;
+  using Fn = void (*)(benchmark::State&);
+  static constexpr Fn kRun[2][9] = {
+      {VnniBeside<0, false>, VnniBeside<1, false>, VnniBeside<2, false>, VnniBeside<3, false>,
+       VnniBeside<4, false>, VnniBeside<5, false>, VnniBeside<6, false>, VnniBeside<7, false>,
+       VnniBeside<8, false>},
+      {VnniBeside<0, true>, VnniBeside<1, true>, VnniBeside<2, true>, VnniBeside<3, true>,
+       VnniBeside<4, true>, VnniBeside<5, true>, VnniBeside<6, true>, VnniBeside<7, true>,
+       VnniBeside<8, true>}};
+  static constexpr const char* kKinds[] = {"none",   "vpaddd", "vpsrlw",  "vpermd",    "vcvtdq2ps",
+                                           "vmulps", "vfmadd", "vpermps", "load+vpxor"};
+  const auto kind = static_cast<size_t>(state.range(0));
+  kRun[dots ? 1 : 0][kind](state);
+  state.SetLabel(std::string(kKinds[kind]) + (dots ? " beside 12 vpdpbusd" : " alone"));
+}
+BENCHMARK(BM_VnniBeside)->ArgsProduct({{0, 1, 2, 3, 4, 5, 6, 7, 8}, {0, 1}})->UseRealTime();
 #undef LUMEN_BENCH_VNNI
 #endif
 

@@ -135,7 +135,7 @@ LUMEN_VNNI void RowsMlx(const Matrix& W, const Geometry&, const Int8Rows& X, int
       }
       const uint8_t* codes = W.w.row<const uint8_t>(n);
       // The row's scales and biases are read where they are used, converted
-      // in registers (ScalesAsF32).
+      // in registers (GroupScales, ScalesAsF32).
       const uint8_t* srow = W.scales.row<const uint8_t>(n);
       const uint8_t* brow = W.biases.row<const uint8_t>(n);
       __m512 acc[MB][2], off[MB];

@@ -4,8 +4,9 @@
 # binary's pass over a filter (tools/kernel_ab.sh's rounds). Each benchmark
 # FILTER lists runs N times as an adjacent pair, OLD then NEW (NEW first on
 # odd pairs), so both halves of a pair land in the same phase; prints per
-# benchmark the median of the pairs' NEW / OLD GFLOP/s ratios and every
-# pair's ratio. A change is real when most pairs fall on one side of 1.
+# benchmark the median of the pairs' NEW / OLD rate ratios (FLOP/s, else
+# kernel_GBps, groups/s or iters/s: rate below) and every pair's ratio. A
+# change is real when most pairs fall on one side of 1.
 #   tools/kernel_pairs.sh 8 'BM_MatMul/(9|10)/(1|4)/1/2048/3/' /tmp/kb_old /tmp/kb_new
 set -euo pipefail
 if [ $# -ne 4 ]; then
@@ -17,20 +18,36 @@ pairs=$1 filter=$2 old=$3 new=$4
 for b in "$old" "$new"; do [ -x "$b" ] || { echo "kernel_pairs: $b is not executable" >&2; exit 2; }; done
 mapfile -t benches < <("$old" --benchmark_list_tests --benchmark_filter="$filter" 2>/dev/null | grep '^BM')
 [ ${#benches[@]} -gt 0 ] || { echo "kernel_pairs: no benchmark matches '$filter'" >&2; exit 2; }
-# GFLOP/s of one benchmark (its name anchored) from one binary.
-gflops() {
+# The rate one benchmark (its name anchored) prints from one binary, higher
+# faster: its FLOP/s, else its kernel_GBps (BM_DecodeStream), else its
+# groups/s or iters/s, with the k/M/G/T suffix applied (a ratio of "999G/s"
+# to "1.01T/s" is 1.01, not 0.001).
+rate() {
   "$1" --benchmark_min_time=0.15 --benchmark_filter="^$2\$" 2>/dev/null |
-    awk '/^BM/ { for (i = 1; i <= NF; i++) if ($i ~ /^FLOP/) { f = $i; sub("FLOP/s=", "", f); sub("G/s", "", f); print f } }'
+    awk '/^BM/ {
+      for (want = 1; want <= 4; ++want)
+        for (i = 1; i <= NF; i++) {
+          split($i, kv, "=")
+          if ((want == 1 && kv[1] == "FLOP/s") || (want == 2 && kv[1] == "kernel_GBps") ||
+              (want == 3 && kv[1] == "groups") || (want == 4 && kv[1] == "iters")) {
+            v = kv[2]; sub("/s$", "", v); m = 1
+            if (v ~ /k$/) m = 1e3; else if (v ~ /M$/) m = 1e6; else if (v ~ /G$/) m = 1e9; else if (v ~ /T$/) m = 1e12
+            sub("[kMGT]$", "", v)
+            printf "%.6g\n", v * m
+            exit
+          }
+        }
+    }'
 }
 for bm in "${benches[@]}"; do
   ratios=()
   for ((i = 0; i < pairs; ++i)); do
     if ((i % 2)); then
-      b=$(gflops "$new" "$bm") a=$(gflops "$old" "$bm")
+      b=$(rate "$new" "$bm") a=$(rate "$old" "$bm")
     else
-      a=$(gflops "$old" "$bm") b=$(gflops "$new" "$bm")
+      a=$(rate "$old" "$bm") b=$(rate "$new" "$bm")
     fi
-    [ -n "$a" ] && [ -n "$b" ] || { echo "kernel_pairs: $bm printed no FLOP/s" >&2; exit 1; }
+    [ -n "$a" ] && [ -n "$b" ] || { echo "kernel_pairs: $bm printed no rate (FLOP/s, kernel_GBps, groups, iters)" >&2; exit 1; }
     ratios+=("$(awk -v a="$a" -v b="$b" 'BEGIN { printf "%.3f", b / a }')")
   done
   printf '%s\n' "${ratios[@]}" | sort -n |

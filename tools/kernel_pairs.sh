@@ -18,26 +18,12 @@ pairs=$1 filter=$2 old=$3 new=$4
 for b in "$old" "$new"; do [ -x "$b" ] || { echo "kernel_pairs: $b is not executable" >&2; exit 2; }; done
 mapfile -t benches < <("$old" --benchmark_list_tests --benchmark_filter="$filter" 2>/dev/null | grep '^BM')
 [ ${#benches[@]} -gt 0 ] || { echo "kernel_pairs: no benchmark matches '$filter'" >&2; exit 2; }
-# The rate one benchmark (its name anchored) prints from one binary, higher
-# faster: its FLOP/s, else its kernel_GBps (BM_DecodeStream), else its
-# groups/s or iters/s, with the k/M/G/T suffix applied (a ratio of "999G/s"
-# to "1.01T/s" is 1.01, not 0.001).
+# The rate one benchmark (its name anchored) prints from one binary
+# (tools/bench_rate.awk: FLOP/s, else kernel_GBps, groups/s or iters/s).
+rate_awk="$(dirname "$0")/bench_rate.awk"
 rate() {
-  "$1" --benchmark_min_time=0.15 --benchmark_filter="^$2\$" 2>/dev/null |
-    awk '/^BM/ {
-      for (want = 1; want <= 4; ++want)
-        for (i = 1; i <= NF; i++) {
-          split($i, kv, "=")
-          if ((want == 1 && kv[1] == "FLOP/s") || (want == 2 && kv[1] == "kernel_GBps") ||
-              (want == 3 && kv[1] == "groups") || (want == 4 && kv[1] == "iters")) {
-            v = kv[2]; sub("/s$", "", v); m = 1
-            if (v ~ /k$/) m = 1e3; else if (v ~ /M$/) m = 1e6; else if (v ~ /G$/) m = 1e9; else if (v ~ /T$/) m = 1e12
-            sub("[kMGT]$", "", v)
-            printf "%.6g\n", v * m
-            exit
-          }
-        }
-    }'
+  "$1" --benchmark_min_time=0.15 --benchmark_filter="^$2\$" 2>/dev/null | awk -f "$rate_awk" |
+    awk 'NR == 1 { print $2 }'
 }
 for bm in "${benches[@]}"; do
   ratios=()

@@ -102,15 +102,15 @@ LUMEN_VNNI void RowsMlx(const Matrix& W, const Geometry&, const Int8Rows& X, int
   const int64_t K = W.k, G = W.mlx_group, ng = K / G;
   const RowPtrs<MB> rows(X, m0);
   const auto& x = rows.x;
-  // A twin's lane l is group (128 t + 8 l) / G: its 128 / G groups' l-th is 8 l / G.
-  const __m512i idx_twin = LaneValues([G](int l) { return static_cast<int32_t>(8 * l / G); });
-  // The last record of a row of 64 x odd elements: groups of 32, the lanes of
-  // groups 2c and 2c + 1; larger groups, one group for every lane.
-  const __m512i idx_last = G != 32 ? _mm512_setzero_si512()
-                           : F == Fmt::kMlx4
-                               ? _mm512_set_epi32(1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0)
+  // A twin's lane l is group (128 t + 8 l) / G: groups of 32, 4t + l / 4; of 64, 2t + l / 8.
+  const __m512i idx_twin = G == 32
+                               ? _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0)
                                : _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
-  const int64_t per_twin = 128 / G;  // groups per twin, hoisted: GCC divided per twin
+  // The last record of a row of 64 x odd elements, groups of 32: lanes of groups 2c and 2c + 1.
+  const __m512i idx32 = F == Fmt::kMlx4
+                            ? _mm512_set_epi32(1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0)
+                            : _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+  const int64_t per_twin = 128 / G;  // groups per twin (G < 128), hoisted: GCC divided per twin
   const DType st = W.scales.dtype, bt = W.biases.dtype;
   const int64_t ss = Info(st).block_bytes, bs = Info(bt).block_bytes;
   const GroupScales group_scales(st, G);
@@ -163,7 +163,10 @@ LUMEN_VNNI void RowsMlx(const Matrix& W, const Geometry&, const Int8Rows& X, int
           b = _mm512_permutex2var_epi32(t0, _mm512_add_epi32(even, _mm512_set1_epi32(1)), t1);
         }
         const __m512 sc =
-            _mm512_permutexvar_ps(idx_twin, ScalesAsF32(st, srow + t * per_twin * ss, per_twin));
+            G == 128
+                ? _mm512_permutexvar_ps(_mm512_setzero_si512(), ScalesAsF32(st, srow + t * ss, 1))
+                : _mm512_permutexvar_ps(idx_twin,
+                                        ScalesAsF32(st, srow + t * per_twin * ss, per_twin));
         for (int r = 0; r < MB; ++r) {
           const uint8_t* rec = x[r] + kRecord<L> * 2 * t;
           const __m512i i = TwinDot<L>(_mm512_setzero_si512(), a, b, rec);
@@ -223,8 +226,10 @@ LUMEN_VNNI void RowsMlx(const Matrix& W, const Geometry&, const Int8Rows& X, int
         const int64_t c = K / 64 - 1;
         const __m512i w =
             F == Fmt::kMlx4 ? NibblePair(codes + 32 * c) : _mm512_loadu_si512(codes + 64 * c);
-        const __m512 sc = _mm512_permutexvar_ps(
-            idx_last, ScalesAsF32(st, srow + c * 64 / G * ss, std::max<int64_t>(1, 64 / G)));
+        const __m512 sc = G == 32
+                              ? _mm512_permutexvar_ps(idx32, ScalesAsF32(st, srow + 2 * c * ss, 2))
+                              : _mm512_permutexvar_ps(_mm512_setzero_si512(),
+                                                      ScalesAsF32(st, srow + c * 64 / G * ss, 1));
         DotRecords<MB, 0, L>(x, c, w, sc, acc);
       }
       // Bias term: sum_g b_g * (sum of the group's activations), 16 groups at a time.

@@ -765,12 +765,16 @@ BENCHMARK(BM_IssueRate512)->DenseRange(0, 3)->UseRealTime();
 // registers, 1 unpacked from a 2.4 MiB stream of 288-byte groups (the
 // kernels bench's 2048 x 2048 product: the last-level cache); range(1): 0
 // the rows' chains interleaved record by record, 1 row by row in two chains
-// per level (GroupDot's order). ns per group = 1e9 / groups/s; the bound
-// next to the kernel's own (BM_MatMul/9/4/1/2048/3: 8192 groups per call).
+// per level (GroupDot's order), 2 two weight rows' groups per step, each
+// activation vector loaded once (pinned in a register: GCC folds a loaded
+// vector into each use, a load each) and met by both rows' codes. ns per
+// group = 1e9 / groups/s; the bound next to the kernel's own
+// (BM_MatMul/9/4/1/2048/3: 8192 groups per call).
 #define LUMEN_BENCH_VNNI __attribute__((target("avx512f,avx512bw,avx512vnni")))
 LUMEN_BENCH_VNNI void BM_FourRowGroupDots(benchmark::State& state) {
   if (!CpuHasVnni()) return state.SkipWithError("no AVX512-VNNI");
-  const bool stream = state.range(0) == 1, by_row = state.range(1) == 1;
+  const bool stream = state.range(0) == 1, by_row = state.range(1) == 1,
+             pairs = state.range(1) == 2;
   constexpr int64_t kGroupBytes = 288, kGroups = 8192, kRowBytes = 1024;
   AlignedBuffer w(kGroups * kGroupBytes + 4096), x(8 * 4 * kRowBytes);
   std::memset(w.data(), 0x35, w.size());
@@ -785,18 +789,51 @@ LUMEN_BENCH_VNNI void BM_FourRowGroupDots(benchmark::State& state) {
     const uint8_t* grp = w.as<uint8_t>() + g * kGroupBytes;
     const uint8_t* p = x.as<uint8_t>() + (g % 8) * 4 * kRowBytes;
     g = g + 1 == kGroups ? 0 : g + 1;
+    auto codes = [&](const uint8_t* at, int salt, __m512i(&c)[8]) LUMEN_BENCH_VNNI {
+      for (int i = 0; i < 4; ++i) {
+        const __m512i y = stream ? _mm512_loadu_si512(at + 64 * i)
+                                 : _mm512_set1_epi8(static_cast<char>(i + salt));
+        c[i] = _mm512_and_si512(y, m);
+        c[4 + i] = _mm512_and_si512(_mm512_srli_epi16(y, 4), m);
+      }
+      if (stream) _mm_prefetch(reinterpret_cast<const char*>(at) + 4096, _MM_HINT_T1);
+    };
     __m512i c[8];
-    for (int i = 0; i < 4; ++i) {
-      const __m512i y =
-          stream ? _mm512_loadu_si512(grp + 64 * i) : _mm512_set1_epi8(static_cast<char>(i + 1));
-      c[i] = _mm512_and_si512(y, m);
-      c[4 + i] = _mm512_and_si512(_mm512_srli_epi16(y, 4), m);
-    }
-    if (stream) _mm_prefetch(reinterpret_cast<const char*>(grp) + 4096, _MM_HINT_T1);
+    codes(grp, 1, c);
     __m512i a[4][2];
     auto rec = [&](int r, int k, int l) LUMEN_BENCH_VNNI {
       return _mm512_load_si512(p + r * kRowBytes + 128 * k + 64 * l);
     };
+    if (pairs) {  // groups g and g + 1 as two weight rows; acc[r][A]: the first's
+      __m512i c1[8];
+      codes(w.as<uint8_t>() + g * kGroupBytes, 5, c1);
+      g = g + 1 == kGroups ? 0 : g + 1;
+#pragma GCC unroll 4
+      for (int r = 0; r < 4; ++r) {
+        __m512i s0[2], s1[2];
+#pragma GCC unroll 2
+        for (int l = 0; l < 2; ++l) {
+          s0[l] = s1[l] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+          for (int k = 0; k < 8; ++k) {
+            __m512i v = rec(r, k, l);
+            asm("" : "+v"(v));
+            s0[l] = _mm512_dpbusd_epi32(s0[l], c[k], v);
+            s1[l] = _mm512_dpbusd_epi32(s1[l], c1[k], v);
+          }
+        }
+        const __m512 sx =
+            _mm512_load_ps(reinterpret_cast<const float*>(p + r * kRowBytes + kRowBytes - 64));
+        const __m512 sd = _mm512_mul_ps(d, sx);
+        acc[r][A] = _mm512_fmadd_ps(
+            _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_slli_epi32(s0[0], 8), s0[1])), sd,
+            acc[r][A]);
+        acc[r][1 - A] = _mm512_fmadd_ps(
+            _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_slli_epi32(s1[0], 8), s1[1])), sd,
+            acc[r][1 - A]);
+      }
+      return;
+    }
     if (!by_row) {
       for (int r = 0; r < 4; ++r) a[r][0] = a[r][1] = _mm512_setzero_si512();
 #pragma GCC unroll 8
@@ -836,12 +873,14 @@ LUMEN_BENCH_VNNI void BM_FourRowGroupDots(benchmark::State& state) {
     for (auto& a : acc) benchmark::DoNotOptimize(a);
   }
   LUMEN_INTRINSICS_END
-  state.counters["groups"] = benchmark::Counter(double(kPerIter) * double(state.iterations()),
-                                                benchmark::Counter::kIsRate);
+  state.counters["groups"] = benchmark::Counter(
+      double(kPerIter) * (pairs ? 2 : 1) * double(state.iterations()), benchmark::Counter::kIsRate);
   state.SetLabel(std::string(stream ? "weights streamed" : "weights in registers") +
-                 (by_row ? ", row by row" : ", interleaved"));
+                 (pairs    ? ", two weight rows"
+                  : by_row ? ", row by row"
+                           : ", interleaved"));
 }
-BENCHMARK(BM_FourRowGroupDots)->ArgsProduct({{0, 1}, {0, 1}})->UseRealTime();
+BENCHMARK(BM_FourRowGroupDots)->ArgsProduct({{0, 1}, {0, 1, 2}})->UseRealTime();
 
 // Which vector instructions share this core's vpdpbusd pipes: an iteration
 // of 12 vpdpbusd (12 chains, activation-like loads from L1 folded in)

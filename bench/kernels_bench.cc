@@ -30,6 +30,7 @@
 #include "lumen/kernels/matmul_q8.h"
 #include "lumen/kernels/matmul_q8x2_gemm.h"
 #include "lumen/kernels/norm.h"
+#include "lumen/kernels/prefetch.h"
 #include "lumen/kernels/roofline.h"
 #include "lumen/kernels/rope.h"
 
@@ -761,42 +762,65 @@ BENCHMARK(BM_IssueRate512)->DenseRange(0, 3)->UseRealTime();
 // A batch-4 decode step's inner work on one Q4_0 column group (512 weights),
 // without the kernel around it: 4 activation rows x 2 levels x 8 records =
 // 64 vpdpbusd, each row's lane sums then converted, scaled and added (the
-// int8x2 kernels' AddScaledLanes). range(0): 0 the weight vectors fixed in
+// int8x2 kernels' AddScaledLanes). range(0), the weights: 0 fixed in
 // registers, 1 unpacked from a 2.4 MiB stream of 288-byte groups (the
-// kernels bench's 2048 x 2048 product: the last-level cache); range(1): 0
-// the rows' chains interleaved record by record, 1 row by row in two chains
-// per level (GroupDot's order), 2 two weight rows' groups per step, each
-// activation vector loaded once (pinned in a register: GCC folds a loaded
-// vector into each use, a load each) and met by both rows' codes. ns per
-// group = 1e9 / groups/s; the bound next to the kernel's own
-// (BM_MatMul/9/4/1/2048/3: 8192 groups per call).
+// kernels bench's 2048 x 2048 product: the last-level cache), 2 from a 1 GiB
+// stream on huge pages (DRAM; prefetched as the kernels prefetch), 3 that
+// DRAM stream loaded but not used (the dot products take fixed codes): what
+// the core streams beside this work when nothing waits on the bytes.
+// range(1): 0 the rows' chains interleaved record by record, 1 row by row in
+// two chains per level (GroupDot's order), 2 two weight rows' groups per
+// step, each activation vector loaded once (pinned in a register: GCC folds
+// a loaded vector into each use, a load each) and met by both rows' codes,
+// the two groups adjacent (rows interleaved group by group: one stream), 3
+// the same with the second group from the other half of the buffer (two
+// rows as stored: two streams).
+// ns per group = 1e9 / groups/s (weights_GBps: 288 bytes a group); the
+// bound next to the kernel's own (BM_MatMul/9/4/1/2048/3: 8192 groups per
+// call; BM_DecodeStream/9/1/1/1/4 from DRAM).
 #define LUMEN_BENCH_VNNI __attribute__((target("avx512f,avx512bw,avx512vnni")))
 LUMEN_BENCH_VNNI void BM_FourRowGroupDots(benchmark::State& state) {
   if (!CpuHasVnni()) return state.SkipWithError("no AVX512-VNNI");
-  const bool stream = state.range(0) == 1, by_row = state.range(1) == 1,
-             pairs = state.range(1) == 2;
-  constexpr int64_t kGroupBytes = 288, kGroups = 8192, kRowBytes = 1024;
-  AlignedBuffer w(kGroups * kGroupBytes + 4096), x(8 * 4 * kRowBytes);
-  std::memset(w.data(), 0x35, w.size());
+  const int64_t source = state.range(0);
+  const bool stream = source >= 1, dram = source >= 2, unused = source == 3;
+  const bool by_row = state.range(1) == 1, pairs = state.range(1) >= 2, far = state.range(1) == 3;
+  constexpr int64_t kGroupBytes = 288, kRowBytes = 1024;
+  const int64_t groups = dram ? (int64_t{1} << 30) / kGroupBytes : 8192;
+  const size_t bytes = static_cast<size_t>(groups * kGroupBytes + 4096);
+  AlignedBuffer region = dram ? AlignedBuffer::ZeroedOnTouch(bytes + kHuge) : AlignedBuffer(bytes);
+  uint8_t* weights = dram ? HugeAligned(region, bytes, true) : region.as<uint8_t>();
+  AlignedBuffer x(8 * 4 * kRowBytes);
+  std::memset(weights, 0x35, bytes);
   std::memset(x.data(), 0x11, x.size());
+  const bool l1 = L1PrefetchPays();
   LUMEN_INTRINSICS_BEGIN
   const __m512 d = _mm512_set1_ps(1.5f);
   const __m512i m = _mm512_set1_epi8(15);
   __m512 acc[4][2];
   for (auto& a : acc) a[0] = a[1] = _mm512_setzero_ps();
+  __m512i sink = _mm512_setzero_si512();  // the unused stream's bytes
   int64_t g = 0;
   auto group = [&]<int A>(std::integral_constant<int, A>) LUMEN_BENCH_VNNI {
-    const uint8_t* grp = w.as<uint8_t>() + g * kGroupBytes;
-    const uint8_t* p = x.as<uint8_t>() + (g % 8) * 4 * kRowBytes;
-    g = g + 1 == kGroups ? 0 : g + 1;
-    auto codes = [&](const uint8_t* at, int salt, __m512i(&c)[8]) LUMEN_BENCH_VNNI {
+    // Two streams: the buffer's halves, each read in order.
+    const int64_t at = g, step = pairs && !far ? 2 : 1, end = far ? groups / 2 : groups;
+    g = g + step >= end ? 0 : g + step;
+    const uint8_t* grp = weights + at * kGroupBytes;
+    const uint8_t* p = x.as<uint8_t>() + (at / step % 8) * 4 * kRowBytes;  // 8 windows in turn
+    auto codes = [&](const uint8_t* src, int salt, __m512i(&c)[8]) LUMEN_BENCH_VNNI {
       for (int i = 0; i < 4; ++i) {
-        const __m512i y = stream ? _mm512_loadu_si512(at + 64 * i)
-                                 : _mm512_set1_epi8(static_cast<char>(i + salt));
+        __m512i y = stream ? _mm512_loadu_si512(src + 64 * i)
+                           : _mm512_set1_epi8(static_cast<char>(i + salt));
+        if (unused) {
+          sink = _mm512_xor_si512(sink, y);
+          y = _mm512_set1_epi8(static_cast<char>(i + salt));
+        }
         c[i] = _mm512_and_si512(y, m);
         c[4 + i] = _mm512_and_si512(_mm512_srli_epi16(y, 4), m);
       }
-      if (stream) _mm_prefetch(reinterpret_cast<const char*>(at) + 4096, _MM_HINT_T1);
+      if (dram)
+        PrefetchAheadInto(l1, src, kGroupBytes);
+      else if (stream)
+        _mm_prefetch(reinterpret_cast<const char*>(src) + 4096, _MM_HINT_T1);
     };
     __m512i c[8];
     codes(grp, 1, c);
@@ -804,10 +828,9 @@ LUMEN_BENCH_VNNI void BM_FourRowGroupDots(benchmark::State& state) {
     auto rec = [&](int r, int k, int l) LUMEN_BENCH_VNNI {
       return _mm512_load_si512(p + r * kRowBytes + 128 * k + 64 * l);
     };
-    if (pairs) {  // groups g and g + 1 as two weight rows; acc[r][A]: the first's
+    if (pairs) {  // two groups as two weight rows; acc[r][A]: the first's
       __m512i c1[8];
-      codes(w.as<uint8_t>() + g * kGroupBytes, 5, c1);
-      g = g + 1 == kGroups ? 0 : g + 1;
+      codes(weights + (far ? groups / 2 + at : at + 1) * kGroupBytes, 5, c1);
 #pragma GCC unroll 4
       for (int r = 0; r < 4; ++r) {
         __m512i s0[2], s1[2];
@@ -871,16 +894,22 @@ LUMEN_BENCH_VNNI void BM_FourRowGroupDots(benchmark::State& state) {
       group(std::integral_constant<int, 1>{});
     }
     for (auto& a : acc) benchmark::DoNotOptimize(a);
+    benchmark::DoNotOptimize(sink);
   }
   LUMEN_INTRINSICS_END
-  state.counters["groups"] = benchmark::Counter(
-      double(kPerIter) * (pairs ? 2 : 1) * double(state.iterations()), benchmark::Counter::kIsRate);
-  state.SetLabel(std::string(stream ? "weights streamed" : "weights in registers") +
-                 (pairs    ? ", two weight rows"
-                  : by_row ? ", row by row"
-                           : ", interleaved"));
+  const double done = double(kPerIter) * (pairs ? 2 : 1) * double(state.iterations());
+  state.counters["groups"] = benchmark::Counter(done, benchmark::Counter::kIsRate);
+  state.counters["weights_GBps"] =
+      benchmark::Counter(done * kGroupBytes / 1e9, benchmark::Counter::kIsRate);
+  static constexpr const char* kSources[] = {"weights in registers", "weights from L3",
+                                             "weights from DRAM", "DRAM stream unused"};
+  const char* order = far      ? ", two weight rows, two streams"
+                      : pairs  ? ", two weight rows, one stream"
+                      : by_row ? ", row by row"
+                               : ", interleaved";
+  state.SetLabel(std::string(kSources[source]) + order);
 }
-BENCHMARK(BM_FourRowGroupDots)->ArgsProduct({{0, 1}, {0, 1, 2}})->UseRealTime();
+BENCHMARK(BM_FourRowGroupDots)->ArgsProduct({{0, 1, 2, 3}, {0, 1, 2, 3}})->UseRealTime();
 
 // Which vector instructions share this core's vpdpbusd pipes: an iteration
 // of 12 vpdpbusd (12 chains, activation-like loads from L1 folded in)

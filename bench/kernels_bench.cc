@@ -799,13 +799,14 @@ LUMEN_BENCH_VNNI void BM_FourRowGroupDots(benchmark::State& state) {
   __m512 acc[4][2];
   for (auto& a : acc) a[0] = a[1] = _mm512_setzero_ps();
   __m512i sink = _mm512_setzero_si512();  // the unused stream's bytes
-  int64_t g = 0;
+  int64_t g = 0, window = 0;              // window: the step's activations, 8 in turn
   auto group = [&]<int A>(std::integral_constant<int, A>) LUMEN_BENCH_VNNI {
     // Two streams: the buffer's halves, each read in order.
     const int64_t at = g, step = pairs && !far ? 2 : 1, end = far ? groups / 2 : groups;
     g = g + step >= end ? 0 : g + step;
     const uint8_t* grp = weights + at * kGroupBytes;
-    const uint8_t* p = x.as<uint8_t>() + (at / step % 8) * 4 * kRowBytes;  // 8 windows in turn
+    const uint8_t* p = x.as<uint8_t>() + window * 4 * kRowBytes;
+    window = (window + 1) % 8;
     auto codes = [&](const uint8_t* src, int salt, __m512i(&c)[8]) LUMEN_BENCH_VNNI {
       for (int i = 0; i < 4; ++i) {
         __m512i y = stream ? _mm512_loadu_si512(src + 64 * i)
